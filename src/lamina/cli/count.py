@@ -1,0 +1,114 @@
+"""`lamina count`: parameter table of a preset or config file, built on the meta device."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+
+from lamina.errors import LaminaError
+from lamina.models.config import GPT_PRESETS, GPTConfig
+
+
+def add_config_overrides(p: argparse.ArgumentParser) -> None:
+    """--n-layers, --d-model, ... and --no-qkv-bias style flags for every GPTConfig field."""
+    g = p.add_argument_group("config overrides (default: the preset's value)")
+    for f in dataclasses.fields(GPTConfig):
+        flag = "--" + f.name.replace("_", "-")
+        if f.type in ("bool", bool):
+            g.add_argument(
+                flag,
+                dest=f.name,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=f"override {f.name}",
+            )
+        else:
+            kind = {"int": int, "float": float, "int | None": int}.get(str(f.type), str)
+            g.add_argument(
+                flag,
+                dest=f.name,
+                type=kind,
+                default=None,
+                metavar=f.name.upper(),
+                help=f"override {f.name}",
+            )
+
+
+def config_from_args(args: argparse.Namespace) -> GPTConfig:
+    if getattr(args, "config", None):
+        path = Path(args.config)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise LaminaError(f"{path} is not valid JSON: {exc}") from exc
+        base = GPTConfig.from_dict(data.get("model", data) if isinstance(data, dict) else data)
+    else:
+        base = GPTConfig.preset(args.preset)
+    overrides = {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(GPTConfig)
+        if getattr(args, f.name, None) is not None
+    }
+    return base.replace(**overrides) if overrides else base
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "count",
+        help="count parameters by component (no memory allocated)",
+        description="Print a GPT's parameters by component, tied and untied totals, and the "
+        "weight memory in fp32 and bf16. The model is built on the meta device and checked "
+        "against the formula.",
+    )
+    p.add_argument(
+        "preset",
+        nargs="?",
+        default="gpt2-small",
+        choices=list(GPT_PRESETS),
+        help="named shape (default: gpt2-small)",
+    )
+    p.add_argument("--config", metavar="FILE.json", help="read the config from a JSON file instead")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_config_overrides(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from lamina.models.params import count_module_params, count_params, gpt_param_table, meta_model
+
+    config = config_from_args(args)
+    table = gpt_param_table(config, tied=True)
+    tied, untied = count_params(config, tied=True), count_params(config, tied=False)
+    built = count_module_params(meta_model(config))
+    if built != count_params(config):
+        raise LaminaError(f"formula {count_params(config):,} != built model {built:,}")
+    n = count_params(config)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "config": config.to_dict(),
+                    "components": table,
+                    "tied": tied,
+                    "untied": untied,
+                    "meta_device": built,
+                },
+                indent=2,
+            )
+        )
+        return 0
+    print(f"{'component':<22}{'parameters':>16}")
+    for name, count in table.items():
+        if name == "head":
+            count = 0 if config.tie_weights else config.vocab_size * config.d_model
+            name = "head" + (" (tied)" if config.tie_weights else "")
+        print(f"{name:<22}{count:>16,}")
+    print(f"{'total tied':<22}{tied:>16,}")
+    print(f"{'total untied':<22}{untied:>16,}")
+    print(
+        f"{'meta device':<22}{built:>16,}  (this config: head {'tied' if config.tie_weights else 'untied'})"
+    )
+    print(f"weights: {n * 4 / 2**20:,.1f} MiB fp32, {n * 2 / 2**20:,.1f} MiB bf16")
+    return 0

@@ -1,0 +1,67 @@
+"""Layer 0, data: text and token files in, integer arrays and (x, y) int64 tensors out.
+
+``tokenizers``: text <-> ids, and a registry of tokenizer kinds saved as JSON.
+``corpus``: read text corpora, encode them to compact numpy arrays, split, save and load.
+``batches``: reproducible random windows of a token array as (x, y) batches.
+``tasks``: synthetic tasks with known answers (first-last, copy, reverse).
+
+What this layer deliberately does not know: models (it never imports ``torch.nn``), devices,
+training, and every other part of lamina except ``lamina.errors``.
+"""
+
+from __future__ import annotations
+
+from lamina.data.batches import WindowSampler, fixed_batches
+from lamina.data.corpus import (
+    atomic_write,
+    encode_corpus,
+    load_corpus,
+    load_tokens,
+    save_tokens,
+    split_tokens,
+    token_dtype,
+)
+from lamina.data.tasks import (
+    IGNORE_INDEX,
+    PAD_ID,
+    SEP_ID,
+    TASKS,
+    copy_batch,
+    first_last_batch,
+    reverse_batch,
+)
+from lamina.data.tokenizers import (
+    CharTokenizer,
+    Tokenizer,
+    known_tokenizer_kinds,
+    load_tokenizer,
+    register_tokenizer,
+    save_tokenizer,
+    tokenizer_from_dict,
+)
+
+__all__ = [
+    "IGNORE_INDEX",
+    "PAD_ID",
+    "SEP_ID",
+    "TASKS",
+    "CharTokenizer",
+    "Tokenizer",
+    "WindowSampler",
+    "atomic_write",
+    "copy_batch",
+    "encode_corpus",
+    "first_last_batch",
+    "fixed_batches",
+    "known_tokenizer_kinds",
+    "load_corpus",
+    "load_tokenizer",
+    "load_tokens",
+    "register_tokenizer",
+    "reverse_batch",
+    "save_tokenizer",
+    "save_tokens",
+    "split_tokens",
+    "token_dtype",
+    "tokenizer_from_dict",
+]

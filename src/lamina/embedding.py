@@ -1,0 +1,157 @@
+"""Layer 1, embedding: token ids -> vectors.
+
+    x = token_table[ids] (* sqrt(d_model) if scaled) + position_table[positions]; then dropout
+
+Shapes: ids (B, T) integer -> (B, T, d_model). Positions are `pos_offset + arange(T)` by
+default, so a generator that feeds one token at a time keeps the stream's positions; a batch with
+left padding passes explicit per-row `positions` (B, T) instead.
+
+The position table is learned (GPT-2) or a fixed sinusoidal buffer (the original Transformer,
+not a parameter). `tie_lm_head(head)` makes an output head share the token table's storage.
+
+Deliberately unaware of tokenizers (layer 0), attention and everything above.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from lamina.errors import LaminaError
+
+PositionKind = Literal["learned", "sinusoidal"]
+
+
+def sinusoidal_table(length: int, d_model: int) -> Tensor:
+    """The fixed (length, d_model) table of "Attention Is All You Need": sin on even, cos on odd."""
+    position = torch.arange(length, dtype=torch.float32).unsqueeze(1)
+    freq = torch.exp(
+        torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model)
+    )
+    table = torch.zeros(length, d_model)
+    table[:, 0::2] = torch.sin(position * freq)
+    table[:, 1::2] = torch.cos(position * freq)[:, : d_model // 2]
+    return table
+
+
+def check_ids(ids: Tensor, vocab_size: int) -> None:
+    """Raise `LaminaError` unless `ids` is an integer (B, T) tensor with values in [0, vocab_size).
+
+    The range check costs two reductions; it runs on CPU tensors only, where it is cheap (on
+    accelerators the embedding kernel itself reports out-of-range ids).
+    """
+    if not isinstance(ids, Tensor):
+        raise LaminaError(f"ids must be a torch.Tensor, got {type(ids).__name__}")
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise LaminaError(f"ids must be an integer tensor, got dtype {ids.dtype}")
+    if ids.dim() != 2:
+        raise LaminaError(f"ids must have shape (B, T), got {tuple(ids.shape)}")
+    if ids.device.type == "cpu" and ids.numel() > 0:
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= vocab_size:
+            bad = lo if lo < 0 else hi
+            raise LaminaError(f"token id {bad} is outside [0, vocab_size={vocab_size})")
+
+
+class Embedding(nn.Module):
+    """Token table + position table (+ optional scaling, padding row and dropout).
+
+    Args:
+        vocab_size: rows of the token table.
+        block_size: number of positions (the longest sequence the model accepts).
+        d_model: width of each vector.
+        dropout: dropout on the sum, active only in training mode.
+        positions: "learned" (a parameter) or "sinusoidal" (a fixed buffer).
+        scale: multiply token vectors by sqrt(d_model) (the original Transformer does).
+        padding_idx: a token id whose row stays zero and gets no gradient.
+        init_std: standard deviation of the normal initialisation.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        block_size: int,
+        d_model: int,
+        *,
+        dropout: float = 0.0,
+        positions: PositionKind = "learned",
+        scale: bool = False,
+        padding_idx: int | None = None,
+        init_std: float = 0.02,
+    ) -> None:
+        super().__init__()
+        for name, value in (
+            ("vocab_size", vocab_size),
+            ("block_size", block_size),
+            ("d_model", d_model),
+        ):
+            if not isinstance(value, int) or value <= 0:
+                raise LaminaError(f"{name} must be a positive integer, got {value!r}")
+        if not 0.0 <= dropout < 1.0:
+            raise LaminaError(f"dropout must be in [0, 1), got {dropout!r}")
+        if positions not in ("learned", "sinusoidal"):
+            raise LaminaError(f"positions must be 'learned' or 'sinusoidal', got {positions!r}")
+        self.vocab_size, self.block_size, self.d_model = vocab_size, block_size, d_model
+        self.positions, self.scale, self.init_std = positions, scale, init_std
+        self.wte = nn.Embedding(vocab_size, d_model, padding_idx=padding_idx)
+        if positions == "learned":
+            self.wpe: nn.Embedding | None = nn.Embedding(block_size, d_model)
+        else:
+            self.wpe = None
+            self.register_buffer("pe", sinusoidal_table(block_size, d_model), persistent=False)
+        self.drop = nn.Dropout(dropout)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.wte.weight, mean=0.0, std=self.init_std)
+        if self.wte.padding_idx is not None:
+            with torch.no_grad():
+                self.wte.weight[self.wte.padding_idx].zero_()
+        if self.wpe is not None:
+            nn.init.normal_(self.wpe.weight, mean=0.0, std=self.init_std)
+
+    def position_vectors(self, positions: Tensor) -> Tensor:
+        """Position vectors for integer positions of any shape -> (*shape, d_model)."""
+        if self.wpe is not None:
+            return self.wpe(positions)
+        return self.pe[positions]
+
+    def forward(self, ids: Tensor, pos_offset: int = 0, positions: Tensor | None = None) -> Tensor:
+        """ids (B, T) -> (B, T, d_model).
+
+        pos_offset: the position of ids[:, 0], so a stream continues where it stopped.
+        positions: explicit (B, T) or (T,) positions (e.g. from a left-padding mask); overrides
+        pos_offset.
+        """
+        check_ids(ids, self.vocab_size)
+        T = ids.shape[1]
+        if positions is None:
+            if pos_offset < 0 or pos_offset + T > self.block_size:
+                raise LaminaError(
+                    f"pos_offset + T = {pos_offset} + {T} = {pos_offset + T} exceeds "
+                    f"block_size {self.block_size}"
+                )
+            positions = torch.arange(pos_offset, pos_offset + T, device=ids.device)
+        elif positions.device.type == "cpu" and positions.numel() > 0:
+            if int(positions.min()) < 0 or int(positions.max()) >= self.block_size:
+                raise LaminaError(
+                    f"positions must lie in [0, block_size={self.block_size}), got "
+                    f"[{int(positions.min())}, {int(positions.max())}]"
+                )
+        tok = self.wte(ids)
+        if self.scale:
+            tok = tok * math.sqrt(self.d_model)
+        return self.drop(tok + self.position_vectors(positions).to(tok.dtype))
+
+    def tie_lm_head(self, head: nn.Linear) -> nn.Linear:
+        """Make `head.weight` the very same Parameter as the token table (shared storage)."""
+        if tuple(head.weight.shape) != tuple(self.wte.weight.shape):
+            raise LaminaError(
+                f"cannot tie a head of shape {tuple(head.weight.shape)} to a token table of "
+                f"shape {tuple(self.wte.weight.shape)}"
+            )
+        head.weight = self.wte.weight
+        return head

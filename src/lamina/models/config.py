@@ -1,0 +1,167 @@
+"""Layer 4 configs: `GPTConfig` and `EncoderConfig`, validated dataclasses with JSON round trips.
+
+Each field says what it is; `__post_init__` rejects bad values with a `LaminaError` that names
+the field and the rule. `GPTConfig.preset(name, **overrides)` gives the named shapes. `from_dict`
+fills fields that an older checkpoint lacks with their defaults and refuses unknown ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from lamina.errors import LaminaError
+
+CONFIG_FORMAT = 1  # bumped when a saved config.json changes meaning
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise LaminaError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _dropout(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise LaminaError(f"{name} must be in [0, 1), got {value!r}")
+
+
+def _choice(name: str, value: Any, options: tuple[str, ...]) -> None:
+    if value not in options:
+        raise LaminaError(f"{name} must be one of {', '.join(map(repr, options))}, got {value!r}")
+
+
+def _bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise LaminaError(f"{name} must be true or false, got {value!r}")
+
+
+class _ConfigMixin:
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]):  # noqa: ANN206 - returns cls
+        if not isinstance(data, dict):
+            raise LaminaError(f"a {cls.__name__} must be a JSON object, got {type(data).__name__}")
+        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        data = {k: v for k, v in data.items() if k not in ("format", "kind")}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise LaminaError(f"unknown {cls.__name__} field(s): {', '.join(unknown)}")
+        return cls(**data)
+
+    def replace(self, **changes: Any):  # noqa: ANN201 - returns the same type
+        names = {f.name for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+        unknown = sorted(set(changes) - names)
+        if unknown:
+            raise LaminaError(f"unknown {type(self).__name__} field(s): {', '.join(unknown)}")
+        return dataclasses.replace(self, **changes)  # type: ignore[type-var]
+
+
+@dataclass(frozen=True)
+class GPTConfig(_ConfigMixin):
+    """A decoder-only GPT (GPT-2 layout by default)."""
+
+    vocab_size: int  # rows of the token table and columns of the head
+    block_size: int  # longest context; rows of the position table
+    d_model: int  # residual stream width
+    n_heads: int  # attention heads; must divide d_model
+    n_layers: int  # Transformer blocks
+    dropout: float = 0.0  # embedding, attention, residual and feed-forward dropout
+    tie_weights: bool = True  # the head shares the token table (GPT-2 does)
+    qkv_bias: bool = True  # bias on the fused QKV projection (GPT-2 has it)
+    bias: bool = True  # bias on the other linear layers and LayerNorms' shift
+    d_ff: int | None = None  # feed-forward hidden width; None means 4 * d_model
+    activation: Literal["gelu", "relu"] = "gelu"
+    norm_first: bool = True  # pre-LN blocks (GPT-2); False gives post-LN
+    positions: Literal["learned", "sinusoidal"] = "learned"
+    init_std: float = 0.02  # normal init; residual projections get / sqrt(2 * n_layers)
+    layer_norm_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "block_size", "d_model", "n_heads", "n_layers"):
+            _positive_int(name, getattr(self, name))
+        if self.d_model % self.n_heads:
+            raise LaminaError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
+        _dropout("dropout", self.dropout)
+        for name in ("tie_weights", "qkv_bias", "bias", "norm_first"):
+            _bool(name, getattr(self, name))
+        if self.d_ff is not None:
+            _positive_int("d_ff", self.d_ff)
+        _choice("activation", self.activation, ("gelu", "relu"))
+        _choice("positions", self.positions, ("learned", "sinusoidal"))
+        if not self.init_std > 0:
+            raise LaminaError(f"init_std must be positive, got {self.init_std!r}")
+        if not self.layer_norm_eps > 0:
+            raise LaminaError(f"layer_norm_eps must be positive, got {self.layer_norm_eps!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def ff_width(self) -> int:
+        return 4 * self.d_model if self.d_ff is None else self.d_ff
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> GPTConfig:
+        """A named shape (see `GPT_PRESETS`), with any field overridden."""
+        if name not in GPT_PRESETS:
+            raise LaminaError(f"unknown preset {name!r}; choose from {', '.join(GPT_PRESETS)}")
+        base = cls(**GPT_PRESETS[name])
+        return base.replace(**overrides) if overrides else base
+
+
+GPT_PRESETS: dict[str, dict[str, Any]] = {
+    # the seed notebook's TINY: for tests and checks
+    "tiny": dict(vocab_size=100, block_size=32, d_model=32, n_heads=4, n_layers=2),
+    # nanoGPT's CPU recipe for characters
+    "char-cpu": dict(vocab_size=65, block_size=64, d_model=128, n_heads=4, n_layers=4),
+    # nanoGPT's "baby GPT" for Shakespeare characters
+    "baby": dict(vocab_size=65, block_size=256, d_model=384, n_heads=6, n_layers=6, dropout=0.2),
+    # OpenAI's GPT-2 family as Hugging Face ships it
+    "gpt2-small": dict(
+        vocab_size=50257, block_size=1024, d_model=768, n_heads=12, n_layers=12, dropout=0.1
+    ),
+    "gpt2-medium": dict(
+        vocab_size=50257, block_size=1024, d_model=1024, n_heads=16, n_layers=24, dropout=0.1
+    ),
+    "gpt2-large": dict(
+        vocab_size=50257, block_size=1024, d_model=1280, n_heads=20, n_layers=36, dropout=0.1
+    ),
+    "gpt2-xl": dict(
+        vocab_size=50257, block_size=1024, d_model=1600, n_heads=25, n_layers=48, dropout=0.1
+    ),
+}
+
+
+@dataclass(frozen=True)
+class EncoderConfig(_ConfigMixin):
+    """A Transformer encoder in the 2017 layout (post-LN by default), as in the seed encoder."""
+
+    vocab_size: int  # token table rows; id `pad_id` is padding with a zero row
+    max_len: int  # longest sequence (rows of the sinusoidal table)
+    d_model: int = 64
+    n_heads: int = 4
+    d_ff: int = 128  # feed-forward hidden width
+    n_layers: int = 2
+    dropout: float = 0.1
+    norm_first: bool = False  # post-LN (2017); True gives pre-LN with a final norm
+    activation: Literal["gelu", "relu"] = "relu"
+    pad_id: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "max_len", "d_model", "n_heads", "d_ff", "n_layers"):
+            _positive_int(name, getattr(self, name))
+        if self.d_model % self.n_heads:
+            raise LaminaError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
+        _dropout("dropout", self.dropout)
+        _bool("norm_first", self.norm_first)
+        _choice("activation", self.activation, ("gelu", "relu"))
+        if isinstance(self.pad_id, bool) or not isinstance(self.pad_id, int):
+            raise LaminaError(f"pad_id must be an integer, got {self.pad_id!r}")
+        if not 0 <= self.pad_id < self.vocab_size:
+            raise LaminaError(
+                f"pad_id must be in [0, vocab_size={self.vocab_size}), got {self.pad_id}"
+            )

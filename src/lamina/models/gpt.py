@@ -1,0 +1,176 @@
+"""Layer 4, GPT: a decoder-only language model (GPT-2 layout).
+
+    ids (B, T) -> Embedding (token + position) -> n_layers x causal TransformerBlock
+               -> final LayerNorm -> head Linear(d, vocab, bias=False) -> logits (B, T, vocab)
+
+The head shares the token table when `tie_weights` (stored once, counted once). Weights start
+as GPT-2's: normal(0, init_std), residual output projections scaled by 1/sqrt(2 * n_layers),
+biases zero. `forward` also takes per-layer KV caches (positions then continue from the cache),
+a key-padding mask and explicit positions, which batched generation needs; `greedy` is the
+seed notebook's crop-to-block_size greedy decoder, kept as the simple reference.
+
+Deliberately unaware of tokenizers, training and sampling strategies.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from lamina.attention import KVCache
+from lamina.block import LayerNorm, TransformerBlock
+from lamina.embedding import Embedding
+from lamina.errors import LaminaError
+from lamina.models.config import GPTConfig
+
+
+class GPT(nn.Module):
+    """A GPT decoder with an LM head. `GPT(config)(ids)` -> logits (B, T, vocab_size)."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        if not isinstance(config, GPTConfig):
+            raise LaminaError(f"GPT needs a GPTConfig, got {type(config).__name__}")
+        c = self.config = config
+        self.embed = Embedding(
+            c.vocab_size,
+            c.block_size,
+            c.d_model,
+            dropout=c.dropout,
+            positions=c.positions,
+            init_std=c.init_std,
+        )
+        self.blocks = nn.ModuleList(
+            TransformerBlock(
+                c.d_model,
+                c.n_heads,
+                d_ff=c.ff_width,
+                dropout=c.dropout,
+                norm_first=c.norm_first,
+                causal=True,
+                activation=c.activation,
+                qkv_bias=c.qkv_bias,
+                bias=c.bias,
+                eps=c.layer_norm_eps,
+            )
+            for _ in range(c.n_layers)
+        )
+        # post-LN blocks already end in a norm; pre-LN needs a final one (GPT-2's ln_f)
+        self.norm_f = (
+            LayerNorm(c.d_model, c.layer_norm_eps, c.bias) if c.norm_first else nn.Identity()
+        )
+        self.head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        self.reset_parameters()
+        if c.tie_weights:
+            self.embed.tie_lm_head(self.head)
+
+    def reset_parameters(self) -> None:
+        std = self.config.init_std
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Linear):
+                scale = 1.0 / math.sqrt(2 * self.config.n_layers) if name.endswith(".proj") else 1.0
+                nn.init.normal_(module.weight, mean=0.0, std=std * scale)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+        self.embed.reset_parameters()
+
+    def set_attention_impl(self, impl: str) -> None:
+        """Switch every attention layer to "sdpa" (fast) or "reference" (explicit softmax)."""
+        if impl not in ("sdpa", "reference"):
+            raise LaminaError(f"attention impl must be 'sdpa' or 'reference', got {impl!r}")
+        for block in self.blocks:
+            block.attn.impl = impl
+
+    def make_caches(
+        self,
+        batch_size: int,
+        max_len: int | None = None,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> list[KVCache]:
+        """One preallocated KV cache per layer (max_len defaults to block_size)."""
+        c = self.config
+        max_len = c.block_size if max_len is None else max_len
+        if max_len > c.block_size:
+            raise LaminaError(f"cache max_len {max_len} exceeds block_size {c.block_size}")
+        ref = self.head.weight
+        return [
+            KVCache(
+                batch_size,
+                c.n_heads,
+                max_len,
+                c.head_dim,
+                device=device or ref.device,
+                dtype=dtype or ref.dtype,
+            )
+            for _ in range(c.n_layers)
+        ]
+
+    def forward(
+        self,
+        ids: Tensor,
+        padding_mask: Tensor | None = None,
+        *,
+        positions: Tensor | None = None,
+        caches: list[KVCache] | None = None,
+        last_only: bool = False,
+    ) -> Tensor:
+        """ids (B, T) -> logits (B, T, vocab), or (B, 1, vocab) with `last_only`.
+
+        padding_mask: (B, T_keys) bool, True at pads (T_keys counts cached positions too).
+        positions: explicit positions (B, T); by default they continue from the caches.
+        caches: one KVCache per layer, from `make_caches`.
+        """
+        if caches is not None and len(caches) != len(self.blocks):
+            raise LaminaError(f"expected {len(self.blocks)} KV caches, got {len(caches)}")
+        offset = caches[0].pos if caches is not None else 0
+        x = self.embed(ids, pos_offset=offset, positions=positions)
+        for i, block in enumerate(self.blocks):
+            x, _ = block(x, padding_mask, False, None if caches is None else caches[i])
+        if last_only:
+            x = x[:, -1:]
+        return self.head(self.norm_f(x))
+
+    @torch.no_grad()
+    def attention_weights(self, ids: Tensor, padding_mask: Tensor | None = None) -> list[Tensor]:
+        """Attention weights of every layer, each (B, H, T, T), from the reference path."""
+        x = self.embed(ids)
+        maps = []
+        for block in self.blocks:
+            x, w = block(x, padding_mask, True)
+            maps.append(w)
+        return maps
+
+    @torch.no_grad()
+    def greedy(self, ids: Tensor, max_new_tokens: int) -> Tensor:
+        """Greedy decoding without a cache, cropping the context to block_size (the reference).
+
+        Returns (B, T + max_new_tokens); the prompt is kept. The mode (train/eval) is restored.
+        """
+        if (
+            isinstance(max_new_tokens, bool)
+            or not isinstance(max_new_tokens, int)
+            or max_new_tokens < 0
+        ):
+            raise LaminaError(
+                f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}"
+            )
+        was_training = self.training
+        self.eval()
+        try:
+            for _ in range(max_new_tokens):
+                logits = self(ids[:, -self.config.block_size :], last_only=True)
+                ids = torch.cat([ids, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+        finally:
+            self.train(was_training)
+        return ids
+
+    def num_params(self, *, exclude_positions: bool = False) -> int:
+        """Parameters, each shared tensor counted once."""
+        n = sum(p.numel() for p in self.parameters())
+        if exclude_positions and self.embed.wpe is not None:
+            n -= self.embed.wpe.weight.numel()
+        return n

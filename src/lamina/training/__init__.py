@@ -1,0 +1,1 @@
+"""Training: loops, schedules and run directories, built on the layers below."""

@@ -1,0 +1,31 @@
+"""Shared pytest fixtures.
+
+``shared_data``: the read-only shared data folder (env ``LAMINA_SHARED_DATA``; default
+``<repo root>/../shared/data``; a relative value is taken relative to the repo root). Tests
+that use it are skipped cleanly where the folder is absent.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def shared_data_dir() -> Path:
+    """Where the shared data folder should be (it may not exist)."""
+    raw = os.environ.get("LAMINA_SHARED_DATA", "../shared/data")
+    p = Path(raw).expanduser()
+    return p if p.is_absolute() else (REPO_ROOT / p).resolve()
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    """Path of the shared data folder, or skip the test if it is absent."""
+    p = shared_data_dir()
+    if not p.is_dir():
+        pytest.skip(f"shared data folder {p} not found (set LAMINA_SHARED_DATA)")
+    return p
