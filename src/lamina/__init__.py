@@ -9,6 +9,8 @@ Layers (each imports only the ones below it):
 Above them: checks, training, generation, interop and the `lamina` command.
 """
 
+from lamina.checkpoint import load_model as load
+from lamina.checkpoint import save_model as save
 from lamina.errors import CheckFailed, LaminaError
 from lamina.models import (
     GPT,
@@ -30,4 +32,6 @@ __all__ = [
     "LaminaError",
     "SequenceClassifier",
     "count_params",
+    "load",
+    "save",
 ]

@@ -1,0 +1,177 @@
+"""Model directories: `config.json` + `model.safetensors` (+ `tokenizer.json`), written atomically.
+
+    save_model(dir, model, tokenizer=None)   -> dir/config.json, dir/model.safetensors, ...
+    load_model(dir) -> (model, tokenizer or None)        (also exported as `lamina.load`)
+
+Tied weights are stored once (the head is re-tied on load); the `_orig_mod.` prefix that
+`torch.compile` adds is stripped on save and on load. Loading never unpickles: safetensors and
+JSON only. A missing, unexpected or wrongly shaped tensor is an error naming the key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+from torch import Tensor, nn
+
+from lamina.data.corpus import atomic_write
+from lamina.data.tokenizers import Tokenizer, load_tokenizer, save_tokenizer
+from lamina.errors import LaminaError
+from lamina.models.config import EncoderConfig, GPTConfig
+from lamina.models.encoder import Encoder
+from lamina.models.gpt import GPT
+
+FORMAT_VERSION = 1
+COMPILED_PREFIX = "_orig_mod."
+
+
+def strip_compiled_prefix(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Remove `torch.compile`'s `_orig_mod.` prefix from every key (wherever it appears)."""
+    return {k.replace(COMPILED_PREFIX, ""): v for k, v in state.items()}
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The plain module behind torch.compile / DDP / FSDP wrappers."""
+    while True:
+        inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
+        if inner is None or not isinstance(inner, nn.Module):
+            return model
+        model = inner
+
+
+def model_tensors(model: nn.Module) -> dict[str, Tensor]:
+    """State dict for saving: prefixes stripped, tied head dropped, contiguous CPU tensors."""
+    model = unwrap(model)
+    state = strip_compiled_prefix(model.state_dict())
+    config = getattr(model, "config", None)
+    if isinstance(config, GPTConfig) and config.tie_weights:
+        state.pop("head.weight", None)
+    return {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
+
+
+def write_json(path: str | os.PathLike[str], data: Any) -> None:
+    """Atomic JSON write (temp file, fsync, rename)."""
+    payload = (json.dumps(data, indent=2, sort_keys=False) + "\n").encode("utf-8")
+    atomic_write(path, lambda f: f.write(payload))
+
+
+def read_json(path: str | os.PathLike[str]) -> Any:
+    p = Path(path)
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise LaminaError(f"missing file: {p}") from exc
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise LaminaError(f"{p} is not valid JSON: {exc}") from exc
+
+
+def save_tensors(
+    path: str | os.PathLike[str], tensors: dict[str, Tensor], metadata: dict[str, str] | None = None
+) -> None:
+    """Atomic safetensors write."""
+    blob = st_save(tensors, metadata=metadata)
+    atomic_write(path, lambda f: f.write(blob))
+
+
+def load_tensors(path: str | os.PathLike[str]) -> dict[str, Tensor]:
+    """Read a safetensors file; a truncated or corrupt file is a LaminaError naming it."""
+    p = Path(path)
+    if not p.is_file():
+        raise LaminaError(f"missing file: {p}")
+    try:
+        return st_load(p.read_bytes())
+    except (SafetensorError, ValueError, OSError) as exc:
+        raise LaminaError(f"{p} is not a readable safetensors file ({exc})") from exc
+
+
+def config_to_json(config: GPTConfig | EncoderConfig) -> dict[str, Any]:
+    kind = "gpt" if isinstance(config, GPTConfig) else "encoder"
+    return {"format": FORMAT_VERSION, "kind": kind, "model": config.to_dict()}
+
+
+def config_from_json(data: Any, where: str = "config.json") -> GPTConfig | EncoderConfig:
+    if not isinstance(data, dict) or "model" not in data or "kind" not in data:
+        raise LaminaError(f"{where} is not a lamina model config (no 'kind' and 'model' fields)")
+    if data.get("format", 1) > FORMAT_VERSION:
+        raise LaminaError(
+            f"{where} has format {data['format']}; this lamina reads up to {FORMAT_VERSION}"
+        )
+    kinds = {"gpt": GPTConfig, "encoder": EncoderConfig}
+    if data["kind"] not in kinds:
+        raise LaminaError(f"{where}: unknown model kind {data['kind']!r}")
+    return kinds[data["kind"]].from_dict(data["model"])
+
+
+def build_model(config: GPTConfig | EncoderConfig) -> nn.Module:
+    return GPT(config) if isinstance(config, GPTConfig) else Encoder(config)
+
+
+def load_state(model: nn.Module, state: dict[str, Tensor], where: str = "checkpoint") -> None:
+    """Copy `state` into `model` strictly: missing, unexpected or misshapen keys are errors."""
+    state = strip_compiled_prefix(state)
+    model = unwrap(model)
+    expected = model.state_dict()
+    config = getattr(model, "config", None)
+    if isinstance(config, GPTConfig) and config.tie_weights:
+        expected.pop("head.weight", None)
+        state = {k: v for k, v in state.items() if k != "head.weight"}
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing keys: {', '.join(missing)}")
+        if unexpected:
+            parts.append(f"unexpected keys: {', '.join(unexpected)}")
+        raise LaminaError(f"{where} does not match the model: {'; '.join(parts)}")
+    for k, v in state.items():
+        if tuple(v.shape) != tuple(expected[k].shape):
+            raise LaminaError(
+                f"{where}: tensor {k} has shape {tuple(v.shape)}, the model expects {tuple(expected[k].shape)}"
+            )
+    with torch.no_grad():
+        for name, tensor in expected.items():
+            tensor.copy_(state[name])
+
+
+def save_model(
+    directory: str | os.PathLike[str], model: nn.Module, tokenizer: Tokenizer | None = None
+) -> Path:
+    """Write config.json, model.safetensors and (if given) tokenizer.json into `directory`."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    inner = unwrap(model)
+    config = getattr(inner, "config", None)
+    if not isinstance(config, (GPTConfig, EncoderConfig)):
+        raise LaminaError("save_model needs a lamina GPT or Encoder (with a .config)")
+    save_tensors(d / "model.safetensors", model_tensors(inner), {"format": "pt"})
+    if tokenizer is not None:
+        save_tokenizer(tokenizer, d / "tokenizer.json")
+    write_json(
+        d / "config.json", config_to_json(config)
+    )  # last: its presence marks a complete model
+    return d
+
+
+def load_model(
+    directory: str | os.PathLike[str], device: str | torch.device = "cpu"
+) -> tuple[nn.Module, Tokenizer | None]:
+    """Rebuild the model (and its tokenizer, if saved) from a directory written by `save_model`."""
+    d = Path(directory)
+    if not d.is_dir():
+        raise LaminaError(f"no such model directory: {d}")
+    if not (d / "config.json").is_file():
+        raise LaminaError(f"{d} is not a lamina model or run directory (no config.json)")
+    config = config_from_json(read_json(d / "config.json"), str(d / "config.json"))
+    model = build_model(config)
+    load_state(model, load_tensors(d / "model.safetensors"), str(d / "model.safetensors"))
+    tokenizer = load_tokenizer(d / "tokenizer.json") if (d / "tokenizer.json").is_file() else None
+    model.eval()
+    return model.to(device), tokenizer
