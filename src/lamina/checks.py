@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -388,3 +389,170 @@ def run_all(seed: int = 0) -> list[CheckResult]:
         except CheckFailed as exc:
             results.append(CheckResult(name, False, str(exc)))
     return results
+
+
+# --- checks and a report helper for learners' code (the lessons' self-check cells) ---
+
+
+def report(name: str, check: Callable[..., None], *args: object, **kwargs: object) -> bool:
+    """Run one check for a notebook self-check cell and say how it went, in plain words.
+
+    Prints "PASS: name", or "FAIL: name" and the check's message; returns whether it passed.
+    Errors other than `CheckFailed` (a `NotImplementedError` from a TODO, a shape error) pass
+    through with their traceback. With the environment variable LAMINA_LESSON_STRICT=1 a failed
+    check also raises, so a notebook run by a test stops at the first failure.
+    """
+    try:
+        check(*args, **kwargs)
+    except CheckFailed as exc:
+        print(f"FAIL: {name}\n  {exc}")  # the one print in lamina's library code: it is the point
+        if os.environ.get("LAMINA_LESSON_STRICT", "") not in ("", "0"):
+            raise
+        return False
+    print(f"PASS: {name}")
+    return True
+
+
+def check_char_tokenizer(tokenizer: object, text: str) -> None:
+    """One id per character, ids in [0, vocab_size), vocab_size = distinct characters, and
+    decode(encode(text)) == text."""
+    chars = sorted(set(text))
+    vocab = getattr(tokenizer, "vocab_size", None)
+    if vocab != len(chars):
+        raise CheckFailed(
+            f"vocab_size should be the number of distinct characters in the text, "
+            f"{len(chars)}, got {vocab!r}"
+        )
+    ids = tokenizer.encode(text)  # type: ignore[attr-defined]
+    ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+    if len(ids) != len(text):
+        raise CheckFailed(
+            f"expected one id per character: {len(text)} characters gave {len(ids)} ids"
+        )
+    bad = [i for i in ids if not isinstance(i, int) or not 0 <= i < len(chars)]
+    if bad:
+        raise CheckFailed(f"ids must be integers in [0, {len(chars)}), got {bad[0]!r}")
+    per_char = {c: tokenizer.encode(c) for c in chars}  # type: ignore[attr-defined]
+    distinct = {tuple(v.tolist() if hasattr(v, "tolist") else v) for v in per_char.values()}
+    if len(distinct) != len(chars):
+        raise CheckFailed("two different characters got the same id")
+    back = tokenizer.decode(ids)  # type: ignore[attr-defined]
+    if back != text:
+        at = next(
+            (i for i, (a, b) in enumerate(zip(back, text, strict=False)) if a != b),
+            min(len(back), len(text)),
+        )
+        raise CheckFailed(
+            f"decode(encode(text)) differs from the text at character {at}: "
+            f"expected {text[at : at + 10]!r}, got {back[at : at + 10]!r}"
+        )
+
+
+def check_causal_mask(mask_fn: Callable[[int], Tensor], T: int = 5) -> None:
+    """mask_fn(T) is a (T, T) bool tensor, True where query i may attend key j, i.e. j <= i."""
+    m = mask_fn(T)
+    if not isinstance(m, Tensor) or m.dtype != torch.bool:
+        raise CheckFailed(f"the mask must be a bool tensor, got {getattr(m, 'dtype', type(m))}")
+    _shape("causal mask", m, (T, T))
+    expected = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    if torch.equal(m, expected):
+        return
+    if torch.equal(m, ~expected):
+        raise CheckFailed(
+            "the mask is inverted: True must mean 'may attend' (the key is not in the future)"
+        )
+    if torch.equal(m, expected.T):
+        raise CheckFailed("the mask is transposed: row i is query i, which may see keys 0..i")
+    if torch.equal(m, torch.tril(expected, diagonal=-1)):
+        raise CheckFailed("a token must be able to attend to itself: the diagonal must be True")
+    wrong = int((m != expected).sum())
+    raise CheckFailed(f"{wrong} of {T * T} entries differ from the lower-triangular mask (j <= i)")
+
+
+def _draw(sample: Callable[..., Tensor], logits: Tensor, **kwargs: object) -> Tensor:
+    ids = sample(logits.clone(), **kwargs)
+    if not isinstance(ids, Tensor) or ids.dtype.is_floating_point:
+        raise CheckFailed(f"sample must return integer ids, got {getattr(ids, 'dtype', type(ids))}")
+    ids = ids.reshape(-1)
+    _shape("sampled ids", ids, (logits.shape[0],))
+    if int(ids.min()) < 0 or int(ids.max()) >= logits.shape[1]:
+        raise CheckFailed(f"sampled ids must lie in [0, {logits.shape[1]})")
+    return ids
+
+
+def check_sampler(sample: Callable[..., Tensor], n: int = 4000, tol: float = 0.035) -> None:
+    """sample(logits (B, V), temperature=, top_k=, top_p=, generator=) -> ids (B,) or (B, 1).
+
+    Probes four tokens with probabilities 0.05, 0.5, 0.15, 0.3: temperature 0 is argmax;
+    temperature scales logits; top-k and top-p never pick outside their set, and what they keep
+    is drawn in proportion to its probability.
+    """
+    probs = torch.tensor([0.05, 0.5, 0.15, 0.3])
+    logits = probs.log().expand(n, 4).contiguous()
+    gen = torch.Generator().manual_seed(0)
+
+    def freq(ids: Tensor) -> list[float]:
+        return (torch.bincount(ids, minlength=4).float() / n).tolist()
+
+    def draw(**kw: object) -> Tensor:
+        kw = {"temperature": 1.0, "top_k": None, "top_p": None, **kw}
+        return _draw(sample, logits, generator=gen, **kw)
+
+    greedy = freq(draw(temperature=0.0))
+    if greedy[1] != 1.0:
+        raise CheckFailed(
+            f"temperature=0 must always pick the most likely token (id 1); it did {greedy[1]:.1%} "
+            "of the time"
+        )
+    for t in (1.0, 0.5):
+        want = torch.softmax(probs.log() / t, -1).tolist()
+        got = freq(draw(temperature=t))
+        if abs(got[1] - want[1]) > tol:
+            hint = ""
+            if t != 1.0 and abs(got[1] - 0.5) <= tol:
+                hint = "the temperature was ignored: "
+            elif t != 1.0:
+                hint = "divide the logits by the temperature (before the softmax): "
+            raise CheckFailed(
+                f"{hint}at temperature {t} token 1 should be drawn with probability "
+                f"{want[1]:.3f}, got {got[1]:.3f}"
+            )
+    for kw, keep, what in (
+        ({"top_k": 2}, {1, 3}, "top_k=2 keeps the 2 most likely tokens (1 and 3)"),
+        ({"top_p": 0.7}, {1, 3}, "top_p=0.7 keeps the smallest set reaching 0.7: tokens 1 and 3"),
+        ({"top_p": 0.4}, {1}, "top_p=0.4 keeps only token 1 (0.5 already reaches 0.4)"),
+    ):
+        got = freq(draw(**kw))
+        outside = [i for i in range(4) if i not in keep and got[i] > 0]
+        if outside:
+            raise CheckFailed(f"{what}, but token {outside[0]} was drawn {got[outside[0]]:.1%}")
+        missing = [i for i in keep if got[i] == 0]
+        if missing:
+            raise CheckFailed(f"{what}, but token {missing[0]} was never drawn")
+        if keep == {1, 3} and abs(got[1] - 0.625) > tol:
+            raise CheckFailed(
+                f"{what}, drawn in proportion 0.5 : 0.3, so token 1 at 0.625; got {got[1]:.3f}"
+            )
+
+
+def check_cached_generation(
+    generate_cached: Callable[[Tensor, int], Tensor],
+    generate_reference: Callable[[Tensor, int], Tensor],
+    vocab_size: int,
+    n_new: int = 12,
+) -> None:
+    """Greedy tokens with a KV cache equal greedy tokens recomputed from scratch."""
+    prompt = torch.tensor([[1, 2, 3, 4]]) % vocab_size
+    with torch.no_grad():
+        fast, slow = generate_cached(prompt, n_new), generate_reference(prompt, n_new)
+    _shape("generated ids", fast, tuple(slow.shape))
+    if not torch.equal(fast[:, :4], prompt):
+        raise CheckFailed("the prompt must be kept at the start of the output")
+    diff = (fast != slow).nonzero()
+    if len(diff):
+        b, t = diff[0].tolist()
+        raise CheckFailed(
+            f"with the cache, new token {t - 4} (position {t}) is {int(fast[b, t])}; recomputing "
+            f"everything gives {int(slow[b, t])} (are positions continued from the cache, and "
+            "is only the new token fed after the prompt?)"
+        )
