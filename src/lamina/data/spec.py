@@ -1,22 +1,43 @@
 """Tokenizer specs: the strings `lamina train --tokenizer` accepts, turned into tokenizers.
 
-    "char"       a CharTokenizer built from the corpus text
+    "char"       a CharTokenizer built from the corpus text (one id per distinct character)
+    "byte"       a ByteTokenizer: the 256 UTF-8 byte values, any text round-trips
+    "bpe:N"      byte-level BPE with at most N ids (N >= 257) trained on the corpus text
+    "gpt2:DIR"   GPT-2's BPE (50,257 ids) from encoder.json + vocab.bpe in DIR, sha256 checked
 
-Other kinds register here as they are added. Deliberately unaware of models and training.
+Deliberately unaware of models and training; reads no file other than a gpt2 DIR's two files.
 """
 
 from __future__ import annotations
 
+from lamina.data.subword import BPETokenizer, ByteTokenizer, GPT2Tokenizer
 from lamina.data.tokenizers import CharTokenizer, Tokenizer
 from lamina.errors import LaminaError
 
-TOKENIZER_SPECS = ("char",)
+TOKENIZER_SPECS = ("char", "byte", "bpe:N", "gpt2:DIR")
 
 
 def build_tokenizer(spec: str, text: str | None = None) -> Tokenizer:
     """A tokenizer from a spec string; `text` is the corpus (needed by kinds learned from it)."""
+    if not isinstance(spec, str):
+        raise LaminaError(f"tokenizer spec must be a string, got {type(spec).__name__}")
+    kind, sep, arg = spec.partition(":")
     if spec == "char":
         if text is None:
             raise LaminaError("tokenizer 'char' is built from the corpus: pass its text")
         return CharTokenizer.from_text(text)
+    if spec == "byte":
+        return ByteTokenizer()
+    if kind == "bpe" and sep:
+        if not arg.isdigit():
+            raise LaminaError(f"tokenizer {spec!r}: N in 'bpe:N' must be a whole number of ids")
+        if text is None:
+            raise LaminaError(f"tokenizer {spec!r} is trained on the corpus: pass its text")
+        return BPETokenizer.train(text, int(arg))
+    if kind == "gpt2" and sep:
+        if not arg:
+            raise LaminaError(
+                "tokenizer 'gpt2:DIR' needs the folder holding encoder.json and vocab.bpe"
+            )
+        return GPT2Tokenizer.from_dir(arg)
     raise LaminaError(f"unknown tokenizer {spec!r}; choose from {', '.join(TOKENIZER_SPECS)}")
