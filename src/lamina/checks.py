@@ -181,7 +181,11 @@ def check_embedding(embedding: nn.Module, vocab_size: int, block_size: int) -> N
         k, m = block_size // 4, block_size // 2  # a segment of m tokens starting at position k
         ids = torch.randint(0, vocab_size, (2, block_size))
         seg = embedding(ids[:, k : k + m], pos_offset=k)
-        diff = (seg - embedding(ids)[:, k : k + m]).abs().max().item()
+        try:
+            whole = embedding(ids)
+        except (IndexError, RuntimeError) as exc:  # e.g. positions shifted past the table
+            raise CheckFailed(_full_block_message(embedding, vocab_size, block_size, exc)) from exc
+        diff = (seg - whole[:, k : k + m]).abs().max().item()
         if diff <= 1e-5:
             return
         same = torch.full((1, block_size), 1 % vocab_size, dtype=torch.long)
@@ -196,6 +200,28 @@ def check_embedding(embedding: nn.Module, vocab_size: int, block_size: int) -> N
             f"embedding(ids[:, {k}:{k + m}], pos_offset={k}) differs from "
             f"embedding(ids)[:, {k}:{k + m}] by {diff:.3g}"
         )
+
+
+def _full_block_message(
+    embedding: nn.Module, vocab_size: int, block_size: int, exc: Exception
+) -> str:
+    """Why a full block of ids failed to embed: find the longest sequence that does embed."""
+    longest = 0
+    for T in range(block_size - 1, 0, -1):
+        try:
+            embedding(torch.zeros(1, T, dtype=torch.long) + 1 % vocab_size)
+        except (IndexError, RuntimeError):
+            continue
+        longest = T
+        break
+    if longest:
+        s = block_size - longest
+        return (
+            f"a full block of {block_size} tokens cannot be embedded, but {longest} can: the "
+            f"positions start at {s}, not 0 (off by +{s}); a block needs positions 0 .. "
+            f"{block_size - 1}"
+        )
+    return f"embedding a full block of {block_size} tokens raised {type(exc).__name__}: {exc}"
 
 
 def check_tied(token_table: Tensor, head_weight: Tensor) -> None:
