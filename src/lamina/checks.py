@@ -420,10 +420,11 @@ def run_all(seed: int = 0) -> list[CheckResult]:
 # --- checks and a report helper for learners' code (the lessons' self-check cells) ---
 
 
-def report(name: str, check: Callable[..., None], *args: object, **kwargs: object) -> bool:
+def report(name: str, check: Callable[..., None], *args: object, **kwargs: object) -> None:
     """Run one check for a notebook self-check cell and say how it went, in plain words.
 
-    Prints "PASS: name", or "FAIL: name" and the check's message; returns whether it passed.
+    Prints "PASS: name", or "FAIL: name" and the check's message (and returns None, so that a
+    notebook cell shows only the message).
     Errors other than `CheckFailed` (a `NotImplementedError` from a TODO, a shape error) pass
     through with their traceback. With the environment variable LAMINA_LESSON_STRICT=1 a failed
     check also raises, so a notebook run by a test stops at the first failure.
@@ -434,9 +435,8 @@ def report(name: str, check: Callable[..., None], *args: object, **kwargs: objec
         print(f"FAIL: {name}\n  {exc}")  # the one print in lamina's library code: it is the point
         if os.environ.get("LAMINA_LESSON_STRICT", "") not in ("", "0"):
             raise
-        return False
+        return
     print(f"PASS: {name}")
-    return True
 
 
 def check_char_tokenizer(tokenizer: object, text: str) -> None:
