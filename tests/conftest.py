@@ -1,5 +1,7 @@
 """Shared pytest fixtures.
 
+Tests run torch on one thread (see below).
+
 ``shared_data``: the read-only shared data folder (env ``LAMINA_SHARED_DATA``; default
 ``<repo root>/../shared/data``; a relative value is taken relative to the repo root). Tests
 that use it are skipped cleanly where the folder is absent.
@@ -11,6 +13,13 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
+
+# Tests use tiny models, which run fastest on one thread, and several test processes (or other
+# work) may share the cores: OpenMP threads spinning on oversubscribed cores slow tiny kernels
+# down by an order of magnitude. Subprocesses started by tests inherit the variable.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(1)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
