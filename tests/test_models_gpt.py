@@ -1,0 +1,124 @@
+"""Layer 4: the GPT decoder (seed notebook checks 4-7, plus tying, caches and bad input)."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lamina import GPT, GPTConfig, LaminaError
+from lamina.models.params import count_module_params
+
+
+def tiny(**kw) -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig.preset("tiny", **kw)).eval()
+
+
+def test_logits_have_shape_batch_time_vocab():
+    model = tiny()
+    assert model(torch.randint(0, 100, (3, 12))).shape == (3, 12, 100)
+
+
+def test_last_only_returns_the_last_position():
+    model = tiny()
+    ids = torch.randint(0, 100, (2, 9))
+    torch.testing.assert_close(model(ids, last_only=True), model(ids)[:, -1:])
+
+
+def test_model_is_causal_end_to_end():
+    """Logits at earlier positions do not depend on later tokens."""
+    model = tiny()
+    ids = torch.randint(0, 100, (2, 12))
+    ids2 = ids.clone()
+    ids2[:, -1] = (ids2[:, -1] + 1) % 100
+    torch.testing.assert_close(model(ids)[:, :-1], model(ids2)[:, :-1])
+
+
+def test_head_is_tied_by_default_and_counted_once():
+    model = tiny()
+    assert model.head.weight is model.embed.wte.weight
+    untied = tiny(tie_weights=False)
+    assert untied.head.weight.data_ptr() != untied.embed.wte.weight.data_ptr()
+    assert count_module_params(untied) - count_module_params(model) == 100 * 32
+
+
+def test_initial_loss_is_about_ln_vocab():
+    """An untrained model knows nothing: cross-entropy close to ln(vocab)."""
+    model = tiny(vocab_size=1000)
+    ids = torch.randint(0, 1000, (4, 32))
+    loss = F.cross_entropy(model(ids).flatten(0, 1), torch.randint(0, 1000, (4 * 32,)))
+    assert abs(loss.item() - math.log(1000)) < 0.1
+
+
+def test_greedy_keeps_prompt_is_deterministic_and_crops_past_block_size():
+    """43 tokens from a 3-token prompt with block 32: cropping must kick in."""
+    model = tiny()
+    start = torch.tensor([[1, 2, 3]])
+    out = model.greedy(start, 40)
+    assert out.shape == (1, 43)
+    assert torch.equal(out[:, :3], start)
+    assert torch.equal(out, model.greedy(start, 40))
+    assert 0 <= out.min() and out.max() < 100
+
+
+def test_greedy_restores_training_mode():
+    model = tiny().train()
+    model.greedy(torch.tensor([[1]]), 2)
+    assert model.training
+
+
+def test_cached_forward_equals_full_forward():
+    """Prefill then token-by-token decoding with KV caches gives the full-recompute logits."""
+    model = tiny()
+    ids = torch.randint(0, 100, (2, 20))
+    full = model(ids)
+    caches = model.make_caches(2)
+    steps = [model(ids[:, :8], caches=caches)]
+    steps += [model(ids[:, t : t + 1], caches=caches) for t in range(8, 20)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=0)
+
+
+def test_reference_attention_gives_the_same_logits():
+    model = tiny()
+    ids = torch.randint(0, 100, (2, 16))
+    fast = model(ids)
+    model.set_attention_impl("reference")
+    assert (model(ids) - fast).abs().max() < 1e-5
+
+
+def test_attention_weights_are_causal_maps_per_layer():
+    maps = tiny().attention_weights(torch.randint(0, 100, (1, 6)))
+    assert len(maps) == 2 and maps[0].shape == (1, 4, 6, 6)
+    assert torch.triu(maps[1][0, 0], diagonal=1).abs().max() == 0
+
+
+def test_post_ln_and_sinusoidal_variants_build_and_run():
+    model = tiny(norm_first=False, positions="sinusoidal", activation="relu", bias=False)
+    assert model(torch.randint(0, 100, (1, 5))).shape == (1, 5, 100)
+
+
+def test_residual_projections_start_smaller():
+    """GPT-2 init: residual output projections have std 0.02 / sqrt(2 * n_layers)."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("tiny", d_model=256, n_heads=4, n_layers=8))
+    assert abs(model.blocks[0].attn.proj.weight.std().item() - 0.02 / 4) < 5e-4
+    assert abs(model.blocks[0].attn.qkv.weight.std().item() - 0.02) < 5e-4
+
+
+@pytest.mark.parametrize(
+    "ids, message",
+    [
+        (torch.tensor([[1, 100]]), "outside \\[0, vocab_size=100\\)"),
+        (torch.tensor([[0.5, 1.0]]), "integer"),
+        (torch.zeros(1, 33, dtype=torch.long), "block_size 32"),
+    ],
+)
+def test_bad_input_raises_value_error(ids, message):
+    with pytest.raises(ValueError, match=message):
+        tiny()(ids)
+
+
+def test_greedy_rejects_a_negative_count():
+    with pytest.raises(LaminaError, match="max_new_tokens"):
+        tiny().greedy(torch.tensor([[1]]), -1)
