@@ -1,0 +1,111 @@
+"""`lamina convert`: Hugging Face GPT-2 folders <-> lamina model/run folders.
+
+    lamina convert --from hf HF_DIR --out RUN    config.json + weights -> a lamina model folder
+                                                 (with tokenizer.json when HF_DIR has GPT-2's
+                                                 merges.txt or a byte-level BPE tokenizer.json)
+    lamina convert --to hf RUN --out HF_DIR      a lamina GPT -> GPT2LMHeadModel.from_pretrained
+                                                 (with vocab.json/merges.txt or tokenizer.json
+                                                 for gpt2 and bpe tokenizers)
+
+Bad input (a folder with no weights, another model type, wrong shapes, unsafe pickles, a model
+GPT-2 cannot express) is one line on stderr and exit status 2; nothing is written then.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+from pathlib import Path
+
+from lamina.errors import LaminaError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "convert",
+        help="convert Hugging Face GPT-2 checkpoints to lamina and back",
+        description="Read a Hugging Face GPT-2 folder (config.json + model.safetensors or "
+        "pytorch_model.bin, loaded without running code) into a lamina model folder, or write a "
+        "lamina GPT as a folder that transformers.GPT2LMHeadModel.from_pretrained loads. "
+        "Weights are copied exactly; logits match Hugging Face's within float rounding.",
+    )
+    way = p.add_mutually_exclusive_group(required=True)
+    way.add_argument(
+        "--from", dest="src_format", choices=["hf"], help="read SOURCE in this format (hf)"
+    )
+    way.add_argument(
+        "--to", dest="dst_format", choices=["hf"], help="write --out in this format (hf)"
+    )
+    p.add_argument(
+        "source",
+        metavar="SOURCE",
+        help="with --from hf: a Hugging Face GPT-2 folder; with --to hf: a lamina model or run "
+        "folder",
+    )
+    p.add_argument(
+        "--out", required=True, metavar="DIR", help="folder to write (must be new or empty)"
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="write into --out even if it already holds files (default: refuse)",
+    )
+    p.set_defaults(func=run)
+
+
+def _check_out(out: Path, force: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise LaminaError(f"--out {out} is a file, not a folder")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise LaminaError(f"--out {out} already holds files; pick a new folder or pass --force")
+
+
+def _from_hf(source: Path, out: Path) -> str:
+    from lamina.checkpoint import save_model
+    from lamina.interop.hf_gpt2 import load_hf_gpt2
+    from lamina.interop.hf_tokenizer import tokenizer_from_hf
+
+    model = load_hf_gpt2(source)
+    tokenizer = tokenizer_from_hf(source)
+    if out.exists():
+        save_model(out, model, tokenizer)
+    else:  # build beside, then rename: a failed write leaves no half folder
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+        try:
+            save_model(tmp, model, tokenizer)
+            tmp.rename(out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    kind = tokenizer.to_dict()["kind"] if tokenizer is not None else "none found"
+    return f"{model.num_params():,} parameters; tokenizer: {kind}"
+
+
+def _to_hf(source: Path, out: Path) -> str:
+    from lamina.checkpoint import load_model
+    from lamina.interop.hf_gpt2 import save_hf_gpt2
+    from lamina.models.gpt import GPT
+
+    model, tokenizer = load_model(source)
+    if not isinstance(model, GPT):
+        raise LaminaError(f"{source} holds a {type(model).__name__}; only a GPT converts to GPT-2")
+    save_hf_gpt2(model, out, tokenizer)
+    kind = tokenizer.to_dict()["kind"] if tokenizer is not None else None
+    if kind in ("gpt2", "bpe"):
+        return f"{model.num_params():,} parameters; tokenizer files for {kind}"
+    return f"{model.num_params():,} parameters; no Hugging Face tokenizer files (tokenizer: {kind})"
+
+
+def run(args: argparse.Namespace) -> int:
+    import lamina.data.subword  # noqa: F401 - registers the byte, bpe and gpt2 tokenizer kinds
+
+    source, out = Path(args.source), Path(args.out)
+    _check_out(out, args.force)
+    if args.src_format == "hf":
+        note = _from_hf(source, out)
+    else:
+        note = _to_hf(source, out)
+    print(f"wrote {out} ({note})")
+    return 0
