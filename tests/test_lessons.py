@@ -1,0 +1,147 @@
+"""The lessons: sources and notebooks in step, solutions run, exercises stop at the first TODO.
+
+Every notebook runs in a fresh local Jupyter kernel (nbclient, kernel "python3" from this
+environment's ipykernel) with LAMINA_LESSON_FAST=1 (small sizes) and LAMINA_LESSON_STRICT=1
+(a failed self-check raises instead of only printing FAIL).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
+
+from lamina.cli import main as lamina_main
+
+REPO = Path(__file__).resolve().parent.parent
+LESSONS = REPO / "lessons"
+
+
+def _build_module():
+    spec = importlib.util.spec_from_file_location("lessons_build", LESSONS / "build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+build = _build_module()
+SOURCES = build.sources()
+NAMES = [s.stem for s in SOURCES]
+
+
+def execute(
+    path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[nbformat.NotebookNode, CellExecutionError | None]:
+    """Run a notebook in a fresh kernel in tmp_path: (the notebook with outputs, the error)."""
+    monkeypatch.setenv("LAMINA_LESSON_FAST", "1")
+    monkeypatch.setenv("LAMINA_LESSON_STRICT", "1")
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(
+        nb, kernel_name="python3", timeout=120, resources={"metadata": {"path": str(tmp_path)}}
+    )
+    start, error = time.perf_counter(), None
+    try:
+        client.execute()
+    except CellExecutionError as exc:
+        error = exc
+    print(f"{path.relative_to(REPO)}: {time.perf_counter() - start:.1f} s", file=sys.stderr)
+    return nb, error
+
+
+def test_there_are_five_lessons():
+    """Five lesson sources, each with a solution and an exercise notebook."""
+    assert len(SOURCES) == 5, NAMES
+    for variant in build.VARIANTS:
+        assert sorted(p.stem for p in (LESSONS / variant).glob("*.ipynb")) == NAMES
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_notebooks_match_sources(name):
+    """The committed notebooks are what lessons/build.py makes from the sources."""
+    source = LESSONS / "src" / f"{name}.py"
+    for variant in build.VARIANTS:
+        expected = build.notebook_text(build.render(source, variant))
+        committed = build.target(source, variant).read_text(encoding="utf-8")
+        assert committed == expected, f"run: python lessons/build.py ({variant}/{name} is stale)"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_exercise_has_todos_and_no_solution(name):
+    """Exercises raise NotImplementedError where solutions have code; markers never leak."""
+    source = LESSONS / "src" / f"{name}.py"
+    ex, sol = build.render(source, "exercises"), build.render(source, "solutions")
+    todo_cells = [c for c in ex.cells if "todo" in c.metadata.get("tags", [])]
+    assert todo_cells, "a lesson needs at least one TODO"
+    for cell in todo_cells:
+        assert "raise NotImplementedError" in cell.source
+    for cell in sol.cells + ex.cells:
+        assert "BEGIN SOLUTION" not in cell.source and "END SOLUTION" not in cell.source
+    assert all("NotImplementedError" not in c.source for c in sol.cells if c.cell_type == "code")
+
+
+def test_markers_must_balance():
+    """An unclosed solution marker is an error, not a silently broken exercise."""
+    with pytest.raises(ValueError, match="never closed"):
+        build.strip_solutions(["# BEGIN SOLUTION", "x = 1"], "exercises", "here")
+    with pytest.raises(ValueError, match="without BEGIN"):
+        build.strip_solutions(["# END SOLUTION"], "solutions", "here")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_solution_runs_top_to_bottom(name, tmp_path, monkeypatch):
+    """Every solution notebook executes without an error and every self-check passes."""
+    nb, error = execute(LESSONS / "solutions" / f"{name}.ipynb", tmp_path, monkeypatch)
+    assert error is None, str(error)
+    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert "FAIL" not in text
+    assert "PASS" in text
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_exercise_stops_at_first_todo(name, tmp_path, monkeypatch):
+    """Every exercise notebook fails exactly at its first TODO cell, with NotImplementedError."""
+    nb, error = execute(LESSONS / "exercises" / f"{name}.ipynb", tmp_path, monkeypatch)
+    assert error is not None and error.ename == "NotImplementedError", str(error)
+    failed = [
+        i
+        for i, c in enumerate(nb.cells)
+        if c.cell_type == "code" and any(o.output_type == "error" for o in c.outputs)
+    ]
+    first_todo = next(i for i, c in enumerate(nb.cells) if "todo" in c.metadata.get("tags", []))
+    assert failed == [first_todo]
+
+
+def test_lessons_command_copies_exercises(tmp_path, capsys):
+    """`lamina lessons --dest DIR` copies every exercise notebook and says how to open them."""
+    dest = tmp_path / "work"
+    assert lamina_main(["lessons", "--dest", str(dest)]) == 0
+    assert sorted(p.name for p in dest.glob("*.ipynb")) == [f"{n}.ipynb" for n in NAMES]
+    out = capsys.readouterr().out
+    assert str(dest) in out and "01_" in out
+
+
+def test_lessons_command_keeps_a_learners_work(tmp_path, capsys):
+    """A second `lamina lessons` does not overwrite a notebook the learner has edited."""
+    dest = tmp_path / "work"
+    lamina_main(["lessons", "--dest", str(dest)])
+    mine = dest / f"{NAMES[0]}.ipynb"
+    mine.write_text("my work", encoding="utf-8")
+    assert lamina_main(["lessons", "--dest", str(dest)]) == 0
+    assert mine.read_text(encoding="utf-8") == "my work"
+    assert "kept" in capsys.readouterr().out
+    assert lamina_main(["lessons", "--dest", str(dest), "--solutions"]) == 0
+    assert (dest / "solutions" / f"{NAMES[0]}.ipynb").is_file()
+
+
+def test_lessons_command_refuses_a_file_as_dest(tmp_path, capsys):
+    """A destination that is a file is bad input: one line on stderr, exit status 2."""
+    f = tmp_path / "file"
+    f.write_text("x")
+    assert lamina_main(["lessons", "--dest", str(f)]) == 2
+    assert "error" in capsys.readouterr().err
