@@ -1,0 +1,190 @@
+"""`lamina sample RUN`: stream text from a trained model (a run or model directory).
+
+    lamina sample RUN --prompt "ROMEO:" --max-new-tokens 200 --temperature 0.8 --top-k 50 \
+        --top-p 0.95 --seed 1 --num-samples 3 --stop "\n\n"
+
+Each sample prints the prompt, then the continuation as it is produced (flushed token by token;
+text is held back only while a multi-byte character is incomplete). A `--stop` string ends a
+sample right after the string. Samples are separated by a line of dashes. An empty prompt is
+allowed only when the tokenizer defines a start token (e.g. "<|endoftext|>").
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from lamina.errors import LaminaError
+from lamina.generation.stops import cut_text
+
+START_TOKENS = ("bos", "<|endoftext|>", "<s>", "<bos>")  # special tokens that may start a text
+SEPARATOR = "\n" + "-" * 40 + "\n"
+DTYPES = ("float32", "bfloat16")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "sample",
+        help="generate text from a trained model, streamed as it is produced",
+        description="Load a run or model directory (config.json, model.safetensors, "
+        "tokenizer.json), continue the prompt and stream the text to stdout. Bad input gives "
+        "one line on stderr and exit status 2.",
+    )
+    p.add_argument("run", metavar="RUN", help="run or model directory written by lamina train")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--prompt", default="", help="text to continue (default: empty)")
+    src.add_argument(
+        "--prompt-file", metavar="PATH", help="read the prompt from a file ('-' for stdin)"
+    )
+    p.add_argument(
+        "--max-new-tokens", type=int, default=200, help="tokens to generate (default: 200)"
+    )
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.8,
+        help="0 is greedy; higher is more random (default: 0.8)",
+    )
+    p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens")
+    p.add_argument("--top-p", type=float, default=None, help="keep the nucleus of mass p")
+    p.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
+    p.add_argument("--num-samples", type=int, default=1, help="samples to draw (default: 1)")
+    p.add_argument(
+        "--stop",
+        action="append",
+        default=None,
+        metavar="STR",
+        help="end a sample right after this string (repeatable; '\\n' escapes understood)",
+    )
+    p.add_argument(
+        "--dtype", choices=DTYPES, default="float32", help="weights and cache (default: float32)"
+    )
+    p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    p.add_argument(
+        "--no-cache", action="store_true", help="recompute every step (slow; for checking)"
+    )
+    p.set_defaults(func=run)
+
+
+def read_prompt(args: argparse.Namespace) -> str:
+    if args.prompt_file is None:
+        return args.prompt
+    if args.prompt_file == "-":
+        return sys.stdin.read()
+    path = Path(args.prompt_file)
+    if not path.is_file():
+        raise LaminaError(f"prompt file not found: {path}")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise LaminaError(f"prompt file {path} is not UTF-8 text ({exc.reason})") from exc
+
+
+def encode_prompt(tokenizer: Any, text: str) -> list[int]:
+    """Prompt -> ids; unknown characters or an empty prompt without a start token are errors."""
+    chars = getattr(tokenizer, "chars", None)
+    if chars is not None and getattr(tokenizer, "unk", None) is None:
+        unknown = sorted(set(text) - set(chars))
+        if unknown:
+            shown = ", ".join(repr(c) for c in unknown[:20])
+            raise LaminaError(
+                f"the prompt has {len(unknown)} character(s) the tokenizer does not know: {shown}"
+            )
+    ids = tokenizer.encode(text) if text else []
+    if not ids:
+        special = tokenizer.special_tokens
+        start = next((special[k] for k in START_TOKENS if k in special), None)
+        if start is None:
+            raise LaminaError(
+                "the prompt is empty and this tokenizer defines no start token: give --prompt"
+            )
+        ids = [start]
+    return ids
+
+
+def unescape(s: str) -> str:
+    """'\\n' and '\\t' typed on a command line -> newline and tab."""
+    return s.replace("\\n", "\n").replace("\\t", "\t")
+
+
+def check_args(args: argparse.Namespace) -> None:
+    if args.max_new_tokens <= 0:
+        raise LaminaError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
+    if args.num_samples <= 0:
+        raise LaminaError(f"--num-samples must be positive, got {args.num_samples}")
+    from lamina.generation.sampling import check_sampling
+
+    check_sampling(args.temperature, args.top_k, args.top_p)
+
+
+def write_stream(out: Any, steps: Any, tokenizer: Any, stops: list[str]) -> None:
+    """Write each step's new text as soon as it is complete; stop right after a stop string."""
+    generated: list[int] = []
+    shown = ""
+    stopped = False
+    for step in steps:
+        generated.append(int(step.tokens[0]))
+        text, stopped = cut_text(tokenizer.decode(generated), stops)
+        if not stopped:
+            text = text.rstrip("\ufffd")  # an incomplete UTF-8 character: wait for the rest
+        if len(text) > len(shown) and text.startswith(shown):
+            out.write(text[len(shown) :])
+            out.flush()
+            shown = text
+        if stopped:
+            steps.close()
+            return
+    text = tokenizer.decode(generated)  # the end: show whatever was held back
+    if len(text) > len(shown) and text.startswith(shown):
+        out.write(text[len(shown) :])
+
+
+def run(args: argparse.Namespace) -> int:
+    check_args(args)
+    import torch
+
+    from lamina.checkpoint import load_model
+    from lamina.generation import stream
+    from lamina.models.gpt import GPT
+
+    model, tokenizer = load_model(args.run, device=args.device)
+    if not isinstance(model, GPT):
+        raise LaminaError(
+            f"{args.run} holds a {type(model).__name__}, not a GPT: nothing to sample"
+        )
+    if tokenizer is None:
+        raise LaminaError(f"{args.run} has no tokenizer.json: cannot turn text into ids")
+    if args.dtype == "bfloat16":
+        model = model.to(torch.bfloat16)
+    prompt = read_prompt(args)
+    ids = encode_prompt(tokenizer, prompt)
+    stops = [unescape(s) for s in args.stop or []]
+    if any(not s for s in stops):
+        raise LaminaError("--stop must not be empty")
+    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
+    generator = torch.Generator(device=args.device).manual_seed(seed)
+    out = sys.stdout
+    for n in range(args.num_samples):
+        if n:
+            out.write(SEPARATOR)
+        out.write(prompt)
+        out.flush()
+        steps = stream(
+            model,
+            torch.tensor([ids]),
+            args.max_new_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            generator=generator,
+            stop=stops or None,
+            tokenizer=tokenizer,
+            use_cache=not args.no_cache,
+        )
+        write_stream(out, steps, tokenizer, stops)
+        out.write("\n")
+        out.flush()
+    return 0
