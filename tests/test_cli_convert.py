@@ -67,6 +67,21 @@ def test_gpt2_tokenizer_travels_both_ways(tmp_path, shared_data):
     assert isinstance(back, GPT2Tokenizer) and back.encode(text) == tok.encode(text)
 
 
+def test_broken_tokenizer_files_exit_2(tmp_path, shared_data, capsys):
+    """GPT-2's merges.txt next to a vocab.json that is broken or different: exit 2, one line."""
+    src = shared_data / "gpt2-tokenizer"
+    if not (src / "vocab.bpe").is_file():
+        pytest.skip("no GPT-2 tokenizer files")
+    d, _ = hf_model(tmp_path)
+    shutil.copy(src / "vocab.bpe", d / "merges.txt")
+    for vocab, match in [("{broken", "not valid JSON"), ('{"a": 0}', "does not match GPT-2")]:
+        (d / "vocab.json").write_text(vocab)
+        out = tmp_path / "out"
+        assert main(["convert", "--from", "hf", str(d), "--out", str(out)]) == 2
+        assert match in one_error_line(capsys)
+        assert not out.exists()
+
+
 def test_bpe_tokenizer_travels_both_ways(tmp_path):
     """A bpe run exports tokenizer.json that transformers' AutoTokenizer reads with equal ids."""
     text = "the quick brown fox jumps over the lazy dog. " * 50

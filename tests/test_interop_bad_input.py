@@ -147,8 +147,9 @@ def test_sharded_safetensors_load(good):
     (good / "model.safetensors").unlink()
     model = load_hf_gpt2(good)
     assert torch.equal(model.embed.wte.weight, tensors["transformer.wte.weight"])
-    (good / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"x": "../a"}}))
-    refused(good, "no usable weight_map")
+    for bad in ({"weight_map": {"x": "../a"}}, {"weight_map": ["a.safetensors"]}, []):
+        (good / "model.safetensors.index.json").write_text(json.dumps(bad))
+        refused(good, "no usable weight_map")
 
 
 def test_export_failure_leaves_nothing(tmp_path, monkeypatch):

@@ -174,6 +174,7 @@ def test_pytorch_model_bin_without_prefix_and_with_buffers(tmp_path):
         torch.testing.assert_close(ours(ids), hf(ids).logits, atol=1e-4, rtol=0)
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.compile's imports
 def test_compiled_prefix_is_stripped_on_read_and_write(tmp_path):
     """`_orig_mod.` in a checkpoint's keys is ignored; a torch.compile'd model saves plain keys."""
     hf = make_hf(vocab_size=100, n_positions=32, n_embd=32, n_layer=2, n_head=4)

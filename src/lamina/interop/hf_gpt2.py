@@ -185,9 +185,8 @@ def read_hf_weights(directory: Path) -> tuple[dict[str, Tensor], Path]:
         if name == "model.safetensors":
             return load_tensors(path), path
         index = read_json(path)
-        shards = (
-            sorted(set((index.get("weight_map") or {}).values())) if isinstance(index, dict) else []
-        )
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        shards = sorted(set(weight_map.values())) if isinstance(weight_map, dict) else []
         if not shards or not all(isinstance(s, str) and "/" not in s for s in shards):
             raise LaminaError(f"{path} has no usable weight_map")
         state: dict[str, Tensor] = {}

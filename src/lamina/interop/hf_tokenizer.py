@@ -24,6 +24,13 @@ from lamina.data.tokenizers import Tokenizer
 from lamina.errors import LaminaError
 
 
+def _read_json(path: Path) -> object:
+    try:
+        return json.loads(path.read_bytes())
+    except ValueError as e:
+        raise LaminaError(f"{path} is not valid JSON: {e}") from e
+
+
 def tokenizer_from_hf(directory: str | Path) -> Tokenizer | None:
     """The tokenizer a Hugging Face GPT-2 folder ships, if it is GPT-2's BPE or byte-level BPE."""
     d = Path(directory)
@@ -33,15 +40,14 @@ def tokenizer_from_hf(directory: str | Path) -> Tokenizer | None:
         if hashlib.sha256(raw).hexdigest() == GPT2_SHA256["vocab.bpe"]:
             tok = GPT2Tokenizer(raw.decode("utf-8"))
             vocab = d / "vocab.json"
-            if vocab.is_file() and json.loads(vocab.read_bytes()) != tok.encoder():
+            if vocab.is_file() and _read_json(vocab) != tok.encoder():
                 raise LaminaError(f"{vocab} does not match GPT-2's merges in {merges}")
             return tok
     hf_json = d / "tokenizer.json"
     if hf_json.is_file():
-        text = hf_json.read_text(encoding="utf-8")
         try:
-            return BPETokenizer(text)
-        except LaminaError:
+            return BPETokenizer(hf_json.read_bytes().decode("utf-8"))
+        except (LaminaError, UnicodeDecodeError):
             return None  # some other kind of tokenizer: not ours to convert
     return None
 
