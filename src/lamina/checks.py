@@ -586,3 +586,56 @@ def check_cached_generation(
             f"everything gives {int(slow[b, t])} (are positions continued from the cache, and "
             "is only the new token fed after the prompt?)"
         )
+
+
+def check_train_step(
+    train_step: Callable[[nn.Module, torch.optim.Optimizer, Tensor, Tensor], float],
+    steps: int = 40,
+) -> None:
+    """train_step(model, optimizer, x, y) -> the batch's loss before the update, as a number.
+
+    The loss must be the next-token cross-entropy of model(x) (B, T, V) against y (B, T); one
+    step must lower it; repeated on one batch it must fall below half (a model memorises one
+    batch easily).
+    """
+    from lamina.models.gpt import GPT  # checks sit above the models
+
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(vocab_size=16, block_size=8, d_model=32, n_heads=2, n_layers=1))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+        x, y = torch.randint(0, 16, (4, 8)), torch.randint(0, 16, (4, 8))
+
+        def loss_now() -> float:
+            with torch.no_grad():
+                return F.cross_entropy(model(x).flatten(0, 1), y.flatten()).item()
+
+        model.train()
+        before = loss_now()
+        got = train_step(model, opt, x, y)
+        try:
+            got = float(got)
+        except (TypeError, ValueError):
+            raise CheckFailed(
+                f"train_step must return the loss as a number (loss.item()), got {type(got).__name__}"
+            ) from None
+        if abs(got - before) > 1e-3:
+            raise CheckFailed(
+                f"train_step returned {got:.4f}, but the cross-entropy of model(x) against y "
+                f"before the update is {before:.4f} (flatten the logits to (B*T, V) and the "
+                "targets to (B*T,), and return the loss computed before optimizer.step())"
+            )
+        after = loss_now()
+        if after >= before - 1e-4:
+            raise CheckFailed(
+                f"one step did not lower the loss on its own batch ({before:.3f} -> {after:.3f}): "
+                "are loss.backward() and optimizer.step() called?"
+            )
+        for _ in range(steps):
+            train_step(model, opt, x, y)
+        last = loss_now()
+        if last > 0.5 * before:
+            raise CheckFailed(
+                f"after {steps + 1} steps on one batch the loss is {last:.3f}, from {before:.3f}; "
+                "it should fall below half (are the gradients zeroed at every step?)"
+            )
