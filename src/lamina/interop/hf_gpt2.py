@@ -13,6 +13,7 @@ transposed. QKV is [q | k | v] along the output dim in both. Keys may carry a `t
 prefix or not, and torch.compile's `_orig_mod.`; the causal-mask buffers `attn.bias` /
 `attn.masked_bias` are ignored. A tied head (`tie_word_embeddings`, GPT-2's default) is the token
 table; an untied one is `lm_head.weight`. Weights of any float dtype load into an fp32 model.
+HF's three dropout rates become lamina's one (resid_pdrop); export writes it to all three.
 
 Refused, with a LaminaError naming the setting: lamina models GPT-2 cannot express (post-LN,
 sinusoidal positions, no biases) and HF configs lamina cannot (other model types, cross-attention,
