@@ -21,7 +21,6 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import Tensor, nn
 
-import lamina.data.subword  # noqa: F401 - registers the byte, bpe and gpt2 kinds for load_model
 from lamina.data.corpus import atomic_write
 from lamina.data.tokenizers import Tokenizer, load_tokenizer, save_tokenizer
 from lamina.errors import LaminaError

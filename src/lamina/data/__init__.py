@@ -11,6 +11,7 @@ training, and every other part of lamina except ``lamina.errors``.
 
 from __future__ import annotations
 
+from lamina.data import subword as _subword  # noqa: F401 - registers byte, bpe, gpt2
 from lamina.data.batches import WindowSampler, fixed_batches
 from lamina.data.corpus import (
     atomic_write,
