@@ -27,14 +27,17 @@ def test_slide_keeps_windows_within_block_size():
     assert default_keep(16) == 12 and default_keep(1) == 1
 
 
-@pytest.mark.parametrize("kw", [{}, {"norm_first": False}, {"positions": "sinusoidal"}])
-def test_cached_logits_equal_full_recompute_at_every_step(kw):
+@pytest.mark.parametrize(
+    "kw, fixed",
+    [({}, False), ({}, True), ({"norm_first": False}, False), ({"positions": "sinusoidal"}, True)],
+)
+def test_cached_logits_equal_full_recompute_at_every_step(kw, fixed):
     """Prefill and every decode step, through two window jumps, match recomputing the window."""
     model = model_for(**kw)
     block = model.config.block_size
     torch.manual_seed(1)
     prompt = torch.randint(0, 100, (1, 5))
-    dec = Decoder(model, prompt, [0], 5 + 40)
+    dec = Decoder(model, prompt, [0], 5 + 40, fixed_shape=fixed)
     seq, start = prompt[0].tolist(), 0
     with torch.no_grad():
         logits = dec.prefill()
@@ -49,7 +52,8 @@ def test_cached_logits_equal_full_recompute_at_every_step(kw):
     assert start > 0, "the test should cross block_size"
 
 
-def test_cached_logits_equal_recompute_for_a_left_padded_batch():
+@pytest.mark.parametrize("fixed", [False, True])
+def test_cached_logits_equal_recompute_for_a_left_padded_batch(fixed):
     """Rows of different lengths, windows jumping at different steps, each equals its own."""
     model = model_for()
     block, keep = model.config.block_size, default_keep(model.config.block_size)
@@ -57,7 +61,7 @@ def test_cached_logits_equal_recompute_for_a_left_padded_batch():
     rows = [torch.randint(0, 100, (n,)).tolist() for n in (7, 2, 4)]
     T = 7
     ids = torch.tensor([[0] * (T - len(r)) + r for r in rows])
-    dec = Decoder(model, ids, [T - len(r) for r in rows], T + 30)
+    dec = Decoder(model, ids, [T - len(r) for r in rows], T + 30, fixed_shape=fixed)
     starts = [0, 0, 0]
     with torch.no_grad():
         logits = dec.prefill()
@@ -74,16 +78,24 @@ def test_cached_logits_equal_recompute_for_a_left_padded_batch():
     assert len({s for s in starts}) > 1, "rows should jump at different steps"
 
 
-@pytest.mark.parametrize("keep", [None, 1, 9, 16])
-def test_greedy_with_cache_equals_without_for_300_tokens_past_block_size(keep):
+@pytest.mark.parametrize("keep, fixed", [(None, False), (None, True), (1, False), (9, True)])
+def test_greedy_with_cache_equals_without_for_300_tokens_past_block_size(keep, fixed):
     """Token for token, both paths following the one window rule."""
     model = model_for(block_size=24)
     torch.manual_seed(3)
     prompt = torch.randint(0, 100, (1, 6))
-    cached = generate(model, prompt, 300, window_keep=keep)
+    cached = generate(model, prompt, 300, window_keep=keep, fixed_shape=fixed)
     uncached = generate(model, prompt, 300, window_keep=keep, use_cache=False)
     assert cached.shape == (1, 306)
     assert torch.equal(cached, uncached)
+
+
+def test_batched_greedy_with_cache_equals_without_past_block_size():
+    model = model_for(block_size=24)
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [42], [1, 2, 3, 4]]
+    uncached = generate(model, prompts, 100, use_cache=False)
+    assert torch.equal(generate(model, prompts, 100), uncached)
+    assert torch.equal(generate(model, prompts, 100, fixed_shape=True), uncached)
 
 
 def test_keep_block_size_is_the_crop_rule_of_gpt_greedy():

@@ -28,7 +28,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from lamina.attention import KVCache
 from lamina.errors import LaminaError
+from lamina.generation.fast import FixedKVCache, StepFn, fixed_caches, fixed_step
 from lamina.models.gpt import GPT
 
 
@@ -53,6 +55,8 @@ class Decoder:
         use_cache: keep per-layer KV caches (False: recompute the window at every step).
         keep: tokens kept when a window jumps (1..block_size; default `default_keep`).
         cache_dtype: dtype of the caches (default: the model's weights').
+        fixed_shape: decode steps with fixed shapes (`fast.py`); `step` replaces `fixed_step`
+            (e.g. by its compiled form).
     """
 
     def __init__(
@@ -65,6 +69,8 @@ class Decoder:
         use_cache: bool = True,
         keep: int | None = None,
         cache_dtype: torch.dtype | None = None,
+        fixed_shape: bool = False,
+        step: StepFn | None = None,
     ) -> None:
         B, T = ids.shape
         self.block_size = block = model.config.block_size
@@ -82,8 +88,14 @@ class Decoder:
         self.seq[:, :T] = ids
         self.length = T
         self.starts = [max(p, T - block) for p in pads]
-        self.caches = None
-        if use_cache:
+        self.caches: list[KVCache] | None = None
+        self._step: StepFn | None = None
+        if use_cache and (fixed_shape or step is not None):
+            self.caches = fixed_caches(model, B, min(block, capacity), cache_dtype)
+            self._step = step or fixed_step
+            self._tok = torch.zeros(B, 1, dtype=torch.long, device=ids.device)
+            self._shift = torch.zeros(B, 1, dtype=torch.long, device=ids.device)
+        elif use_cache:
             self.caches = model.make_caches(B, min(block, capacity), dtype=cache_dtype)
         self.prefilled = False
         self._cache_start = 0  # seq column of the first cached token
@@ -130,6 +142,8 @@ class Decoder:
         if self.caches is not None:
             for cache in self.caches:
                 cache.reset()
+                if isinstance(cache, FixedKVCache):
+                    cache.fixed = False
             self._cache_start = first
         logits = self.model(
             self.seq[:, first:last],
@@ -138,11 +152,23 @@ class Decoder:
             caches=self.caches,
             last_only=True,
         )
+        if self._step is not None:
+            self._shift.copy_(torch.tensor(self.starts)[:, None] - first)
+            for cache in self.caches:
+                cache.fixed = True
         return logits[:, -1]
 
     def _cached_step(self) -> Tensor:
         """One new token per row through the caches."""
         first, last = self._cache_start, self.length
+        if self._step is not None:
+            caches = self.caches
+            self._tok.copy_(self.seq[:, last - 1 : last])
+            caches[0].index.fill_(caches[0].pos)
+            logits = self._step(self.model, caches, self._tok, caches[0].index, self._shift)
+            for cache in caches:
+                cache.pos += 1
+            return logits
         masked, positions = self._window_masks(first, last)
         if positions is not None:
             positions = positions[:, -1:]

@@ -30,6 +30,7 @@ from torch import Tensor
 
 from lamina.errors import LaminaError
 from lamina.generation.decoder import Decoder
+from lamina.generation.fast import compiled_step
 from lamina.generation.sampling import check_sampling, sample
 from lamina.generation.stops import Stops, StopSpec
 from lamina.models.gpt import GPT
@@ -115,6 +116,8 @@ def _start(
     pad_id: int = 0,
     window_keep: int | None = None,
     cache_dtype: torch.dtype | None = None,
+    fixed_shape: bool = False,
+    compile: bool = False,
 ) -> tuple[Tensor, Iterator[Step]]:
     """Check the arguments, pad the prompts, build the decoder: (prompts (B, T), step iterator)."""
     if not isinstance(model, GPT):
@@ -140,6 +143,8 @@ def _start(
             use_cache=use_cache,
             keep=window_keep,
             cache_dtype=cache_dtype,
+            fixed_shape=fixed_shape,
+            step=compiled_step() if compile else None,
         )
     sampling = (temperature, top_k, top_p, generator)
     return prompts, _steps(model, decoder, max_new_tokens, sampling, stops, pad_id)
@@ -205,6 +210,8 @@ def generate(
     pad_id: int = 0,
     window_keep: int | None = None,
     cache_dtype: torch.dtype | None = None,
+    fixed_shape: bool = False,
+    compile: bool = False,
     callback: Callable[[Step], None] | None = None,
 ) -> Tensor:
     """Continue each prompt by up to `max_new_tokens` tokens; returns ids (B, T + n).
@@ -224,6 +231,9 @@ def generate(
         pad_id: fills left padding and the tokens after a row's stop.
         window_keep: tokens kept when the window jumps past block_size (see `decoder.py`).
         cache_dtype: dtype of the KV caches (default: the weights').
+        fixed_shape: decode with fixed-shape steps (`fast.py`): same tokens, compilable.
+        compile: fixed-shape steps through `torch.compile` (a one-off compile per model shape;
+            pays off for long or repeated generation, most on small models).
         callback: called with each `Step` as it is produced.
     """
     prompts, steps = _start(
@@ -242,6 +252,8 @@ def generate(
         pad_id=pad_id,
         window_keep=window_keep,
         cache_dtype=cache_dtype,
+        fixed_shape=fixed_shape,
+        compile=compile,
     )
     new: list[Tensor] = []
     for step in steps:

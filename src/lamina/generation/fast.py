@@ -1,0 +1,95 @@
+"""A fixed-shape decode step, which `torch.compile` can turn into one graph.
+
+    fixed_step(model, caches, tok (B, 1), index (1,), shift (B, 1)) -> logits (B, V)
+
+The ordinary cached step attends to `cache.pos` keys, a length that grows by one per token (a
+new shape each step). Here every tensor keeps its shape from step to step: the new key and
+value are written at slot `index` of a `FixedKVCache`, attention reads all `max_len` slots, and
+a mask hides the slots past `index` and, per row, those before `shift` (pads and tokens the
+window has left behind). The token's position is `index - shift`, as the window rule says.
+The caller advances `index` in place, so a compiled step sees the same tensors on every call.
+
+It runs the model's own modules (blocks, attention, head); only the embedding sum is written out
+here, without the embedding's range checks, which would break the graph (the decoder keeps
+positions in range by construction). A test holds it equal to a full recompute.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from lamina.attention import KVCache
+from lamina.models.gpt import GPT
+
+StepFn = Callable[[GPT, list["FixedKVCache"], Tensor, Tensor, Tensor], Tensor]
+
+
+class FixedKVCache(KVCache):
+    """A KVCache that, while `fixed` is set, writes at slot `index` and returns every slot.
+
+    When `fixed` is False it behaves as a plain KVCache (prefill appends at `pos`).
+    """
+
+    def __init__(self, *args: object, index: Tensor, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.index = index  # (1,) int64, shared by every layer's cache
+        self.fixed = False
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        if not self.fixed:
+            return super().append(k, v)
+        self.k.index_copy_(2, self.index, k)  # (B, H, max_len, hd); k is (B, H, 1, hd)
+        self.v.index_copy_(2, self.index, v)
+        return self.k, self.v
+
+
+def fixed_caches(
+    model: GPT, batch_size: int, max_len: int, dtype: torch.dtype | None = None
+) -> list[FixedKVCache]:
+    """One FixedKVCache per layer, all sharing one `index` tensor."""
+    c, ref = model.config, model.head.weight
+    index = torch.zeros(1, dtype=torch.long, device=ref.device)
+    return [
+        FixedKVCache(
+            batch_size,
+            c.n_heads,
+            max_len,
+            c.head_dim,
+            device=ref.device,
+            dtype=dtype or ref.dtype,
+            index=index,
+        )
+        for _ in range(c.n_layers)
+    ]
+
+
+def fixed_step(
+    model: GPT, caches: list[FixedKVCache], tok: Tensor, index: Tensor, shift: Tensor
+) -> Tensor:
+    """One token per row through fixed-shape caches: tok (B, 1) -> logits (B, V)."""
+    slots = torch.arange(caches[0].max_len, device=tok.device)[None, :]  # (1, max_len)
+    masked = (slots > index) | (slots < shift)  # (B, max_len), True = not attended
+    positions = index[None, :] - shift  # (B, 1)
+    e = model.embed
+    x = e.wte(tok)
+    if e.scale:
+        x = x * math.sqrt(e.d_model)
+    x = e.drop(x + e.position_vectors(positions).to(x.dtype))
+    for block, cache in zip(model.blocks, caches, strict=True):
+        x, _ = block(x, masked, False, cache)
+    return model.head(model.norm_f(x))[:, -1]
+
+
+_compiled: dict[str, StepFn] = {}
+
+
+def compiled_step(mode: str | None = None) -> StepFn:
+    """`torch.compile(fixed_step)`, built once per mode and shared (recompiles per model shape)."""
+    key = mode or "default"
+    if key not in _compiled:
+        _compiled[key] = torch.compile(fixed_step, dynamic=False, mode=mode)
+    return _compiled[key]
