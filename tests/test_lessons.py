@@ -1,8 +1,8 @@
 """The lessons: sources and notebooks in step, solutions run, exercises stop at the first TODO.
 
 Every notebook runs in a fresh local Jupyter kernel (nbclient, kernel "python3" from this
-environment's ipykernel) with LAMINA_LESSON_FAST=1 (small sizes) and LAMINA_LESSON_STRICT=1
-(a failed self-check raises instead of only printing FAIL).
+environment's ipykernel) with LAMINA_LESSON_FAST=1 (small sizes), LAMINA_LESSON_STRICT=1 (a failed
+self-check raises instead of only printing FAIL) and one torch thread.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ def execute(
     """Run a notebook in a fresh kernel in tmp_path: (the notebook with outputs, the error)."""
     monkeypatch.setenv("LAMINA_LESSON_FAST", "1")
     monkeypatch.setenv("LAMINA_LESSON_STRICT", "1")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # tiny models: threads only cost on shared cores
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(
         nb, kernel_name="python3", timeout=120, resources={"metadata": {"path": str(tmp_path)}}
