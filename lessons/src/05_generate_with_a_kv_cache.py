@@ -200,6 +200,8 @@ fig, axes = plt.subplots(1, 3, figsize=(10, 2.8), sharey=True)
 for ax, t in zip(axes, (0.5, 1.0, 1.5), strict=True):
     ax.bar([repr(tok.decode([i]))[1:-1] for i in top.tolist()], torch.softmax(logits / t, -1)[top])
     ax.set_title(f"temperature {t}")
+axes[0].set_ylabel("probability of the next character")
+fig.suptitle(repr(tok.decode(context[0])) + " ...", fontsize=10)
 plt.tight_layout()
 plt.show()
 
