@@ -1,13 +1,15 @@
 """The lessons: sources and notebooks in step, solutions run, exercises stop at the first TODO.
 
-Every notebook runs in a fresh local Jupyter kernel (nbclient, kernel "python3" from this
-environment's ipykernel) with LAMINA_LESSON_FAST=1 (small sizes), LAMINA_LESSON_STRICT=1 (a failed
-self-check raises instead of only printing FAIL) and one torch thread.
+Every notebook runs in a fresh local Jupyter kernel (nbclient; the kernel "python3" is pinned
+to this interpreter, so a user-level kernelspec of another Python cannot stand in), with
+LAMINA_LESSON_FAST=1 (small sizes), LAMINA_LESSON_STRICT=1 (a failed self-check raises instead
+of only printing FAIL) and one torch thread.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 import time
 from pathlib import Path
@@ -35,10 +37,23 @@ SOURCES = build.sources()
 NAMES = [s.stem for s in SOURCES]
 
 
+@pytest.fixture(scope="module")
+def kernel_path(tmp_path_factory):
+    """A JUPYTER_PATH whose "python3" kernel is this interpreter, first on the search path."""
+    root = tmp_path_factory.mktemp("jupyter")
+    spec = root / "kernels" / "python3"
+    spec.mkdir(parents=True)
+    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    kernel = {"argv": argv, "display_name": "Python 3 (lamina tests)", "language": "python"}
+    (spec / "kernel.json").write_text(json.dumps(kernel), encoding="utf-8")
+    return str(root)
+
+
 def execute(
-    path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kernel_path: str
 ) -> tuple[nbformat.NotebookNode, CellExecutionError | None]:
     """Run a notebook in a fresh kernel in tmp_path: (the notebook with outputs, the error)."""
+    monkeypatch.setenv("JUPYTER_PATH", kernel_path)
     monkeypatch.setenv("LAMINA_LESSON_FAST", "1")
     monkeypatch.setenv("LAMINA_LESSON_STRICT", "1")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # tiny models: threads only cost on shared cores
@@ -95,9 +110,9 @@ def test_markers_must_balance():
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_solution_runs_top_to_bottom(name, tmp_path, monkeypatch):
+def test_solution_runs_top_to_bottom(name, tmp_path, monkeypatch, kernel_path):
     """Every solution notebook executes without an error and every self-check passes."""
-    nb, error = execute(LESSONS / "solutions" / f"{name}.ipynb", tmp_path, monkeypatch)
+    nb, error = execute(LESSONS / "solutions" / f"{name}.ipynb", tmp_path, monkeypatch, kernel_path)
     assert error is None, str(error)
     text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert "FAIL" not in text
@@ -105,9 +120,9 @@ def test_solution_runs_top_to_bottom(name, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_exercise_stops_at_first_todo(name, tmp_path, monkeypatch):
+def test_exercise_stops_at_first_todo(name, tmp_path, monkeypatch, kernel_path):
     """Every exercise notebook fails exactly at its first TODO cell, with NotImplementedError."""
-    nb, error = execute(LESSONS / "exercises" / f"{name}.ipynb", tmp_path, monkeypatch)
+    nb, error = execute(LESSONS / "exercises" / f"{name}.ipynb", tmp_path, monkeypatch, kernel_path)
     assert error is not None and error.ename == "NotImplementedError", str(error)
     failed = [
         i
