@@ -34,5 +34,11 @@ demo: install
 	$(VENV)/bin/lamina count gpt2-small
 	$(VENV)/bin/lamina task first-last
 
+# Copies the exercise notebooks into ./lessons-work and installs JupyterLab to open them with;
+# it starts nothing (open them with the command it prints, or any notebook tool).
+lessons: install
+	$(PY) -m pip install -q -e '.[lessons]'
+	$(VENV)/bin/lamina lessons
+
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .ruff_cache
