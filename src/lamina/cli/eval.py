@@ -1,0 +1,62 @@
+"""`lamina eval RUN`: loss, perplexity and bits per character/token on the validation split."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "eval",
+        help="evaluate a trained model on the validation split of a corpus",
+        description="Score every token of the validation split (the last 10%% of the corpus, "
+        "as nanoGPT splits it) with the model in RUN, in consecutive block_size windows, and "
+        "print the loss (nats/token), perplexity and bits per character (per token for "
+        "non-character tokenizers).",
+    )
+    p.add_argument("run", metavar="RUN", help="a run or model directory")
+    p.add_argument(
+        "--data", metavar="PATH", help="text file or folder (default: the data the run trained on)"
+    )
+    p.add_argument("--batch-size", type=int, default=32, help="windows per forward (default: 32)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from lamina.checkpoint import load_model, read_json
+    from lamina.data.corpus import encode_corpus, load_corpus, split_tokens
+    from lamina.errors import LaminaError
+    from lamina.models.gpt import GPT
+    from lamina.training.corpus import BUILTIN_NAME, builtin_corpus
+    from lamina.training.evaluation import split_loss, summary
+
+    if args.batch_size < 1:
+        raise LaminaError(f"--batch-size must be >= 1, got {args.batch_size}")
+    model, tokenizer = load_model(args.run)
+    if not isinstance(model, GPT):
+        raise LaminaError(f"{args.run} does not hold a language model (GPT)")
+    if tokenizer is None:
+        raise LaminaError(f"{args.run} has no tokenizer.json; cannot encode text for it")
+    val_fraction, data = 0.1, args.data
+    train_cfg = Path(args.run) / "train_config.json"
+    if train_cfg.is_file():
+        saved = read_json(train_cfg).get("train", {})
+        val_fraction = saved.get("val_fraction", 0.1)
+        if data is None:
+            data = saved.get("data")
+    text = builtin_corpus() if data is None else load_corpus(data)
+    _, val = split_tokens(encode_corpus(tokenizer, text), val_fraction)
+    loss, n = split_loss(model, val, model.config.block_size, args.batch_size)
+    unit = "char" if getattr(tokenizer, "kind", "") == "char" else "token"
+    result = {"run": str(args.run), "data": data or BUILTIN_NAME, **summary(loss, n, unit)}
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"{result['data']}: validation split, {n:,} tokens")
+        print(f"  loss        {loss:.4f} nats/{unit}")
+        print(f"  perplexity  {result['perplexity']:.3f}")
+        print(f"  bits/{unit:<5} {result[f'bits_per_{unit}']:.4f}")
+    return 0

@@ -1,0 +1,207 @@
+"""`lamina train`: train a GPT on your text (or the encoder classifier on a toy task).
+
+Every flag defaults to None here so the command knows which flags were typed: those become
+the `given` set that `--resume` checks against the run, and the rest take TrainConfig's
+defaults (resolved for the data, device and budget, and recorded in train_config.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+
+from lamina.cli.count import add_config_overrides
+from lamina.models.config import GPT_PRESETS, GPTConfig
+
+# flag dest -> (TrainConfig field, help); types and choices are set where the flag is added
+TRAIN_FIELDS = (
+    "task", "data", "tokenizer", "preset", "max_steps", "max_time", "batch_size",
+    "micro_batch_size", "lr", "min_lr_ratio", "warmup", "decay", "weight_decay", "grad_clip",
+    "eval_every", "eval_batches", "checkpoint_every", "log_every", "seed", "device", "dtype",
+    "compile",
+)  # fmt: skip
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "train",
+        help="train a model on a text file or folder (default: built-in Shakespeare)",
+        description="Train a GPT language model on your text, with a progress bar, periodic "
+        "evaluation, checkpoints, Ctrl-C to stop and --resume to continue. Everything is "
+        "written to the run directory (--out); `lamina sample RUN` and `lamina eval RUN` "
+        "read it. Unset options are chosen for the data and budget and recorded in "
+        "RUN/train_config.json.",
+    )
+    a = p.add_argument
+    a(
+        "--task",
+        choices=["lm", "first-last"],
+        help="lm: next-token prediction on --data "
+        "(default); first-last: the encoder classifier's synthetic task",
+    )
+    a(
+        "--data",
+        metavar="PATH",
+        help="a UTF-8 text file or a folder of .txt files "
+        "(default: Shakespeare's complete works, built in)",
+    )
+    a("--tokenizer", help="tokenizer spec (default: char)")
+    a(
+        "--preset",
+        choices=list(GPT_PRESETS),
+        help="model shape (default: char-cpu without dropout on a CPU, baby on a GPU)",
+    )
+    a("--out", metavar="DIR", help="run directory (default: runs/<date-time>)")
+    a("--force", action="store_true", help="write into --out even if it holds other files")
+    a("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint")
+    a(
+        "--max-steps",
+        type=int,
+        metavar="N",
+        help="optimizer steps (default: 2000 unless --max-time is given)",
+    )
+    a(
+        "--max-time",
+        metavar="DURATION",
+        help="wall-clock budget, e.g. 90s, 5m, 1h; the "
+        "learning-rate schedule is laid over it (default: none)",
+    )
+    a(
+        "--batch-size",
+        type=int,
+        metavar="N",
+        help="sequences per optimizer step, all "
+        "processes together (default: 32; 64 for first-last)",
+    )
+    a(
+        "--micro-batch-size",
+        type=int,
+        metavar="N",
+        help="sequences per process per "
+        "micro-step; accumulation = batch / micro-batch / processes (default: the batch size)",
+    )
+    a("--lr", type=float, help="peak learning rate (default: 2e-3)")
+    a(
+        "--min-lr-ratio",
+        type=float,
+        metavar="R",
+        help="decay floor as a fraction of --lr (default: 0.1)",
+    )
+    a(
+        "--warmup",
+        type=int,
+        metavar="N",
+        help="linear warmup steps (default: 100, or a tenth of --max-steps if smaller)",
+    )
+    a("--decay", choices=["cosine", "linear"], help="decay after warmup (default: cosine)")
+    a("--weight-decay", type=float, help="AdamW weight decay on matrices (default: 0.1)")
+    a("--grad-clip", type=float, help="max gradient norm, 0 = off (default: 1.0)")
+    a(
+        "--eval-every",
+        type=int,
+        metavar="N",
+        help="steps between evaluations (default: a tenth of the run)",
+    )
+    a("--eval-batches", type=int, metavar="N", help="held-out batches per evaluation (default: 20)")
+    a(
+        "--checkpoint-every",
+        type=int,
+        metavar="N",
+        help="steps between checkpoints (default: at each evaluation)",
+    )
+    a("--log-every", type=int, metavar="N", help="steps between plain progress lines (default: 10)")
+    a("--seed", type=int, help="random seed (default: 1337; 7 for first-last)")
+    a("--device", choices=["auto", "cpu", "cuda", "mps"], help="default: auto (cuda, mps, cpu)")
+    a(
+        "--dtype",
+        choices=["auto", "fp32", "bf16"],
+        help="auto: bf16 autocast only where "
+        "measured faster (GPUs; CPUs with AMX/AVX512-BF16 at width >= 256) (default: auto)",
+    )
+    a(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="torch.compile the model, falling back to eager if it fails (default: off)",
+    )
+    a("--quiet", action="store_true", help="plain periodic lines instead of a progress bar")
+    add_config_overrides(p)
+    p.set_defaults(func=run)
+
+
+def given_flags(args: argparse.Namespace) -> dict:
+    """The TrainConfig fields (and model overrides) typed on this command line."""
+    given = {name: getattr(args, name) for name in TRAIN_FIELDS if getattr(args, name) is not None}
+    overrides = {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(GPTConfig)
+        if getattr(args, f.name, None) is not None
+    }
+    if overrides:
+        given["model_overrides"] = overrides
+    return given
+
+
+def command_line(args: argparse.Namespace, given: dict) -> list[str]:
+    """This command as `lamina train ...` with the flags that were given (for the record)."""
+    cmd = ["lamina", "train"]
+    flat = {**{k: v for k, v in given.items() if k != "model_overrides"},
+            **given.get("model_overrides", {})}  # fmt: skip
+    for name in ("out", "resume"):
+        if getattr(args, name):
+            flat[name] = getattr(args, name)
+    for name, value in flat.items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            cmd.append(flag if value else "--no-" + flag[2:])
+        else:
+            cmd += [flag, str(value)]
+    return cmd + [f for f in ("--force", "--quiet") if getattr(args, f[2:])]
+
+
+def run(args: argparse.Namespace) -> int:
+    from lamina.errors import LaminaError
+    from lamina.training.config import TrainConfig, parse_duration
+    from lamina.training.loop import run_training
+    from lamina.training.session import new_session, resume_session
+
+    started = time.perf_counter()
+    given = given_flags(args)
+    if "max_time" in given:
+        given["max_time"] = parse_duration(given["max_time"])
+    command = command_line(args, given)
+    if args.resume:
+        if args.out and args.out != args.resume:
+            raise LaminaError("--out and --resume name different folders; a run resumes in place")
+        session = resume_session(args.resume, given, command)
+        out = args.resume
+    else:
+        out = args.out or time.strftime("runs/%Y%m%d-%H%M%S")
+        session = new_session(TrainConfig(**given), out=out, force=args.force, command=command)
+    c = session.cfg
+    budget = f"{c.max_time:g} s" if c.max_time else f"{c.max_steps} steps"
+    n_params = sum(p.numel() for p in session.model.parameters())
+    print(
+        f"lamina train: {n_params / 1e6:.2f}M parameters, batch {c.batch_size} "
+        f"(micro {c.micro_batch_size}), lr {c.lr:g}, {budget}, "
+        f"{'bf16' if session.bf16 else 'fp32'} on {session.device}; run dir {out}",
+        flush=True,
+    )
+    result = run_training(session, quiet=args.quiet, started_at=started)
+    if result.stopped == "interrupted":
+        print(
+            f"lamina train: interrupted at step {result.step}; checkpoint saved in {out}. "
+            f"Resume with: lamina train --resume {out}",
+            file=sys.stderr,
+        )
+        return 130
+    val = result.eval.get("loss")
+    print(
+        f"lamina train: done at step {result.step} ({result.tokens:,} tokens, "
+        f"{session.seconds_used:.1f} s); validation loss {val:.4f}; saved to {out}"
+    )
+    if c.task == "lm":
+        print(f"  sample: lamina sample {out}    evaluate: lamina eval {out}")
+    return 0

@@ -1,0 +1,83 @@
+"""Progress reporting for the training loop: a tqdm bar on a terminal, plain lines otherwise.
+
+    Progress(total, quiet, every, stream) ; update(step, loss, lr, tok_per_s, eta_s) ;
+    message(text) ; close()
+
+On a TTY (and not quiet) a tqdm bar shows step, loss, learning rate, tokens/s and ETA. When
+stdout is not a terminal, or with quiet, a plain line is printed every `every` steps instead
+(log files and CI stay readable). Evaluations and notices go through `message`, which writes
+above the bar. This is the one training module that writes to the terminal.
+
+Deliberately unaware of models, optimizers and what a step computes.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TextIO
+
+
+def format_seconds(seconds: float) -> str:
+    """7 -> '7s', 95 -> '1m35s', 3725 -> '1h02m'."""
+    s = max(0, int(round(seconds)))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+
+
+class Progress:
+    """A bar (terminal) or periodic lines (pipes, --quiet)."""
+
+    def __init__(
+        self,
+        total: int | None,
+        *,
+        quiet: bool = False,
+        every: int = 10,
+        stream: TextIO | None = None,
+        initial: int = 0,
+    ) -> None:
+        self.stream = stream or sys.stdout
+        self.every = max(1, every)
+        self.bar = None
+        isatty = getattr(self.stream, "isatty", lambda: False)()
+        if isatty and not quiet:
+            from tqdm import tqdm
+
+            self.bar = tqdm(
+                total=total, initial=initial, file=self.stream, unit="step", dynamic_ncols=True
+            )
+
+    def set_total(self, total: int) -> None:
+        if self.bar is not None and self.bar.total != total:
+            self.bar.total = total
+            self.bar.refresh()
+
+    def update(
+        self, step: int, loss: float, lr: float, tok_per_s: float, eta_s: float | None
+    ) -> None:
+        eta = "?" if eta_s is None else format_seconds(eta_s)
+        if self.bar is not None:
+            self.bar.n = step
+            self.bar.set_postfix_str(
+                f"loss {loss:.4f} lr {lr:.2e} {tok_per_s:,.0f} tok/s ETA {eta}", refresh=True
+            )
+        elif step % self.every == 0 or step == 1:
+            print(
+                f"step {step:6d}  loss {loss:.4f}  lr {lr:.2e}  {tok_per_s:8,.0f} tok/s  ETA {eta}",
+                file=self.stream,
+                flush=True,
+            )
+
+    def message(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.write(text, file=self.stream)
+        else:
+            print(text, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None

@@ -1,0 +1,202 @@
+"""The run directory: what a training run writes, and how a checkpoint is made crash-proof.
+
+    run/
+      train_config.json      resolved training config + command line (written at start)
+      config.json            model config     \
+      model.safetensors      model weights     |  `lamina.load(run)` reads these three
+      tokenizer.json         tokenizer         /
+      optimizer.safetensors  AdamW moments (tensors) + optimizer.json (hyperparameters)
+      trainer_state.json     step, tokens seen, RNG states, sampler position, budget used
+      metrics.jsonl          one JSON object per logged step / evaluation
+      loss.png               train and validation curves
+
+Every file is written atomically (temp file, fsync, rename). A checkpoint is several files, so
+it is staged: all of them are written into `.checkpoint-tmp/`, a `READY` marker is written
+last, and only then are they renamed into place (trainer_state.json last). A crash before
+READY leaves the previous checkpoint untouched (the stage is discarded on the next open); a
+crash after READY is rolled forward on the next open. A full disk or a permission error
+becomes a LaminaError that says the previous checkpoint is intact.
+
+Deliberately unaware of models, optimizers and training: it moves files and JSON.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from lamina.checkpoint import load_tensors, read_json, save_tensors, write_json
+from lamina.data.corpus import atomic_write
+from lamina.errors import LaminaError
+
+STAGE = ".checkpoint-tmp"
+READY = "READY"
+CHECKPOINT_FILES = (
+    "model.safetensors",
+    "tokenizer.json",
+    "optimizer.safetensors",
+    "optimizer.json",
+    "config.json",
+    "trainer_state.json",  # last: its step is the commit point
+)
+RUN_FILES = (*CHECKPOINT_FILES, "train_config.json", "metrics.jsonl", "loss.png")
+
+
+def _os_message(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
+class RunDir:
+    """A run directory on disk; see the module docstring for its layout."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+
+    # -- opening -------------------------------------------------------------------------------
+    @classmethod
+    def create(cls, path: str | os.PathLike[str], *, force: bool = False) -> RunDir:
+        """A fresh run directory; refuses one that holds anything else unless `force`."""
+        p = Path(path)
+        if p.exists() and not p.is_dir():
+            raise LaminaError(f"--out {p} exists and is not a folder")
+        if p.is_dir():
+            entries = sorted(e.name for e in p.iterdir())
+            if entries and not force:
+                what = "a training run" if "train_config.json" in entries else "other files"
+                raise LaminaError(
+                    f"--out {p} already holds {what}; pass --force to overwrite, or "
+                    f"--resume {p} to continue a run"
+                )
+            for name in RUN_FILES:  # --force: clear our own files only, never the user's
+                with contextlib.suppress(FileNotFoundError):
+                    (p / name).unlink()
+            shutil.rmtree(p / STAGE, ignore_errors=True)
+        try:
+            p.mkdir(parents=True, exist_ok=True)
+            probe = p / ".write-test"
+            probe.write_bytes(b"ok")
+            probe.unlink()
+        except OSError as exc:
+            raise LaminaError(f"cannot write to --out {p}: {_os_message(exc)}") from exc
+        return cls(p)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> RunDir:
+        """An existing run with at least one checkpoint (a staged one is finished or dropped)."""
+        p = Path(path)
+        if not p.is_dir():
+            raise LaminaError(f"--resume {p}: no such folder")
+        if not (p / "train_config.json").is_file():
+            raise LaminaError(f"--resume {p} is not a lamina run (no train_config.json)")
+        run = cls(p)
+        run.recover()
+        if not (p / "trainer_state.json").is_file():
+            raise LaminaError(
+                f"--resume {p}: the run stopped before its first checkpoint; start it again "
+                "with --force"
+            )
+        return run
+
+    def recover(self) -> None:
+        """Finish a checkpoint that was READY when the process died, or drop an unfinished one."""
+        stage = self.path / STAGE
+        if not stage.is_dir():
+            return
+        if (stage / READY).is_file():
+            self._commit(stage)
+        shutil.rmtree(stage, ignore_errors=True)
+
+    # -- writing -------------------------------------------------------------------------------
+    def write_train_config(self, data: dict[str, Any]) -> None:
+        self._guard(lambda: write_json(self.path / "train_config.json", data), "the run config")
+
+    def read_train_config(self) -> dict[str, Any]:
+        data = read_json(self.path / "train_config.json")
+        if not isinstance(data, dict) or "train" not in data:
+            raise LaminaError(f"{self.path / 'train_config.json'} is not a lamina run config")
+        return data
+
+    def save_checkpoint(
+        self,
+        write_model: Callable[[Path], None],
+        optimizer: tuple[dict[str, Tensor], dict[str, Any]],
+        state: dict[str, Any],
+    ) -> None:
+        """Stage model, optimizer and trainer state, then move them into place together."""
+        stage = self.path / STAGE
+        shutil.rmtree(stage, ignore_errors=True)
+
+        def write_all() -> None:
+            stage.mkdir()
+            write_model(stage)
+            tensors, meta = optimizer
+            save_tensors(stage / "optimizer.safetensors", tensors, {"step": str(state["step"])})
+            write_json(stage / "optimizer.json", meta)
+            write_json(stage / "trainer_state.json", state)
+            atomic_write(stage / READY, lambda f: f.write(b"ok\n"))
+
+        try:
+            self._guard(write_all, f"the checkpoint at step {state['step']}")
+        except LaminaError:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+        self._commit(stage)
+        shutil.rmtree(stage, ignore_errors=True)
+
+    def _commit(self, stage: Path) -> None:
+        for name in CHECKPOINT_FILES:
+            if (stage / name).is_file():
+                os.replace(stage / name, self.path / name)
+        with contextlib.suppress(OSError):
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def _guard(self, write: Callable[[], None], what: str) -> None:
+        try:
+            write()
+        except OSError as exc:
+            raise LaminaError(
+                f"cannot write {what} in {self.path}: {_os_message(exc)}; "
+                "the previous checkpoint is intact"
+            ) from exc
+
+    def write_metrics(self, records: list[dict[str, Any]]) -> None:
+        text = "".join(json.dumps(r) + "\n" for r in records).encode("utf-8")
+        self._guard(
+            lambda: atomic_write(self.path / "metrics.jsonl", lambda f: f.write(text)), "metrics"
+        )
+
+    def write_bytes(self, name: str, blob: bytes) -> None:
+        self._guard(lambda: atomic_write(self.path / name, lambda f: f.write(blob)), name)
+
+    # -- reading -------------------------------------------------------------------------------
+    def read_metrics(self, up_to_step: int | None = None) -> list[dict[str, Any]]:
+        p = self.path / "metrics.jsonl"
+        if not p.is_file():
+            return []
+        out = []
+        for line in p.read_text(encoding="utf-8").splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                rec = json.loads(line)
+                if up_to_step is None or rec.get("step", 0) <= up_to_step:
+                    out.append(rec)
+        return out
+
+    def load_checkpoint(self) -> tuple[dict[str, Any], dict[str, Tensor], dict[str, Any]]:
+        """(trainer state, optimizer tensors, optimizer metadata); steps must agree."""
+        state = read_json(self.path / "trainer_state.json")
+        tensors = load_tensors(self.path / "optimizer.safetensors")
+        meta = read_json(self.path / "optimizer.json")
+        if not isinstance(state, dict) or "step" not in state:
+            raise LaminaError(f"{self.path / 'trainer_state.json'} has no 'step'")
+        return state, tensors, meta

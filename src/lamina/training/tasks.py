@@ -1,0 +1,172 @@
+"""What the loop trains on: the small interface between the training loop and a model + data.
+
+A `TrainTask` knows its data and its loss; the loop knows optimizers, schedules, precision and
+checkpoints. A batch is a tuple of CPU tensors whose first dimension is the sequence index, so
+the loop can slice a global batch into per-process and per-micro-step pieces without knowing
+what the tensors mean.
+
+    draw(n) -> batch            n items of the global batch (advances the task's own RNG)
+    loss(model, batch) -> ()    mean loss over the batch (every item weighs the same)
+    eval_batches() -> [batch]   fixed held-out batches, the same on every call
+    evaluate(model, batches)    {"loss": ..., and e.g. "accuracy"} in eval mode, no grad
+    state_dict() / load_state_dict(d)   JSON-able RNG position, for an exact resume
+    tokens_per_item             for tokens/s
+
+`LMTask`: next-token prediction on windows of a token array (WindowSampler; validation batches
+from the held-out tail). `FirstLastTask`: the encoder classifier's synthetic task.
+
+Deliberately unaware of optimizers, precision, devices beyond moving a batch, and files.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lamina.data.batches import WindowSampler, fixed_batches
+from lamina.data.tasks import first_last_batch
+from lamina.errors import LaminaError
+
+Batch = tuple[Tensor, ...]
+
+
+class TrainTask(Protocol):
+    kind: str
+    tokens_per_item: int
+
+    def draw(self, n: int) -> Batch: ...
+
+    def loss(self, model: nn.Module, batch: Batch) -> Tensor: ...
+
+    def eval_batches(self) -> list[Batch]: ...
+
+    def evaluate(self, model: nn.Module, batches: list[Batch]) -> dict[str, float]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, d: dict[str, Any]) -> None: ...
+
+
+def slice_batch(batch: Batch, start: int, stop: int) -> Batch:
+    """Rows start:stop of every tensor in the batch."""
+    return tuple(t[start:stop] for t in batch)
+
+
+def to_device(batch: Batch, device: torch.device) -> Batch:
+    if device.type == "cpu":
+        return batch
+    return tuple(t.to(device, non_blocking=True) for t in batch)
+
+
+def lm_loss(logits: Tensor, targets: Tensor) -> Tensor:
+    """Mean cross-entropy of logits (B, T, V) against targets (B, T), computed in fp32."""
+    return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
+
+
+class LMTask:
+    """Next-token prediction on random windows of `train` tokens; eval on windows of `val`."""
+
+    kind = "lm"
+
+    def __init__(
+        self,
+        train: np.ndarray,
+        val: np.ndarray,
+        block_size: int,
+        seed: int,
+        *,
+        n_eval: int = 20,
+        eval_batch_size: int = 16,
+    ) -> None:
+        for name, split in (("training", train), ("validation", val)):
+            if len(split) < block_size + 1:
+                raise LaminaError(
+                    f"the {name} split has {len(split)} tokens, fewer than block_size + 1 = "
+                    f"{block_size + 1}; use more data or a smaller --block-size"
+                )
+        self.train, self.val, self.block_size = train, val, block_size
+        self.sampler = WindowSampler(train, block_size, seed=seed)
+        self.n_eval, self.eval_batch_size = n_eval, eval_batch_size
+        self.tokens_per_item = block_size
+        self._eval: list[Batch] | None = None
+
+    def draw(self, n: int) -> Batch:
+        return self.sampler.windows(self.sampler.starts(n))
+
+    def loss(self, model: nn.Module, batch: Batch) -> Tensor:
+        x, y = batch
+        return lm_loss(model(x), y)
+
+    def eval_batches(self) -> list[Batch]:
+        if self._eval is None:
+            self._eval = fixed_batches(
+                self.val, self.block_size, self.eval_batch_size, self.n_eval, seed=1234
+            )
+        return self._eval
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, batches: list[Batch]) -> dict[str, float]:
+        losses = [float(self.loss(model, b)) for b in batches]
+        return {"loss": sum(losses) / len(losses)}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"sampler": self.sampler.state_dict()}
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        self.sampler.load_state_dict(d["sampler"])
+
+
+def _generator_state(g: torch.Generator) -> str:
+    return base64.b64encode(g.get_state().numpy().tobytes()).decode("ascii")
+
+
+def _set_generator_state(g: torch.Generator, text: str) -> None:
+    raw = np.frombuffer(base64.b64decode(text), dtype=np.uint8).copy()
+    g.set_state(torch.from_numpy(raw))
+
+
+class FirstLastTask:
+    """Classify whether a random sequence's first token equals its last (fresh data each step)."""
+
+    kind = "first-last"
+
+    def __init__(self, length: int, vocab_size: int, seed: int, *, n_eval: int = 16) -> None:
+        self.length, self.vocab_size, self.n_eval = length, vocab_size, n_eval
+        self.tokens_per_item = length
+        self.gen = torch.Generator().manual_seed(seed)
+        self.held_seed = seed + 10_000
+
+    def draw(self, n: int) -> Batch:
+        return first_last_batch(n, self.length, self.vocab_size, generator=self.gen)
+
+    def loss(self, model: nn.Module, batch: Batch) -> Tensor:
+        ids, labels = batch
+        return F.cross_entropy(model(ids).float(), labels)
+
+    def eval_batches(self) -> list[Batch]:
+        held = torch.Generator().manual_seed(self.held_seed)
+        return [
+            first_last_batch(256, self.length, self.vocab_size, generator=held)
+            for _ in range(self.n_eval)
+        ]
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, batches: list[Batch]) -> dict[str, float]:
+        losses, correct, total = [], 0, 0
+        for ids, labels in batches:
+            logits = model(ids).float()
+            losses.append(float(F.cross_entropy(logits, labels)))
+            correct += int((logits.argmax(-1) == labels).sum())
+            total += labels.numel()
+        return {"loss": sum(losses) / len(losses), "accuracy": correct / total}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"generator": _generator_state(self.gen)}
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        _set_generator_state(self.gen, d["generator"])
