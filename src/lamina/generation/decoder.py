@@ -90,6 +90,7 @@ class Decoder:
         self.starts = [max(p, T - block) for p in pads]
         self.caches: list[KVCache] | None = None
         self._step: StepFn | None = None
+        self._steady = False
         if use_cache and (fixed_shape or step is not None):
             self.caches = fixed_caches(model, B, min(block, capacity), cache_dtype)
             self._step = step or fixed_step
@@ -165,7 +166,15 @@ class Decoder:
             caches = self.caches
             self._tok.copy_(self.seq[:, last - 1 : last])
             caches[0].index.fill_(caches[0].pos)
-            logits = self._step(self.model, caches, self._tok, caches[0].index, self._shift)
+            args = (self.model, caches, self._tok, caches[0].index, self._shift)
+            if self._steady:
+                # the very tensors of the previous call: run only the guards that choose
+                # between compiled graphs, not the ones that re-check every weight
+                with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+                    logits = self._step(*args)
+            else:
+                logits = self._step(*args)
+                self._steady = self._step is not fixed_step
             for cache in caches:
                 cache.pos += 1
             return logits

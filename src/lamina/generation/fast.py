@@ -80,16 +80,24 @@ def fixed_step(
         x = x * math.sqrt(e.d_model)
     x = e.drop(x + e.position_vectors(positions).to(x.dtype))
     for block, cache in zip(model.blocks, caches, strict=True):
-        x, _ = block(x, masked, False, cache)
+        # need_weights=True takes the written-out softmax path, which inductor fuses into its
+        # own kernels (SDPA would stay an opaque call); the unused weights are optimised away
+        x, _ = block(x, masked, True, cache)
     return model.head(model.norm_f(x))[:, -1]
 
 
-_compiled: dict[str, StepFn] = {}
+# Inductor's pass that writes a one-row matmul (M = 1, other sides <= 2048) as multiply + sum,
+# fused with its neighbours: for small models a BLAS call per layer costs more than the maths.
+INDUCTOR_OPTIONS = {"post_grad_fusion_options": {"decompose_mm_pass": {}}}
+
+_compiled: StepFn | None = None
 
 
-def compiled_step(mode: str | None = None) -> StepFn:
-    """`torch.compile(fixed_step)`, built once per mode and shared (recompiles per model shape)."""
-    key = mode or "default"
-    if key not in _compiled:
-        _compiled[key] = torch.compile(fixed_step, dynamic=False, mode=mode)
-    return _compiled[key]
+def compiled_step() -> StepFn:
+    """`torch.compile(fixed_step)`, built once and shared; it compiles once per model shape
+    (and batch size, cache length and dtype) on first use, and recompiles for none of the steps
+    of a generation."""
+    global _compiled
+    if _compiled is None:
+        _compiled = torch.compile(fixed_step, dynamic=False, options=INDUCTOR_OPTIONS)
+    return _compiled
