@@ -127,7 +127,7 @@ def test_an_empty_prompt_uses_the_start_token_when_there_is_one(tmp_path, capsys
     "argv, message",
     [
         (["--prompt", "ROMEO~#"], "does not know: '#', '~'"),
-        ([], "empty"),
+        (["--prompt", ""], "empty"),
         (["--prompt", "a", "--max-new-tokens", "0"], "--max-new-tokens must be positive"),
         (["--prompt", "a", "--max-new-tokens", "-5"], "--max-new-tokens must be positive"),
         (["--prompt", "a", "--temperature", "-1"], "temperature.*-1"),
@@ -142,6 +142,17 @@ def test_bad_input_is_one_line_on_stderr_and_exit_2(run_dir, capsys, argv, messa
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith("lamina sample: error:")
     assert re.search(message, err), err
+
+
+def test_without_a_prompt_a_char_model_starts_from_a_newline(run_dir, capsys):
+    code, out, _ = sample(capsys, run_dir, "--max-new-tokens", 5, "--seed", 0)
+    assert code == 0 and out.startswith("\n") and len(out) == 1 + 5 + 1
+
+
+def test_an_empty_prompt_file_without_a_start_token_is_exit_2(run_dir, capsys, tmp_path):
+    (tmp_path / "empty.txt").write_text("", encoding="utf-8")
+    code, _, err = sample(capsys, run_dir, "--prompt-file", tmp_path / "empty.txt")
+    assert code == 2 and "empty" in err
 
 
 def test_a_missing_or_non_run_directory_is_exit_2(tmp_path, capsys):
