@@ -73,7 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=int,
         metavar="N",
         help="sequences per optimizer step, all "
-        "processes together (default: 32; 64 for first-last)",
+        "processes together (default: 16; 64 for first-last)",
     )
     a(
         "--micro-batch-size",
@@ -82,7 +82,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="sequences per process per "
         "micro-step; accumulation = batch / micro-batch / processes (default: the batch size)",
     )
-    a("--lr", type=float, help="peak learning rate (default: 2e-3)")
+    a("--lr", type=float, help="peak learning rate (default: 3e-3; 2e-3 for first-last)")
     a(
         "--min-lr-ratio",
         type=float,
@@ -93,7 +93,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--warmup",
         type=int,
         metavar="N",
-        help="linear warmup steps (default: 100, or a tenth of --max-steps if smaller)",
+        help="linear warmup steps (default: 100, or a tenth of --max-steps if smaller; 30 "
+        "with --max-time)",
     )
     a("--decay", choices=["cosine", "linear"], help="decay after warmup (default: cosine)")
     a("--weight-decay", type=float, help="AdamW weight decay on matrices (default: 0.1)")
@@ -102,7 +103,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--eval-every",
         type=int,
         metavar="N",
-        help="steps between evaluations (default: a tenth of the run)",
+        help="steps between evaluations (default: a tenth of --max-steps, or every fifth of "
+        "--max-time)",
     )
     a("--eval-batches", type=int, metavar="N", help="held-out batches per evaluation (default: 20)")
     a(

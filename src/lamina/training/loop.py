@@ -185,9 +185,9 @@ def run_training(
     if cfg.max_time is not None:
         budget = TimeBudget(max(cfg.max_time - s.seconds_used, 1e-3))
         budget.begin(start)
-    eval_times: list[float] = []  # for a time budget: evaluate at each tenth of it
+    eval_times: list[float] = []  # for a time budget: evaluate at each fifth of it
     if budget is not None and cfg.eval_every is None:
-        eval_times = [budget.seconds * k / 10 for k in range(1, 10)]
+        eval_times = [budget.seconds * k / 5 for k in range(1, 5)]
     result = TrainResult(s.step, s.tokens, "done")
     last_eval = last_ckpt = -1
     eval_cost, save_cost = 0.0, 0.5

@@ -116,8 +116,8 @@ def resolve_defaults(cfg: TrainConfig, device: torch.device) -> TrainConfig:
     else:
         defaults = dict(
             preset="baby" if device.type == "cuda" else "char-cpu",
-            batch_size=32,
-            lr=2e-3,
+            batch_size=16,
+            lr=3e-3,
             weight_decay=0.1,
             beta2=0.99,
             grad_clip=1.0,
@@ -131,8 +131,8 @@ def resolve_defaults(cfg: TrainConfig, device: torch.device) -> TrainConfig:
     changes["batch_size"] = c.batch_size or defaults["batch_size"]
     changes["micro_batch_size"] = c.micro_batch_size or changes["batch_size"]
     steps = changes["max_steps"]
-    if c.warmup is None:
-        changes["warmup"] = min(100, steps // 10) if steps else 100
+    if c.warmup is None:  # a time budget on a CPU fits a few hundred steps: warm up briefly
+        changes["warmup"] = min(100, steps // 10) if steps else 30
     if c.eval_every is None and steps:
         changes["eval_every"] = max(1, steps // 10)
     resolved = c.replace(**changes)
@@ -173,7 +173,7 @@ def build_lm(
         mc.block_size,
         cfg.seed,
         n_eval=cfg.eval_batches,
-        eval_batch_size=cfg.micro_batch_size or 16,
+        eval_batch_size=min(cfg.micro_batch_size or 16, 16),
     )
     torch.manual_seed(cfg.seed)
     model = GPT(mc)
