@@ -33,10 +33,11 @@ import torch
 from torch import nn
 
 from lamina.errors import LaminaError
+from lamina.training.distributed import agree, global_mean, save_checkpoint
 from lamina.training.plots import loss_plot
 from lamina.training.progress import Progress
 from lamina.training.schedule import TimeBudget, lr_at
-from lamina.training.session import Session, save_checkpoint
+from lamina.training.session import Session
 from lamina.training.tasks import Batch, TrainTask, slice_batch, to_device
 
 
@@ -92,7 +93,7 @@ def train_step(
                 loss = task.loss(forward, part)
             (loss / accum).backward()
         total += loss.detach()
-    mean = float(total) / accum
+    mean = float(global_mean(total)) / accum  # over all ranks: every rank decides alike
     if check_finite and not math.isfinite(mean):
         opt.zero_grad(set_to_none=True)
         return mean
@@ -216,8 +217,7 @@ def run_training(
     def do_save() -> None:
         nonlocal last_ckpt, save_cost
         t0 = clock()
-        if writer:
-            save_checkpoint(s, seconds_used=s.seconds_used + t0 - start)
+        save_checkpoint(s, seconds_used=s.seconds_used + t0 - start, writer=writer)
         save_cost, last_ckpt = clock() - t0, s.step
 
     s.model.train()
@@ -234,10 +234,12 @@ def run_training(
                 prog.set_total(total)
             else:
                 total = cfg.max_steps
+            stop = flag.requested or (stop_at is not None and s.step >= stop_at)
+            total, stop = agree(total, stop)  # all ranks end at the same step
             if s.step >= total:
                 result.stopped = "time" if budget is not None else "done"
                 break
-            if flag.requested or (stop_at is not None and s.step >= stop_at):
+            if stop:
                 result.stopped = "interrupted"
                 break
             lr = lr_at(s.step, total, cfg.lr, cfg.warmup, cfg.min_lr_ratio, cfg.decay)

@@ -1,0 +1,311 @@
+"""Multi-process training on PyTorch's own engine: torchrun starts the processes, this joins them.
+
+    start(device, fsdp) -> World       joins the process group torchrun describes in the
+                                       environment (gloo on CPU, nccl on CUDA); one process
+                                       without torchrun
+    prepare(session, world)            DDP wrapper, or FSDP2 `fully_shard` per block + root
+                                       with a fresh optimizer over the shards
+    global_mean(t) ; agree(total, stop) the loop's per-step agreements (no-ops in one process)
+    save_checkpoint(session, seconds_used, writer)   rank 0 writes; under FSDP every rank first
+                                       helps gather the full model and optimizer state
+    plan_batch(cfg, world_size, given) -> TrainConfig with a micro-batch that divides
+
+Batch semantics: every rank draws the same global batch and trains on its contiguous slice
+(see loop.py), gradients are averaged across ranks, and the reported loss is the mean over
+ranks, so per-step losses do not depend on the number of processes (with dropout 0; with
+dropout each rank draws its own masks).
+
+Checkpoints are always the single-process format: under DDP rank 0's model and optimizer are
+the full state; under FSDP the sharded parameters and AdamW moments are gathered
+(`DTensor.full_tensor`) into a plain copy of the model kept on rank 0, and a resume shards the
+loaded full state again (`distribute_tensor`), so a run resumes under any world size.
+
+Faults: the process group has a timeout (LAMINA_DIST_TIMEOUT seconds, default 600); a rank
+that raises exits non-zero and torchrun stops the others. `LAMINA_FAIL_AT=RANK:STEP` makes
+that rank's data fail when it draws the batch of STEP (a test hook).
+
+Deliberately unaware of argument parsing, of launching processes and of what a step computes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import datetime
+import os
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from lamina.errors import LaminaError
+from lamina.training.config import TrainConfig
+from lamina.training.optim import build_optimizer
+from lamina.training.session import Session
+from lamina.training.session import save_checkpoint as save_plain
+
+TIMEOUT_ENV = "LAMINA_DIST_TIMEOUT"
+FAIL_ENV = "LAMINA_FAIL_AT"
+
+
+def under_torchrun() -> bool:
+    """True in a process started by torchrun (it sets RANK, WORLD_SIZE and LOCAL_RANK)."""
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+
+
+def active() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+@dataclass
+class World:
+    """This process's place among the training processes (rank 0 of 1 without torchrun)."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    backend: str | None = None
+    fsdp: bool = False
+    origin: float = field(default_factory=time.perf_counter)
+
+    @property
+    def writer(self) -> bool:
+        return self.rank == 0
+
+    def clock(self) -> float:
+        """Rank 0's clock on every rank, so decisions taken from time agree across ranks."""
+        now = time.perf_counter() - self.origin
+        if self.size == 1:
+            return now
+        t = torch.tensor([now], dtype=torch.float64, device=_comm_device())
+        dist.broadcast(t, src=0)
+        return float(t.item())
+
+    def close(self) -> None:
+        """Leave the process group (all ranks together, so no collective is left pending)."""
+        if dist.is_available() and dist.is_initialized():
+            with contextlib.suppress(Exception):
+                dist.barrier()
+            dist.destroy_process_group()
+
+
+def _comm_device() -> torch.device:
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def start(device: str = "auto", fsdp: bool = False) -> World:
+    """Join torchrun's process group, or return the one-process world outside torchrun."""
+    if not under_torchrun() or int(os.environ["WORLD_SIZE"]) == 1:
+        return World(fsdp=False)
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local = int(os.environ["LOCAL_RANK"])
+    cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    if device == "mps":
+        raise LaminaError("multi-process training runs on CPUs (gloo) or CUDA GPUs (nccl), not mps")
+    if cuda:
+        if local >= torch.cuda.device_count():
+            raise LaminaError(
+                f"local rank {local} has no GPU: this machine has {torch.cuda.device_count()}"
+            )
+        torch.cuda.set_device(local)
+    seconds = float(os.environ.get(TIMEOUT_ENV, "600"))
+    backend = "nccl" if cuda else "gloo"
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=seconds))
+    world = World(rank, size, local, backend, fsdp)
+    world.origin = time.perf_counter()
+    t = torch.tensor([0.0], dtype=torch.float64, device=_comm_device())
+    dist.broadcast(t, src=0)  # everyone is here: start the shared clock together
+    return world
+
+
+# -- per-step agreements ----------------------------------------------------------------------
+def global_mean(t: Tensor) -> Tensor:
+    """The mean of a scalar over all ranks (itself in one process)."""
+    if not active():
+        return t
+    t = t.detach().clone().float()
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t / dist.get_world_size()
+
+
+def agree(total: int, stop: bool) -> tuple[int, bool]:
+    """(min of the planned step counts, any rank asked to stop): every rank ends together."""
+    if not active():
+        return total, stop
+    t = torch.tensor([-total, int(stop)], dtype=torch.int64, device=_comm_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(-t[0]), bool(t[1])
+
+
+# -- batch -------------------------------------------------------------------------------------
+def _nearby(batch: int, unit: int) -> str:
+    low = max(unit, batch // unit * unit)
+    sizes = sorted({low, low + unit} - {batch})
+    return ", ".join(str(s) for s in sizes)
+
+
+def plan_batch(cfg: TrainConfig, world_size: int, micro_given: bool) -> TrainConfig:
+    """`cfg` (batch_size resolved) with a micro-batch such that batch = micro x ranks x accum.
+
+    A micro-batch the user typed must divide; one left to the default becomes the largest
+    that fits (at most the recorded one).
+    """
+    batch = cfg.batch_size or 1
+    micro = cfg.micro_batch_size or batch
+    if batch % (micro * world_size) == 0:
+        return cfg
+    if micro_given:
+        unit = micro * world_size
+        raise LaminaError(
+            f"--batch-size {batch} is not divisible by {world_size} processes x micro-batch "
+            f"{micro} = {unit}; valid batch sizes nearby: {_nearby(batch, unit)}"
+        )
+    if batch % world_size:
+        raise LaminaError(
+            f"--batch-size {batch} is not divisible by {world_size} processes; valid batch sizes "
+            f"nearby: {_nearby(batch, world_size)}"
+        )
+    per_rank = batch // world_size
+    fit = max(m for m in range(1, min(micro, per_rank) + 1) if per_rank % m == 0)
+    return cfg.replace(micro_batch_size=fit)
+
+
+# -- wrapping ----------------------------------------------------------------------------------
+@dataclass
+class _Full:
+    """Rank 0's plain copy of a sharded model and an optimizer over it, for checkpoints."""
+
+    model: nn.Module
+    opt: torch.optim.Optimizer
+
+
+_FULL: weakref.WeakKeyDictionary[nn.Module, _Full | None] = weakref.WeakKeyDictionary()
+
+
+def _opt_params(opt: torch.optim.Optimizer) -> list[nn.Parameter]:
+    return [p for g in opt.param_groups for p in g["params"]]
+
+
+def prepare(s: Session, world: World) -> None:
+    """Wrap the session's model for `world` (DDP, or FSDP2 when world.fsdp); inject test faults."""
+    _maybe_inject_fault(s, world)
+    if world.size == 1:
+        return
+    if not world.fsdp:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ids = [world.local_rank] if s.device.type == "cuda" else None
+        s.model = DDP(s.model, device_ids=ids, broadcast_buffers=False)
+        return
+    _shard(s, world)
+
+
+def _shard(s: Session, world: World) -> None:
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import distribute_tensor
+
+    from lamina.block import TransformerBlock
+
+    plain, plain_opt, cfg = s.model, s.opt, s.cfg
+    sharded = copy.deepcopy(plain)
+    for m in list(sharded.modules()):
+        if isinstance(m, TransformerBlock):
+            fully_shard(m)
+    fully_shard(sharded)
+    opt = build_optimizer(sharded, cfg.lr or 1e-3, cfg.weight_decay, (cfg.beta1, cfg.beta2))
+    # a resumed optimizer: shard each full moment like its parameter
+    for p, q in zip(_opt_params(plain_opt), _opt_params(opt), strict=True):
+        st = plain_opt.state.get(p)
+        if st:
+            opt.state[q] = {
+                k: distribute_tensor(v.to(q.device), q.device_mesh, q.placements)
+                if isinstance(v, Tensor) and v.dim() > 0
+                else (v.clone() if isinstance(v, Tensor) else v)
+                for k, v in st.items()
+            }
+    sharded.no_sync = _no_sync(sharded)  # the loop's accumulation: reduce on the last micro-step
+    if world.writer:
+        plain.to("cpu")
+        _FULL[sharded] = _Full(plain, build_optimizer(plain, cfg.lr or 1e-3, cfg.weight_decay,
+                                                      (cfg.beta1, cfg.beta2), fused=False))  # fmt: skip
+    else:
+        _FULL[sharded] = None
+        plain.to("meta")  # only rank 0 keeps a full copy
+    plain_opt.state.clear()
+    s.model, s.opt = sharded, opt
+
+
+def _no_sync(model: nn.Module) -> Callable[[], contextlib.AbstractContextManager]:
+    @contextlib.contextmanager
+    def no_sync() -> Iterator[None]:
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+
+    return no_sync
+
+
+def _full(v: Any) -> Any:
+    from torch.distributed.tensor import DTensor
+
+    return v.full_tensor().cpu() if isinstance(v, DTensor) else v
+
+
+def save_checkpoint(s: Session, seconds_used: float | None = None, writer: bool = True) -> None:
+    """Write the checkpoint from rank 0; under FSDP all ranks call this (gathers are collective)."""
+    model = s.model
+    inner = getattr(model, "_orig_mod", model)
+    if inner not in _FULL:
+        if writer:
+            save_plain(s, seconds_used=seconds_used)
+        return
+    keep = _FULL[inner]
+    state = {k: _full(v) for k, v in inner.state_dict().items()}
+    moments: list[dict[str, Any]] = []
+    for q in _opt_params(s.opt):
+        st = s.opt.state.get(q, {})
+        moments.append({k: _full(v) for k, v in sorted(st.items())})
+    if keep is None:
+        return
+    keep.model.load_state_dict(state)
+    osd = keep.opt.state_dict()
+    osd["state"] = {i: m for i, m in enumerate(moments) if m}
+    for g, live in zip(osd["param_groups"], s.opt.param_groups, strict=True):
+        g.update({k: v for k, v in live.items() if k != "params"})
+    keep.opt.load_state_dict(osd)
+    save_plain(replace(s, model=keep.model, opt=keep.opt), seconds_used=seconds_used)
+
+
+# -- faults ------------------------------------------------------------------------------------
+class _FailingTask:
+    """A task whose data goes bad at one step on one rank (LAMINA_FAIL_AT, for tests)."""
+
+    def __init__(self, task: Any, rank: int, step: int, start: int) -> None:
+        self._task, self._rank, self._fail_at, self._step = task, rank, step, start
+
+    def draw(self, n: int) -> Any:
+        self._step += 1
+        if self._step == self._fail_at:
+            raise LaminaError(f"bad data on rank {self._rank} at step {self._step} ({FAIL_ENV})")
+        return self._task.draw(n)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._task, name)
+
+
+def _maybe_inject_fault(s: Session, world: World) -> None:
+    spec = os.environ.get(FAIL_ENV)
+    if not spec:
+        return
+    rank, _, step = spec.partition(":")
+    if rank.strip().isdigit() and step.strip().isdigit() and int(rank) == world.rank:
+        s.task = _FailingTask(s.task, world.rank, int(step), s.step)
