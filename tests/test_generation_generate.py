@@ -155,6 +155,7 @@ def test_multi_token_stop_sequences_match_at_the_end():
         ({"top_p": 1.01}, "top_p.*1.01"),
         ({"stop": 100}, "stop token id 100"),
         ({"stop": ""}, "empty"),
+        ({"pad_id": 100}, "pad_id 100"),
         ({"seed": 1, "generator": torch.Generator()}, "seed or generator"),
     ],
 )

@@ -124,6 +124,8 @@ def _start(
         raise LaminaError(f"generation needs a lamina GPT, got {type(model).__name__}")
     _check_int("max_new_tokens", max_new_tokens, 0)
     _check_int("pad_id", pad_id, 0)
+    if pad_id >= model.config.vocab_size:
+        raise LaminaError(f"pad_id {pad_id} is outside [0, vocab_size={model.config.vocab_size})")
     check_sampling(temperature, top_k, top_p)
     if seed is not None and generator is not None:
         raise LaminaError("give seed or generator, not both")
@@ -180,7 +182,7 @@ def _steps(
                 token = sample(logits, *sampling)
                 if stops:
                     token = token.masked_fill(finished, pad_id)
-                    before = finished.clone()
+                    before = finished.tolist()
                     for i, t in enumerate(token.tolist()):
                         if not before[i]:
                             history[i].append(t)
