@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import time
+from typing import Any
 
 from lamina.cli.count import add_config_overrides
 from lamina.models.config import GPT_PRESETS, GPTConfig
@@ -129,6 +131,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="torch.compile the model, falling back to eager if it fails (default: off)",
     )
     a("--quiet", action="store_true", help="plain periodic lines instead of a progress bar")
+    a(
+        "--nproc",
+        type=int,
+        metavar="N",
+        help="train in N processes on this machine (DDP; one per GPU, or sharing the CPU "
+        "cores), launched through torchrun; the batch is the same for any N (default: 1)",
+    )
+    a(
+        "--fsdp",
+        action="store_true",
+        help="with several processes, shard parameters, gradients and optimizer state "
+        "(FSDP2) instead of replicating them (DDP)",
+    )
     add_config_overrides(p)
     p.set_defaults(func=run)
 
@@ -164,34 +179,83 @@ def command_line(args: argparse.Namespace, given: dict) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lamina.errors import LaminaError
-    from lamina.training.config import TrainConfig, parse_duration
-    from lamina.training.loop import run_training
-    from lamina.training.session import new_session, resume_session
+    from lamina.training.config import parse_duration
 
     started = time.perf_counter()
     given = given_flags(args)
     if "max_time" in given:
         given["max_time"] = parse_duration(given["max_time"])
     command = command_line(args, given)
+    from lamina.cli.launch import check_launch, launch
+    from lamina.training.distributed import under_torchrun
+
+    if args.fsdp and args.compile:
+        check_launch(args, given, args.nproc or 1)  # refuses the combination
+    if (args.nproc or 1) > 1 and not under_torchrun():
+        check_launch(args, given, args.nproc)
+        return launch(args, command, args.nproc)
+    from lamina.training.distributed import start
+
+    world = start(args.device or "auto", fsdp=args.fsdp)
+    try:
+        return _train(args, given, command, world, started)
+    finally:
+        world.close()
+
+
+def _train(
+    args: argparse.Namespace, given: dict, command: list[str], world: Any, started: float
+) -> int:
+    from lamina.errors import LaminaError
+    from lamina.training.config import TrainConfig
+    from lamina.training.distributed import plan_batch, prepare
+    from lamina.training.loop import run_training
+    from lamina.training.session import new_session, resume_session
+    from lamina.training.setup import resolve_defaults, resolve_device
+
+    micro_given = "micro_batch_size" in given
     if args.resume:
         if args.out and args.out != args.resume:
             raise LaminaError("--out and --resume name different folders; a run resumes in place")
-        session = resume_session(args.resume, given, command)
+        with world.rank0_first():  # rank 0 finishes or drops a half-written checkpoint
+            session = resume_session(args.resume, given, command)
+        session.cfg = plan_batch(session.cfg, world.size, micro_given)
         out = args.resume
     else:
         out = args.out or time.strftime("runs/%Y%m%d-%H%M%S")
-        session = new_session(TrainConfig(**given), out=out, force=args.force, command=command)
+        cfg = TrainConfig(**given)
+        if world.size > 1:
+            cfg = plan_batch(
+                resolve_defaults(cfg, resolve_device(cfg.device)), world.size, micro_given
+            )
+        where = out if world.writer else None  # only rank 0 writes
+        session = new_session(cfg, out=where, force=args.force, command=command)
+    prepare(session, world)
     c = session.cfg
     budget = f"{c.max_time:g} s" if c.max_time else f"{c.max_steps} steps"
     n_params = sum(p.numel() for p in session.model.parameters())
-    print(
-        f"lamina train: {n_params / 1e6:.2f}M parameters, batch {c.batch_size} "
-        f"(micro {c.micro_batch_size}), lr {c.lr:g}, {budget}, "
-        f"{'bf16' if session.bf16 else 'fp32'} on {session.device}; run dir {out}",
-        flush=True,
+    procs = f" x {world.size} processes ({'FSDP' if world.fsdp else 'DDP'}, {world.backend})"
+    if world.writer:
+        print(
+            f"lamina train: {n_params / 1e6:.2f}M parameters, batch {c.batch_size} "
+            f"(micro {c.micro_batch_size}), lr {c.lr:g}, {budget}, "
+            f"{'bf16' if session.bf16 else 'fp32'} on {session.device}"
+            f"{procs if world.size > 1 else ''}; run dir {out}",
+            flush=True,
+        )
+    clock, started_at = world.timing(started, c.max_time is not None)
+    silent = None if world.writer else open(os.devnull, "w")  # noqa: SIM115 - other ranks
+    result = run_training(
+        session,
+        quiet=args.quiet,
+        progress_stream=silent,
+        started_at=started_at,
+        clock=clock,
+        rank=world.rank,
+        world_size=world.size,
     )
-    result = run_training(session, quiet=args.quiet, started_at=started)
+    if not world.writer:
+        return 0
     if result.stopped == "interrupted":
         print(
             f"lamina train: interrupted at step {result.step}; checkpoint saved in {out}. "

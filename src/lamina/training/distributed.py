@@ -86,6 +86,29 @@ class World:
         dist.broadcast(t, src=0)
         return float(t.item())
 
+    def share(self, value: float) -> float:
+        """Rank 0's `value` on every rank."""
+        if self.size == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.float64, device=_comm_device())
+        dist.broadcast(t, src=0)
+        return float(t.item())
+
+    def timing(self, started: float, budget: bool) -> tuple[Callable[[], float], float]:
+        """(clock, start reading) for run_training: rank 0's clock when a time budget decides."""
+        if self.size == 1 or not budget:
+            return time.perf_counter, started
+        return self.clock, self.share(started - self.origin)
+
+    @contextlib.contextmanager
+    def rank0_first(self) -> Iterator[None]:
+        """Rank 0 runs the block (e.g. recovering a run directory) before the others."""
+        if self.size > 1 and not self.writer:
+            dist.barrier()
+        yield
+        if self.size > 1 and self.writer:
+            dist.barrier()
+
     def close(self) -> None:
         """Leave the process group (all ranks together, so no collective is left pending)."""
         if dist.is_available() and dist.is_initialized():
