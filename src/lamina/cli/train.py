@@ -198,9 +198,12 @@ def run(args: argparse.Namespace) -> int:
 
     world = start(args.device or "auto", fsdp=args.fsdp)
     try:
-        return _train(args, given, command, world, started)
-    finally:
-        world.close()
+        code = _train(args, given, command, world, started)
+    except BaseException:
+        world.close(ok=False)
+        raise
+    world.close()
+    return code
 
 
 def _train(

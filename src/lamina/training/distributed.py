@@ -109,10 +109,13 @@ class World:
         if self.size > 1 and self.writer:
             dist.barrier()
 
-    def close(self) -> None:
-        """Leave the process group (all ranks together, so no collective is left pending)."""
+    def close(self, ok: bool = True) -> None:
+        """Leave the process group: after a barrier when all went well (no collective is left
+        pending); at once after an error, since the other ranks may be inside a collective that
+        a barrier would wrongly match; they fail on the closed connection or torchrun stops them.
+        """
         if dist.is_available() and dist.is_initialized():
-            with contextlib.suppress(Exception):
+            if ok:
                 dist.barrier()
             dist.destroy_process_group()
 
@@ -225,14 +228,13 @@ def prepare(s: Session, world: World) -> None:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         ids = [world.local_rank] if s.device.type == "cuda" else None
-        s.model = DDP(s.model, device_ids=ids, broadcast_buffers=False)
+        s.model = DDP(s.model, device_ids=ids, forward_sync_buffers=False)
         return
     _shard(s, world)
 
 
 def _shard(s: Session, world: World) -> None:
     from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor import distribute_tensor
 
     from lamina.block import TransformerBlock
 
@@ -247,12 +249,7 @@ def _shard(s: Session, world: World) -> None:
     for p, q in zip(_opt_params(plain_opt), _opt_params(opt), strict=True):
         st = plain_opt.state.get(p)
         if st:
-            opt.state[q] = {
-                k: distribute_tensor(v.to(q.device), q.device_mesh, q.placements)
-                if isinstance(v, Tensor) and v.dim() > 0
-                else (v.clone() if isinstance(v, Tensor) else v)
-                for k, v in st.items()
-            }
+            opt.state[q] = {k: _shard_like(q, st[k]) for k in sorted(st)}  # same order on all
     sharded.no_sync = _no_sync(sharded)  # the loop's accumulation: reduce on the last micro-step
     if world.writer:
         plain.to("cpu")
@@ -263,6 +260,24 @@ def _shard(s: Session, world: World) -> None:
         plain.to("meta")  # only rank 0 keeps a full copy
     plain_opt.state.clear()
     s.model, s.opt = sharded, opt
+
+
+def _shard_like(q: Tensor, v: Any) -> Any:
+    """A full optimizer-state tensor laid out like the sharded parameter `q` (others as is)."""
+    from torch.distributed.tensor import distribute_tensor
+
+    if not isinstance(v, Tensor):
+        return v
+    if v.dim() == 0:
+        return v.clone()
+    # the optimizer's own layout (zeros_like keeps FSDP's padded local storage), then the values
+    out = torch.zeros_like(q)
+    # every rank holds the full tensor: take the local piece, no communication
+    piece = distribute_tensor(
+        v.to(q.device, q.dtype), q.device_mesh, q.placements, src_data_rank=None
+    )
+    out.to_local().copy_(piece.to_local())
+    return out
 
 
 def _no_sync(model: nn.Module) -> Callable[[], contextlib.AbstractContextManager]:
