@@ -74,3 +74,17 @@ def test_truncated_weights_are_refused(tmp_path):
     f.write_bytes(f.read_bytes()[:100])
     with pytest.raises(LaminaError, match="not a readable safetensors file"):
         lamina.load(tmp_path)
+
+
+def test_sequence_classifier_round_trips(tmp_path):
+    """A classifier run (kind "classifier") loads back as a SequenceClassifier."""
+    from lamina import EncoderConfig, SequenceClassifier
+
+    torch.manual_seed(0)
+    clf = SequenceClassifier(EncoderConfig(vocab_size=20, max_len=8), n_classes=3, pooling="mean")
+    save_model(tmp_path, clf.eval())
+    loaded, tok = lamina.load(tmp_path)
+    assert isinstance(loaded, SequenceClassifier) and tok is None
+    assert loaded.pooling == "mean" and loaded.classifier.out_features == 3
+    ids = torch.randint(1, 20, (2, 8))
+    assert torch.equal(clf(ids), loaded(ids))

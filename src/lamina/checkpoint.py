@@ -25,7 +25,7 @@ from lamina.data.corpus import atomic_write
 from lamina.data.tokenizers import Tokenizer, load_tokenizer, save_tokenizer
 from lamina.errors import LaminaError
 from lamina.models.config import EncoderConfig, GPTConfig
-from lamina.models.encoder import Encoder
+from lamina.models.encoder import Encoder, SequenceClassifier
 from lamina.models.gpt import GPT
 
 FORMAT_VERSION = 1
@@ -91,26 +91,40 @@ def load_tensors(path: str | os.PathLike[str]) -> dict[str, Tensor]:
         raise LaminaError(f"{p} is not a readable safetensors file ({exc})") from exc
 
 
-def config_to_json(config: GPTConfig | EncoderConfig) -> dict[str, Any]:
-    kind = "gpt" if isinstance(config, GPTConfig) else "encoder"
-    return {"format": FORMAT_VERSION, "kind": kind, "model": config.to_dict()}
+def model_to_json(model: nn.Module) -> dict[str, Any]:
+    """The config.json of a GPT, an Encoder or a SequenceClassifier."""
+    config = getattr(model, "config", None)
+    if isinstance(model, SequenceClassifier):
+        return {
+            "format": FORMAT_VERSION,
+            "kind": "classifier",
+            "model": config.to_dict(),
+            "n_classes": model.classifier.out_features,
+            "pooling": model.pooling,
+        }
+    if isinstance(config, (GPTConfig, EncoderConfig)):
+        kind = "gpt" if isinstance(config, GPTConfig) else "encoder"
+        return {"format": FORMAT_VERSION, "kind": kind, "model": config.to_dict()}
+    raise LaminaError("save_model needs a lamina GPT, Encoder or SequenceClassifier")
 
 
-def config_from_json(data: Any, where: str = "config.json") -> GPTConfig | EncoderConfig:
+def model_from_json(data: Any, where: str = "config.json") -> nn.Module:
+    """Build the (untrained) model that a config.json describes."""
     if not isinstance(data, dict) or "model" not in data or "kind" not in data:
         raise LaminaError(f"{where} is not a lamina model config (no 'kind' and 'model' fields)")
     if data.get("format", 1) > FORMAT_VERSION:
         raise LaminaError(
             f"{where} has format {data['format']}; this lamina reads up to {FORMAT_VERSION}"
         )
-    kinds = {"gpt": GPTConfig, "encoder": EncoderConfig}
-    if data["kind"] not in kinds:
-        raise LaminaError(f"{where}: unknown model kind {data['kind']!r}")
-    return kinds[data["kind"]].from_dict(data["model"])
-
-
-def build_model(config: GPTConfig | EncoderConfig) -> nn.Module:
-    return GPT(config) if isinstance(config, GPTConfig) else Encoder(config)
+    kind = data["kind"]
+    if kind == "gpt":
+        return GPT(GPTConfig.from_dict(data["model"]))
+    if kind == "encoder":
+        return Encoder(EncoderConfig.from_dict(data["model"]))
+    if kind == "classifier":
+        config = EncoderConfig.from_dict(data["model"])
+        return SequenceClassifier(config, data.get("n_classes", 2), data.get("pooling", "first"))
+    raise LaminaError(f"{where}: unknown model kind {kind!r}")
 
 
 def load_state(model: nn.Module, state: dict[str, Tensor], where: str = "checkpoint") -> None:
@@ -148,15 +162,11 @@ def save_model(
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     inner = unwrap(model)
-    config = getattr(inner, "config", None)
-    if not isinstance(config, (GPTConfig, EncoderConfig)):
-        raise LaminaError("save_model needs a lamina GPT or Encoder (with a .config)")
+    config_json = model_to_json(inner)
     save_tensors(d / "model.safetensors", model_tensors(inner), {"format": "pt"})
     if tokenizer is not None:
         save_tokenizer(tokenizer, d / "tokenizer.json")
-    write_json(
-        d / "config.json", config_to_json(config)
-    )  # last: its presence marks a complete model
+    write_json(d / "config.json", config_json)  # last: its presence marks a complete model
     return d
 
 
@@ -169,8 +179,7 @@ def load_model(
         raise LaminaError(f"no such model directory: {d}")
     if not (d / "config.json").is_file():
         raise LaminaError(f"{d} is not a lamina model or run directory (no config.json)")
-    config = config_from_json(read_json(d / "config.json"), str(d / "config.json"))
-    model = build_model(config)
+    model = model_from_json(read_json(d / "config.json"), str(d / "config.json"))
     load_state(model, load_tensors(d / "model.safetensors"), str(d / "model.safetensors"))
     tokenizer = load_tokenizer(d / "tokenizer.json") if (d / "tokenizer.json").is_file() else None
     model.eval()

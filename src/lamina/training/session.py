@@ -31,11 +31,8 @@ from torch import nn
 from lamina import __version__
 from lamina.checkpoint import (
     load_state,
-    model_tensors,
     read_json,
     save_model,
-    save_tensors,
-    write_json,
 )
 from lamina.errors import LaminaError
 from lamina.models.config import EncoderConfig, GPTConfig
@@ -86,17 +83,7 @@ class Session:
 
 def _classifier_writer(model: nn.Module, ec: EncoderConfig) -> Callable[[Path], None]:
     def write(d: Path) -> None:
-        save_tensors(d / "model.safetensors", model_tensors(model), {"format": "pt"})
-        write_json(
-            d / "config.json",
-            {
-                "format": 1,
-                "kind": "classifier",
-                "model": ec.to_dict(),
-                "n_classes": 2,
-                "pooling": "first",
-            },
-        )
+        save_model(d, model)  # kind "classifier": lamina.load rebuilds the SequenceClassifier
 
     return write
 
