@@ -29,10 +29,15 @@ format: install
 test: install lint
 	$(PY) -m pytest -q
 
+# The invariant checks, GPT-2 small's parameter count, the encoder toy task, then a character
+# model trained for 3 minutes on the built-in Shakespeare corpus, evaluated and sampled.
 demo: install
 	$(VENV)/bin/lamina check
 	$(VENV)/bin/lamina count gpt2-small
 	$(VENV)/bin/lamina task first-last
+	$(VENV)/bin/lamina train --max-time 3m --out runs/demo --force
+	$(VENV)/bin/lamina eval runs/demo
+	$(VENV)/bin/lamina sample runs/demo --prompt "ROMEO:" --max-new-tokens 300 --temperature 0.8 --top-k 50 --seed 1
 
 # Copies the exercise notebooks into ./lessons-work and installs JupyterLab to open them with;
 # it starts nothing (open them with the command it prints, or any notebook tool).
