@@ -19,6 +19,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from lamina.checkpoint import load_model as load
 from lamina.checkpoint import save_model as save
 from lamina.errors import CheckFailed, LaminaError
+from lamina.generation import generate, stream
 from lamina.models import (
     GPT,
     Encoder,
@@ -39,6 +40,8 @@ __all__ = [
     "LaminaError",
     "SequenceClassifier",
     "count_params",
+    "generate",
     "load",
     "save",
+    "stream",
 ]
