@@ -173,7 +173,7 @@ def build_lm(
         mc.block_size,
         cfg.seed,
         n_eval=cfg.eval_batches,
-        eval_batch_size=min(cfg.micro_batch_size or 16, 16),
+        eval_batch_size=min(cfg.batch_size, 16),  # global: same windows under any world size
     )
     torch.manual_seed(cfg.seed)
     model = GPT(mc)
