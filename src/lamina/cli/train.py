@@ -53,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     a(
         "--preset",
         choices=list(GPT_PRESETS),
-        help="model shape (default: char-cpu without dropout on a CPU, baby on a GPU)",
+        help="model shape (default: char-cpu with 3 layers and no dropout on a CPU, baby on a GPU)",
     )
     a("--out", metavar="DIR", help="run directory (default: runs/<date-time>)")
     a("--force", action="store_true", help="write into --out even if it holds other files")
@@ -75,7 +75,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=int,
         metavar="N",
         help="sequences per optimizer step, all "
-        "processes together (default: 16; 64 for first-last)",
+        "processes together (default: 12 on a CPU, 64 on a GPU and for first-last)",
     )
     a(
         "--micro-batch-size",
@@ -84,7 +84,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="sequences per process per "
         "micro-step; accumulation = batch / micro-batch / processes (default: the batch size)",
     )
-    a("--lr", type=float, help="peak learning rate (default: 3e-3; 2e-3 for first-last)")
+    a(
+        "--lr",
+        type=float,
+        help="peak learning rate (default: 5e-3 on a CPU, 1e-3 on a GPU; 2e-3 for first-last)",
+    )
     a(
         "--min-lr-ratio",
         type=float,
@@ -95,7 +99,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--warmup",
         type=int,
         metavar="N",
-        help="linear warmup steps (default: 100, or a tenth of --max-steps if smaller; 30 "
+        help="linear warmup steps (default: 100, or a tenth of --max-steps if smaller; 20 "
         "with --max-time)",
     )
     a("--decay", choices=["cosine", "linear"], help="decay after warmup (default: cosine)")
