@@ -31,7 +31,8 @@ from lamina.errors import LaminaError
 __all__ = ["WindowSampler", "fixed_batches"]
 
 
-def _check_int(value: Any, name: str, minimum: int) -> int:
+def check_int(value: Any, name: str, minimum: int) -> int:
+    """An integer (Python or numpy, not bool) of at least `minimum`, else a LaminaError."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise LaminaError(f"{name} must be an integer, got {value!r}")
     value = int(value)
@@ -50,8 +51,8 @@ class WindowSampler:
             raise LaminaError(f"tokens must be 1-D, got shape {tokens.shape}")
         if tokens.dtype.kind not in "iu":
             raise LaminaError(f"tokens must have an integer dtype, got {tokens.dtype}")
-        self._block_size = _check_int(block_size, "block_size", 1)
-        self._seed = _check_int(seed, "seed", 0)
+        self._block_size = check_int(block_size, "block_size", 1)
+        self._seed = check_int(seed, "seed", 0)
         n = len(tokens)
         if n < self._block_size + 1:
             raise LaminaError(
@@ -88,7 +89,7 @@ class WindowSampler:
 
         Counts as one batch drawn.
         """
-        batch_size = _check_int(batch_size, "batch_size", 1)
+        batch_size = check_int(batch_size, "batch_size", 1)
         high = len(self._tokens) - self._block_size  # exclusive
         out = self._rng.integers(0, high, size=batch_size, dtype=np.int64)
         self._batches_drawn += 1
@@ -161,7 +162,7 @@ class WindowSampler:
             }
         except (TypeError, ValueError) as e:
             raise LaminaError(f"sampler state has a malformed generator state: {e}") from e
-        batches = _check_int(d["batches_drawn"], "batches_drawn", 0)
+        batches = check_int(d["batches_drawn"], "batches_drawn", 0)
         rng = np.random.Generator(np.random.PCG64())
         try:
             rng.bit_generator.state = new_state
@@ -170,13 +171,13 @@ class WindowSampler:
         self._rng = rng
         self._batches_drawn = batches
         if "seed" in d:
-            self._seed = _check_int(d["seed"], "seed", 0)
+            self._seed = check_int(d["seed"], "seed", 0)
 
 
 def fixed_batches(
     tokens: np.ndarray, block_size: int, batch_size: int, n_batches: int, seed: int = 1234
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``n_batches`` evaluation batches; the same windows for the same arguments, every call."""
-    n_batches = _check_int(n_batches, "n_batches", 1)
+    n_batches = check_int(n_batches, "n_batches", 1)
     sampler = WindowSampler(tokens, block_size, seed=seed)
     return [sampler.sample(batch_size) for _ in range(n_batches)]

@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import operator
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from lamina.data.tokenizers import register_tokenizer
+from lamina.data.tokenizers import check_token_ids, register_tokenizer
 from lamina.errors import LaminaError
 
 EOT = "<|endoftext|>"
@@ -55,30 +54,6 @@ def _utf8(text: Any) -> bytes:
             f"text has a lone surrogate {text[e.start]!r} at position {e.start}: not valid "
             "Unicode, so it has no UTF-8 bytes to tokenize"
         ) from None
-
-
-def _check_ids(ids: Iterable[int], vocab_size: int) -> list[int]:
-    """Ids (any iterable of ints, numpy array, 1-D tensor) -> list of ints in [0, vocab_size)."""
-    if isinstance(ids, (str, bytes)):
-        raise LaminaError(f"decode takes integer ids, got {type(ids).__name__}")
-    tolist = getattr(ids, "tolist", None)
-    seq = tolist() if callable(tolist) else ids
-    if isinstance(seq, (int, float)):
-        seq = [seq]
-    out = []
-    for position, value in enumerate(seq):
-        try:
-            i = operator.index(value)
-        except TypeError:
-            raise LaminaError(
-                f"token id at position {position} must be an integer, got {value!r}"
-            ) from None
-        if not 0 <= i < vocab_size:
-            raise LaminaError(
-                f"token id {i} at position {position} is outside the vocabulary [0, {vocab_size})"
-            )
-        out.append(i)
-    return out
 
 
 def _expect_kind(d: Any, kind: str, fields: set[str]) -> dict[str, Any]:
@@ -109,7 +84,7 @@ class ByteTokenizer:
         return list(_utf8(text))
 
     def decode(self, ids: Iterable[int]) -> str:
-        return bytes(_check_ids(ids, 256)).decode("utf-8", errors="replace")
+        return bytes(check_token_ids(ids, 256)).decode("utf-8", errors="replace")
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind}
@@ -205,7 +180,7 @@ class BPETokenizer:
         return np.asarray(self.encode(text), dtype=np.int64)
 
     def decode(self, ids: Iterable[int]) -> str:
-        return self._tok.decode(_check_ids(ids, self._size), skip_special_tokens=False)
+        return self._tok.decode(check_token_ids(ids, self._size), skip_special_tokens=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "tokenizer": self._json}
@@ -318,7 +293,7 @@ class GPT2Tokenizer:
         return self._enc.encode_to_numpy(text, allowed_special="all").astype(np.int64)
 
     def decode(self, ids: Iterable[int]) -> str:
-        data = self._enc.decode_bytes(_check_ids(ids, GPT2_VOCAB_SIZE))
+        data = self._enc.decode_bytes(check_token_ids(ids, GPT2_VOCAB_SIZE))
         return data.decode("utf-8", errors="replace")
 
     def to_dict(self) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from lamina.data.batches import check_int
 from lamina.errors import LaminaError
 
 __all__ = [
@@ -40,14 +41,6 @@ __all__ = [
 PAD_ID = 0
 SEP_ID = 1
 IGNORE_INDEX = -100
-
-
-def _check_int(value: Any, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise LaminaError(f"{name} must be an integer, got {value!r}")
-    if value < minimum:
-        raise LaminaError(f"{name} must be at least {minimum}, got {value}")
-    return value
 
 
 def _check_generator(generator: Any) -> None:
@@ -66,9 +59,9 @@ def first_last_batch(
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sequences labelled 1 when the last token equals the first, else 0 (exactly balanced)."""
-    batch_size = _check_int(batch_size, "batch_size", 1)
-    length = _check_int(length, "length", 2)
-    vocab_size = _check_int(vocab_size, "vocab_size", 3)
+    batch_size = check_int(batch_size, "batch_size", 1)
+    length = check_int(length, "length", 2)
+    vocab_size = check_int(vocab_size, "vocab_size", 3)
     _check_generator(generator)
     ids = torch.randint(1, vocab_size, (batch_size, length), generator=generator)
     n_pos = (batch_size + 1) // 2
@@ -92,9 +85,9 @@ def _seq_batch(
     generator: torch.Generator | None,
     reverse: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    batch_size = _check_int(batch_size, "batch_size", 1)
-    length = _check_int(length, "length", 1)
-    vocab_size = _check_int(vocab_size, "vocab_size", 4)
+    batch_size = check_int(batch_size, "batch_size", 1)
+    length = check_int(length, "length", 1)
+    vocab_size = check_int(vocab_size, "vocab_size", 4)
     _check_generator(generator)
     src = torch.randint(SEP_ID + 1, vocab_size, (batch_size, length), generator=generator)
     tgt = src.flip(1) if reverse else src

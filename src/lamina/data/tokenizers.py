@@ -32,6 +32,7 @@ from lamina.errors import LaminaError
 
 __all__ = [
     "CharTokenizer",
+    "check_token_ids",
     "Tokenizer",
     "known_tokenizer_kinds",
     "load_tokenizer",
@@ -151,6 +152,30 @@ def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
         raise LaminaError(f"tokenizer file {p}: {e}") from e
 
 
+def check_token_ids(ids: Iterable[int], vocab_size: int) -> list[int]:
+    """Ids (any iterable of ints, numpy array, 1-D tensor) -> list of ints in [0, vocab_size)."""
+    if isinstance(ids, (str, bytes)):
+        raise LaminaError(f"decode takes integer ids, got {type(ids).__name__}")
+    tolist = getattr(ids, "tolist", None)
+    seq = tolist() if callable(tolist) else ids
+    if isinstance(seq, (int, float)):
+        seq = [seq]
+    out = []
+    for position, value in enumerate(seq):
+        try:
+            i = operator.index(value)
+        except TypeError:
+            raise LaminaError(
+                f"token id at position {position} must be an integer, got {value!r}"
+            ) from None
+        if not 0 <= i < vocab_size:
+            raise LaminaError(
+                f"token id {i} at position {position} is outside the vocabulary [0, {vocab_size})"
+            )
+        out.append(i)
+    return out
+
+
 class CharTokenizer:
     """One id per character (Unicode code point); id ``i`` is ``chars[i]``.
 
@@ -264,28 +289,8 @@ class CharTokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         """Ids -> text. Accepts any iterable of ints, numpy arrays and 1-D torch tensors."""
-        if isinstance(ids, (str, bytes)):
-            raise LaminaError(f"decode takes integer ids, got {type(ids).__name__}")
-        tolist = getattr(ids, "tolist", None)
-        seq = tolist() if callable(tolist) else ids
-        if isinstance(seq, (int, float)):
-            seq = [seq]
         chars = self._chars
-        n = len(chars)
-        out: list[str] = []
-        for position, value in enumerate(seq):
-            try:
-                i = operator.index(value)
-            except TypeError:
-                raise LaminaError(
-                    f"token id at position {position} must be an integer, got {value!r}"
-                ) from None
-            if i < 0 or i >= n:
-                raise LaminaError(
-                    f"token id {i} at position {position} is outside the vocabulary [0, {n})"
-                )
-            out.append(chars[i])
-        return "".join(out)
+        return "".join(chars[i] for i in check_token_ids(ids, len(chars)))
 
     def to_dict(self) -> dict[str, Any]:
         """``{"kind": "char", "chars": [...], "unk": str | None}``."""

@@ -81,7 +81,7 @@ class Session:
     metrics: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _classifier_writer(model: nn.Module, ec: EncoderConfig) -> Callable[[Path], None]:
+def _classifier_writer(model: nn.Module) -> Callable[[Path], None]:
     def write(d: Path) -> None:
         save_model(d, model)  # kind "classifier": lamina.load rebuilds the SequenceClassifier
 
@@ -93,7 +93,7 @@ def _build(cfg: TrainConfig, run: RunDir | None, model_cfg: dict[str, Any] | Non
     if cfg.task == "first-last":
         ec = EncoderConfig.from_dict(model_cfg) if model_cfg else None
         task, model, ec = build_first_last(cfg, ec)
-        writer = _classifier_writer(model, ec)
+        writer = _classifier_writer(model)
         fp, width = "first-last", ec.d_model
     else:
         text, _ = load_text(cfg)
