@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+import lamina
 from safetensors.torch import load_file, save_file
 
 from lamina import GPT, GPTConfig, LaminaError
@@ -21,7 +23,7 @@ CONFIG = GPTConfig.preset("tiny")  # vocab 100, 32 positions, 32 wide, 2 layers
 def good(tmp_path) -> Path:
     """A valid HF GPT-2 folder written by lamina (checked against transformers elsewhere)."""
     d = tmp_path / "good"
-    GPT(CONFIG).save_hf(str(d))
+    lamina.save_hf(GPT(CONFIG), str(d))
     return d
 
 
@@ -161,5 +163,5 @@ def test_export_failure_leaves_nothing(tmp_path, monkeypatch):
 
     monkeypatch.setattr(mod, "write_json", boom)
     with pytest.raises(OSError, match="disk full"):
-        GPT(CONFIG).save_hf(str(tmp_path / "out"))
+        lamina.save_hf(GPT(CONFIG), str(tmp_path / "out"))
     assert list(tmp_path.iterdir()) == []

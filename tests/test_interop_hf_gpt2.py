@@ -86,7 +86,7 @@ def pair(request, tmp_path_factory):
     hf = make_hf(**overrides)
     d = tmp_path_factory.mktemp(name)
     hf.save_pretrained(d)
-    return name, hf, d, GPT.from_hf(str(d))
+    return name, hf, d, lamina.from_hf(str(d))
 
 
 def test_logits_match_hugging_face(pair):
@@ -123,7 +123,7 @@ def test_greedy_50_tokens_match_generate(pair):
 def test_hf_to_lamina_to_hf_is_bit_identical(pair, tmp_path):
     """HF -> lamina -> HF: the same tensors under the same names, bit for bit."""
     _, hf, d, ours = pair
-    ours.save_hf(str(tmp_path / "again"))
+    lamina.save_hf(ours, str(tmp_path / "again"))
     back, info = transformers.GPT2LMHeadModel.from_pretrained(
         tmp_path / "again", output_loading_info=True
     )
@@ -143,7 +143,7 @@ def test_lamina_to_hf_to_lamina_is_bit_identical(pair, tmp_path):
     _, _, _, loaded = pair
     torch.manual_seed(3)
     ours = GPT(loaded.config)  # fresh lamina weights
-    ours.save_hf(str(tmp_path / "hf"))
+    lamina.save_hf(ours, str(tmp_path / "hf"))
     hf, info = transformers.GPT2LMHeadModel.from_pretrained(
         tmp_path / "hf", output_loading_info=True
     )
@@ -226,14 +226,14 @@ def test_export_refuses_what_gpt2_cannot_express(tmp_path, overrides, setting):
     """Post-LN, sinusoidal positions, missing biases: a LaminaError naming it, nothing written."""
     model = GPT(GPTConfig.preset("tiny", **overrides))
     with pytest.raises(lamina.LaminaError, match=setting):
-        model.save_hf(str(tmp_path / "out"))
+        lamina.save_hf(model, str(tmp_path / "out"))
     assert list(tmp_path.iterdir()) == []
 
 
 def test_export_into_an_existing_folder_replaces_files(tmp_path):
     """Saving into an existing folder overwrites config.json and model.safetensors."""
     a, b = GPT(GPTConfig.preset("tiny")), GPT(GPTConfig.preset("tiny", n_layers=3))
-    a.save_hf(str(tmp_path))
-    b.save_hf(str(tmp_path))
+    lamina.save_hf(a, str(tmp_path))
+    lamina.save_hf(b, str(tmp_path))
     assert load_hf_gpt2(tmp_path).config.n_layers == 3
     assert sorted(p.name for p in Path(tmp_path).iterdir()) == ["config.json", "model.safetensors"]

@@ -20,6 +20,8 @@ from lamina.checkpoint import load_model as load
 from lamina.checkpoint import save_model as save
 from lamina.errors import CheckFailed, LaminaError
 from lamina.generation import generate, stream
+from lamina.interop import from_hf, save_hf
+from lamina.version import __version__
 from lamina.models import (
     GPT,
     Encoder,
@@ -29,7 +31,6 @@ from lamina.models import (
     count_params,
 )
 
-__version__ = "0.1.0"
 
 __all__ = [
     "GPT",
@@ -40,8 +41,10 @@ __all__ = [
     "LaminaError",
     "SequenceClassifier",
     "count_params",
+    "from_hf",
     "generate",
     "load",
     "save",
+    "save_hf",
     "stream",
 ]

@@ -21,9 +21,9 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import Tensor, nn
 
-from lamina.data.corpus import atomic_write
 from lamina.data.tokenizers import Tokenizer, load_tokenizer, save_tokenizer
 from lamina.errors import LaminaError
+from lamina.files import atomic_write, read_json, write_json
 from lamina.models.config import EncoderConfig, GPTConfig
 from lamina.models.encoder import Encoder, SequenceClassifier
 from lamina.models.gpt import GPT
@@ -54,22 +54,6 @@ def model_tensors(model: nn.Module) -> dict[str, Tensor]:
     if isinstance(config, GPTConfig) and config.tie_weights:
         state.pop("head.weight", None)
     return {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
-
-
-def write_json(path: str | os.PathLike[str], data: Any) -> None:
-    """Atomic JSON write (temp file, fsync, rename)."""
-    payload = (json.dumps(data, indent=2, sort_keys=False) + "\n").encode("utf-8")
-    atomic_write(path, lambda f: f.write(payload))
-
-
-def read_json(path: str | os.PathLike[str]) -> Any:
-    p = Path(path)
-    try:
-        return json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise LaminaError(f"missing file: {p}") from exc
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise LaminaError(f"{p} is not valid JSON: {exc}") from exc
 
 
 def save_tensors(

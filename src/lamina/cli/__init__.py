@@ -18,7 +18,7 @@ VERBS = ["train", "sample", "eval", "check", "count", "task", "convert", "attent
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from lamina import __version__
+    from lamina.version import __version__
 
     parser = argparse.ArgumentParser(
         prog="lamina",

@@ -26,7 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lamina.checkpoint import load_model, read_json
+    from lamina.checkpoint import load_model
+    from lamina.files import read_json
     from lamina.data.corpus import encode_corpus, load_corpus, split_tokens
     from lamina.errors import LaminaError
     from lamina.models.gpt import GPT

@@ -68,7 +68,7 @@ def check_launch(args: argparse.Namespace, given: dict[str, Any], nproc: int) ->
             file=sys.stderr,
         )
     if args.resume:
-        from lamina.checkpoint import read_json
+        from lamina.files import read_json
 
         try:
             cfg = TrainConfig.from_dict(read_json(f"{args.resume}/train_config.json")["train"])

@@ -14,7 +14,6 @@ from __future__ import annotations
 from lamina.data import subword as _subword  # noqa: F401 - registers byte, bpe, gpt2
 from lamina.data.batches import WindowSampler, fixed_batches
 from lamina.data.corpus import (
-    atomic_write,
     encode_corpus,
     load_corpus,
     load_tokens,
@@ -22,6 +21,7 @@ from lamina.data.corpus import (
     split_tokens,
     token_dtype,
 )
+from lamina.files import atomic_write
 from lamina.data.tasks import (
     IGNORE_INDEX,
     PAD_ID,

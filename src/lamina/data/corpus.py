@@ -10,8 +10,6 @@ In and out:
     ``encode_corpus(tokenizer, text) -> np.ndarray``: shape ``(n_tokens,)``, that dtype.
     ``split_tokens(tokens, val_fraction) -> (train, val)``: views, validation is the tail.
     ``save_tokens`` / ``load_tokens``: ``.npy`` files (no pickle), written atomically.
-    ``atomic_write(path, write)``: the temp-file / fsync / ``os.replace`` helper used by every
-    writer in this layer.
 
 What this module deliberately does not know: which tokenizer is used (any object with
 ``vocab_size`` and ``encode``, optionally ``encode_array``), windows, batches and tensors.
@@ -30,12 +28,12 @@ from typing import IO, TYPE_CHECKING, Any
 import numpy as np
 
 from lamina.errors import LaminaError
+from lamina.files import atomic_write
 
 if TYPE_CHECKING:
     from lamina.data.tokenizers import Tokenizer
 
 __all__ = [
-    "atomic_write",
     "encode_corpus",
     "load_corpus",
     "load_tokens",
@@ -45,42 +43,6 @@ __all__ = [
 ]
 
 _BOM = "\ufeff"
-
-
-def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], Any]) -> None:
-    """Call ``write(f)`` on a temp file beside ``path``, fsync it, then ``os.replace`` it.
-
-    Readers see either the old file or the complete new one, never a partial write. The
-    folder must exist already. The temp file is removed if ``write`` raises.
-    """
-    p = Path(path)
-    folder = p.parent
-    if not folder.is_dir():
-        raise LaminaError(f"cannot write {p}: folder {folder} does not exist")
-    if p.is_dir():
-        raise LaminaError(f"cannot write {p}: it is a folder")
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp_name, p)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp_name)
-        raise
-    # Make the rename itself durable where the platform allows opening a folder.
-    try:
-        dir_fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)
 
 
 def _read_text_file(p: Path) -> str:

@@ -27,8 +27,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from lamina.data.corpus import atomic_write
 from lamina.errors import LaminaError
+from lamina.files import atomic_write
 
 __all__ = [
     "CharTokenizer",

@@ -36,13 +36,12 @@ from torch import Tensor, nn
 from lamina.checkpoint import (
     load_state,
     load_tensors,
-    read_json,
     save_tensors,
     strip_compiled_prefix,
     unwrap,
-    write_json,
 )
 from lamina.data.tokenizers import Tokenizer
+from lamina.files import read_json, write_json
 from lamina.errors import LaminaError
 from lamina.interop.hf_tokenizer import save_hf_tokenizer
 from lamina.models.config import GPTConfig

@@ -17,8 +17,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from lamina.checkpoint import write_json
-from lamina.data.corpus import atomic_write
+from lamina.files import atomic_write, write_json
 from lamina.data.subword import EOT, GPT2_SHA256, BPETokenizer, GPT2Tokenizer
 from lamina.data.tokenizers import Tokenizer
 from lamina.errors import LaminaError

@@ -174,16 +174,3 @@ class GPT(nn.Module):
         if exclude_positions and self.embed.wpe is not None:
             n -= self.embed.wpe.weight.numel()
         return n
-
-    @classmethod
-    def from_hf(cls, path: str) -> GPT:
-        """Load a Hugging Face GPT-2 directory (config.json + weights); see lamina.interop."""
-        from lamina.interop.hf_gpt2 import load_hf_gpt2  # interop sits above; imported on use
-
-        return load_hf_gpt2(path)
-
-    def save_hf(self, path: str) -> None:
-        """Write a directory that transformers.GPT2LMHeadModel.from_pretrained loads."""
-        from lamina.interop.hf_gpt2 import save_hf_gpt2
-
-        save_hf_gpt2(self, path)

@@ -32,8 +32,8 @@ from typing import Any
 
 from torch import Tensor
 
-from lamina.checkpoint import load_tensors, read_json, save_tensors, write_json
-from lamina.data.corpus import atomic_write
+from lamina.checkpoint import load_tensors, save_tensors
+from lamina.files import atomic_write, fsync_dir, read_json, write_json
 from lamina.errors import LaminaError
 
 STAGE = ".checkpoint-tmp"
@@ -154,12 +154,7 @@ class RunDir:
         for name in CHECKPOINT_FILES:
             if (stage / name).is_file():
                 os.replace(stage / name, self.path / name)
-        with contextlib.suppress(OSError):
-            fd = os.open(self.path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        fsync_dir(self.path)
 
     def _guard(self, write: Callable[[], None], what: str) -> None:
         try:

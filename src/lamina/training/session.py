@@ -28,13 +28,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from lamina import __version__
-from lamina.checkpoint import (
-    load_state,
-    read_json,
-    save_model,
-)
+from lamina.version import __version__
+from lamina.checkpoint import load_state, save_model
 from lamina.errors import LaminaError
+from lamina.files import read_json
 from lamina.models.config import EncoderConfig, GPTConfig
 from lamina.training.config import TrainConfig
 from lamina.training.optim import build_optimizer, load_optimizer_tensors, optimizer_tensors

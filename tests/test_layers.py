@@ -1,0 +1,200 @@
+"""The layer map is a tested rule: no module imports from its own layer's betters or equals.
+
+Every ``import`` and ``from ... import`` in ``src/lamina`` is read with ``ast`` (imports inside
+functions and under ``TYPE_CHECKING`` included) and checked against ``LAYERS``, the code's own
+copy of the README's layer map. A module may import a unit of a lower rank, or another module of
+its own unit (``lamina.data.corpus`` -> ``lamina.data.tokenizers``) as long as the modules of
+one unit form no cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+
+# unit -> rank. A unit is ``lamina`` itself (the public API), a top-level module or a package.
+LAYERS: dict[str, int] = {
+    # the leaves every layer may import
+    "lamina.errors": 0,
+    "lamina.version": 0,
+    "lamina.files": 1,
+    # layers 0-4 of the README's map
+    "lamina.data": 2,
+    "lamina.embedding": 3,
+    "lamina.attention": 4,
+    "lamina.block": 5,
+    "lamina.models": 6,
+    # above the models: files of models, then what uses them
+    "lamina.checkpoint": 7,
+    "lamina.checks": 8,
+    "lamina.generation": 8,
+    "lamina.interop": 8,
+    "lamina.training": 9,
+    # the command line, and the package's public face
+    "lamina.cli": 10,
+    "lamina": 11,
+    "lamina.__main__": 11,
+}
+
+
+def unit_of(module: str) -> str:
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 1 else module
+
+
+def module_name(path: Path, src: Path) -> str:
+    parts = list(path.relative_to(src).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(path: Path, module: str) -> set[str]:
+    """Every lamina module that ``path`` imports, wherever the statement stands."""
+    is_package = path.name == "__init__.py"
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against this module's package
+                pkg = module.split(".")
+                pkg = pkg if is_package else pkg[:-1]
+                pkg = pkg[: len(pkg) - (node.level - 1)]
+                base = ".".join(pkg + ([base] if base else []))
+            found.add(base)
+            # ``from lamina.data import corpus`` imports the submodule lamina.data.corpus
+            found.update(f"{base}.{a.name}" for a in node.names if a.name != "*")
+    return {m for m in found if m == "lamina" or m.startswith("lamina.")}
+
+
+def import_graph(src: Path) -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for path in sorted((src / "lamina").rglob("*.py")):
+        name = module_name(path, src)
+        graph[name] = imports_of(path, name)
+    known = set(graph)
+    # keep imports of real modules; ``from pkg import name`` adds pkg.name, which may be a function
+    return {m: {t for t in targets if t in known and t != m} for m, targets in graph.items()}
+
+
+def violations(graph: dict[str, set[str]], layers: dict[str, int]) -> list[str]:
+    """Upward or sideways imports across units, and modules that the map does not place."""
+    out = []
+    for module, targets in sorted(graph.items()):
+        unit = unit_of(module)
+        if unit not in layers:
+            out.append(f"{module}: its unit {unit} is not in the layer map")
+            continue
+        for target in sorted(targets):
+            tunit = unit_of(target)
+            if tunit == unit:
+                continue
+            if tunit not in layers:
+                out.append(f"{module} imports {target}, whose unit is not in the layer map")
+            elif layers[tunit] >= layers[unit]:
+                out.append(
+                    f"{module} (layer {layers[unit]}) imports {target} (layer {layers[tunit]})"
+                )
+    return out
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Import cycles between modules (a package's __init__ re-exporting its modules is fine)."""
+    edges = {
+        m: {t for t in ts if not m.startswith(t + ".") and not t.startswith(m + ".")}
+        for m, ts in graph.items()
+    }
+    found, state = [], {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == "open":
+                found.append(stack[stack.index(nxt) :] + [nxt])
+            elif nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = "done"
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node, [node])
+    return found
+
+
+def test_no_import_breaks_the_layer_map():
+    problems = violations(import_graph(SRC), LAYERS)
+    assert not problems, "layering broken:\n" + "\n".join(problems)
+
+
+def test_no_import_cycles():
+    found = cycles(import_graph(SRC))
+    assert not found, "import cycles:\n" + "\n".join(" -> ".join(c) for c in found)
+
+
+def test_every_unit_in_the_tree_is_mapped():
+    units = {unit_of(m) for m in import_graph(SRC)}
+    assert units == set(LAYERS), f"unmapped: {units - set(LAYERS)}; stale: {set(LAYERS) - units}"
+
+
+def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        p = tmp_path / "lamina" / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return tmp_path
+
+
+def test_an_upward_import_is_caught_even_inside_a_function(tmp_path):
+    src = _tree(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "errors.py": "",
+            "embedding.py": "from lamina.errors import LaminaError\n",
+            "models/__init__.py": "",
+            "models/gpt.py": "def f():\n    from lamina.interop.hf import load\n",
+            "interop/__init__.py": "",
+            "interop/hf.py": "from lamina.models.gpt import GPT\n",
+        },
+    )
+    layers = {"lamina": 11, "lamina.errors": 0, "lamina.embedding": 3}
+    layers |= {"lamina.models": 6, "lamina.interop": 8}
+    problems = violations(import_graph(src), layers)
+    assert problems == ["lamina.models.gpt (layer 6) imports lamina.interop.hf (layer 8)"]
+    assert cycles(import_graph(src)) == [
+        ["lamina.interop.hf", "lamina.models.gpt", "lamina.interop.hf"]
+    ]
+
+
+def test_relative_and_sideways_imports_are_resolved(tmp_path):
+    src = _tree(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "generation/__init__.py": "",
+            "generation/a.py": "from ..interop import b\nfrom . import c\n",
+            "generation/c.py": "",
+            "interop/__init__.py": "",
+            "interop/b.py": "",
+        },
+    )
+    layers = {"lamina": 11, "lamina.generation": 8, "lamina.interop": 8}
+    assert violations(import_graph(src), layers) == [
+        "lamina.generation.a (layer 8) imports lamina.interop (layer 8)",
+        "lamina.generation.a (layer 8) imports lamina.interop.b (layer 8)",
+    ]
+
+
+def test_the_readme_map_names_every_unit():
+    readme = (SRC.parent / "README.md").read_text(encoding="utf-8")
+    start = readme.index("## The layers")
+    section = readme[start : readme.index("\n## ", start + 1)]
+    for unit in LAYERS:
+        if unit in ("lamina", "lamina.__main__"):
+            continue
+        short = unit.removeprefix("lamina.")
+        assert short in section, f"the README's layer map does not mention {short}"
