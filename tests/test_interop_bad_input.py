@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-
-import lamina
 from safetensors.torch import load_file, save_file
 
+import lamina
 from lamina import GPT, GPTConfig, LaminaError
 from lamina.interop import load_hf_gpt2
 

@@ -21,7 +21,6 @@ from lamina.checkpoint import save_model as save
 from lamina.errors import CheckFailed, LaminaError
 from lamina.generation import generate, stream
 from lamina.interop import from_hf, save_hf
-from lamina.version import __version__
 from lamina.models import (
     GPT,
     Encoder,
@@ -30,7 +29,7 @@ from lamina.models import (
     SequenceClassifier,
     count_params,
 )
-
+from lamina.version import __version__ as __version__
 
 __all__ = [
     "GPT",

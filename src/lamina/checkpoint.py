@@ -10,7 +10,6 @@ JSON only. A missing, unexpected or wrongly shaped tensor is an error naming the
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any

@@ -27,9 +27,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from lamina.checkpoint import load_model
-    from lamina.files import read_json
     from lamina.data.corpus import encode_corpus, load_corpus, split_tokens
     from lamina.errors import LaminaError
+    from lamina.files import read_json
     from lamina.models.gpt import GPT
     from lamina.training.corpus import BUILTIN_NAME, builtin_corpus
     from lamina.training.evaluation import split_loss, summary

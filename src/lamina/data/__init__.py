@@ -21,7 +21,6 @@ from lamina.data.corpus import (
     split_tokens,
     token_dtype,
 )
-from lamina.files import atomic_write
 from lamina.data.tasks import (
     IGNORE_INDEX,
     PAD_ID,
@@ -40,6 +39,7 @@ from lamina.data.tokenizers import (
     save_tokenizer,
     tokenizer_from_dict,
 )
+from lamina.files import atomic_write
 
 __all__ = [
     "IGNORE_INDEX",

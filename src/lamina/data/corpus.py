@@ -17,13 +17,10 @@ What this module deliberately does not know: which tokenizer is used (any object
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 

@@ -41,8 +41,8 @@ from lamina.checkpoint import (
     unwrap,
 )
 from lamina.data.tokenizers import Tokenizer
-from lamina.files import read_json, write_json
 from lamina.errors import LaminaError
+from lamina.files import read_json, write_json
 from lamina.interop.hf_tokenizer import save_hf_tokenizer
 from lamina.models.config import GPTConfig
 from lamina.models.gpt import GPT

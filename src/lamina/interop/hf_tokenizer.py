@@ -17,10 +17,10 @@ import hashlib
 import json
 from pathlib import Path
 
-from lamina.files import atomic_write, write_json
 from lamina.data.subword import EOT, GPT2_SHA256, BPETokenizer, GPT2Tokenizer
 from lamina.data.tokenizers import Tokenizer
 from lamina.errors import LaminaError
+from lamina.files import atomic_write, write_json
 
 
 def _read_json(path: Path) -> object:

@@ -33,8 +33,8 @@ from typing import Any
 from torch import Tensor
 
 from lamina.checkpoint import load_tensors, save_tensors
-from lamina.files import atomic_write, fsync_dir, read_json, write_json
 from lamina.errors import LaminaError
+from lamina.files import atomic_write, fsync_dir, read_json, write_json
 
 STAGE = ".checkpoint-tmp"
 READY = "READY"

@@ -28,7 +28,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from lamina.version import __version__
 from lamina.checkpoint import load_state, save_model
 from lamina.errors import LaminaError
 from lamina.files import read_json
@@ -46,6 +45,7 @@ from lamina.training.setup import (
     use_bf16,
 )
 from lamina.training.tasks import TrainTask
+from lamina.version import __version__
 
 # flags that may differ on --resume (they do not change what the next steps compute)
 RESUMABLE = {
