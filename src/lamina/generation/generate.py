@@ -34,6 +34,7 @@ from lamina.generation.fast import compiled_step
 from lamina.generation.sampling import check_sampling, sample
 from lamina.generation.stops import Stops, StopSpec
 from lamina.models.gpt import GPT
+from lamina.modes import eval_mode
 
 Prompts = Tensor | Sequence[Sequence[int] | Tensor]
 
@@ -169,13 +170,11 @@ def _steps(
     stops: Stops,
     pad_id: int,
 ) -> Iterator[Step]:
-    was_training = model.training
     B = decoder.seq.shape[0]
     finished = torch.zeros(B, dtype=torch.bool, device=decoder.seq.device)
     history: list[list[int]] = [[] for _ in range(B)]
     token = finished.long()  # placeholder until the first sample
-    try:
-        model.eval()
+    with eval_mode(model):
         for step in range(max_new_tokens):
             with torch.no_grad():
                 logits = decoder.prefill() if step == 0 else decoder.decode(token)
@@ -191,8 +190,6 @@ def _steps(
             yield Step(token.clone(), finished.clone())
             if stops and bool(finished.all()):
                 return
-    finally:
-        model.train(was_training)
 
 
 def generate(

@@ -24,6 +24,7 @@ from lamina.block import LayerNorm, TransformerBlock
 from lamina.embedding import Embedding
 from lamina.errors import LaminaError
 from lamina.models.config import GPTConfig
+from lamina.modes import eval_mode
 
 
 class GPT(nn.Module):
@@ -158,14 +159,10 @@ class GPT(nn.Module):
             raise LaminaError(
                 f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}"
             )
-        was_training = self.training
-        self.eval()
-        try:
+        with eval_mode(self):
             for _ in range(max_new_tokens):
                 logits = self(ids[:, -self.config.block_size :], last_only=True)
                 ids = torch.cat([ids, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-        finally:
-            self.train(was_training)
         return ids
 
     def num_params(self, *, exclude_positions: bool = False) -> int:
