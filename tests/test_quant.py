@@ -98,3 +98,43 @@ def test_bad_input_is_refused():
         quantize(q, "int8")
     with pytest.raises(LaminaError, match="needs a lamina GPT"):
         quantize(nn.Linear(2, 2), "int8")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("tie", [True, False])
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_saved_and_loaded_without_float_weights(tmp_path, scheme, tie):
+    q = quantize(_model(tie_weights=tie), scheme, group_size=32)
+    ids = torch.randint(0, 97, (2, 10))
+    lamina.save(tmp_path / "q", q)
+    back, _ = lamina.load(tmp_path / "q")
+    assert quant.scheme_of(back) == quant.scheme_of(q)
+    assert torch.equal(back(ids), q(ids))
+    if tie and scheme == "int8":
+        assert back.head.qweight.data_ptr() == back.embed.wte.qweight.data_ptr()
+    assert not any(t.is_meta for t in [*back.parameters(), *back.buffers()])
+
+
+def test_int8_file_is_about_a_quarter_of_fp32(tmp_path):
+    model = _model(tie_weights=False)
+    lamina.save(tmp_path / "f", model)
+    lamina.save(tmp_path / "q", quantize(model, "int8"))
+    full = (tmp_path / "f" / "model.safetensors").stat().st_size
+    small = (tmp_path / "q" / "model.safetensors").stat().st_size
+    # the untied token table (97 x 64) stays fp32; everything else is 1 byte per weight
+    assert small < 0.45 * full
+
+
+def test_a_quantized_file_with_missing_or_misshapen_scales_is_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    lamina.save(tmp_path / "q", quantize(_model(), "int8"))
+    path = tmp_path / "q" / "model.safetensors"
+    state = load_file(path)
+    state["blocks.0.attn.qkv.scale"] = torch.ones(5)
+    save_file(state, path)
+    with pytest.raises(LaminaError, match="blocks.0.attn.qkv.scale has shape"):
+        lamina.load(tmp_path / "q")
+    del state["blocks.0.attn.qkv.scale"]
+    save_file(state, path)
+    with pytest.raises(LaminaError, match="missing keys: blocks.0.attn.qkv.scale"):
+        lamina.load(tmp_path / "q")
