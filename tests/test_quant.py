@@ -138,3 +138,52 @@ def test_a_quantized_file_with_missing_or_misshapen_scales_is_refused(tmp_path):
     save_file(state, path)
     with pytest.raises(LaminaError, match="missing keys: blocks.0.attn.qkv.scale"):
         lamina.load(tmp_path / "q")
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """A small character model trained for 200 steps on this repository's README."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    chars = sorted(set(text))
+    data = torch.tensor([chars.index(c) for c in text])
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=len(chars), block_size=64, d_model=64, n_heads=4, n_layers=2)
+    model = GPT(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    split = int(0.9 * len(data))
+    for _ in range(200):
+        starts = torch.randint(0, split - 65, (16,))
+        x = torch.stack([data[s : s + 64] for s in starts])
+        y = torch.stack([data[s + 1 : s + 65] for s in starts])
+        loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    val = data[split:]
+    n = (len(val) - 1) // 64
+    vx, vy = val[: n * 64].reshape(n, 64), val[1 : n * 64 + 1].reshape(n, 64)
+    return model.eval(), vx, vy
+
+
+def _loss(model, x, y) -> float:
+    with torch.no_grad():
+        return torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten()).item()
+
+
+def test_int8_costs_under_1_percent_of_loss_and_keeps_greedy_tokens(trained):
+    model, x, y = trained
+    base = _loss(model, x, y)
+    assert base < 3.0  # it learned something: chance is ln(vocab) ~ 4.4
+    q8 = quantize(copy.deepcopy(model), "int8")
+    assert abs(_loss(q8, x, y) - base) / base < 0.01
+    prompt = x[:1, :8]
+    assert torch.equal(q8.greedy(prompt, 20), model.greedy(prompt, 20))
+
+
+def test_int4_costs_under_5_percent_of_loss(trained):
+    model, x, y = trained
+    base = _loss(model, x, y)
+    q4 = quantize(copy.deepcopy(model), "int4", group_size=32)
+    assert abs(_loss(q4, x, y) - base) / base < 0.05
