@@ -1,4 +1,4 @@
-"""`lamina train --nproc N`: re-run this command under torchrun, on this machine (a helper, not a verb).
+"""`lamina train --nproc N`: re-run the command under torchrun on this machine (a helper, not a verb).
 
     check_launch(args, given, nproc)          bad input refused here, in one line, before any
                                               process starts

@@ -10,9 +10,9 @@
 The model's shape lives in the model config (`GPTConfig` / `EncoderConfig`) and is saved beside
 this one. Fields left as None are resolved at run start for the task and device ("situation":
 a language model on a CPU, on a CUDA GPU, or the first-last task), and the resolved values are
-what gets recorded, so a run directory always says exactly what ran. The CPU defaults were
-measured on tinyshakespeare with --max-time 89s on 2 cores: batch 12, lr 5e-3 and 3 layers
-reached validation loss 1.863; batch 16, lr 3e-3 and 4 layers 1.954 (BENCHMARKS.md).
+what gets recorded, so a run directory always says exactly what ran. The CPU choices (char-cpu
+with 3 layers and no dropout, batch 12, lr 5e-3) won short runs on tinyshakespeare with
+--max-time 89s on 2 cores; the measurements are in BENCHMARKS.md ("Training").
 
 Deliberately unaware of models, tensors, devices beyond their type name, and files.
 """
@@ -216,7 +216,7 @@ class Default:
 
 
 # the model shape when the preset is chosen for you on a CPU: more steps in a short budget beat
-# a fourth layer, and dropout only slows a run of minutes (figures in the module docstring)
+# a fourth layer, and dropout only slows a run of minutes (see the module docstring)
 CPU_SHAPE: dict[str, Any] = {"n_layers": 3, "dropout": 0.0}
 
 # field -> what None means. Order matters: a rule sees the fields resolved above it.

@@ -14,9 +14,9 @@ the data order does not depend on the number of processes. Only rank 0 writes an
 The learning rate follows `optim.schedule` over `total` steps; with a time budget `total` is
 re-estimated every step (TimeBudget), so the decay ends at the budget. Evaluations and
 checkpoints (`session.save_checkpoint`) come every eval_every / checkpoint_every steps, or, with
-a time budget and no eval_every, at each fifth of the budget. A non-finite loss stops the run before the
-optimizer step and leaves the last checkpoint as it was. SIGINT finishes the current step,
-saves a checkpoint and returns with `stopped="interrupted"`.
+a time budget and no eval_every, at each fifth of the budget. A non-finite loss stops the run
+before the optimizer step and leaves the last checkpoint as it was. SIGINT finishes the current
+step, saves a checkpoint and returns with `stopped="interrupted"`.
 
 Deliberately unaware of argument parsing and of what the model computes.
 """
