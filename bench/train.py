@@ -31,9 +31,9 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from lamina import GPT, GPTConfig  # noqa: E402
+from lamina.training.build import use_bf16  # noqa: E402
 from lamina.training.loop import autocast, maybe_compile  # noqa: E402
 from lamina.training.optim import build_optimizer  # noqa: E402
-from lamina.training.setup import use_bf16  # noqa: E402
 
 SHAPES = {
     "A": dict(n_layers=4, n_heads=4, d_model=128, block_size=64, batch=12, dropout=0.0),

@@ -2,6 +2,9 @@
 
 Tests run torch on one thread (see below).
 
+``corpus``: a small text file (``CORPUS_TEXT``, ~9.6k characters of Shakespeare dialogue) for
+training tests; one file per test session, which tests only read.
+
 ``shared_data``: the read-only shared data folder (env ``LAMINA_SHARED_DATA``; default
 ``<repo root>/../shared/data``; a relative value is taken relative to the repo root). Tests
 that use it are skipped cleanly where the folder is absent.
@@ -22,6 +25,19 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+CORPUS_TEXT = (
+    "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
+    "First Citizen:\nYou are all resolved rather to die than to famish?\n\n"
+) * 60
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory) -> str:
+    """Path of a small training corpus (CORPUS_TEXT), shared by the session's tests."""
+    p = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    p.write_text(CORPUS_TEXT, encoding="utf-8")
+    return str(p)
 
 
 def shared_data_dir() -> Path:

@@ -16,17 +16,7 @@ from lamina.cli import main
 from lamina.training.loop import run_training
 from lamina.training.session import resume_session
 
-TEXT = ("ROMEO:\nBut, soft! what light through yonder window breaks?\n" * 150) + (
-    "JULIET:\nO Romeo, Romeo! wherefore art thou Romeo?\n" * 50
-)
 TINY = ["--preset", "tiny", "--block-size", "16", "--batch-size", "4", "--eval-batches", "2"]
-
-
-@pytest.fixture
-def corpus(tmp_path) -> str:
-    p = tmp_path / "corpus.txt"
-    p.write_text(TEXT, encoding="utf-8")
-    return str(p)
 
 
 def one_line_error(capsys, argv: list[str]) -> str:

@@ -3,7 +3,9 @@
 Each scenario launches `lamina train --nproc 2` (torchrun --standalone) a few times and compares
 the per-step losses with one in-process run on the same global batch (batch 8, micro-batch 2:
 accumulation 4 in one process, 2 per rank in two). A failure injected on rank 1 at step 5
-(LAMINA_FAIL_AT) stands for bad data and interrupts the runs after their step-4 checkpoint.
+stands for bad data and interrupts the runs after their step-4 checkpoint: tests/inject holds a
+`sitecustomize` that the launched processes import when it is on PYTHONPATH, and it reads
+LAMINA_FAIL_AT=RANK:STEP (a test-only hook; lamina itself knows nothing of it).
 """
 
 from __future__ import annotations
@@ -23,23 +25,13 @@ from lamina.training.config import TrainConfig
 from lamina.training.loop import run_training
 from lamina.training.session import new_session, resume_session
 
-TEXT = (
-    "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
-    "First Citizen:\nYou are all resolved rather to die than to famish?\n\n"
-) * 60
 STEPS, FAIL_AT, TOL = 6, 5, 1e-5
 FLAGS = ["--preset", "tiny", "--block-size", "16", "--dropout", "0", "--batch-size", "8",
          "--micro-batch-size", "2", "--max-steps", str(STEPS), "--eval-every", "4",
          "--checkpoint-every", "4", "--log-every", "1", "--warmup", "2", "--lr", "3e-3",
          "--device", "cpu", "--quiet"]  # fmt: skip
 LAUNCH_TIMEOUT = 120
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> str:
-    p = tmp_path_factory.mktemp("data") / "corpus.txt"
-    p.write_text(TEXT, encoding="utf-8")
-    return str(p)
+INJECT = str(Path(__file__).resolve().parent / "inject")  # sitecustomize: LAMINA_FAIL_AT
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +52,7 @@ def train(
     env.pop("LAMINA_FAIL_AT", None)
     if fail_at is not None:
         env["LAMINA_FAIL_AT"] = f"1:{fail_at}"
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [INJECT, env.get("PYTHONPATH")]))
     launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     cmd = [sys.executable, *(launcher if torchrun else []), "-m", "lamina", "train", *args]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT)

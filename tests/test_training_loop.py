@@ -1,4 +1,6 @@
-"""The loop over a run directory: exact resume, non-finite loss, atomic checkpoints, budgets."""
+"""The loop over a run directory: exact resume, non-finite loss, atomic checkpoints, budgets.
+
+The run directory's own rules (staging, recovery, metrics) are in test_training_run_dir.py."""
 
 from __future__ import annotations
 
@@ -12,20 +14,8 @@ import lamina
 from lamina.errors import LaminaError
 from lamina.training.config import TrainConfig
 from lamina.training.loop import NonFiniteLoss, run_training
-from lamina.training.run_dir import STAGE, RunDir
+from lamina.training.run_dir import STAGE
 from lamina.training.session import new_session, resume_session
-
-TEXT = (
-    "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
-    "First Citizen:\nYou are all resolved rather to die than to famish?\n\n"
-) * 60
-
-
-@pytest.fixture
-def corpus(tmp_path):
-    p = tmp_path / "corpus.txt"
-    p.write_text(TEXT, encoding="utf-8")
-    return str(p)
 
 
 def cfg(corpus, **kw) -> TrainConfig:
@@ -98,24 +88,6 @@ def test_failed_checkpoint_write_leaves_previous_intact(corpus, tmp_path, monkey
     assert (tmp_path / "r" / "model.safetensors").read_bytes() == good
     assert json.loads((tmp_path / "r" / "trainer_state.json").read_text())["step"] == 4
     assert not (tmp_path / "r" / STAGE).exists()
-
-
-def test_staged_checkpoint_is_rolled_forward_or_dropped(tmp_path):
-    """A crash after READY finishes the move on open; before READY, the stage is discarded."""
-    run = RunDir.create(tmp_path / "r")
-    run.write_train_config({"train": {}})
-    (tmp_path / "r" / "trainer_state.json").write_text('{"step": 1}')
-    stage = tmp_path / "r" / STAGE
-    stage.mkdir()
-    (stage / "trainer_state.json").write_text('{"step": 2}')
-    RunDir.open(tmp_path / "r")
-    assert json.loads((tmp_path / "r" / "trainer_state.json").read_text())["step"] == 1
-    stage.mkdir()
-    (stage / "trainer_state.json").write_text('{"step": 2}')
-    (stage / "READY").write_text("ok")
-    RunDir.open(tmp_path / "r")
-    assert json.loads((tmp_path / "r" / "trainer_state.json").read_text())["step"] == 2
-    assert not stage.exists()
 
 
 def test_max_time_ends_decayed_within_budget(corpus, tmp_path):

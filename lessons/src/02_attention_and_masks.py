@@ -204,8 +204,8 @@ plt.show()
 # the sequence, and a linear classifier reads the first position's output vector.
 #
 # lamina's `SequenceClassifier` is such an encoder. The loop below trains it on freshly drawn
-# batches (`lamina task first-last` on the command line, or
-# `lamina.training.classify.train_first_last`, does the same). Accuracy sits near chance for a
+# batches (`lamina task first-last` on the command line does the same, through lamina's training
+# loop: `lamina.training.loop.run_training`). Accuracy sits near chance for a
 # while, then jumps once attention learns to compare the two ends. A full run (300 steps) takes
 # seconds to a minute on a laptop CPU.
 

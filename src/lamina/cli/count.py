@@ -3,37 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 from pathlib import Path
 
+from lamina.cli.flags import add_config_overrides, config_overrides
 from lamina.errors import LaminaError
 from lamina.models.config import GPT_PRESETS, GPTConfig
-
-
-def add_config_overrides(p: argparse.ArgumentParser) -> None:
-    """--n-layers, --d-model, ... and --no-qkv-bias style flags for every GPTConfig field."""
-    g = p.add_argument_group("config overrides (default: the preset's value)")
-    for f in dataclasses.fields(GPTConfig):
-        flag = "--" + f.name.replace("_", "-")
-        if f.type in ("bool", bool):
-            g.add_argument(
-                flag,
-                dest=f.name,
-                action=argparse.BooleanOptionalAction,
-                default=None,
-                help=f"override {f.name}",
-            )
-        else:
-            kind = {"int": int, "float": float, "int | None": int}.get(str(f.type), str)
-            g.add_argument(
-                flag,
-                dest=f.name,
-                type=kind,
-                default=None,
-                metavar=f.name.upper(),
-                help=f"override {f.name}",
-            )
 
 
 def config_from_args(args: argparse.Namespace) -> GPTConfig:
@@ -46,11 +21,7 @@ def config_from_args(args: argparse.Namespace) -> GPTConfig:
         base = GPTConfig.from_dict(data.get("model", data) if isinstance(data, dict) else data)
     else:
         base = GPTConfig.preset(args.preset)
-    overrides = {
-        f.name: getattr(args, f.name)
-        for f in dataclasses.fields(GPTConfig)
-        if getattr(args, f.name, None) is not None
-    }
+    overrides = config_overrides(args)
     return base.replace(**overrides) if overrides else base
 
 

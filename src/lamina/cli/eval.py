@@ -27,12 +27,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from lamina.checkpoint import load_model
-    from lamina.data.corpus import encode_corpus, load_corpus, split_tokens
+    from lamina.data.builtin import corpus_text
+    from lamina.data.corpus import encode_corpus, split_tokens
     from lamina.errors import LaminaError
     from lamina.files import read_json
     from lamina.models.gpt import GPT
-    from lamina.training.corpus import BUILTIN_NAME, builtin_corpus
-    from lamina.training.evaluation import split_loss, summary
+    from lamina.training.tasks import split_loss, summary
 
     if args.batch_size < 1:
         raise LaminaError(f"--batch-size must be >= 1, got {args.batch_size}")
@@ -48,11 +48,11 @@ def run(args: argparse.Namespace) -> int:
         val_fraction = saved.get("val_fraction", 0.1)
         if data is None:
             data = saved.get("data")
-    text = builtin_corpus() if data is None else load_corpus(data)
+    text, name = corpus_text(data)
     _, val = split_tokens(encode_corpus(tokenizer, text), val_fraction)
     loss, n = split_loss(model, val, model.config.block_size, args.batch_size)
     unit = "char" if getattr(tokenizer, "kind", "") == "char" else "token"
-    result = {"run": str(args.run), "data": data or BUILTIN_NAME, **summary(loss, n, unit)}
+    result = {"run": str(args.run), "data": name, **summary(loss, n, unit)}
     if args.json:
         print(json.dumps(result))
     else:

@@ -1,9 +1,9 @@
-"""`lamina train --nproc N`: re-run this command under torchrun, on this machine (a helper, not a verb).
+"""`lamina train --nproc N`: re-run the command under torchrun on this machine (a helper, not a verb).
 
-    check_launch(args, given, nproc) -> TrainConfig | None   bad input refused here, in one
-                                       line, before any process starts
-    launch(args, command, nproc) -> exit status             `python -m torch.distributed.run
-                                       --standalone --nproc_per_node=N -m lamina train ...`
+    check_launch(args, given, nproc)          bad input refused here, in one line, before any
+                                              process starts
+    launch(args, command, nproc) -> status    `python -m torch.distributed.run --standalone
+                                              --nproc_per_node=N -m lamina train ...`
 
 The children find RANK / WORLD_SIZE in their environment and join the process group
 (lamina.training.distributed.start); this module only builds the command line, chooses the
@@ -42,9 +42,9 @@ def check_launch(args: argparse.Namespace, given: dict[str, Any], nproc: int) ->
     """Refuse what cannot work with `nproc` processes (LaminaError, exit 2); warn on CPU."""
     import torch
 
-    from lamina.training.config import TrainConfig
+    from lamina.training.build import resolve_device
+    from lamina.training.config import TrainConfig, resolve_defaults
     from lamina.training.distributed import plan_batch
-    from lamina.training.setup import resolve_defaults, resolve_device
 
     if nproc < 1:
         raise LaminaError(f"--nproc must be >= 1, got {nproc}")
@@ -75,7 +75,7 @@ def check_launch(args: argparse.Namespace, given: dict[str, Any], nproc: int) ->
         except (LaminaError, KeyError, TypeError):
             return  # the children say what is wrong with the run
     else:
-        cfg = resolve_defaults(TrainConfig(**given), resolve_device(args.device or "auto"))
+        cfg = resolve_defaults(TrainConfig(**given), resolve_device(args.device or "auto").type)
     plan_batch(cfg, nproc, "micro_batch_size" in given)
 
 

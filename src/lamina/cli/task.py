@@ -1,4 +1,8 @@
-"""`lamina task first-last`: train the encoder classifier on the seed's toy task."""
+"""`lamina task first-last`: train the encoder classifier on the seed's toy task.
+
+The same run as `lamina train --task first-last` (the shared loop, `lamina.training.loop`), with
+nothing written to disk: it prints the loss as it trains and the accuracy on held-out batches.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="train the encoder classifier on a synthetic task and report held-out accuracy",
         description="Train lamina's Encoder + SequenceClassifier on 'first-last': does the first "
         "token of a random sequence equal the last? Prints the loss as it trains and the "
-        "accuracy on held-out batches.",
+        "accuracy on held-out batches. Nothing is written; `lamina train --task first-last` "
+        "runs the same training into a run directory.",
     )
     p.add_argument("name", choices=["first-last"], help="the task")
     p.add_argument("--steps", type=int, default=300, help="optimizer steps (default: 300)")
@@ -24,19 +29,24 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lamina.training.classify import train_first_last
+    from lamina.training.config import TrainConfig
+    from lamina.training.loop import run_training
+    from lamina.training.session import new_session
 
-    result = train_first_last(
-        steps=args.steps,
-        length=args.length,
-        vocab_size=args.vocab_size,
+    cfg = TrainConfig(
+        task="first-last",
+        max_steps=args.steps,
         batch_size=args.batch_size,
         lr=args.lr,
         seed=args.seed,
-        log=lambda step, loss: print(f"step {step:4d}  loss {loss:.4f}", flush=True),
+        eval_every=args.steps,  # held-out accuracy before and after
+        log_every=50,
+        device="cpu",
+        model_overrides={"max_len": args.length, "vocab_size": args.vocab_size},
     )
+    result = run_training(new_session(cfg, out=None), quiet=True)
     print(
-        f"first-last: held-out accuracy {result.accuracy:.1%} after {result.steps} steps "
+        f"first-last: held-out accuracy {result.eval['accuracy']:.1%} after {result.step} steps "
         f"({result.seconds:.1f} s)"
     )
     return 0

@@ -1,29 +1,55 @@
 """`lamina train`: train a GPT on your text (or the encoder classifier on a toy task).
 
 Every flag defaults to None here so the command knows which flags were typed: those become
-the `given` set that `--resume` checks against the run, and the rest take TrainConfig's
-defaults (resolved for the data, device and budget, and recorded in train_config.json).
+the `given` set that `--resume` checks against the run. The rest stay None in TrainConfig and
+are resolved from `lamina.training.config.DEFAULTS`, the same table each option's help reads its
+default from, and recorded in train_config.json. Types and choices come from TrainConfig's and
+GPTConfig's annotations (`lamina.cli.flags`).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 import time
+import typing
 from typing import Any
 
-from lamina.cli.count import add_config_overrides
-from lamina.models.config import GPT_PRESETS, GPTConfig
+from lamina.cli.flags import add_config_overrides, config_overrides, field_flag
+from lamina.models.config import GPT_PRESETS
+from lamina.training.config import TrainConfig, default_text, parse_duration, resolve_defaults
 
-# flag dest -> (TrainConfig field, help); types and choices are set where the flag is added
-TRAIN_FIELDS = (
-    "task", "data", "tokenizer", "preset", "max_steps", "max_time", "batch_size",
-    "micro_batch_size", "lr", "min_lr_ratio", "warmup", "decay", "weight_decay", "grad_clip",
-    "eval_every", "eval_batches", "checkpoint_every", "log_every", "seed", "device", "dtype",
-    "compile",
-)  # fmt: skip
+# TrainConfig field -> (what the flag does, argparse keywords beyond what its annotation gives).
+# Each help ends with the default from lamina.training.config.DEFAULTS, the table the run reads.
+TRAIN_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "task": ("lm: next-token prediction on --data; first-last: the encoder classifier's "
+             "synthetic task", {}),
+    "data": ("a UTF-8 text file or a folder of .txt files", {"metavar": "PATH"}),
+    "tokenizer": ("tokenizer spec (see the README's Tokenizers section)", {"metavar": "SPEC"}),
+    "preset": ("model shape (first-last: the seed encoder's)", {"choices": list(GPT_PRESETS)}),
+    "max_steps": ("optimizer steps", {"metavar": "N"}),
+    "max_time": ("wall-clock budget, e.g. 90s, 5m, 1h; the learning-rate schedule is laid "
+                 "over it", {"metavar": "DURATION", "type": str}),
+    "batch_size": ("sequences per optimizer step, all processes together", {"metavar": "N"}),
+    "micro_batch_size": ("sequences per process per micro-step; accumulation = batch / "
+                         "micro-batch / processes", {"metavar": "N"}),
+    "lr": ("peak learning rate", {}),
+    "min_lr_ratio": ("decay floor as a fraction of --lr", {"metavar": "R"}),
+    "warmup": ("linear warmup steps", {"metavar": "N"}),
+    "decay": ("decay after warmup", {}),
+    "weight_decay": ("AdamW weight decay on matrices", {}),
+    "grad_clip": ("max gradient norm, 0 = off", {}),
+    "eval_every": ("steps between evaluations", {"metavar": "N"}),
+    "eval_batches": ("held-out batches per evaluation", {"metavar": "N"}),
+    "checkpoint_every": ("steps between checkpoints", {"metavar": "N"}),
+    "log_every": ("steps between plain progress lines", {"metavar": "N"}),
+    "seed": ("random seed", {}),
+    "device": ("auto: cuda, then mps, then cpu", {}),
+    "dtype": ("auto: bf16 autocast only where measured faster (GPUs; CPUs with "
+              "AMX/AVX512-BF16 at width >= 256)", {}),
+    "compile": ("torch.compile the model, falling back to eager if it fails", {}),
+}  # fmt: skip
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,107 +59,22 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Train a GPT language model on your text, with a progress bar, periodic "
         "evaluation, checkpoints, Ctrl-C to stop and --resume to continue. Everything is "
         "written to the run directory (--out); `lamina sample RUN` and `lamina eval RUN` "
-        "read it. Unset options are chosen for the data and budget and recorded in "
-        "RUN/train_config.json.",
+        "read it. Unset options are chosen for the task, device and budget as each option "
+        "says, and recorded in RUN/train_config.json.",
     )
+    hints = typing.get_type_hints(TrainConfig)
+    for name, (text, extra) in TRAIN_FLAGS.items():
+        p.add_argument(
+            "--" + name.replace("_", "-"),
+            dest=name,
+            default=None,
+            help=f"{text} (default: {default_text(name)})",
+            **{**field_flag(hints[name]), **extra},
+        )
     a = p.add_argument
-    a(
-        "--task",
-        choices=["lm", "first-last"],
-        help="lm: next-token prediction on --data "
-        "(default); first-last: the encoder classifier's synthetic task",
-    )
-    a(
-        "--data",
-        metavar="PATH",
-        help="a UTF-8 text file or a folder of .txt files "
-        "(default: Shakespeare's complete works, built in)",
-    )
-    a("--tokenizer", help="tokenizer spec (default: char)")
-    a(
-        "--preset",
-        choices=list(GPT_PRESETS),
-        help="model shape (default: char-cpu with 3 layers and no dropout on a CPU, baby on a GPU)",
-    )
     a("--out", metavar="DIR", help="run directory (default: runs/<date-time>)")
     a("--force", action="store_true", help="write into --out even if it holds other files")
     a("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint")
-    a(
-        "--max-steps",
-        type=int,
-        metavar="N",
-        help="optimizer steps (default: 2000 unless --max-time is given)",
-    )
-    a(
-        "--max-time",
-        metavar="DURATION",
-        help="wall-clock budget, e.g. 90s, 5m, 1h; the "
-        "learning-rate schedule is laid over it (default: none)",
-    )
-    a(
-        "--batch-size",
-        type=int,
-        metavar="N",
-        help="sequences per optimizer step, all "
-        "processes together (default: 12 on a CPU, 64 on a GPU and for first-last)",
-    )
-    a(
-        "--micro-batch-size",
-        type=int,
-        metavar="N",
-        help="sequences per process per "
-        "micro-step; accumulation = batch / micro-batch / processes (default: the batch size)",
-    )
-    a(
-        "--lr",
-        type=float,
-        help="peak learning rate (default: 5e-3 on a CPU, 1e-3 on a GPU; 2e-3 for first-last)",
-    )
-    a(
-        "--min-lr-ratio",
-        type=float,
-        metavar="R",
-        help="decay floor as a fraction of --lr (default: 0.1)",
-    )
-    a(
-        "--warmup",
-        type=int,
-        metavar="N",
-        help="linear warmup steps (default: 100, or a tenth of --max-steps if smaller; 20 "
-        "with --max-time)",
-    )
-    a("--decay", choices=["cosine", "linear"], help="decay after warmup (default: cosine)")
-    a("--weight-decay", type=float, help="AdamW weight decay on matrices (default: 0.1)")
-    a("--grad-clip", type=float, help="max gradient norm, 0 = off (default: 1.0)")
-    a(
-        "--eval-every",
-        type=int,
-        metavar="N",
-        help="steps between evaluations (default: a tenth of --max-steps, or every fifth of "
-        "--max-time)",
-    )
-    a("--eval-batches", type=int, metavar="N", help="held-out batches per evaluation (default: 20)")
-    a(
-        "--checkpoint-every",
-        type=int,
-        metavar="N",
-        help="steps between checkpoints (default: at each evaluation)",
-    )
-    a("--log-every", type=int, metavar="N", help="steps between plain progress lines (default: 10)")
-    a("--seed", type=int, help="random seed (default: 1337; 7 for first-last)")
-    a("--device", choices=["auto", "cpu", "cuda", "mps"], help="default: auto (cuda, mps, cpu)")
-    a(
-        "--dtype",
-        choices=["auto", "fp32", "bf16"],
-        help="auto: bf16 autocast only where "
-        "measured faster (GPUs; CPUs with AMX/AVX512-BF16 at width >= 256) (default: auto)",
-    )
-    a(
-        "--compile",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="torch.compile the model, falling back to eager if it fails (default: off)",
-    )
     a("--quiet", action="store_true", help="plain periodic lines instead of a progress bar")
     a(
         "--nproc",
@@ -152,14 +93,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def given_flags(args: argparse.Namespace) -> dict:
+def given_flags(args: argparse.Namespace) -> dict[str, Any]:
     """The TrainConfig fields (and model overrides) typed on this command line."""
-    given = {name: getattr(args, name) for name in TRAIN_FIELDS if getattr(args, name) is not None}
-    overrides = {
-        f.name: getattr(args, f.name)
-        for f in dataclasses.fields(GPTConfig)
-        if getattr(args, f.name, None) is not None
-    }
+    given = {name: getattr(args, name) for name in TRAIN_FLAGS if getattr(args, name) is not None}
+    overrides = config_overrides(args)
     if overrides:
         given["model_overrides"] = overrides
     return given
@@ -183,8 +120,6 @@ def command_line(args: argparse.Namespace, given: dict) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lamina.training.config import parse_duration
-
     started = time.perf_counter()
     given = given_flags(args)
     if "max_time" in given:
@@ -214,11 +149,10 @@ def _train(
     args: argparse.Namespace, given: dict, command: list[str], world: Any, started: float
 ) -> int:
     from lamina.errors import LaminaError
-    from lamina.training.config import TrainConfig
+    from lamina.training.build import resolve_device
     from lamina.training.distributed import plan_batch, prepare
     from lamina.training.loop import run_training
     from lamina.training.session import new_session, resume_session
-    from lamina.training.setup import resolve_defaults, resolve_device
 
     micro_given = "micro_batch_size" in given
     if args.resume:
@@ -232,9 +166,8 @@ def _train(
         out = args.out or time.strftime("runs/%Y%m%d-%H%M%S")
         cfg = TrainConfig(**given)
         if world.size > 1:
-            cfg = plan_batch(
-                resolve_defaults(cfg, resolve_device(cfg.device)), world.size, micro_given
-            )
+            cfg = resolve_defaults(cfg, resolve_device(cfg.device).type)
+            cfg = plan_batch(cfg, world.size, micro_given)
         where = out if world.writer else None  # only rank 0 writes
         session = new_session(cfg, out=where, force=args.force, command=command)
     prepare(session, world)
@@ -258,8 +191,6 @@ def _train(
         progress_stream=silent,
         started_at=started_at,
         clock=clock,
-        rank=world.rank,
-        world_size=world.size,
     )
     if not world.writer:
         return 0

@@ -12,28 +12,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from lamina.errors import LaminaError
+from lamina.validate import boolean as _bool
+from lamina.validate import choice as _choice
+from lamina.validate import fraction as _dropout
+from lamina.validate import positive_int as _positive_int
 
 CONFIG_FORMAT = 1  # bumped when a saved config.json changes meaning
-
-
-def _positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise LaminaError(f"{name} must be a positive integer, got {value!r}")
-
-
-def _dropout(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-        raise LaminaError(f"{name} must be in [0, 1), got {value!r}")
-
-
-def _choice(name: str, value: Any, options: tuple[str, ...]) -> None:
-    if value not in options:
-        raise LaminaError(f"{name} must be one of {', '.join(map(repr, options))}, got {value!r}")
-
-
-def _bool(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise LaminaError(f"{name} must be true or false, got {value!r}")
 
 
 class _ConfigMixin:

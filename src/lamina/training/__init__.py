@@ -1,16 +1,22 @@
-"""Training: loops, schedules and run directories, built on the layers below.
+"""Training: one loop for every task, with schedules, checkpoints and run directories.
 
-    config.py      TrainConfig (validated, JSON round trip), parse_duration
-    setup.py       defaults for the data and budget, device and dtype choice, building pieces
-    tasks.py       the loop's model interface: LMTask (corpus windows), FirstLastTask
-    optim.py       AdamW groups (decay on >= 2-D weights, tied once), pickle-free state
-    schedule.py    warmup + cosine/linear decay to a floor; TimeBudget for --max-time
-    session.py     a run's model/optimizer/task/run dir, fresh or resumed; checkpoints
-    loop.py        train_step, evaluate, run_training
-    run_dir.py     the run directory layout and staged, atomic checkpoints
-    evaluation.py  full validation-split loss for `lamina eval`
-    progress.py    tqdm bar or plain lines; plots.py: loss.png; corpus.py: built-in corpus
-    classify.py    the seed encoder's first-last recipe (`lamina task first-last`)
+    config.py       TrainConfig (frozen, validated, JSON round trip); DEFAULTS, the one table of
+                    what None means, read by resolve_defaults and `lamina train --help`;
+                    parse_duration
+    build.py        device and bf16 choice; the task and model a config names (build_lm,
+                    build_first_last)
+    tasks.py        the loop's model interface: LMTask (corpus windows), FirstLastTask (the
+                    encoder's toy task); split_loss / summary for `lamina eval`
+    optim.py        AdamW groups (decay on >= 2-D weights, tied once), pickle-free state; the
+                    warmup + cosine/linear schedule; TimeBudget for --max-time
+    session.py      a run's model/optimizer/task/run dir, fresh or resumed; save_checkpoint,
+                    the one save path
+    run_dir.py      the run directory layout and staged, atomic checkpoint files
+    loop.py         train_step, evaluate, run_training
+    distributed.py  joining torchrun's processes; DDP / FSDP2; gathering a sharded checkpoint
+    progress.py     tqdm bar or plain lines; loss.png
+
+The built-in corpus lives in the data layer (`lamina.data.builtin`).
 
 Typical use from Python:
 

@@ -1,11 +1,20 @@
-"""Training configuration: one validated dataclass, JSON round trip, duration parsing.
+"""Training configuration: a frozen, validated `TrainConfig`, its defaults table, durations.
 
-`TrainConfig` holds everything about *how* to train (data, batch, schedule, precision, output);
-the model's shape lives in the model config (`GPTConfig` / `EncoderConfig`) and is saved beside
-it. Fields left as None are resolved at run start (`lamina.training.defaults`), and the resolved
-values are what gets recorded, so a run directory always says exactly what ran.
+    TrainConfig(...)                       how to train (data, batch, schedule, precision, output);
+                                           validated when built; JSON round trip
+    DEFAULTS                               what None means for each field, in one table
+    resolve_defaults(cfg, device) -> TrainConfig   every None a run needs, filled from DEFAULTS
+    default_text(name) -> str              a field's default in words (`lamina train --help`)
+    parse_duration("5m") -> 300.0          the command line's --max-time
 
-Deliberately unaware of models, tensors and files.
+The model's shape lives in the model config (`GPTConfig` / `EncoderConfig`) and is saved beside
+this one. Fields left as None are resolved at run start for the task and device ("situation":
+a language model on a CPU, on a CUDA GPU, or the first-last task), and the resolved values are
+what gets recorded, so a run directory always says exactly what ran. The CPU choices (char-cpu
+with 3 layers and no dropout, batch 12, lr 5e-3) won short runs on tinyshakespeare with
+--max-time 89s on 2 cores; the measurements are in BENCHMARKS.md ("Training").
+
+Deliberately unaware of models, tensors, devices beyond their type name, and files.
 """
 
 from __future__ import annotations
@@ -13,15 +22,26 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from lamina.errors import LaminaError
+from lamina.validate import (
+    boolean,
+    choice,
+    fraction,
+    non_negative_int,
+    non_negative_number,
+    positive_int,
+    positive_number,
+)
 
 TaskName = Literal["lm", "first-last"]
 DeviceName = Literal["auto", "cpu", "cuda", "mps"]
 DtypeName = Literal["auto", "fp32", "bf16"]
 DecayKind = Literal["cosine", "linear"]
+Situation = Literal["cpu", "gpu", "first-last"]
 
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(s|m|h|)\s*$", re.IGNORECASE)
@@ -44,76 +64,67 @@ def parse_duration(text: str | float | int) -> float:
     return seconds
 
 
-def _pos_int(name: str, value: Any, minimum: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise LaminaError(f"{name} must be an integer >= {minimum}, got {value!r}")
-
-
-def _choice(name: str, value: Any, options: tuple[str, ...]) -> None:
-    if value not in options:
-        raise LaminaError(f"{name} must be one of {', '.join(options)}, got {value!r}")
-
-
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
-    """How to train. None means "choose for me" (resolved before the run starts)."""
+    """How to train. None means "choose for me": see DEFAULTS (resolved before the run starts)."""
 
     task: TaskName = "lm"  # "lm": next-token prediction on a corpus; "first-last": toy classifier
-    data: str | None = None  # file or folder of .txt; None: the built-in Shakespeare corpus
+    data: str | None = None  # file or folder of .txt files
     tokenizer: str = "char"  # a spec for lamina.data.spec.build_tokenizer
-    preset: str | None = None  # model preset; None: chosen from data size and budget
-    model_overrides: dict[str, Any] = field(default_factory=dict)  # GPTConfig fields
-    out: str | None = None  # run directory; None: runs/<timestamp>
-    max_steps: int | None = None  # optimizer steps; None with no max_time: preset default
+    preset: str | None = None  # the GPT preset the model starts from
+    model_overrides: dict[str, Any] = field(default_factory=dict)  # model config fields
+    out: str | None = None  # run directory (recorded; chosen by the caller)
+    max_steps: int | None = None  # optimizer steps
     max_time: float | None = None  # wall-clock budget in seconds (schedule laid over it)
     batch_size: int | None = None  # sequences per optimizer step, all processes together
     micro_batch_size: int | None = None  # sequences per process per micro-step
     lr: float | None = None  # peak learning rate
-    min_lr_ratio: float | None = None  # the decay's floor as a fraction of lr (lm: 0.1)
+    min_lr_ratio: float | None = None  # the decay's floor as a fraction of lr
     warmup: int | None = None  # linear warmup steps
-    decay: DecayKind | None = None  # shape of the decay after warmup (lm: cosine)
-    weight_decay: float | None = None  # AdamW decay on >= 2-D weights only (lm: 0.1)
+    decay: DecayKind | None = None  # shape of the decay after warmup
+    weight_decay: float | None = None  # AdamW decay on >= 2-D weights only
     beta1: float = 0.9
-    beta2: float | None = None  # (lm: 0.99)
-    grad_clip: float | None = None  # max global gradient norm; 0 disables (lm: 1.0)
-    eval_every: int | None = None  # steps between evaluations; None: about 10 per run
+    beta2: float | None = None
+    grad_clip: float | None = None  # max global gradient norm; 0 disables
+    eval_every: int | None = None  # steps between evaluations
     eval_batches: int = 20  # fixed held-out batches per evaluation
-    checkpoint_every: int | None = None  # steps between checkpoints; None: at each evaluation
+    checkpoint_every: int | None = None  # steps between checkpoints
     log_every: int = 10  # steps between progress lines when not on a terminal
-    seed: int | None = None  # (lm: 1337; first-last: 7, the seed encoder's)
+    seed: int | None = None
     device: DeviceName = "auto"
     dtype: DtypeName = "auto"  # auto: bf16 autocast only where measured faster
     compile: bool = False  # torch.compile the model (falls back to eager if it fails)
     val_fraction: float = 0.1  # the tail of the corpus held out (nanoGPT uses 10%)
 
     def __post_init__(self) -> None:
-        _choice("task", self.task, ("lm", "first-last"))
-        _choice("device", self.device, ("auto", "cpu", "cuda", "mps"))
-        _choice("dtype", self.dtype, ("auto", "fp32", "bf16"))
-        if self.decay is not None:
-            _choice("decay", self.decay, ("cosine", "linear"))
-        for name in ("max_steps", "batch_size", "micro_batch_size", "eval_every"):
-            if getattr(self, name) is not None:
-                _pos_int(name, getattr(self, name))
-        if self.checkpoint_every is not None:
-            _pos_int("checkpoint_every", self.checkpoint_every)
-        if self.warmup is not None:
-            _pos_int("warmup", self.warmup, 0)
-        _pos_int("eval_batches", self.eval_batches)
-        _pos_int("log_every", self.log_every)
-        if self.seed is not None:
-            _pos_int("seed", self.seed, 0)
-        if self.max_time is not None:
-            self.max_time = parse_duration(self.max_time)
-        if self.lr is not None and not (math.isfinite(self.lr) and self.lr > 0):
-            raise LaminaError(f"lr must be a positive number, got {self.lr!r}")
+        choice("task", self.task, ("lm", "first-last"))
+        choice("device", self.device, ("auto", "cpu", "cuda", "mps"))
+        choice("dtype", self.dtype, ("auto", "fp32", "bf16"))
+        boolean("compile", self.compile)
+        given = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        given = {k: v for k, v in given.items() if v is not None}
+        for name in ("max_steps", "batch_size", "micro_batch_size", "eval_every",
+                     "eval_batches", "checkpoint_every", "log_every"):  # fmt: skip
+            if name in given:
+                positive_int(name, given[name])
+        for name in ("warmup", "seed"):
+            if name in given:
+                non_negative_int(name, given[name])
+        if "decay" in given:
+            choice("decay", self.decay, ("cosine", "linear"))
+        if isinstance(self.max_time, str):
+            raise LaminaError(
+                f"max_time is in seconds, got {self.max_time!r}; parse_duration reads '5m' etc."
+            )
+        for name in ("max_time", "lr"):
+            if name in given:
+                positive_number(name, given[name])
         for name in ("min_lr_ratio", "val_fraction", "beta1", "beta2"):
-            v = getattr(self, name)
-            if v is not None and not 0.0 <= v < 1.0:
-                raise LaminaError(f"{name} must be in [0, 1), got {v!r}")
+            if name in given:
+                fraction(name, given[name])
         for name in ("weight_decay", "grad_clip"):
-            if getattr(self, name) is not None and not getattr(self, name) >= 0:
-                raise LaminaError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+            if name in given:
+                non_negative_number(name, given[name])
         if self.batch_size is not None and self.micro_batch_size is not None:
             if self.batch_size % self.micro_batch_size:
                 raise LaminaError(
@@ -148,3 +159,120 @@ class TrainConfig:
 
     def replace(self, **changes: Any) -> TrainConfig:
         return dataclasses.replace(self, **changes)
+
+
+# -- defaults -----------------------------------------------------------------------------------
+def _words(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Default:
+    """What None means for one field: a value per situation, or a rule over earlier fields.
+
+    `rule` computes the value from the fields resolved before it in DEFAULTS; `text` says the
+    rule in words (or, without a rule, what None keeps meaning); `unless` names a field whose
+    being set keeps this one None; `note` is added to the generated description.
+    """
+
+    cpu: Any = None  # a language model on a CPU (or an Apple GPU)
+    gpu: Any = None  # a language model on a CUDA GPU
+    first_last: Any = None  # the encoder classifier's first-last task
+    rule: Callable[[dict[str, Any]], Any] | None = None
+    text: str = ""
+    unless: str | None = None
+    note: str = ""
+
+    def value(self, where: Situation, fields: dict[str, Any]) -> Any:
+        if self.unless is not None and fields[self.unless] is not None:
+            return None
+        if self.rule is not None:
+            return self.rule(fields)
+        return {"cpu": self.cpu, "gpu": self.gpu, "first-last": self.first_last}[where]
+
+    def describe(self) -> str:
+        if self.text:
+            return self.text
+        cpu, gpu, fl = self.cpu, self.gpu, self.first_last
+        if cpu == gpu:
+            out = _words(cpu)
+            if fl is not None and fl != cpu:
+                out += f"; {_words(fl)} for first-last"
+        elif fl == gpu:
+            out = f"{_words(cpu)} on a CPU, {_words(gpu)} on a GPU and for first-last"
+        else:
+            out = f"{_words(cpu)} on a CPU, {_words(gpu)} on a GPU"
+            if fl is not None:
+                out += f"; {_words(fl)} for first-last"
+        if self.unless is not None:
+            out += f"; none with --{self.unless.replace('_', '-')}"
+        return out + self.note
+
+
+# the model shape when the preset is chosen for you on a CPU: more steps in a short budget beat
+# a fourth layer, and dropout only slows a run of minutes (see the module docstring)
+CPU_SHAPE: dict[str, Any] = {"n_layers": 3, "dropout": 0.0}
+
+# field -> what None means. Order matters: a rule sees the fields resolved above it.
+DEFAULTS: dict[str, Default] = {
+    "data": Default(text="Shakespeare's complete works, built in"),
+    "preset": Default(
+        "char-cpu",
+        "baby",
+        note="; on a CPU also " + ", ".join(f"{k} {_words(v)}" for k, v in CPU_SHAPE.items()),
+    ),
+    "max_steps": Default(2000, 2000, 300, unless="max_time"),
+    "batch_size": Default(12, 64, 64),
+    "micro_batch_size": Default(rule=lambda f: f["batch_size"], text="the batch size"),
+    "lr": Default(5e-3, 1e-3, 2e-3),
+    "min_lr_ratio": Default(0.1, 0.1, 0.05),
+    "warmup": Default(
+        rule=lambda f: min(100, f["max_steps"] // 10) if f["max_steps"] else 20,
+        text="100, or a tenth of the steps if that is fewer; 20 with --max-time",
+    ),
+    "decay": Default("cosine", "cosine", "linear"),
+    "weight_decay": Default(0.1, 0.1, 0.01),
+    "beta2": Default(0.99, 0.99, 0.999),
+    "grad_clip": Default(1.0, 1.0, 0.0),
+    "eval_every": Default(
+        rule=lambda f: max(1, f["max_steps"] // 10) if f["max_steps"] else None,
+        text="a tenth of the steps; with --max-time, at each fifth of the budget",
+    ),
+    "checkpoint_every": Default(text="at each evaluation"),
+    "seed": Default(1337, 1337, 7),
+}
+
+
+def situation(task: str, device: str) -> Situation:
+    """Which column of DEFAULTS applies: "first-last", or a language model on "gpu" / "cpu"."""
+    if task == "first-last":
+        return "first-last"
+    return "gpu" if device == "cuda" else "cpu"
+
+
+def resolve_defaults(cfg: TrainConfig, device: str) -> TrainConfig:
+    """`cfg` with every None in DEFAULTS filled for its task and `device` ("cpu", "cuda", ...)."""
+    where = situation(cfg.task, device)
+    fields = cfg.to_dict()
+    for name, default in DEFAULTS.items():
+        if fields[name] is None:
+            fields[name] = default.value(where, fields)
+    if where == "cpu" and cfg.preset is None:
+        fields["model_overrides"] = {**CPU_SHAPE, **cfg.model_overrides}
+    return TrainConfig(**fields)
+
+
+def default_text(name: str) -> str:
+    """A field's default in words: from DEFAULTS, else the dataclass's own default."""
+    if name in DEFAULTS:
+        return DEFAULTS[name].describe()
+    f = next((f for f in dataclasses.fields(TrainConfig) if f.name == name), None)
+    if f is None or f.default is dataclasses.MISSING:
+        raise LaminaError(f"TrainConfig has no field {name!r} with a default")
+    return _words(f.default)

@@ -3,11 +3,11 @@
     start(device, fsdp) -> World       joins the process group torchrun describes in the
                                        environment (gloo on CPU, nccl on CUDA); one process
                                        without torchrun
-    prepare(session, world)            DDP wrapper, or FSDP2 `fully_shard` per block + root
-                                       with a fresh optimizer over the shards
+    prepare(session, world)            records rank and size on the session; DDP wrapper, or
+                                       FSDP2 `fully_shard` per block + root with a fresh
+                                       optimizer over the shards and a `session.gather` that
+                                       collects the full state for `session.save_checkpoint`
     global_mean(t) ; agree(total, stop) the loop's per-step agreements (no-ops in one process)
-    save_checkpoint(session, seconds_used, writer)   rank 0 writes; under FSDP every rank first
-                                       helps gather the full model and optimizer state
     plan_batch(cfg, world_size, given) -> TrainConfig with a micro-batch that divides
 
 Batch semantics: every rank draws the same global batch and trains on its contiguous slice
@@ -21,8 +21,7 @@ the full state; under FSDP the sharded parameters and AdamW moments are gathered
 loaded full state again (`distribute_tensor`), so a run resumes under any world size.
 
 Faults: the process group has a timeout (LAMINA_DIST_TIMEOUT seconds, default 600); a rank
-that raises exits non-zero and torchrun stops the others. `LAMINA_FAIL_AT=RANK:STEP` makes
-that rank's data fail when it draws the batch of STEP (a test hook).
+that raises exits non-zero and torchrun stops the others.
 
 Deliberately unaware of argument parsing, of launching processes and of what a step computes.
 """
@@ -32,11 +31,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import datetime
+import functools
 import os
 import time
-import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -47,10 +46,8 @@ from lamina.errors import LaminaError
 from lamina.training.config import TrainConfig
 from lamina.training.optim import build_optimizer
 from lamina.training.session import Session
-from lamina.training.session import save_checkpoint as save_plain
 
 TIMEOUT_ENV = "LAMINA_DIST_TIMEOUT"
-FAIL_ENV = "LAMINA_FAIL_AT"
 
 
 def under_torchrun() -> bool:
@@ -204,24 +201,17 @@ def plan_batch(cfg: TrainConfig, world_size: int, micro_given: bool) -> TrainCon
 
 
 # -- wrapping ----------------------------------------------------------------------------------
-@dataclass
-class _Full:
-    """Rank 0's plain copy of a sharded model and an optimizer over it, for checkpoints."""
-
-    model: nn.Module
-    opt: torch.optim.Optimizer
-
-
-_FULL: weakref.WeakKeyDictionary[nn.Module, _Full | None] = weakref.WeakKeyDictionary()
-
-
 def _opt_params(opt: torch.optim.Optimizer) -> list[nn.Parameter]:
     return [p for g in opt.param_groups for p in g["params"]]
 
 
+def _adamw(model: nn.Module, cfg: TrainConfig, fused: bool | None = None) -> torch.optim.Optimizer:
+    return build_optimizer(model, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2), fused=fused)
+
+
 def prepare(s: Session, world: World) -> None:
-    """Wrap the session's model for `world` (DDP, or FSDP2 when world.fsdp); inject test faults."""
-    _maybe_inject_fault(s, world)
+    """Place the session in `world`: DDP, or FSDP2 when world.fsdp (nothing in one process)."""
+    s.rank, s.world_size = world.rank, world.size
     if world.size == 1:
         return
     if not world.fsdp:
@@ -238,28 +228,28 @@ def _shard(s: Session, world: World) -> None:
 
     from lamina.block import TransformerBlock
 
-    plain, plain_opt, cfg = s.model, s.opt, s.cfg
+    plain, plain_opt = s.model, s.opt
     sharded = copy.deepcopy(plain)
     for m in list(sharded.modules()):
         if isinstance(m, TransformerBlock):
             fully_shard(m)
     fully_shard(sharded)
-    opt = build_optimizer(sharded, cfg.lr or 1e-3, cfg.weight_decay, (cfg.beta1, cfg.beta2))
+    opt = _adamw(sharded, s.cfg)
     # a resumed optimizer: shard each full moment like its parameter
     for p, q in zip(_opt_params(plain_opt), _opt_params(opt), strict=True):
         st = plain_opt.state.get(p)
         if st:
             opt.state[q] = {k: _shard_like(q, st[k]) for k in sorted(st)}  # same order on all
     sharded.no_sync = _no_sync(sharded)  # the loop's accumulation: reduce on the last micro-step
-    if world.writer:
+    keep: tuple[nn.Module, torch.optim.Optimizer] | None = None
+    if world.writer:  # rank 0 keeps a plain copy to gather checkpoints into
         plain.to("cpu")
-        _FULL[sharded] = _Full(plain, build_optimizer(plain, cfg.lr or 1e-3, cfg.weight_decay,
-                                                      (cfg.beta1, cfg.beta2), fused=False))  # fmt: skip
+        keep = (plain, _adamw(plain, s.cfg, fused=False))
     else:
-        _FULL[sharded] = None
-        plain.to("meta")  # only rank 0 keeps a full copy
+        plain.to("meta")
     plain_opt.state.clear()
     s.model, s.opt = sharded, opt
+    s.gather = functools.partial(_gather, sharded, opt, keep)
 
 
 def _shard_like(q: Tensor, v: Any) -> Any:
@@ -298,52 +288,25 @@ def _full(v: Any) -> Any:
     return v.full_tensor().cpu() if isinstance(v, DTensor) else v
 
 
-def save_checkpoint(s: Session, seconds_used: float | None = None, writer: bool = True) -> None:
-    """Write the checkpoint from rank 0; under FSDP all ranks call this (gathers are collective)."""
-    model = s.model
-    inner = getattr(model, "_orig_mod", model)
-    if inner not in _FULL:
-        if writer:
-            save_plain(s, seconds_used=seconds_used)
-        return
-    keep = _FULL[inner]
-    state = {k: _full(v) for k, v in inner.state_dict().items()}
-    moments: list[dict[str, Any]] = []
-    for q in _opt_params(s.opt):
-        st = s.opt.state.get(q, {})
-        moments.append({k: _full(v) for k, v in sorted(st.items())})
+def _gather(
+    sharded: nn.Module,
+    opt: torch.optim.Optimizer,
+    keep: tuple[nn.Module, torch.optim.Optimizer] | None,
+) -> tuple[nn.Module, torch.optim.Optimizer] | None:
+    """The full model and AdamW state in rank 0's plain copy (`keep`); None on other ranks.
+
+    Every rank must call it: each `full_tensor()` is a collective.
+    """
+    state = {k: _full(v) for k, v in sharded.state_dict().items()}
+    moments = [{k: _full(v) for k, v in sorted(opt.state.get(q, {}).items())}
+               for q in _opt_params(opt)]  # fmt: skip
     if keep is None:
-        return
-    keep.model.load_state_dict(state)
-    osd = keep.opt.state_dict()
+        return None
+    model, plain_opt = keep
+    model.load_state_dict(state)
+    osd = plain_opt.state_dict()
     osd["state"] = {i: m for i, m in enumerate(moments) if m}
-    for g, live in zip(osd["param_groups"], s.opt.param_groups, strict=True):
+    for g, live in zip(osd["param_groups"], opt.param_groups, strict=True):
         g.update({k: v for k, v in live.items() if k != "params"})
-    keep.opt.load_state_dict(osd)
-    save_plain(replace(s, model=keep.model, opt=keep.opt), seconds_used=seconds_used)
-
-
-# -- faults ------------------------------------------------------------------------------------
-class _FailingTask:
-    """A task whose data goes bad at one step on one rank (LAMINA_FAIL_AT, for tests)."""
-
-    def __init__(self, task: Any, rank: int, step: int, start: int) -> None:
-        self._task, self._rank, self._fail_at, self._step = task, rank, step, start
-
-    def draw(self, n: int) -> Any:
-        self._step += 1
-        if self._step == self._fail_at:
-            raise LaminaError(f"bad data on rank {self._rank} at step {self._step} ({FAIL_ENV})")
-        return self._task.draw(n)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._task, name)
-
-
-def _maybe_inject_fault(s: Session, world: World) -> None:
-    spec = os.environ.get(FAIL_ENV)
-    if not spec:
-        return
-    rank, _, step = spec.partition(":")
-    if rank.strip().isdigit() and step.strip().isdigit() and int(rank) == world.rank:
-        s.task = _FailingTask(s.task, world.rank, int(step), s.step)
+    plain_opt.load_state_dict(osd)
+    return keep

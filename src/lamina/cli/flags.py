@@ -1,0 +1,67 @@
+"""Command-line flags from dataclass fields: types and choices read from the annotations.
+
+    field_flag(tp) -> argparse keywords      int, float, str, `X | None`, bool, Literal[...]
+    add_config_overrides(parser)             --n-layers, --activation {gelu,relu}, --no-bias,
+                                             ... for every GPTConfig field (a helper, not a verb)
+    config_overrides(args) -> dict           the GPTConfig fields typed on this command line
+
+Flags default to None, so a command can tell which were typed. A `Literal` field offers exactly
+its choices (argparse refuses anything else), a bool gets `--x` / `--no-x`, and `int | None`
+takes an int (leaving it out keeps the config's value). A field of any other type is a
+TypeError when the parser is built, so a new config field cannot go without a flag unnoticed.
+
+Deliberately unaware of what the fields mean: the config validates the values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+from typing import Any, Literal
+
+from lamina.models.config import GPTConfig
+
+
+def field_flag(tp: Any) -> dict[str, Any]:
+    """argparse keywords for a field annotated `tp` (resolved, e.g. by typing.get_type_hints)."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        rest = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(rest) != 1:
+            raise TypeError(f"no command-line flag for a field of type {tp}")
+        tp = rest[0]
+    if tp is bool:
+        return {"action": argparse.BooleanOptionalAction}
+    if typing.get_origin(tp) is Literal:
+        options = typing.get_args(tp)
+        return {"type": type(options[0]), "choices": list(options)}
+    if tp in (int, float, str):
+        return {"type": tp}
+    raise TypeError(f"no command-line flag for a field of type {tp}")
+
+
+def add_config_overrides(p: argparse.ArgumentParser) -> None:
+    """--n-layers, --d-model, ... and --no-qkv-bias style flags for every GPTConfig field."""
+    g = p.add_argument_group("config overrides (default: the preset's value)")
+    hints = typing.get_type_hints(GPTConfig)
+    for f in dataclasses.fields(GPTConfig):
+        kw = field_flag(hints[f.name])
+        if "action" not in kw and "choices" not in kw:
+            kw["metavar"] = f.name.upper()
+        g.add_argument(
+            "--" + f.name.replace("_", "-"),
+            dest=f.name,
+            default=None,
+            help=f"override {f.name}",
+            **kw,
+        )
+
+
+def config_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The GPTConfig fields given on the command line (flags left out are absent)."""
+    return {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(GPTConfig)
+        if getattr(args, f.name, None) is not None
+    }

@@ -1,0 +1,94 @@
+"""TrainConfig is frozen and validated; DEFAULTS is the one table of what None means, read both
+by resolve_defaults and by `lamina train --help`."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+
+from lamina.cli import main
+from lamina.cli.train import TRAIN_FLAGS
+from lamina.errors import LaminaError
+from lamina.training.config import (
+    CPU_SHAPE,
+    DEFAULTS,
+    Default,
+    TrainConfig,
+    default_text,
+    resolve_defaults,
+)
+
+
+def test_train_config_is_frozen_and_validated_when_built():
+    cfg = TrainConfig(lr=1e-3)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.lr = 2e-3  # type: ignore[misc]
+    assert cfg.replace(lr=2e-3).lr == 2e-3 and cfg.lr == 1e-3
+    for bad, field in [({"lr": 0.0}, "lr"), ({"decay": "step"}, "decay"),
+                       ({"warmup": -1}, "warmup"), ({"beta2": 1.0}, "beta2"),
+                       ({"grad_clip": float("nan")}, "grad_clip"), ({"compile": 1}, "compile"),
+                       ({"eval_batches": True}, "eval_batches")]:  # fmt: skip
+        with pytest.raises(LaminaError, match=field):
+            TrainConfig(**bad)
+    with pytest.raises(LaminaError, match="parse_duration"):
+        TrainConfig(max_time="5m")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("task", "device", "column"),
+    [("lm", "cpu", "cpu"), ("lm", "mps", "cpu"), ("lm", "cuda", "gpu"),
+     ("first-last", "cpu", "first_last"), ("first-last", "cuda", "first_last")],
+)  # fmt: skip
+def test_resolve_defaults_fills_every_none_from_the_table(task, device, column):
+    got = resolve_defaults(TrainConfig(task=task), device)
+    for name, default in DEFAULTS.items():
+        if default.rule is None and not default.text:
+            assert getattr(got, name) == getattr(default, column), name
+    steps = got.max_steps
+    assert got.micro_batch_size == got.batch_size
+    assert got.warmup == min(100, steps // 10) and got.eval_every == steps // 10
+    assert got.data is None and got.checkpoint_every is None  # None keeps its meaning
+    shaped = column == "cpu"
+    assert (got.model_overrides == CPU_SHAPE) is shaped
+
+
+def test_given_values_win_and_a_time_budget_leaves_the_steps_open():
+    got = resolve_defaults(TrainConfig(lr=0.5, model_overrides={"n_layers": 5}), "cpu")
+    assert got.lr == 0.5 and got.model_overrides == {**CPU_SHAPE, "n_layers": 5}
+    timed = resolve_defaults(TrainConfig(max_time=60.0), "cpu")
+    assert timed.max_steps is None and timed.warmup == 20 and timed.eval_every is None
+    assert resolve_defaults(TrainConfig(preset="tiny"), "cpu").model_overrides == {}
+    with pytest.raises(LaminaError, match="divisible"):
+        resolve_defaults(TrainConfig(micro_batch_size=5), "cpu")  # batch 12
+
+
+def test_default_text_reads_the_table_or_the_field():
+    assert default_text("lr") == "0.005 on a CPU, 0.001 on a GPU; 0.002 for first-last"
+    assert default_text("batch_size") == "12 on a CPU, 64 on a GPU and for first-last"
+    assert default_text("max_steps") == "2000; 300 for first-last; none with --max-time"
+    assert default_text("eval_batches") == "20" and default_text("compile") == "off"
+    assert default_text("max_time") == "none"
+    with pytest.raises(LaminaError, match="no field"):
+        default_text("no_such_field")
+
+
+def _help(capsys) -> str:
+    """`lamina train --help` on one line (COLUMNS is set wide so no word is broken)."""
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_help_and_the_run_read_the_same_table(capsys, monkeypatch):
+    """Every option's help ends with the table's default; change the table, both follow."""
+    monkeypatch.setenv("COLUMNS", "1000")
+    text = _help(capsys)
+    for name in TRAIN_FLAGS:
+        assert f"(default: {default_text(name)})" in text, name
+    monkeypatch.setitem(DEFAULTS, "lr", Default(0.25, 0.5, 0.75))
+    assert "(default: 0.25 on a CPU, 0.5 on a GPU; 0.75 for first-last)" in _help(capsys)
+    assert resolve_defaults(TrainConfig(), "cpu").lr == 0.25
+    assert resolve_defaults(TrainConfig(task="first-last"), "cuda").lr == 0.75
+    assert not re.search(r"--lr LR .*\(default: 0\.005", _help(capsys))
