@@ -17,7 +17,7 @@ def test_newton_schulz_brings_singular_values_near_one(shape):
     torch.manual_seed(0)
     for g, steps in (
         (torch.randn(*shape), 5),  # a gradient-like matrix: Muon's default 5 steps
-        (torch.randn(*shape) * torch.logspace(-2, 1, shape[1]), 8),  # condition number ~1e3
+        (torch.randn(*shape) * torch.logspace(-2, 1, shape[1]), 10),  # condition number ~1e3
     ):
         s = torch.linalg.svdvals(orthogonalize(g, steps))
         assert s.shape[0] == min(shape)
