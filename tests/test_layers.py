@@ -31,6 +31,7 @@ LAYERS: dict[str, int] = {
     "lamina.checkpoint": 7,
     "lamina.checks": 8,
     "lamina.generation": 8,
+    "lamina.inspect": 8,
     "lamina.interop": 8,
     "lamina.training": 9,
     # the command line, and the package's public face
