@@ -149,13 +149,28 @@ def test_head_patterns_name_synthetic_heads():
 
 
 def test_a_diffuse_head_that_fits_nothing_is_mixed():
-    T = 24
+    T = 40
     a = torch.zeros(T, T)
-    for i in range(T):  # half on the key two back, half on the key three back: no pattern
-        a[i, max(i - 2, 0)] += 0.5
-        a[i, max(i - 3, 0)] += 0.5
+    for i in range(T):  # far back, split over two keys that move with the query
+        if i < 11:
+            a[i, i] = 1
+        else:
+            a[i, i - 10] = a[i, i - 11] = 0.5
     p = head_patterns(a[None, None])[0][0]
     assert p.name == "mixed" and p.score < 0.3
+
+
+def test_fixed_key_and_line_start_heads_are_named_with_their_key():
+    tokens = list("ab,cdefg\nhijklmnop")
+    T = len(tokens)
+    fixed, line = torch.zeros(T, T), torch.zeros(T, T)
+    for i in range(T):
+        fixed[i, 2 if i > 2 else i] = 1  # every later query looks at the comma
+        line[i, 9 if i > 9 else i] = 1  # ... at the first token after the newline
+    patterns = head_patterns(torch.stack([fixed, line])[None], tokens=tokens)[0]
+    assert patterns[0].name == "fixed key" and "',' at 2" in patterns[0].caption()
+    assert patterns[1].scores["line start"] == pytest.approx(1.0)
+    assert patterns[1].name == "line start"
 
 
 @pytest.mark.parametrize(

@@ -32,6 +32,7 @@ LAYERS: dict[str, int] = {
     "lamina.checks": 8,
     "lamina.generation": 8,
     "lamina.inspect": 8,
+    "lamina.pictures": 8,
     "lamina.interop": 8,
     "lamina.training": 9,
     # the command line, and the package's public face

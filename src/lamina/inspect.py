@@ -5,7 +5,8 @@
     forward_with_maps(model, ids) -> (logits (T, vocab), maps (L, H, T, T))
     attention_maps(model, ids) -> maps (L, H, T, T)                  float32, on the CPU
     next_token_table(model, tokenizer, text, k=5) -> list[NextToken] (one row per position)
-    head_patterns(maps, ids=None) -> list[list[HeadPattern]]         (L lists of H patterns)
+    head_patterns(maps, ids=None, tokens=None) -> L lists of H HeadPattern (ids, tokens: the
+                                                      text's ids and labels, for more patterns)
 
 The maps come from the model's own forward, with every attention layer asked for its weights
 (`need_weights=True`, the reference softmax path of `lamina.attention`): a forward pre-hook
@@ -23,6 +24,15 @@ can only attend to itself), the mean attention mass that a pattern predicts:
                      no earlier copy of their token are left out)
     induction        sum of A[i, j] over 0 < j <= i with ids[j-1] == ids[i] (attends to what
                      came after an earlier copy of the current token; needs ids)
+    recent           sum of A[i, j] over i-8 <= j <= i-2 (a local window, the previous token
+                     and the query's own position left to their own patterns)
+    fixed key        the largest, over keys 1 <= j <= T/2, of the mean of A[i, j] over the
+                     queries i > j: one earlier token (a newline, a comma) that many later
+                     queries look at; the caption names it
+    line start       A[i, s] where s follows the latest earlier token holding a newline
+    word start       A[i, s] where s follows the latest earlier whitespace token
+                     (both need the tokens' text; rows where s is 0, i-1 or i are left out, so
+                     the pattern is not the first token, previous token or own position again)
     broad            the attention's entropy over keys 0..i divided by log(i + 1)
                      (1 = spread evenly over everything seen, 0 = one key)
 The pattern with the highest score names the head; below 0.3 the head is called "mixed".
@@ -48,7 +58,18 @@ from lamina.errors import LaminaError
 from lamina.modes import eval_mode
 
 MIXED_BELOW = 0.3
-PATTERNS = ("previous token", "first token", "own position", "same token", "induction", "broad")
+PATTERNS = (
+    "previous token",
+    "first token",
+    "own position",
+    "same token",
+    "induction",
+    "recent",
+    "fixed key",
+    "line start",
+    "word start",
+    "broad",
+)
 
 
 @dataclass
@@ -60,9 +81,10 @@ class HeadPattern:
     name: str
     score: float
     scores: dict[str, float] = field(default_factory=dict)
+    detail: str = ""  # e.g. which key a "fixed key" head looks at
 
     def caption(self) -> str:
-        return f"{self.name} ({self.score:.2f})"
+        return f"{self.name}{self.detail} ({self.score:.2f})"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -71,6 +93,7 @@ class HeadPattern:
             "name": self.name,
             "score": self.score,
             "scores": dict(self.scores),
+            "detail": self.detail,
         }
 
 
@@ -237,7 +260,17 @@ def table_from_logits(
     return rows
 
 
-def pattern_scores(attn: Tensor, ids: Sequence[int] | None = None) -> dict[str, float]:
+def _start_after(tokens: Sequence[str], i: int, test: Any) -> int:
+    """The position after the latest j < i whose token passes `test` (0 if none)."""
+    for j in range(i - 1, -1, -1):
+        if test(tokens[j]):
+            return j + 1
+    return 0
+
+
+def pattern_scores(
+    attn: Tensor, ids: Sequence[int] | None = None, tokens: Sequence[str] | None = None
+) -> dict[str, float]:
     """The scores of the module docstring for one head's (T, T) map (T >= 2)."""
     T = attn.shape[-1]
     a = attn.float()
@@ -246,7 +279,21 @@ def pattern_scores(attn: Tensor, ids: Sequence[int] | None = None) -> dict[str, 
         "previous token": float(a[rows, rows - 1].mean()),
         "first token": float(a[rows, 0].mean()),
         "own position": float(a[rows, rows].mean()),
+        "recent": sum(float(a[i, max(0, i - 8) : max(0, i - 1)].sum()) for i in range(1, T))
+        / (T - 1),
     }
+    if tokens is not None:
+        for name, test in (
+            ("line start", lambda t: "\n" in t),
+            ("word start", lambda t: t.isspace()),
+        ):
+            got = []
+            for i in range(1, T):
+                s = _start_after(tokens, i, test)
+                if s not in (0, i - 1, i):
+                    got.append(float(a[i, s]))
+            if got:
+                scores[name] = sum(got) / len(got)
     if ids is not None:
         same, after = [], []
         for i in range(1, T):
@@ -260,6 +307,12 @@ def pattern_scores(attn: Tensor, ids: Sequence[int] | None = None) -> dict[str, 
             scores["same token"] = sum(same) / len(same)
         if after:
             scores["induction"] = sum(after) / len(after)
+    # after line/word start: on a tie (one newline) the more telling name wins
+    if T >= 3:
+        keys = torch.arange(1, T // 2 + 1)
+        means = torch.stack([a[j + 1 :, j].mean() for j in keys.tolist()])
+        scores["fixed key"] = float(means.max())
+        scores["fixed key at"] = float(keys[int(means.argmax())])
     ent = []
     for i in range(1, T):
         p = a[i, : i + 1].clamp_min(1e-12)
@@ -268,14 +321,22 @@ def pattern_scores(attn: Tensor, ids: Sequence[int] | None = None) -> dict[str, 
     return scores
 
 
-def head_patterns(maps: Tensor, ids: Sequence[int] | None = None) -> list[list[HeadPattern]]:
-    """Name each head's most typical pattern: maps (L, H, T, T) -> L lists of H patterns."""
+def head_patterns(
+    maps: Tensor, ids: Sequence[int] | None = None, tokens: Sequence[str] | None = None
+) -> list[list[HeadPattern]]:
+    """Name each head's most typical pattern: maps (L, H, T, T) -> L lists of H patterns.
+
+    ids / tokens: the text's token ids and labels (`token_labels`), which the same-token,
+    induction, line-start and word-start patterns need; without them those are not scored.
+    """
     if not isinstance(maps, Tensor) or maps.dim() != 4 or maps.shape[-1] != maps.shape[-2]:
         shape = tuple(maps.shape) if isinstance(maps, Tensor) else type(maps).__name__
         raise LaminaError(f"maps must be a (L, H, T, T) tensor, got {shape}")
     L, H, T, _ = maps.shape
     if ids is not None and len(ids) != T:
         raise LaminaError(f"ids has {len(ids)} tokens, the maps {T}")
+    if tokens is not None and len(tokens) != T:
+        raise LaminaError(f"tokens has {len(tokens)} labels, the maps {T}")
     out = []
     for layer in range(L):
         row = []
@@ -283,11 +344,15 @@ def head_patterns(maps: Tensor, ids: Sequence[int] | None = None) -> list[list[H
             if T < 2:
                 row.append(HeadPattern(layer, head, "one token only", 1.0, {}))
                 continue
-            scores = pattern_scores(maps[layer, head], ids)
+            scores = pattern_scores(maps[layer, head], ids, tokens)
+            at = int(scores.pop("fixed key at", 0))
             name = max(scores, key=scores.__getitem__)
             score = scores[name]
+            detail = ""
             if score < MIXED_BELOW:
                 name = "mixed"
-            row.append(HeadPattern(layer, head, name, score, scores))
+            elif name == "fixed key":
+                detail = f" {tokens[at]!r} at {at}" if tokens is not None else f" {at}"
+            row.append(HeadPattern(layer, head, name, score, scores, detail))
         out.append(row)
     return out
