@@ -58,3 +58,9 @@ def test_bad_input_is_one_line_and_exit_2(run_dir, capsys, extra, message):
 def test_a_folder_that_is_not_a_model_is_exit_2(tmp_path, capsys):
     assert main(["attention", str(tmp_path), "--text", "RO"]) == 2
     assert "not a lamina model" in capsys.readouterr().err
+
+
+def test_typed_newline_escapes_are_understood(run_dir, tmp_path, capsys):
+    out = tmp_path / "m.png"
+    assert main(["attention", str(run_dir), "--text", "ROMEO:\\nBut", "--out", str(out)]) == 0
+    assert out.is_file() and "wrote" in capsys.readouterr().out

@@ -35,6 +35,7 @@ LAYERS: dict[str, int] = {
     "lamina.pictures": 8,
     "lamina.interop": 8,
     "lamina.training": 9,
+    "lamina.serve": 9,
     # the command line, and the package's public face
     "lamina.cli": 10,
     "lamina": 11,

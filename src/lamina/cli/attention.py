@@ -30,7 +30,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "with its most typical pattern (previous token, first token, same token, ...).",
     )
     p.add_argument("run", metavar="RUN", help="run or model directory written by lamina train")
-    p.add_argument("--text", required=True, help="the text to look at (its tokens are the axes)")
+    p.add_argument(
+        "--text",
+        required=True,
+        help="the text to look at (its tokens are the axes; '\\n' and '\\t' escapes understood)",
+    )
     p.add_argument("--layer", type=int, default=None, help="draw only this layer (default: all)")
     p.add_argument("--head", type=int, default=None, help="draw only this head (default: all)")
     p.add_argument(
@@ -100,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     config = model.config
     layers = pick("layer", args.layer, config.n_layers)
     heads = pick("head", args.head, config.n_heads)
-    ids = encode_text(tokenizer, args.text)
+    ids = encode_text(tokenizer, args.text.replace("\\n", "\n").replace("\\t", "\t"))
     limit = min(args.max_tokens, config.block_size)
     note = ""
     if len(ids) > limit:
