@@ -15,6 +15,7 @@ from lamina.errors import LaminaError
 # verb modules in the order `lamina --help` lists them (tests/test_cli_foundation.py holds each
 # one to a module of this package)
 VERBS = ["train", "sample", "eval", "check", "count", "task", "convert", "quantize", "lessons"]
+VERBS += ["attention", "plot", "serve"]  # looking inside a model
 
 
 def build_parser() -> argparse.ArgumentParser:
