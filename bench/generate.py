@@ -10,6 +10,9 @@ ratios. Tokens/s counts new tokens (rows x steps) over the whole call, prefill i
 
 The `char-cpu` shape has block_size 64, so lamina's 272 tokens cross it and its window rule
 re-prefills a few times (counted); Hugging Face gets n_positions 272 (it has no window rule).
+The quantized variants (`--quant int8 int4`, weight-only, see lamina/quant.py) load the fp32
+model's weights and quantize them; their tokens may differ from fp32 (random weights give flat
+logits), so only their speed is compared here (their quality is tested in tests/test_quant.py).
 Before timing, the compiled variant is checked to give the same greedy tokens as the eager one.
 OpenMP threads wait passively (set before torch loads): spinning threads on two shared cores
 made multi-threaded steps many times slower whenever another process was busy.
@@ -31,6 +34,7 @@ import torch  # noqa: E402
 
 from lamina import GPT, GPTConfig  # noqa: E402
 from lamina.generation import generate  # noqa: E402
+from lamina.quant import native_bf16, quantize  # noqa: E402
 
 SHAPES = {
     "char-cpu": GPTConfig.preset("char-cpu"),
@@ -62,7 +66,9 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def bench_shape(name: str, batch: int, new: int, rounds: int, compile_: bool) -> list[str]:
+def bench_shape(
+    name: str, batch: int, new: int, rounds: int, compile_: bool, quant_schemes: list[str]
+) -> list[str]:
     config = SHAPES[name]
     torch.manual_seed(0)
     prompt = torch.randint(0, config.vocab_size, (batch, 16))
@@ -86,12 +92,22 @@ def bench_shape(name: str, batch: int, new: int, rounds: int, compile_: bool) ->
     variants: dict[str, Callable[[], object]] = {"hf fp32": hf_run}
     variants["lamina fp32"] = lambda: generate(model32, prompt, new)
     variants["lamina bf16"] = lambda: generate(model16, prompt, new)
+    quantized = {}
+    for scheme in quant_schemes:
+        q = GPT(config).eval()
+        q.load_state_dict(model32.state_dict())
+        quantized[scheme] = quantize(q, scheme, group_size=128)
+        variants[f"lamina {scheme}"] = lambda q=quantized[scheme]: generate(q, prompt, new)
     if compile_:
         variants["lamina fp32 compiled"] = lambda: generate(model32, prompt, new, compile=True)
         variants["lamina bf16 compiled"] = lambda: generate(model16, prompt, new, compile=True)
         ref = generate(model32, prompt, new)
         if not torch.equal(generate(model32, prompt, new, compile=True), ref):
             raise SystemExit(f"{name}: compiled fp32 tokens differ from eager")
+        for scheme, q in quantized.items():
+            variants[f"lamina {scheme} compiled"] = lambda q=q: generate(
+                q, prompt, new, compile=True
+            )
     for fn in variants.values():  # warm up (and compile)
         fn()
     times: dict[str, list[float]] = {k: [] for k in variants}
@@ -115,6 +131,9 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile variants")
+    p.add_argument(
+        "--quant", nargs="*", default=["int8", "int4"], help="quantized variants (default: both)"
+    )
     args = p.parse_args()
     warnings.filterwarnings("ignore")
     if args.threads:
@@ -123,13 +142,14 @@ def main() -> None:
     compile_ = not (args.quick or args.no_compile)
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, {new} new tokens, "
-        f"median of {rounds}"
+        f"median of {rounds}; cpu capability {torch.backends.cpu.get_cpu_capability()}, "
+        f"native bf16 {native_bf16()}"
     )
     print("| shape | batch | variant | tokens/s | vs HF fp32 |")
     print("|---|---|---|---|---|")
     for name in args.shapes:
         for batch in args.batches:
-            for line in bench_shape(name, batch, new, rounds, compile_):
+            for line in bench_shape(name, batch, new, rounds, compile_, args.quant):
                 print(line, flush=True)
 
 

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -72,3 +73,12 @@ def test_python_dash_m_runs_help_and_errors_without_traceback():
     bad = subprocess.run([*run, "count", "tiny", "--n-heads", "5"], capture_output=True, text=True)
     assert bad.returncode == 2
     assert bad.stderr.strip().count("\n") == 0 and "Traceback" not in bad.stderr
+
+
+def test_every_listed_verb_is_a_module_and_every_verb_module_is_listed():
+    import lamina.cli
+
+    folder = Path(lamina.cli.__file__).parent
+    helpers = {"__init__", "launch"}  # launch.py: torchrun relaunching for `train`, not a verb
+    modules = {p.stem for p in folder.glob("*.py")} - helpers
+    assert set(lamina.cli.VERBS) == modules

@@ -28,15 +28,16 @@ LAYERS: dict[str, int] = {
     "lamina.block": 5,
     "lamina.models": 6,
     # above the models: files of models, then what uses them
-    "lamina.checkpoint": 7,
-    "lamina.checks": 8,
-    "lamina.generation": 8,
-    "lamina.interop": 8,
-    "lamina.training": 9,
+    "lamina.quant": 7,
+    "lamina.checkpoint": 8,
+    "lamina.checks": 9,
+    "lamina.generation": 9,
+    "lamina.interop": 9,
+    "lamina.training": 10,
     # the command line, and the package's public face
-    "lamina.cli": 10,
-    "lamina": 11,
-    "lamina.__main__": 11,
+    "lamina.cli": 11,
+    "lamina": 12,
+    "lamina.__main__": 12,
 }
 
 

@@ -20,6 +20,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import Tensor, nn
 
+import lamina.quant as quant
 from lamina.data.tokenizers import Tokenizer, load_tokenizer, save_tokenizer
 from lamina.errors import LaminaError
 from lamina.files import atomic_write, read_json, write_json
@@ -48,6 +49,8 @@ def unwrap(model: nn.Module) -> nn.Module:
 def model_tensors(model: nn.Module) -> dict[str, Tensor]:
     """State dict for saving: prefixes stripped, tied head dropped, contiguous CPU tensors."""
     model = unwrap(model)
+    if quant.scheme_of(model) is not None:
+        return quant.quantized_tensors(model)
     state = strip_compiled_prefix(model.state_dict())
     config = getattr(model, "config", None)
     if isinstance(config, GPTConfig) and config.tie_weights:
@@ -87,7 +90,9 @@ def model_to_json(model: nn.Module) -> dict[str, Any]:
         }
     if isinstance(config, (GPTConfig, EncoderConfig)):
         kind = "gpt" if isinstance(config, GPTConfig) else "encoder"
-        return {"format": FORMAT_VERSION, "kind": kind, "model": config.to_dict()}
+        data = {"format": FORMAT_VERSION, "kind": kind, "model": config.to_dict()}
+        scheme = quant.scheme_of(model)
+        return data | ({"quantization": scheme} if scheme is not None else {})
     raise LaminaError("save_model needs a lamina GPT, Encoder or SequenceClassifier")
 
 
@@ -100,6 +105,8 @@ def model_from_json(data: Any, where: str = "config.json") -> nn.Module:
             f"{where} has format {data['format']}; this lamina reads up to {FORMAT_VERSION}"
         )
     kind = data["kind"]
+    if kind == "gpt" and "quantization" in data:
+        return _quantized_gpt(GPTConfig.from_dict(data["model"]), data["quantization"], where)
     if kind == "gpt":
         return GPT(GPTConfig.from_dict(data["model"]))
     if kind == "encoder":
@@ -110,15 +117,30 @@ def model_from_json(data: Any, where: str = "config.json") -> nn.Module:
     raise LaminaError(f"{where}: unknown model kind {kind!r}")
 
 
+def _quantized_gpt(config: GPTConfig, scheme: Any, where: str) -> GPT:
+    """An empty quantized GPT on the meta device: no float weights are ever allocated."""
+    if not isinstance(scheme, dict) or not isinstance(scheme.get("scheme"), str):
+        raise LaminaError(f"{where}: 'quantization' must be an object with a 'scheme' field")
+    with torch.device("meta"):
+        model = GPT(config)
+    return quant.quantize_structure(model, scheme["scheme"], scheme.get("group_size", 128))
+
+
 def load_state(model: nn.Module, state: dict[str, Tensor], where: str = "checkpoint") -> None:
     """Copy `state` into `model` strictly: missing, unexpected or misshapen keys are errors."""
     state = strip_compiled_prefix(state)
     model = unwrap(model)
     expected = model.state_dict()
     config = getattr(model, "config", None)
+    scheme = quant.scheme_of(model)
+    quantized = scheme is not None
     if isinstance(config, GPTConfig) and config.tie_weights:
-        expected.pop("head.weight", None)
-        state = {k: v for k, v in state.items() if k != "head.weight"}
+        # a tied head is stored once, as the token table (an int4 head is a copy of its own)
+        tied = {None: ("head.weight",), "int8": ("head.qweight", "head.scale"), "int4": ()}[
+            scheme and scheme["scheme"]
+        ]
+        expected = {k: v for k, v in expected.items() if k not in tied}
+        state = {k: v for k, v in state.items() if k not in tied}
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:
@@ -133,6 +155,14 @@ def load_state(model: nn.Module, state: dict[str, Tensor], where: str = "checkpo
             raise LaminaError(
                 f"{where}: tensor {k} has shape {tuple(v.shape)}, the model expects {tuple(expected[k].shape)}"
             )
+        if quantized and v.dtype != expected[k].dtype:
+            raise LaminaError(
+                f"{where}: tensor {k} is {v.dtype}, the quantized model expects {expected[k].dtype}"
+            )
+    if quantized:  # the model lives on the meta device: take the tensors as they are
+        model.load_state_dict(state, strict=False, assign=True)
+        quant.tie_loaded(model)
+        return
     with torch.no_grad():
         for name, tensor in expected.items():
             tensor.copy_(state[name])

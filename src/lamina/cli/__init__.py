@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import sys
 
 from lamina.errors import LaminaError
 
-# verb modules in the order `lamina --help` lists them; a module that is absent is skipped
-VERBS = ["train", "sample", "eval", "check", "count", "task", "convert", "attention", "lessons"]
+# verb modules in the order `lamina --help` lists them (tests/test_cli_foundation.py holds each
+# one to a module of this package)
+VERBS = ["train", "sample", "eval", "check", "count", "task", "convert", "quantize", "lessons"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,9 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
     sub.required = True
     for verb in VERBS:
-        name = f"lamina.cli.{verb}"
-        if importlib.util.find_spec(name) is not None:
-            importlib.import_module(name).register(sub)
+        importlib.import_module(f"lamina.cli.{verb}").register(sub)
     return parser
 
 

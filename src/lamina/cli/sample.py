@@ -70,6 +70,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     p.add_argument(
+        "--quantize",
+        choices=["int8", "int4"],
+        help="quantize the linear layers on load, for this session (see lamina quantize)",
+    )
+    p.add_argument(
         "--no-cache", action="store_true", help="recompute every step (slow; for checking)"
     )
     p.add_argument(
@@ -173,6 +178,10 @@ def run(args: argparse.Namespace) -> int:
         )
     if tokenizer is None:
         raise LaminaError(f"{args.run} has no tokenizer.json: cannot turn text into ids")
+    if args.quantize:
+        from lamina.quant import quantize
+
+        quantize(model, args.quantize)
     if args.dtype == "bfloat16":
         model = model.to(torch.bfloat16)
     prompt = read_prompt(args, tokenizer)

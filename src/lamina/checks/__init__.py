@@ -1,0 +1,64 @@
+"""Invariant checks, reusable on any module with the documented interface: two products.
+
+    probes.py    the seeds' invariants (LayerNorm statistics, GELU, feed-forward size, block
+                 causality and residual identity, embedding decomposition and offset, attention
+                 rows, logits shape, parameter formula, tied storage, greedy determinism, initial
+                 loss ~ ln(vocab), fast path = reference); suite.py runs them all on lamina's own
+                 modules (`run_all`, what `lamina check` prints)
+    learners.py  `report` and the checks of the pieces a learner writes in the lessons, with
+                 messages that guess the mistake
+    base.py      what they share (probing in eval mode, shape messages)
+
+Everything is re-exported here: ``checks.check_layer_norm(MyLayerNorm(8), 8)``.
+"""
+
+from __future__ import annotations
+
+from lamina.checks.learners import (
+    check_cached_generation,
+    check_causal_mask,
+    check_char_tokenizer,
+    check_sampler,
+    check_train_step,
+    report,
+)
+from lamina.checks.probes import (
+    check_attention_weights,
+    check_block_causality,
+    check_embedding,
+    check_fast_path_matches_reference,
+    check_feed_forward,
+    check_gelu,
+    check_greedy,
+    check_initial_loss,
+    check_layer_norm,
+    check_logits_shape,
+    check_param_formula,
+    check_residual_identity,
+    check_tied,
+)
+from lamina.checks.suite import CheckResult, run_all
+
+__all__ = [
+    "CheckResult",
+    "check_attention_weights",
+    "check_block_causality",
+    "check_cached_generation",
+    "check_causal_mask",
+    "check_char_tokenizer",
+    "check_embedding",
+    "check_fast_path_matches_reference",
+    "check_feed_forward",
+    "check_gelu",
+    "check_greedy",
+    "check_initial_loss",
+    "check_layer_norm",
+    "check_logits_shape",
+    "check_param_formula",
+    "check_residual_identity",
+    "check_sampler",
+    "check_tied",
+    "check_train_step",
+    "report",
+    "run_all",
+]

@@ -1,0 +1,320 @@
+"""Weight-only quantization of a GPT's linear layers: int8 (per output row) and int4 (grouped).
+
+    quantize(model, "int8" | "int4", group_size=128) -> the same GPT, its linears replaced
+    quantized_tensors(model) -> dict of tensors to save; scheme_of(model) -> {"scheme", ...}
+    quantize_structure(model, scheme) -> the modules, empty, ready for ``load_state_dict``
+
+What is quantized: every ``nn.Linear`` inside the blocks (attention, feed-forward) and the head.
+Embedding tables stay exact, except a head tied to the token table: then one int8 table with a
+scale per row serves both the head's matmul and the lookups (a row's lookup is exactly what the
+head multiplies by), so the tie costs no second copy. With int4 the tied head gets its own int4
+copy and the lookups read an int8 table (int4's packed layout cannot be gathered by row).
+
+Kernels (measured in bench/generate.py; see BENCHMARKS.md): on CPUs with native bf16
+(AVX512-BF16 or AMX), ``torch._weight_int8pack_mm`` and ``torch._weight_int4pack_mm_for_cpu``
+with bf16 activations read 1 or 1/2 byte per weight and run several times faster than an fp32
+matmul at batch 1. Elsewhere (AVX2-only CPUs, where bf16 is emulated, and GPUs) the weights are
+dequantized for each call: correct, smaller in memory, not faster. The output is cast back to
+the input's dtype, so the rest of the model runs as before (fp32 norms, softmax, KV cache).
+
+int8: w ~ q * s, q in [-127, 127], one scale per output row (absmax / 127).
+int4: w ~ (q - 8) * s + z per group of ``group_size`` inputs, q in [0, 15] (min/max per group:
+s = (max - min) / 15, z = min + 8 s), PyTorch's convention; stored unpacked (two values per
+byte, low nibble first) and packed for the CPU kernel when loaded, since the packed layout is
+the kernel's, not a file format.
+
+Deliberately unaware of files, tokenizers and training (a quantized model is for inference:
+it has no gradients).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lamina.errors import LaminaError
+from lamina.models.gpt import GPT
+
+SCHEMES = ("int8", "int4")
+INT4_GROUP_SIZES = (32, 64, 128, 256)
+
+
+@functools.cache
+def native_bf16() -> bool:
+    """True where the CPU does bf16 dot products in hardware (AVX512-BF16 or AMX)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def _use_kernel(x: Tensor) -> bool:
+    return x.device.type == "cpu" and native_bf16()
+
+
+def quantize_int8(w: Tensor) -> tuple[Tensor, Tensor]:
+    """(N, K) float -> q int8 (N, K), scale float32 (N,): w ~ q * scale[:, None]."""
+    w = w.detach().float()
+    scale = (w.abs().amax(1) / 127).clamp(min=1e-12)
+    q = (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
+    return q, scale
+
+
+def quantize_int4(w: Tensor, group_size: int) -> tuple[Tensor, Tensor]:
+    """(N, K) float -> nibbles uint8 (N, K // 2), scales_and_zeros float32 (K // gs, N, 2)."""
+    w = w.detach().float()
+    n, k = w.shape
+    g = w.reshape(n, k // group_size, group_size)
+    lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
+    scale = ((hi - lo) / 15).clamp(min=1e-12)
+    q = ((g - lo) / scale).round().clamp(0, 15).to(torch.uint8).reshape(n, k)
+    zero = lo + 8 * scale
+    sz = torch.stack([scale.reshape(n, -1), zero.reshape(n, -1)], -1).transpose(0, 1)
+    return q[:, 0::2] | (q[:, 1::2] << 4), sz.contiguous()
+
+
+def _unpack_nibbles(packed: Tensor) -> Tensor:
+    n, half = packed.shape
+    q = torch.empty(n, half * 2, dtype=torch.uint8, device=packed.device)
+    q[:, 0::2], q[:, 1::2] = packed & 15, packed >> 4
+    return q
+
+
+class Int8Linear(nn.Module):
+    """y = x @ (q * scale).T + bias, with q int8 (out, in) and one scale per output row."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, device: Any = None):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer(
+            "qweight", torch.empty(out_features, in_features, dtype=torch.int8, device=device)
+        )
+        self.register_buffer("scale", torch.empty(out_features, device=device))
+        self.bias = (
+            nn.Parameter(torch.empty(out_features, device=device), requires_grad=False)
+            if bias
+            else None
+        )
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> Int8Linear:
+        m = cls(linear.in_features, linear.out_features, linear.bias is not None)
+        m.qweight, m.scale = quantize_int8(linear.weight)
+        if linear.bias is not None:
+            m.bias = nn.Parameter(linear.bias.detach().float().clone(), requires_grad=False)
+        return m
+
+    def dequantized(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        return self.qweight.to(dtype) * self.scale.to(dtype)[:, None]
+
+    def forward(self, x: Tensor) -> Tensor:
+        flat = x.reshape(-1, self.in_features)
+        if _use_kernel(x):
+            y = torch._weight_int8pack_mm(
+                flat.to(torch.bfloat16).contiguous(), self.qweight, self.scale.to(torch.bfloat16)
+            ).to(x.dtype)
+        else:
+            y = flat @ self.dequantized(x.dtype).T
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, int8, bias={self.bias is not None}"
+
+
+class Int4Linear(nn.Module):
+    """y = x @ W.T + bias, W in int4 with a scale and zero per group of ``group_size`` inputs."""
+
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool, group_size: int, device: Any = None
+    ):
+        super().__init__()
+        self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
+        self.register_buffer(
+            "qweight", torch.empty(out_features, in_features // 2, dtype=torch.uint8, device=device)
+        )
+        self.register_buffer(
+            "scales_and_zeros",
+            torch.empty(in_features // group_size, out_features, 2, device=device),
+        )
+        self.bias = (
+            nn.Parameter(torch.empty(out_features, device=device), requires_grad=False)
+            if bias
+            else None
+        )
+        self._packed: tuple[Tensor, Tensor] | None = None
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, group_size: int) -> Int4Linear:
+        m = cls(linear.in_features, linear.out_features, linear.bias is not None, group_size)
+        m.qweight, m.scales_and_zeros = quantize_int4(linear.weight, group_size)
+        if linear.bias is not None:
+            m.bias = nn.Parameter(linear.bias.detach().float().clone(), requires_grad=False)
+        return m
+
+    def dequantized(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        q = _unpack_nibbles(self.qweight).float()
+        n, k = q.shape
+        s, z = self.scales_and_zeros.transpose(0, 1).unbind(-1)  # (N, K // gs) each
+        g = (q.reshape(n, k // self.group_size, self.group_size) - 8) * s[..., None] + z[..., None]
+        return g.reshape(n, k).to(dtype)
+
+    def _kernel_weights(self) -> tuple[Tensor, Tensor]:
+        """The CPU kernel's packed layout (rows padded to a multiple of 16), built once."""
+        if self._packed is None:
+            q = _unpack_nibbles(self.qweight).to(torch.int32)
+            sz = self.scales_and_zeros
+            pad = -self.out_features % 16
+            if pad:
+                q = F.pad(q, (0, 0, 0, pad))
+                sz = F.pad(sz, (0, 0, 0, pad))
+            packed = torch._convert_weight_to_int4pack_for_cpu(q.contiguous(), 1)
+            self._packed = (packed, sz.to(torch.bfloat16).contiguous())
+        return self._packed
+
+    def forward(self, x: Tensor) -> Tensor:
+        flat = x.reshape(-1, self.in_features)
+        if _use_kernel(x):
+            packed, sz = self._kernel_weights()
+            y = torch._weight_int4pack_mm_for_cpu(
+                flat.to(torch.bfloat16).contiguous(), packed, self.group_size, sz
+            )
+            y = y[:, : self.out_features].to(x.dtype)
+        else:
+            y = flat @ self.dequantized(x.dtype).T
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, int4, group_size={self.group_size}"
+
+
+class Int8Embedding(nn.Module):
+    """A token table stored as int8 rows with one scale each; a lookup dequantizes its rows."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, device: Any = None):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        self.padding_idx = None
+        self.register_buffer(
+            "qweight", torch.empty(num_embeddings, embedding_dim, dtype=torch.int8, device=device)
+        )
+        self.register_buffer("scale", torch.empty(num_embeddings, device=device))
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.qweight[ids].float() * self.scale[ids].unsqueeze(-1)
+
+
+def _check_scheme(scheme: str, group_size: int) -> None:
+    if scheme not in SCHEMES:
+        raise LaminaError(
+            f"unknown quantization scheme {scheme!r}; choose one of {', '.join(SCHEMES)}"
+        )
+    if scheme == "int4" and group_size not in INT4_GROUP_SIZES:
+        raise LaminaError(
+            f"group_size must be one of {', '.join(map(str, INT4_GROUP_SIZES))} for int4, got {group_size!r}"
+        )
+
+
+def _block_linears(model: GPT) -> list[tuple[nn.Module, str, nn.Linear]]:
+    return [
+        (parent, name, child)
+        for parent in model.blocks.modules()
+        for name, child in parent.named_children()
+        if isinstance(child, nn.Linear)
+    ]
+
+
+def scheme_of(model: nn.Module) -> dict[str, Any] | None:
+    """{"scheme": "int8"} or {"scheme": "int4", "group_size": g}; None for a float model."""
+    return getattr(model, "quantization", None)
+
+
+def quantize_structure(model: GPT, scheme: str, group_size: int = 128) -> GPT:
+    """Replace the linears (and a tied token table) by empty quantized modules, in place.
+
+    For loading a saved quantized model: build the GPT on the meta device, call this, then
+    ``load_state_dict(tensors, assign=True)``. ``quantize`` fills the same modules from weights.
+    """
+    return _replace(model, scheme, group_size, fill=False)
+
+
+def quantize(model: GPT, scheme: str = "int8", *, group_size: int = 128) -> GPT:
+    """Quantize a GPT's linear layers in place (and return it) for inference.
+
+    scheme: "int8" (a scale per output row) or "int4" (a scale and zero per ``group_size``
+    inputs; group_size one of 32, 64, 128, 256 and dividing every layer's input width).
+    """
+    if not isinstance(model, GPT):
+        raise LaminaError(f"quantize needs a lamina GPT, got {type(model).__name__}")
+    if scheme_of(model) is not None:
+        raise LaminaError(f"this model is already quantized ({scheme_of(model)['scheme']})")
+    _check_scheme(scheme, group_size)
+    return _replace(model, scheme, group_size, fill=True)
+
+
+def _replace(model: GPT, scheme: str, group_size: int, *, fill: bool) -> GPT:
+    _check_scheme(scheme, group_size)
+    targets = _block_linears(model) + [(model, "head", model.head)]
+    if scheme == "int4":
+        for _, name, lin in targets:
+            if lin.in_features % group_size:
+                raise LaminaError(
+                    f"group_size {group_size} does not divide the input width {lin.in_features} "
+                    f"of {name}; choose a group size that divides every layer's width"
+                )
+    tied = model.config.tie_weights
+    device = model.head.weight.device
+    for parent, name, lin in targets:
+        bias = lin.bias is not None
+        if scheme == "int8":
+            new = (
+                Int8Linear.from_linear(lin)
+                if fill
+                else Int8Linear(lin.in_features, lin.out_features, bias, device)
+            )
+        else:
+            new = (
+                Int4Linear.from_linear(lin, group_size)
+                if fill
+                else Int4Linear(lin.in_features, lin.out_features, bias, group_size, device)
+            )
+        setattr(parent, name, new)
+    if tied:
+        wte = model.embed.wte
+        table = Int8Embedding(wte.num_embeddings, wte.embedding_dim, device)
+        if fill:
+            table.qweight, table.scale = quantize_int8(wte.weight)
+        if (
+            scheme == "int8"
+        ):  # one tensor for both: the head multiplies by exactly the rows looked up
+            model.head.qweight, model.head.scale = table.qweight, table.scale
+        model.embed.wte = table
+    for p in model.parameters():
+        p.requires_grad_(False)
+    model.quantization = {"scheme": scheme} | (
+        {"group_size": group_size} if scheme == "int4" else {}
+    )
+    return model.eval()
+
+
+def quantized_tensors(model: GPT) -> dict[str, Tensor]:
+    """The tensors to save: each stored once (a tied int8 head is the token table's)."""
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    if model.config.tie_weights and scheme_of(model) == {"scheme": "int8"}:
+        state.pop("head.qweight"), state.pop("head.scale")
+    return state
+
+
+def tie_loaded(model: GPT) -> None:
+    """After loading a tied int8 model, point the head at the token table's tensors again."""
+    if model.config.tie_weights and scheme_of(model) == {"scheme": "int8"}:
+        model.head.qweight, model.head.scale = model.embed.wte.qweight, model.embed.wte.scale

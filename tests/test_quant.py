@@ -1,0 +1,189 @@
+"""Weight-only quantization: error bounds, kernel = reference path, tying, bad input."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import lamina
+from lamina import GPT, GPTConfig, LaminaError, quant
+from lamina.quant import Int4Linear, Int8Linear, quantize, quantize_int4, quantize_int8
+
+
+def _model(**kw) -> GPT:
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=97, block_size=32, d_model=64, n_heads=4, n_layers=2, **kw)
+    return GPT(cfg).eval()
+
+
+def test_int8_rows_round_to_within_half_a_step():
+    w = torch.randn(40, 64) * torch.linspace(0.01, 3, 40)[:, None]
+    q, s = quantize_int8(w)
+    assert q.dtype == torch.int8 and s.shape == (40,)
+    err = (q.float() * s[:, None] - w).abs()
+    assert bool((err <= s[:, None] / 2 + 1e-6).all())
+    assert int(q.abs().max()) == 127  # each row's largest weight uses the full range
+
+
+def test_int4_groups_round_to_within_half_a_step():
+    w = torch.randn(24, 128)
+    packed, sz = quantize_int4(w, 32)
+    assert packed.shape == (24, 64) and packed.dtype == torch.uint8 and sz.shape == (4, 24, 2)
+    lin = nn.Linear(128, 24, bias=False)
+    lin.weight.data.copy_(w)
+    m = Int4Linear.from_linear(lin, 32)
+    err = (m.dequantized() - w).abs().reshape(24, 4, 32)
+    step = sz[..., 0].T  # (24, 4)
+    assert bool((err <= step[..., None] / 2 + 1e-5).all())
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_kernel_path_equals_dequantized_path(kind, monkeypatch):
+    if not quant.native_bf16():
+        pytest.skip("this CPU has no native bf16: only the dequantized path runs here")
+    lin = nn.Linear(128, 40)  # 40 rows: int4 pads them to 48 for the kernel
+    m = Int8Linear.from_linear(lin) if kind == "int8" else Int4Linear.from_linear(lin, 64)
+    x = torch.randn(3, 5, 128)
+    fast = m(x)
+    monkeypatch.setattr(quant, "_use_kernel", lambda x: False)
+    slow = m(x)
+    assert fast.shape == slow.shape == (3, 5, 40) and fast.dtype == torch.float32
+    # the kernel rounds activations to bf16: agree to bf16 precision
+    assert torch.allclose(fast, slow, rtol=2e-2, atol=2e-2 * slow.abs().max().item())
+
+
+@pytest.mark.parametrize("tie", [True, False])
+@pytest.mark.parametrize("scheme,tol", [("int8", 0.03), ("int4", 0.3)])
+def test_quantized_logits_stay_close(scheme, tol, tie):
+    model = _model(tie_weights=tie)
+    ids = torch.randint(0, 97, (2, 12))
+    ref = model(ids)
+    q = quantize(copy.deepcopy(model), scheme, group_size=32)
+    out = q(ids)
+    rel = ((out - ref).norm() / ref.norm()).item()
+    assert rel < tol, f"{scheme}: relative logit error {rel:.3f}"
+    assert not any(isinstance(m, nn.Linear) for m in q.blocks.modules())
+    assert lamina.quant.scheme_of(q)["scheme"] == scheme
+
+
+def test_tied_int8_head_and_table_are_one_tensor_and_lookups_are_its_rows():
+    q = quantize(_model(), "int8")
+    assert q.head.qweight.data_ptr() == q.embed.wte.qweight.data_ptr()
+    ids = torch.tensor([[3, 5, 96]])
+    rows = q.head.dequantized()[ids[0]]
+    assert torch.equal(q.embed.wte(ids)[0], rows)
+    names = set(quant.quantized_tensors(q))
+    assert "embed.wte.qweight" in names and "head.qweight" not in names
+
+
+def test_untied_int8_keeps_the_token_table_exact():
+    model = _model(tie_weights=False)
+    table = model.embed.wte.weight.detach().clone()
+    q = quantize(model, "int8")
+    assert isinstance(q.embed.wte, nn.Embedding) and torch.equal(q.embed.wte.weight, table)
+
+
+def test_bad_input_is_refused():
+    with pytest.raises(LaminaError, match="unknown quantization scheme 'int3'"):
+        quantize(_model(), "int3")
+    with pytest.raises(LaminaError, match="group_size must be one of"):
+        quantize(_model(), "int4", group_size=48)
+    with pytest.raises(LaminaError, match="does not divide the input width 64"):
+        quantize(_model(), "int4", group_size=128)
+    q = quantize(_model(), "int8")
+    with pytest.raises(LaminaError, match="already quantized"):
+        quantize(q, "int8")
+    with pytest.raises(LaminaError, match="needs a lamina GPT"):
+        quantize(nn.Linear(2, 2), "int8")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("tie", [True, False])
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_saved_and_loaded_without_float_weights(tmp_path, scheme, tie):
+    q = quantize(_model(tie_weights=tie), scheme, group_size=32)
+    ids = torch.randint(0, 97, (2, 10))
+    lamina.save(tmp_path / "q", q)
+    back, _ = lamina.load(tmp_path / "q")
+    assert quant.scheme_of(back) == quant.scheme_of(q)
+    assert torch.equal(back(ids), q(ids))
+    if tie and scheme == "int8":
+        assert back.head.qweight.data_ptr() == back.embed.wte.qweight.data_ptr()
+    assert not any(t.is_meta for t in [*back.parameters(), *back.buffers()])
+
+
+def test_int8_file_is_about_a_quarter_of_fp32(tmp_path):
+    model = _model(tie_weights=False)
+    lamina.save(tmp_path / "f", model)
+    lamina.save(tmp_path / "q", quantize(model, "int8"))
+    full = (tmp_path / "f" / "model.safetensors").stat().st_size
+    small = (tmp_path / "q" / "model.safetensors").stat().st_size
+    # the untied token table (97 x 64) stays fp32; everything else is 1 byte per weight
+    assert small < 0.45 * full
+
+
+def test_a_quantized_file_with_missing_or_misshapen_scales_is_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    lamina.save(tmp_path / "q", quantize(_model(), "int8"))
+    path = tmp_path / "q" / "model.safetensors"
+    state = load_file(path)
+    state["blocks.0.attn.qkv.scale"] = torch.ones(5)
+    save_file(state, path)
+    with pytest.raises(LaminaError, match="blocks.0.attn.qkv.scale has shape"):
+        lamina.load(tmp_path / "q")
+    del state["blocks.0.attn.qkv.scale"]
+    save_file(state, path)
+    with pytest.raises(LaminaError, match="missing keys: blocks.0.attn.qkv.scale"):
+        lamina.load(tmp_path / "q")
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """A small character model trained for 200 steps on this repository's README."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    chars = sorted(set(text))
+    data = torch.tensor([chars.index(c) for c in text])
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=len(chars), block_size=64, d_model=64, n_heads=4, n_layers=2)
+    model = GPT(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    split = int(0.9 * len(data))
+    for _ in range(200):
+        starts = torch.randint(0, split - 65, (16,))
+        x = torch.stack([data[s : s + 64] for s in starts])
+        y = torch.stack([data[s + 1 : s + 65] for s in starts])
+        loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    val = data[split:]
+    n = (len(val) - 1) // 64
+    vx, vy = val[: n * 64].reshape(n, 64), val[1 : n * 64 + 1].reshape(n, 64)
+    return model.eval(), vx, vy
+
+
+def _loss(model, x, y) -> float:
+    with torch.no_grad():
+        return torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten()).item()
+
+
+def test_int8_costs_under_1_percent_of_loss_and_keeps_greedy_tokens(trained):
+    model, x, y = trained
+    base = _loss(model, x, y)
+    assert base < 3.0  # it learned something: chance is ln(vocab) ~ 4.4
+    q8 = quantize(copy.deepcopy(model), "int8")
+    assert abs(_loss(q8, x, y) - base) / base < 0.01
+    prompt = x[:1, :8]
+    assert torch.equal(q8.greedy(prompt, 20), model.greedy(prompt, 20))
+
+
+def test_int4_costs_under_5_percent_of_loss(trained):
+    model, x, y = trained
+    base = _loss(model, x, y)
+    q4 = quantize(copy.deepcopy(model), "int4", group_size=32)
+    assert abs(_loss(q4, x, y) - base) / base < 0.05
