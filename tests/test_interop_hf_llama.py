@@ -197,3 +197,20 @@ def test_tokenizer_json_is_carried_both_ways(tmp_path):
     ids = torch.tensor([tok.encode("the cat sat")])
     with torch.no_grad():
         torch.testing.assert_close(again(ids).logits, model(ids), atol=1e-4, rtol=0)
+
+
+def test_a_tokenizer_json_lamina_cannot_read_is_reported_not_carried(tmp_path, capsys):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from lamina.cli import main
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()  # sentencepiece-style, as Llama 2's
+    hf = make_hf(num_hidden_layers=1, num_attention_heads=2)
+    hf.save_pretrained(tmp_path / "hf")
+    (tmp_path / "hf" / "tokenizer.json").write_text(tok.to_str())
+    assert (
+        main(["convert", "--from", "hf", str(tmp_path / "hf"), "--out", str(tmp_path / "m")]) == 0
+    )
+    assert "tokenizer.json not carried" in capsys.readouterr().out
+    assert not (tmp_path / "m" / "tokenizer.json").exists()

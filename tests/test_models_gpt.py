@@ -172,3 +172,22 @@ def test_bad_input_raises_value_error(ids, message):
 def test_greedy_rejects_a_negative_count():
     with pytest.raises(LaminaError, match="max_new_tokens"):
         tiny().greedy(torch.tensor([[1]]), -1)
+
+
+def test_a_model_with_every_option_saves_and_loads_exactly(tmp_path):
+    import lamina
+
+    model = tiny(init_std=0.1, **LLAMA_LIKE, qk_norm=True, logit_softcap=9.0, tie_weights=False)
+    lamina.save(tmp_path / "m", model)
+    back, _ = lamina.load(tmp_path / "m")
+    ids = torch.randint(0, 100, (2, 9))
+    assert back.config == model.config
+    assert torch.equal(back(ids), model(ids))
+
+
+def test_an_old_config_without_the_new_fields_means_what_it_meant():
+    old = {k: v for k, v in GPTConfig.preset("tiny").to_dict().items() if k != "n_kv_heads"}
+    old = {k: v for k, v in old.items() if k not in ("positions", "norm", "rope_theta")}
+    c = GPTConfig.from_dict(old)
+    assert (c.positions, c.norm, c.kv_heads, c.activation) == ("learned", "layer", 4, "gelu")
+    assert c.logit_softcap is None and not c.qk_norm and not c.zero_init_proj

@@ -83,6 +83,8 @@ def _from_hf(source: Path, out: Path) -> str:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     kind = tokenizer.to_dict()["kind"] if tokenizer is not None else "none found"
+    if tokenizer is None and (source / "tokenizer.json").is_file():
+        kind = "tokenizer.json not carried (lamina reads byte-level BPE ones only)"
     return f"{model.num_params():,} parameters; tokenizer: {kind}"
 
 
