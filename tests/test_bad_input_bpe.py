@@ -1,0 +1,112 @@
+"""Issue 17, class 5: training a BPE tokenizer is bounded in memory and time, shows progress and
+stops on Ctrl-C, whatever the corpus (one huge line, no spaces at all)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from lamina.data import bpe_trainer
+from lamina.data.bpe_trainer import CHUNK_CHARS, text_chunks
+from lamina.data.spec import build_tokenizer
+from lamina.data.subword import BPETokenizer
+
+PROSE = "".join(
+    f"line {i}: the king and the queen  of {'north' if i % 3 else 'south'}\tsay hello.\n"
+    for i in range(400)
+)
+
+
+def test_chunks_rebuild_the_text_are_bounded_and_cut_before_whitespace():
+    """Joined, the chunks are the text; none is longer than the bound; a cut lands just before
+    a newline when the window has one, else before a space, else hard at the bound."""
+    text = PROSE + "x" * 10_000 + " tail"
+    chunks = list(text_chunks(text, 500))
+    assert "".join(chunks) == text
+    assert max(len(c) for c in chunks) <= 500
+    cuts = [sum(map(len, chunks[: i + 1])) for i in range(len(chunks) - 1)]
+    prose_cuts = [c for c in cuts if c < len(PROSE)]
+    assert prose_cuts and all(text[c] == "\n" for c in prose_cuts)
+    spaced = list(text_chunks("ab cd " * 100, 50))
+    assert all(c.startswith(" ") for c in spaced[1:])  # cut before a space, none had a newline
+    solid = list(text_chunks("y" * 1234, 100))
+    assert [len(c) for c in solid] == [100] * 12 + [34]
+
+
+def test_chunked_training_learns_what_the_whole_text_teaches():
+    """Cutting before whitespace keeps every pre-token whole, so the merges are the same as
+    training on the whole text at once (what the trainer was handed before)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    whole = Tokenizer(models.BPE())
+    whole.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    whole.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        min_frequency=2,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    whole.train_from_iterator([PROSE], trainer=trainer)
+    ours = json.loads(BPETokenizer.train(PROSE, 320).hf_json)["model"]
+    reference = json.loads(whole.to_str())["model"]
+    assert len(list(text_chunks(PROSE))) > 1, "the corpus must span several chunks"
+    assert ours["vocab"] == reference["vocab"] and ours["merges"] == reference["merges"]
+
+
+def test_the_trainer_is_never_handed_more_than_a_chunk(monkeypatch):
+    """Text without a single space (one giant pre-token) reaches the trainer in pieces of at
+    most CHUNK_CHARS characters, so no word is longer than that."""
+    seen: list[int] = []
+    real = bpe_trainer.text_chunks
+
+    def spy(text, size=CHUNK_CHARS):
+        for chunk in real(text, size):
+            seen.append(len(chunk))
+            yield chunk
+
+    monkeypatch.setattr(bpe_trainer, "text_chunks", spy)
+    text = "abcdefghij" * 3_000  # 30,000 characters, no whitespace
+    tok = BPETokenizer.train(text, 300)
+    assert sum(seen) == len(text) and max(seen) <= CHUNK_CHARS and len(seen) >= 8
+    assert tok.decode(tok.encode(text[:500])) == text[:500]
+
+
+def test_progress_lines_state_the_memory_and_spec_reports_big_corpora(capsys):
+    """train(progress=...) gets a start line with the memory it needs, reading progress and a
+    done line; build_tokenizer prints them to stderr for a corpus of 1 MB or more."""
+    lines: list[str] = []
+    BPETokenizer.train(PROSE, 300, lines.append)
+    assert lines[0].startswith("bpe: learning up to 300 ids") and "MB" in lines[0]
+    assert any("computing merges" in line for line in lines)
+    assert lines[-1].startswith("bpe: ") and " ids in " in lines[-1]
+    build_tokenizer("bpe:300", PROSE)
+    assert capsys.readouterr().err == "", "a small corpus trains silently"
+    big = "word " * 210_000  # 1.05 M characters
+    build_tokenizer("bpe:260", big)
+    err = capsys.readouterr().err
+    assert "bpe: learning up to 260 ids" in err and "% of the text" in err
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGINT"), reason="needs POSIX signals")
+def test_ctrl_c_interrupts_training_at_once():
+    """SIGINT while the trainer works raises KeyboardInterrupt in the caller within a fraction
+    of a second, even though the trainer itself is busy (here: stalled in a progress call)."""
+    release = threading.Event()
+
+    def stall(line: str) -> None:
+        if "% of the text" in line and not release.is_set():
+            release.set()
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(3)  # the trainer is busy; the caller must not wait for it
+
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        BPETokenizer.train("some words here\n" * 5_000, 300, stall)
+    assert time.monotonic() - start < 2.0
