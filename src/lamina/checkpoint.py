@@ -2,15 +2,19 @@
 
     save_model(dir, model, tokenizer=None)   -> dir/config.json, dir/model.safetensors, ...
     load_model(dir) -> (model, tokenizer or None)        (also exported as `lamina.load`)
+    check_device(name) -> torch.device                   a device this machine can compute on
 
 Tied weights are stored once (the head is re-tied on load); the `_orig_mod.` prefix that
 `torch.compile` adds is stripped on save and on load. Loading never unpickles: safetensors and
-JSON only. A missing, unexpected or wrongly shaped tensor is an error naming the key.
+JSON only. A missing, unexpected or wrongly shaped tensor is an error naming the key. Saving
+onto a file, or a device name this machine cannot use, is a `LaminaError` before anything is
+written or loaded.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -138,18 +142,78 @@ def load_state(model: nn.Module, state: dict[str, Tensor], where: str = "checkpo
             tensor.copy_(state[name])
 
 
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip() or type(e).__name__).splitlines()[0]
+
+
+def check_device(device: str | torch.device) -> torch.device:
+    """The torch device named `device`, if this machine can put tensors on it; else LaminaError."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise LaminaError(
+            f"unknown device {str(device)!r}: expected cpu, cuda, cuda:N or mps"
+        ) from None
+    if dev.type == "meta":
+        raise LaminaError("device 'meta' holds no data: choose cpu, cuda, cuda:N or mps")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise LaminaError(
+                f"device {str(device)!r}: CUDA is not available here (a CPU-only torch, or no "
+                "GPU); use cpu"
+            )
+        count = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= count:
+            raise LaminaError(f"device {str(device)!r}: this machine has {count} CUDA device(s)")
+    try:
+        torch.empty(0, device=dev)
+    except Exception as e:  # each backend fails its own way (AssertionError, NotImplementedError)
+        raise LaminaError(f"device {str(device)!r} is not usable here ({_first_line(e)})") from None
+    return dev
+
+
+def torch_load_refusal(path: str | os.PathLike[str], error: BaseException) -> str:
+    """One line saying why `torch.load(path, weights_only=True)` failed, without torch's advice
+    to retry with weights_only=False (that would run whatever code the pickle names)."""
+    text = str(error)
+    if isinstance(error, pickle.UnpicklingError) or "Weights only load failed" in text:
+        _, _, detail = text.partition("WeightsUnpickler error:")
+        detail = next((ln.strip() for ln in detail.splitlines() if ln.strip()), "")
+        detail = detail.split(". ")[0].rstrip(".") or "an object that is not a tensor"
+        return (
+            f"{path} refused: a pickle that does not hold plain tensors only ({detail}); "
+            "lamina never runs code from a pickle. If you trust its source, re-save it as "
+            "safetensors in a separate, disposable environment (e.g. transformers' "
+            "save_pretrained(dir, safe_serialization=True)) and convert that folder"
+        )
+    first = _first_line(error).split(". ")[0].rstrip(".")
+    return f"{path} refused: not a readable PyTorch weights file ({first})"
+
+
+def _make_folder(d: Path) -> None:
+    if d.exists() and not d.is_dir():
+        raise LaminaError(f"cannot save a model to {d}: it is a file, not a folder")
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise LaminaError(f"cannot create the folder {d}: {e.strerror or e}") from None
+
+
 def save_model(
     directory: str | os.PathLike[str], model: nn.Module, tokenizer: Tokenizer | None = None
 ) -> Path:
     """Write config.json, model.safetensors and (if given) tokenizer.json into `directory`."""
     d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
     inner = unwrap(model)
-    config_json = model_to_json(inner)
-    save_tensors(d / "model.safetensors", model_tensors(inner), {"format": "pt"})
-    if tokenizer is not None:
-        save_tokenizer(tokenizer, d / "tokenizer.json")
-    write_json(d / "config.json", config_json)  # last: its presence marks a complete model
+    config_json = model_to_json(inner)  # not a lamina model: refused before any folder is made
+    _make_folder(d)
+    try:
+        save_tensors(d / "model.safetensors", model_tensors(inner), {"format": "pt"})
+        if tokenizer is not None:
+            save_tokenizer(tokenizer, d / "tokenizer.json")
+        write_json(d / "config.json", config_json)  # last: its presence marks a complete model
+    except OSError as e:  # a full disk, a read-only folder: the temp file is already removed
+        raise LaminaError(f"cannot write the model into {d}: {e.strerror or e}") from None
     return d
 
 
@@ -158,6 +222,7 @@ def load_model(
 ) -> tuple[nn.Module, Tokenizer | None]:
     """Rebuild the model (and its tokenizer, if saved) from a directory written by `save_model`."""
     d = Path(directory)
+    device = check_device(device)
     if not d.is_dir():
         raise LaminaError(f"no such model directory: {d}")
     if not (d / "config.json").is_file():

@@ -18,6 +18,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from lamina.cli import check_writable
 from lamina.errors import LaminaError
 
 
@@ -59,6 +60,7 @@ def _check_out(out: Path, force: bool) -> None:
         raise LaminaError(f"--out {out} is a file, not a folder")
     if out.is_dir() and any(out.iterdir()) and not force:
         raise LaminaError(f"--out {out} already holds files; pick a new folder or pass --force")
+    check_writable(out, "--out")  # a file in the way, a read-only place: refused up front
 
 
 def _from_hf(source: Path, out: Path) -> str:
