@@ -69,7 +69,7 @@ def _from_hf(source: Path, out: Path) -> str:
     from lamina.interop.hf_tokenizer import tokenizer_from_hf
 
     model = load_hf_gpt2(source)
-    tokenizer = tokenizer_from_hf(source)
+    tokenizer = tokenizer_from_hf(source, model.config.vocab_size)
     if out.exists():
         save_model(out, model, tokenizer)
     else:  # build beside, then rename: a failed write leaves no half folder
