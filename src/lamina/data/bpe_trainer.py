@@ -21,7 +21,8 @@ order: about 1 s per 5 MB of prose, 1 s per MB of text without spaces, on one CP
 Progress: `progress(line)` is called with a few lines (start, every 10% of the text read, the
 merge phase, done). Ctrl-C: training runs in a worker thread (the `tokenizers` library releases
 the GIL) while the calling thread waits, so Ctrl-C raises KeyboardInterrupt at once; the worker
-stops at its next chunk, or, in the merge phase, finishes in the background and is discarded.
+stops at its next chunk (waited for, at most STOP_WAIT seconds), or, in the merge phase, finishes
+in the background and is discarded.
 
 Deliberately unaware of models, files and tokenizer JSON layout beyond what `tokenizers` writes.
 """
@@ -34,6 +35,7 @@ from collections.abc import Callable, Iterator
 
 CHUNK_CHARS = 4096
 BYTES_PER_DISTINCT_CHAR = 55  # measured peak memory per character of distinct words
+STOP_WAIT = 0.5  # seconds an interrupted call waits for the worker to stop
 
 
 def text_chunks(text: str, size: int = CHUNK_CHARS) -> Iterator[str]:
@@ -89,16 +91,21 @@ def train_bpe_json(
     stop = threading.Event()
     started = time.monotonic()
 
+    reading_done = threading.Event()
+
     def chunks() -> Iterator[str]:
-        done, next_report = 0, n / 10
-        for chunk in text_chunks(text):
-            if stop.is_set():
-                raise _Stopped
-            yield chunk
-            done += len(chunk)
-            if done >= next_report and done < n:
-                say(f"bpe: read {100 * done / n:.0f}% of the text")
-                next_report += n / 10
+        try:
+            done, next_report = 0, n / 10
+            for chunk in text_chunks(text):
+                if stop.is_set():
+                    raise _Stopped
+                yield chunk
+                done += len(chunk)
+                if done >= next_report and done < n:
+                    say(f"bpe: read {100 * done / n:.0f}% of the text")
+                    next_report += n / 10
+        finally:
+            reading_done.set()
         say("bpe: computing merges")
 
     failure: list[BaseException] = []
@@ -110,12 +117,16 @@ def train_bpe_json(
             failure.append(e)
 
     worker = threading.Thread(target=work, name="lamina-bpe", daemon=True)
-    worker.start()
     try:
+        worker.start()  # inside the try: Ctrl-C may arrive before start() returns
         while worker.is_alive():
             worker.join(0.1)
     except BaseException:
         stop.set()
+        # Reading: the trainer's reader stops at its next chunk; wait for it (a thread still in
+        # Python code when the interpreter exits would crash it). Merging: it cannot stop and
+        # runs no Python code; it is left to finish in the background.
+        reading_done.wait(STOP_WAIT)
         raise
     if failure:
         raise failure[0]

@@ -1,5 +1,6 @@
-"""Issue 17, class 5: training a BPE tokenizer is bounded in memory and time, shows progress and
-stops on Ctrl-C, whatever the corpus (one huge line, no spaces at all)."""
+"""Issue 17, class 5: every size a user can type is bounded or refused up front. Training a BPE
+tokenizer is bounded in memory and time, shows progress and stops on Ctrl-C, whatever the corpus
+(one huge line, no spaces at all); batches and synthetic tasks refuse sizes beyond memory."""
 
 from __future__ import annotations
 
@@ -96,17 +97,45 @@ def test_progress_lines_state_the_memory_and_spec_reports_big_corpora(capsys):
 
 @pytest.mark.skipif(not hasattr(signal, "SIGINT"), reason="needs POSIX signals")
 def test_ctrl_c_interrupts_training_at_once():
-    """SIGINT while the trainer works raises KeyboardInterrupt in the caller within a fraction
-    of a second, even though the trainer itself is busy (here: stalled in a progress call)."""
-    release = threading.Event()
+    """SIGINT while the trainer works raises KeyboardInterrupt in the caller within a second,
+    even though the trainer itself is busy (here: stalled in a progress call); once the trainer
+    can look, it stops reading instead of finishing the corpus."""
+    interrupted, release, lines = threading.Event(), threading.Event(), []
 
     def stall(line: str) -> None:
-        if "% of the text" in line and not release.is_set():
-            release.set()
+        lines.append(line)
+        if "% of the text" in line and not interrupted.is_set():
+            interrupted.set()
             os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(3)  # the trainer is busy; the caller must not wait for it
+            release.wait(10)  # the trainer is busy; the caller must not wait for it
 
     start = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        BPETokenizer.train("some words here\n" * 5_000, 300, stall)
-    assert time.monotonic() - start < 2.0
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            BPETokenizer.train("some words here\n" * 5_000, 300, stall)
+        assert time.monotonic() - start < 2.0
+    finally:
+        release.set()
+    time.sleep(0.3)  # the reader sees the stop flag at its next chunk
+    assert not any("computing merges" in line for line in lines), lines
+
+
+def test_batch_sizes_beyond_memory_are_refused_before_allocating():
+    """A batch of more ids than MAX_BATCH_IDS, or a vocabulary torch cannot draw from, is a
+    LaminaError up front, not torch's allocation RuntimeError or numpy's MemoryError."""
+    import numpy as np
+
+    from lamina import LaminaError
+    from lamina.data.batches import MAX_BATCH_IDS, WindowSampler
+    from lamina.data.tasks import copy_batch, first_last_batch
+
+    sampler = WindowSampler(np.arange(100), 8)
+    with pytest.raises(LaminaError, match="ids in one batch is more than"):
+        sampler.sample(MAX_BATCH_IDS // 9 + 1)
+    assert sampler.sample(4)[0].shape == (4, 8)
+    with pytest.raises(LaminaError, match="ids in one batch is more than"):
+        first_last_batch(2, 10**12)
+    with pytest.raises(LaminaError, match="ids in one batch is more than"):
+        copy_batch(10**9, 8)
+    with pytest.raises(LaminaError, match="vocab_size must be at most"):
+        first_last_batch(2, 8, 10**30)
