@@ -111,3 +111,11 @@ def test_folder_without_tokenizer_files_converts_silently(hf_dir, tmp_path, caps
     code, out, err = convert(hf_dir, tmp_path / "out", capsys)
     assert code == 0 and err == "" and "tokenizer: none found" in out
     assert json.loads((tmp_path / "out" / "config.json").read_text())["kind"] == "gpt"
+
+
+def test_a_model_folder_whose_tokenizer_outgrows_the_model_is_refused(tmp_path):
+    """The same rule when loading a lamina folder (e.g. one written by an older convert)."""
+    tok = BPETokenizer.train(TEXT, 300)
+    d = lamina.save(tmp_path / "m", GPT(CONFIG), tok)
+    with pytest.raises(LaminaError, match=r"has \d+ ids, more than the model's vocab_size 100"):
+        lamina.load(d)

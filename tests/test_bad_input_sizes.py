@@ -139,3 +139,43 @@ def test_batch_sizes_beyond_memory_are_refused_before_allocating():
         copy_batch(10**9, 8)
     with pytest.raises(LaminaError, match="vocab_size must be at most"):
         first_last_batch(2, 8, 10**30)
+
+
+def test_config_describing_a_huge_model_is_refused_before_building_it(tmp_path):
+    """A config.json whose model would need terabytes (a corrupt or foreign file next to small
+    weights) is refused from the arithmetic, before any allocation."""
+    import json
+
+    import lamina
+    from lamina import GPT, GPTConfig, LaminaError
+
+    cfg = GPTConfig(vocab_size=16, block_size=8, d_model=8, n_layers=1, n_heads=2)
+    d = lamina.save(tmp_path / "m", GPT(cfg))
+    data = json.loads((d / "config.json").read_text())
+    for field, value in [("vocab_size", 10**12), ("n_layers", 10**9)]:
+        (d / "config.json").write_text(
+            json.dumps({**data, "model": {**data["model"], field: value}})
+        )
+        with pytest.raises(LaminaError, match=r"parameters, but .*model.safetensors holds only"):
+            lamina.load(d)
+
+
+def test_prompt_files_are_read_up_to_a_bound(tmp_path, monkeypatch, capsys):
+    """`--prompt-file /dev/zero` must not read forever: past MAX_PROMPT_BYTES it is refused."""
+    import lamina
+    from lamina import GPT, GPTConfig
+    from lamina.cli import main, sample
+    from lamina.data import CharTokenizer
+
+    tok = CharTokenizer.from_text("ab\n")
+    cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=8, d_model=8, n_layers=1, n_heads=2)
+    d = lamina.save(tmp_path / "m", GPT(cfg), tok)
+    monkeypatch.setattr(sample, "MAX_PROMPT_BYTES", 1024)
+    (tmp_path / "p.txt").write_text("ab" * 513)
+    assert main(["sample", str(d), "--prompt-file", str(tmp_path / "p.txt")]) == 2
+    assert "is longer than" in capsys.readouterr().err
+    (tmp_path / "p.txt").write_text("ab" * 512)
+    assert (
+        main(["sample", str(d), "--prompt-file", str(tmp_path / "p.txt"), "--max-new-tokens", "1"])
+        == 0
+    )

@@ -182,3 +182,39 @@ def test_api_save_onto_a_file_and_ids_of_any_integer_dtype(model_dir, tmp_path):
         lamina.generate(model, torch.tensor([ids]), 2**62)
     with pytest.raises(LaminaError, match="tokens in all"):
         lamina.generate(model, torch.tensor([ids] * 8), 2**26)
+
+
+def test_an_output_encoding_without_the_characters_is_one_line(tmp_path, monkeypatch, capsys):
+    """PYTHONIOENCODING=ascii and a sample with 'é': one line saying what to set, exit 2."""
+    tok = CharTokenizer.from_text("é")
+    cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=8, d_model=8, n_layers=1, n_heads=2)
+    d = lamina.save(tmp_path / "m", GPT(cfg), tok)
+
+    class AsciiStdout:
+        def write(self, text: str) -> int:
+            return len(text.encode("ascii"))
+
+        def flush(self) -> None:
+            pass
+
+    code, err = run_with_stdout(
+        monkeypatch, capsys, AsciiStdout(), ["sample", str(d), "--prompt", "é"]
+    )
+    assert code == 2
+    assert "its encoding ascii has no 'é' (set PYTHONIOENCODING=utf-8)" in one_line(err)
+
+
+def test_malformed_config_json_is_a_lamina_error(model_dir, tmp_path):
+    """'format' that is not a number, or a model section missing required fields."""
+    import json
+    import shutil
+
+    d = tmp_path / "copy"
+    shutil.copytree(model_dir, d)
+    data = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**data, "format": "1"}))
+    with pytest.raises(LaminaError, match="'format' must be an integer"):
+        lamina.load(d)
+    (d / "config.json").write_text(json.dumps({**data, "model": {"d_model": 16}}))
+    with pytest.raises(LaminaError, match="not a valid GPTConfig"):
+        lamina.load(d)

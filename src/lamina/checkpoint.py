@@ -95,23 +95,57 @@ def model_to_json(model: nn.Module) -> dict[str, Any]:
     raise LaminaError("save_model needs a lamina GPT, Encoder or SequenceClassifier")
 
 
-def model_from_json(data: Any, where: str = "config.json") -> nn.Module:
-    """Build the (untrained) model that a config.json describes."""
+def config_from_json(data: Any, where: str = "config.json") -> tuple[str, Any]:
+    """(kind, GPTConfig or EncoderConfig) of a config.json, checked; nothing is built."""
     if not isinstance(data, dict) or "model" not in data or "kind" not in data:
         raise LaminaError(f"{where} is not a lamina model config (no 'kind' and 'model' fields)")
-    if data.get("format", 1) > FORMAT_VERSION:
-        raise LaminaError(
-            f"{where} has format {data['format']}; this lamina reads up to {FORMAT_VERSION}"
-        )
+    fmt = data.get("format", 1)
+    if isinstance(fmt, bool) or not isinstance(fmt, int):
+        raise LaminaError(f"{where}: 'format' must be an integer, got {fmt!r}")
+    if fmt > FORMAT_VERSION:
+        raise LaminaError(f"{where} has format {fmt}; this lamina reads up to {FORMAT_VERSION}")
     kind = data["kind"]
+    if kind not in ("gpt", "encoder", "classifier"):
+        raise LaminaError(f"{where}: unknown model kind {kind!r}")
+    cls = GPTConfig if kind == "gpt" else EncoderConfig
+    try:
+        return kind, cls.from_dict(data["model"])
+    except TypeError as e:  # a required field missing: the dataclass's own words
+        raise LaminaError(f"{where}: 'model' is not a valid {cls.__name__} ({e})") from None
+
+
+def model_from_json(data: Any, where: str = "config.json") -> nn.Module:
+    """Build the (untrained) model that a config.json describes."""
+    kind, config = config_from_json(data, where)
     if kind == "gpt":
-        return GPT(GPTConfig.from_dict(data["model"]))
+        return GPT(config)
     if kind == "encoder":
-        return Encoder(EncoderConfig.from_dict(data["model"]))
-    if kind == "classifier":
-        config = EncoderConfig.from_dict(data["model"])
-        return SequenceClassifier(config, data.get("n_classes", 2), data.get("pooling", "first"))
-    raise LaminaError(f"{where}: unknown model kind {kind!r}")
+        return Encoder(config)
+    return SequenceClassifier(config, data.get("n_classes", 2), data.get("pooling", "first"))
+
+
+def _check_param_count(
+    config: Any, data: dict[str, Any], state: dict[str, Tensor], where: Path
+) -> None:
+    """Refuse a config.json that describes far more parameters than the weights hold, before
+    building the model: a corrupt or foreign config.json must not allocate terabytes. (Smaller
+    mismatches are named tensor by tensor by `load_state`.)"""
+    from lamina.models.params import count_params
+
+    try:
+        n = count_params(config)
+    except Exception:  # a config kind the formula does not cover: the shapes are checked later
+        return
+    n_classes = data.get("n_classes", 0)
+    if isinstance(n_classes, int) and not isinstance(n_classes, bool) and n_classes > 0:
+        n += n_classes * (config.d_model + 1)
+    stored = sum(t.numel() for t in state.values())
+    if n > 2 * stored + 4096:
+        raise LaminaError(
+            f"{where / 'config.json'} describes a model of {n:,} parameters, but "
+            f"{where / 'model.safetensors'} holds only {stored:,} values: they do not belong "
+            "together"
+        )
 
 
 def load_state(model: nn.Module, state: dict[str, Tensor], where: str = "checkpoint") -> None:
@@ -227,8 +261,17 @@ def load_model(
         raise LaminaError(f"no such model directory: {d}")
     if not (d / "config.json").is_file():
         raise LaminaError(f"{d} is not a lamina model or run directory (no config.json)")
-    model = model_from_json(read_json(d / "config.json"), str(d / "config.json"))
-    load_state(model, load_tensors(d / "model.safetensors"), str(d / "model.safetensors"))
+    data = read_json(d / "config.json")
+    _, config = config_from_json(data, str(d / "config.json"))
+    state = load_tensors(d / "model.safetensors")
+    _check_param_count(config, data, state, d)
+    model = model_from_json(data, str(d / "config.json"))
+    load_state(model, state, str(d / "model.safetensors"))
     tokenizer = load_tokenizer(d / "tokenizer.json") if (d / "tokenizer.json").is_file() else None
+    if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
+        raise LaminaError(
+            f"{d / 'tokenizer.json'} has {tokenizer.vocab_size:,} ids, more than the model's "
+            f"vocab_size {config.vocab_size:,}: they do not belong together"
+        )
     model.eval()
     return model.to(device), tokenizer

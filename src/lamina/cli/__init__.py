@@ -93,6 +93,10 @@ class GuardedStdout:
             return self._inner.write(text)
         except OSError as e:
             raise OutputFailed(e) from e
+        except UnicodeEncodeError as e:  # e.g. PYTHONIOENCODING=ascii and a non-ASCII sample
+            bad = e.object[e.start : e.end]
+            why = f"its encoding {e.encoding} has no {bad!r} (set PYTHONIOENCODING=utf-8)"
+            raise OutputFailed(OSError(errno.EILSEQ, why)) from e
 
     def flush(self) -> None:
         try:

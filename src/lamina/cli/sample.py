@@ -24,6 +24,7 @@ from lamina.generation.stops import cut_text
 START_TOKENS = ("bos", "<|endoftext|>", "<s>", "<bos>")  # special tokens that may start a text
 SEPARATOR = "\n" + "-" * 40 + "\n"
 DTYPES = ("float32", "bfloat16")
+MAX_PROMPT_BYTES = 2**24  # 16 MiB: far beyond any context window, short of filling memory
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -91,25 +92,33 @@ def read_prompt(args: argparse.Namespace, tokenizer: Any) -> str:
     if args.prompt_file == "-":
         if sys.stdin is None or sys.stdin.closed:
             raise LaminaError("--prompt-file -: standard input is closed, nothing to read")
-        try:
-            return sys.stdin.read()
-        except UnicodeDecodeError as exc:
-            raise LaminaError(
-                f"--prompt-file -: standard input is not UTF-8 ({exc.reason})"
-            ) from None
-        except (OSError, ValueError) as exc:  # ValueError: a closed file
-            raise LaminaError(f"--prompt-file -: cannot read standard input ({exc})") from None
+        return _bounded_read(getattr(sys.stdin, "buffer", sys.stdin), "standard input")
     path = Path(args.prompt_file)
     if path.is_dir():
         raise LaminaError(f"--prompt-file {path} is a folder, not a file")
     if not path.exists():
         raise LaminaError(f"prompt file not found: {path}")
     try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise LaminaError(f"prompt file {path} is not UTF-8 text ({exc.reason})") from exc
+        with path.open("rb") as f:
+            return _bounded_read(f, f"prompt file {path}")
     except OSError as exc:
         raise LaminaError(f"--prompt-file {path}: cannot read it ({exc.strerror or exc})") from None
+
+
+def _bounded_read(stream: Any, what: str) -> str:
+    """At most MAX_PROMPT_BYTES of UTF-8 text (a prompt from /dev/zero must not fill memory)."""
+    try:
+        data = stream.read(MAX_PROMPT_BYTES + 1)
+    except (OSError, ValueError) as exc:  # ValueError: a closed file
+        raise LaminaError(f"cannot read {what} ({exc})") from None
+    if len(data) > MAX_PROMPT_BYTES:
+        raise LaminaError(f"{what} is longer than {MAX_PROMPT_BYTES // 2**20} MiB: not a prompt")
+    if isinstance(data, str):
+        return data
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise LaminaError(f"{what} is not UTF-8 text ({exc.reason})") from None
 
 
 def encode_prompt(tokenizer: Any, text: str, given: bool = True) -> list[int]:

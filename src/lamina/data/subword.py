@@ -57,6 +57,11 @@ def _utf8(text: Any) -> bytes:
         ) from None
 
 
+def _part_type(part: Any) -> Any:
+    """The "type" of one section of a tokenizers JSON (None if the section is not an object)."""
+    return part.get("type") if isinstance(part, dict) else None
+
+
 def _expect_kind(d: Any, kind: str, fields: set[str]) -> dict[str, Any]:
     if not isinstance(d, dict):
         raise LaminaError(f"a {kind} tokenizer description must be a dict, got {d!r}")
@@ -119,7 +124,7 @@ class BPETokenizer:
             raise LaminaError(f"bpe tokenizer description is not a JSON string: {e}") from e
         if not isinstance(layout, dict):
             raise LaminaError("bpe tokenizer JSON must be an object")
-        parts = [(layout.get(k) or {}).get("type") for k in ("model", "pre_tokenizer", "decoder")]
+        parts = [_part_type(layout.get(k)) for k in ("model", "pre_tokenizer", "decoder")]
         if parts != ["BPE", "ByteLevel", "ByteLevel"]:
             raise LaminaError(
                 "bpe tokenizer must be byte-level BPE (model, pre-tokenizer, decoder = BPE, "
