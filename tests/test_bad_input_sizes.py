@@ -179,3 +179,13 @@ def test_prompt_files_are_read_up_to_a_bound(tmp_path, monkeypatch, capsys):
         main(["sample", str(d), "--prompt-file", str(tmp_path / "p.txt"), "--max-new-tokens", "1"])
         == 0
     )
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="needs /dev/zero")
+def test_an_endless_binary_corpus_is_refused_at_its_first_block():
+    """`--data /dev/zero` used to read until memory ran out before the NUL check ran."""
+    from lamina import LaminaError
+    from lamina.data.corpus import load_corpus
+
+    with pytest.raises(LaminaError, match="looks binary .NUL byte at byte offset 0"):
+        load_corpus("/dev/zero")

@@ -52,19 +52,28 @@ __all__ = [
 _BOM = "\ufeff"
 
 
+_BLOCK = 1 << 24  # read 16 MiB at a time, so binary input (/dev/zero) is refused at once
+
+
 def _read_text_file(p: Path) -> str:
+    raw = bytearray()
     try:
-        raw = p.read_bytes()
+        with p.open("rb") as f:
+            while block := f.read(_BLOCK):
+                nul = block.find(b"\x00")
+                if nul >= 0:
+                    raise LaminaError(
+                        f"{p} looks binary (NUL byte at byte offset {len(raw) + nul}); expected "
+                        "UTF-8 text"
+                    )
+                raw += block
     except OSError as e:
         raise LaminaError(f"cannot read {p}: {e.strerror or e}") from e
-    nul = raw.find(b"\x00")
-    if nul >= 0:
-        raise LaminaError(f"{p} looks binary (NUL byte at byte offset {nul}); expected UTF-8 text")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise LaminaError(
-            f"{p} is not valid UTF-8: byte {raw[e.start : e.start + 1]!r} at byte offset "
+            f"{p} is not valid UTF-8: byte {bytes(raw[e.start : e.start + 1])!r} at byte offset "
             f"{e.start} ({e.reason})"
         ) from e
     if text.startswith(_BOM):
