@@ -96,3 +96,13 @@ def test_generate_names_the_dtype_of_float_ids():
         lamina.generate(model, torch.tensor([[[1, 2]]]), 2)
     with pytest.raises(LaminaError, match="prompt 1 must hold integer token ids"):
         lamina.generate(model, [[1, 2], [1.5, 2.0]], 2)
+
+
+def test_a_file_given_as_model_folder_says_so(tmp_path):
+    """`lamina sample FILE` said "no such model directory" about a file that exists."""
+    f = tmp_path / "model.safetensors"
+    f.write_bytes(b"x")
+    with pytest.raises(LaminaError, match="is a file; a model is a folder"):
+        lamina.load(f)
+    with pytest.raises(LaminaError, match="no such model directory"):
+        lamina.load(tmp_path / "missing")

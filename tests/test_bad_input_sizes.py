@@ -189,3 +189,19 @@ def test_an_endless_binary_corpus_is_refused_at_its_first_block():
 
     with pytest.raises(LaminaError, match="looks binary .NUL byte at byte offset 0"):
         load_corpus("/dev/zero")
+
+
+def test_sample_refuses_max_new_tokens_beyond_the_bound_before_writing(tmp_path, capsys):
+    """`--max-new-tokens 10**21` is one line before anything is printed (it used to print the
+    prompt, then fail)."""
+    import lamina
+    from lamina import GPT, GPTConfig
+    from lamina.cli import main
+    from lamina.data import CharTokenizer
+
+    tok = CharTokenizer.from_text("ab\n")
+    cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=8, d_model=8, n_layers=1, n_heads=2)
+    d = lamina.save(tmp_path / "m", GPT(cfg), tok)
+    assert main(["sample", str(d), "--prompt", "ab", "--max-new-tokens", str(10**21)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "--max-new-tokens must be at most 268,435,456" in captured.err

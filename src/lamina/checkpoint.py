@@ -257,6 +257,8 @@ def load_model(
     """Rebuild the model (and its tokenizer, if saved) from a directory written by `save_model`."""
     d = Path(directory)
     device = check_device(device)
+    if d.exists() and not d.is_dir():
+        raise LaminaError(f"{d} is a file; a model is a folder (config.json, model.safetensors)")
     if not d.is_dir():
         raise LaminaError(f"no such model directory: {d}")
     if not (d / "config.json").is_file():

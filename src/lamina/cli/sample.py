@@ -158,8 +158,14 @@ def unescape(s: str) -> str:
 
 
 def check_args(args: argparse.Namespace) -> None:
+    from lamina.generation.generate import MAX_TOKENS
+
     if args.max_new_tokens <= 0:
         raise LaminaError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
+    if args.max_new_tokens > MAX_TOKENS:
+        raise LaminaError(
+            f"--max-new-tokens must be at most {MAX_TOKENS:,}, got {args.max_new_tokens:,}"
+        )
     if args.num_samples <= 0:
         raise LaminaError(f"--num-samples must be positive, got {args.num_samples}")
     if args.seed is not None and not 0 <= args.seed < 2**64:
