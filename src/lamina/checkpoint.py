@@ -128,8 +128,9 @@ def _check_param_count(
     config: Any, data: dict[str, Any], state: dict[str, Tensor], where: Path
 ) -> None:
     """Refuse a config.json that describes far more parameters than the weights hold, before
-    building the model: a corrupt or foreign config.json must not allocate terabytes. (Smaller
-    mismatches are named tensor by tensor by `load_state`.)"""
+    building the model: a corrupt or foreign config.json must not allocate terabytes (what is
+    built stays within 64x the tensors' bytes). Smaller mismatches are named tensor by tensor by
+    `load_state`."""
     from lamina.models.params import count_params
 
     try:
@@ -139,12 +140,12 @@ def _check_param_count(
     n_classes = data.get("n_classes", 0)
     if isinstance(n_classes, int) and not isinstance(n_classes, bool) and n_classes > 0:
         n += n_classes * (config.d_model + 1)
-    stored = sum(t.numel() for t in state.values())
-    if n > 2 * stored + 4096:
+    stored = sum(t.numel() * t.element_size() for t in state.values())
+    if n > 16 * stored + 4096:  # 16 parameters per byte: room for any packing (int4 is 2)
         raise LaminaError(
             f"{where / 'config.json'} describes a model of {n:,} parameters, but "
-            f"{where / 'model.safetensors'} holds only {stored:,} values: they do not belong "
-            "together"
+            f"{where / 'model.safetensors'} holds only {stored:,} bytes of tensors: they do not "
+            "belong together"
         )
 
 
