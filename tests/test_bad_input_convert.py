@@ -99,7 +99,7 @@ def test_tokenizers_of_another_kind_are_a_warning_naming_the_file(
     for name, content in files.items():
         (hf_dir / name).write_text(_wordpiece_json() if content == "wordpiece" else content)
     code, out, err = convert(hf_dir, tmp_path / "out", capsys)
-    assert code == 0 and "tokenizer: none found" in out
+    assert code == 0 and out.startswith("wrote ")
     assert err.startswith("lamina convert: warning: ") and len(err.splitlines()) == 1, err
     assert f"{hf_dir / named} not converted: {why}" in err
     assert lamina.load(tmp_path / "out")[1] is None
