@@ -8,6 +8,10 @@
         -> (LMTask, GPT, Tokenizer, GPTConfig)    tokenize, split, seeded model
     build_first_last(cfg, encoder_config=None)
         -> (FirstLastTask, SequenceClassifier, EncoderConfig)
+    first_last_bytes(encoder_config, batch_size) -> int
+        a generous estimate of the memory the first-last task needs (weights + AdamW, attention
+        scores and activations of a training step, the held-out batches); build_first_last
+        refuses a shape over MAX_TASK_BYTES before allocating anything
 
 `cfg` is resolved (`config.resolve_defaults`): seed, batch size and preset are set. The measured
 reasons for the bf16 rule are in BENCHMARKS.md ("Training").
@@ -37,6 +41,9 @@ from lamina.training.tasks import FirstLastTask, LMTask
 # bf16 autocast pays off on CPUs only with native bf16 matrix units (AMX / AVX512-BF16) and
 # only for wide enough matrices: measured slower than fp32 at 128 wide, faster at 384.
 BF16_MIN_WIDTH = 256
+
+# the toy task is for seconds-to-minutes runs on a laptop: a shape needing more is a typo
+MAX_TASK_BYTES = 4 * 2**30
 
 
 def _mps_available() -> bool:
@@ -128,6 +135,25 @@ def build_first_last(
     ec = encoder_config or EncoderConfig(
         **{"vocab_size": 64, "max_len": 12, "dropout": 0.0, **cfg.model_overrides}
     )
+    need = first_last_bytes(ec, cfg.batch_size or 64)
+    if need > MAX_TASK_BYTES:
+        raise LaminaError(
+            f"first-last with length {ec.max_len}, vocab_size {ec.vocab_size}, batch "
+            f"{cfg.batch_size}, d_model {ec.d_model}, n_layers {ec.n_layers} would need about "
+            f"{need / 2**30:,.1f} GiB (limit {MAX_TASK_BYTES / 2**30:g} GiB); choose a "
+            "smaller length, batch or vocabulary"
+        )
     task = FirstLastTask(ec.max_len, ec.vocab_size, cfg.seed)
     torch.manual_seed(cfg.seed)
     return task, SequenceClassifier(ec, n_classes=2, pooling="first"), ec
+
+
+def first_last_bytes(ec: EncoderConfig, batch_size: int, n_eval: int = 16) -> int:
+    """Bytes the first-last task needs, over-estimated (fp32, AdamW, saved activations)."""
+    length, d = ec.max_len, ec.d_model
+    params = ec.vocab_size * d + length * d + ec.n_layers * (4 * d * d + 2 * d * ec.d_ff)
+    weights = params * 4 * 4  # weights, gradients, two AdamW moments
+    scores = batch_size * ec.n_heads * length * length * 4 * 3 * ec.n_layers  # kept for backward
+    acts = batch_size * length * (8 * d + 2 * ec.d_ff) * 4 * ec.n_layers
+    held = n_eval * 256 * length * 8 + 256 * ec.n_heads * length * length * 4 * 2  # eval batches
+    return weights + scores + acts + held
