@@ -18,14 +18,14 @@ from pathlib import Path
 import pytest
 import torch
 
+import lamina
 from lamina.checkpoint import load_tensors, save_tensors
 from lamina.cli import main
 from lamina.errors import LaminaError
-from lamina.modes import check_finite, non_finite
 from lamina.training.run_dir import RUN_FILES, RunDir
 
 TINY = ["--preset", "tiny", "--block-size", "16", "--batch-size", "4", "--eval-batches", "2"]
-SRC = str(Path(__file__).resolve().parent.parent / "src")
+SRC = str(Path(lamina.__file__).resolve().parent.parent)  # the lamina under test
 
 
 def one_line_error(capsys, argv: list[str]) -> str:
@@ -72,6 +72,8 @@ def test_metrics_with_nan_stay_strict_json(tmp_path):
 
 
 def test_check_finite_names_the_tensor():
+    from lamina.modes import check_finite, non_finite
+
     model = torch.nn.Linear(2, 2)
     assert non_finite(model) is None
     check_finite(model, "here")
@@ -237,6 +239,18 @@ def test_task_refuses_a_length_that_cannot_fit(monkeypatch, capsys):
     monkeypatch.setattr(build, "SequenceClassifier", never)
     err = one_line_error(capsys, ["task", "first-last", "--length", "100000"])
     assert "100000" in err and "GiB" in err
+
+
+def test_train_refuses_a_model_larger_than_memory(corpus, tmp_path, monkeypatch, capsys):
+    import lamina.training.build as build
+
+    def never(*a, **k):
+        raise AssertionError("the model was built")
+
+    monkeypatch.setattr(build, "GPT", never)
+    argv = ["train", "--data", corpus, *TINY, "--n-layers", "100000000", "--max-steps", "1"]
+    err = one_line_error(capsys, [*argv, "--out", str(tmp_path / "r")])
+    assert "GiB" in err and "n_layers 100000000" in err
 
 
 # -- 6. no tracebacks: broken stdout, read-only folder, full disk --------------------------------
