@@ -84,7 +84,7 @@ def test_check_finite_names_the_tensor():
         check_finite(model, "here")
 
 
-def test_eval_refuses_a_run_with_nan_weights(corpus, tmp_path, capsys):
+def test_eval_and_resume_refuse_a_run_with_nan_weights(corpus, tmp_path, capsys):
     out = tmp_path / "run"
     train(corpus, out, "--max-steps", "2")
     weights = load_tensors(out / "model.safetensors")
@@ -93,6 +93,8 @@ def test_eval_refuses_a_run_with_nan_weights(corpus, tmp_path, capsys):
     save_tensors(out / "model.safetensors", weights)
     capsys.readouterr()
     assert "not finite" in one_line_error(capsys, ["eval", str(out)])
+    err = one_line_error(capsys, ["train", "--resume", str(out), "--max-steps", "3"])
+    assert "not finite" in err and name in err
 
 
 # -- 2. one run directory, one writer ------------------------------------------------------------
@@ -165,7 +167,8 @@ def test_a_budget_that_ends_before_the_first_step_exits_nonzero(corpus, tmp_path
     "flags",
     [["--nproc", "0"], ["--nproc", "-1"], ["--fsdp"], ["--out", ""], ["--resume", ""]],
 )
-def test_flags_refused_up_front(capsys, flags):
+def test_flags_refused_up_front(capsys, flags, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # were a flag accepted, its run would land here
     one_line_error(capsys, ["train", "--max-steps", "1", *flags])
 
 

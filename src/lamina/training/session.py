@@ -45,6 +45,7 @@ from lamina.data.tokenizers import Tokenizer, load_tokenizer
 from lamina.errors import LaminaError
 from lamina.files import read_json
 from lamina.models.config import EncoderConfig, GPTConfig
+from lamina.modes import check_finite
 from lamina.training.build import (
     build_first_last,
     build_lm,
@@ -278,6 +279,7 @@ def _restore(s: Session, run: RunDir) -> None:
             f"({state.get('data_fingerprint')} vs {s.fingerprint})"
         )
     load_state(s.model, load_tensors(run.path / "model.safetensors"), "model.safetensors")
+    check_finite(s.model, f"--resume {run.path}")  # a diverged checkpoint is not resumed
     load_optimizer_tensors(s.opt, tensors, meta)
     try:
         torch.set_rng_state(rng_state(state["torch_rng"]))
