@@ -256,6 +256,11 @@ def test_train_refuses_a_model_larger_than_memory(corpus, tmp_path, monkeypatch,
     assert "GiB" in err and "n_layers 100000000" in err
 
 
+@pytest.mark.parametrize("flag", ["--steps", "--length", "--vocab-size", "--batch-size"])
+def test_task_refuses_sizes_below_one(capsys, flag):
+    assert flag in one_line_error(capsys, ["task", "first-last", flag, "0"])
+
+
 # -- 6. no tracebacks: broken stdout, read-only folder, full disk --------------------------------
 def test_training_survives_a_broken_stdout(corpus, tmp_path):
     out = tmp_path / "run"
