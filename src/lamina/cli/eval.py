@@ -1,4 +1,7 @@
-"""`lamina eval RUN`: loss, perplexity and bits per character/token on the validation split."""
+"""`lamina eval RUN`: loss, perplexity and bits per character/token on the validation split.
+
+A model whose weights hold NaN or infinity is refused in one line (`lamina.modes.check_finite`).
+"""
 
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from lamina.errors import LaminaError
     from lamina.files import read_json
     from lamina.models.gpt import GPT
+    from lamina.modes import check_finite
     from lamina.training.tasks import split_loss, summary
 
     if args.batch_size < 1:
@@ -39,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
     model, tokenizer = load_model(args.run)
     if not isinstance(model, GPT):
         raise LaminaError(f"{args.run} does not hold a language model (GPT)")
+    check_finite(model, str(args.run))
     if tokenizer is None:
         raise LaminaError(f"{args.run} has no tokenizer.json; cannot encode text for it")
     val_fraction, data = 0.1, args.data

@@ -6,6 +6,7 @@
                                                              checkpoint; `given` holds the flags
                                                              typed on this command line, and any
                                                              that conflict with the run are named
+                                                             (a config.json edited by hand too)
     save_checkpoint(session, seconds_used)                  the one way a run is saved
 
 A checkpoint holds the model, the optimizer moments (safetensors) and hyperparameters (JSON),
@@ -18,11 +19,17 @@ Every process calls `save_checkpoint`: where the model is sharded, `session.gath
 `distributed.prepare`) first collects the full model and optimizer from all processes; then the
 process of rank 0 writes, through `RunDir.write_checkpoint` (staged, atomic).
 
+Paths are recorded absolute and resolved (`data`, `out`), so a run can be evaluated or resumed
+from any working directory, and a --data given again on --resume is compared as a file (the
+same file by another spelling agrees), not as a string. The run directory is locked for the
+life of the session (`RunDir.lock`); the caller releases it (`session.run.release()`).
+
 Deliberately unaware of how steps are computed, of process groups and of progress output.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,7 +43,9 @@ from lamina.checkpoint import load_state, load_tensors, save_model
 from lamina.data.builtin import corpus_text
 from lamina.data.tokenizers import Tokenizer, load_tokenizer
 from lamina.errors import LaminaError
+from lamina.files import read_json
 from lamina.models.config import EncoderConfig, GPTConfig
+from lamina.modes import check_finite
 from lamina.training.build import (
     build_first_last,
     build_lm,
@@ -120,8 +129,15 @@ def new_session(
 ) -> Session:
     """A fresh run: defaults resolved, model seeded, run directory created (unless out=None)."""
     cfg = resolve_defaults(cfg, resolve_device(cfg.device).type)
+    if cfg.data is not None:
+        cfg = cfg.replace(data=absolute(cfg.data))
     run = RunDir.create(out, force=force) if out is not None else None
-    session = _build(cfg.replace(out=str(out) if out is not None else None), run, None)
+    try:
+        session = _build(cfg.replace(out=absolute(out) if out is not None else None), run, None)
+    except BaseException:
+        if run is not None:
+            run.release()
+        raise
     if run is not None:
         run.write_train_config(
             {
@@ -136,10 +152,58 @@ def new_session(
 
 
 def resume_session(
-    run_dir: str | Path, given: dict[str, Any], command: list[str] | None = None
+    run_dir: str | Path,
+    given: dict[str, Any],
+    command: list[str] | None = None,
+    *,
+    lock: bool = True,
 ) -> Session:
-    """Reopen a run at its last checkpoint; flags in `given` must agree with the run."""
-    run = RunDir.open(run_dir)
+    """Reopen a run at its last checkpoint; flags in `given` must agree with the run.
+
+    lock=False: open it without taking the run's lock (ranks other than 0 under torchrun).
+    """
+    run = RunDir.open(run_dir, lock=lock)
+    try:
+        return _resume(run, given)
+    except BaseException:
+        run.release()
+        raise
+
+
+def absolute(path: str | os.PathLike[str]) -> str:
+    """`path` made absolute and resolved (symlinks followed; `~` expanded)."""
+    return str(Path(path).expanduser().resolve())
+
+
+def _same_file(a: str | None, b: str | None, base: Path) -> bool:
+    """Whether two --data values name the same file or folder (a relative one read from base)."""
+    if a is None or b is None:
+        return a == b
+    pa, pb = Path(a).expanduser(), Path(b).expanduser()
+    pa, pb = (p if p.is_absolute() else base / p for p in (pa, pb))
+    try:
+        return os.path.samefile(pa, pb)
+    except OSError:
+        return pa.resolve() == pb.resolve()
+
+
+def _edited_model_fields(run: RunDir, model_cfg: dict[str, Any]) -> list[str]:
+    """Fields of config.json that differ from the model recorded in train_config.json."""
+    path = run.path / "config.json"
+    if not path.is_file() or not model_cfg:
+        return []
+    data = read_json(path)
+    on_disk = data.get("model") if isinstance(data, dict) else None
+    if not isinstance(on_disk, dict):
+        return ["model (config.json has no model object)"]
+    return [
+        f"{k} (train_config.json: {model_cfg.get(k)!r}, config.json: {on_disk.get(k)!r})"
+        for k in sorted(set(model_cfg) & set(on_disk))  # a field only one knows: versions
+        if model_cfg[k] != on_disk[k]
+    ]
+
+
+def _resume(run: RunDir, given: dict[str, Any]) -> Session:
     saved = run.read_train_config()
     cfg = TrainConfig.from_dict(saved["train"])
     model_cfg = dict(saved.get("model") or {})
@@ -151,12 +215,22 @@ def resume_session(
                     conflicts.append(f"{k} (run: {model_cfg.get(k)!r}, given: {v!r})")
         elif name in RESUMABLE:
             changes[name] = value
+        elif name == "data" and _same_file(cfg.data, value, Path.cwd()):
+            continue
         elif getattr(cfg, name, None) != value:
             conflicts.append(f"{name} (run: {getattr(cfg, name, None)!r}, given: {value!r})")
     if conflicts:
         raise LaminaError(
             f"--resume {run.path}: flags conflict with the run: {'; '.join(conflicts)}"
         )
+    edited = _edited_model_fields(run, model_cfg)
+    if edited:
+        raise LaminaError(
+            f"--resume {run.path}: config.json was changed after the run started: "
+            f"{'; '.join(edited)}; a run resumes with the model it was trained with"
+        )
+    if cfg.data is not None and not Path(cfg.data).exists():
+        raise LaminaError(f"--resume {run.path}: the run's data {cfg.data} no longer exists")
     changes.pop("out", None)
     session = _build(cfg.replace(**changes), run, model_cfg)
     _restore(session, run)
@@ -205,6 +279,7 @@ def _restore(s: Session, run: RunDir) -> None:
             f"({state.get('data_fingerprint')} vs {s.fingerprint})"
         )
     load_state(s.model, load_tensors(run.path / "model.safetensors"), "model.safetensors")
+    check_finite(s.model, f"--resume {run.path}")  # a diverged checkpoint is not resumed
     load_optimizer_tensors(s.opt, tensors, meta)
     try:
         torch.set_rng_state(rng_state(state["torch_rng"]))
