@@ -303,3 +303,31 @@ def test_full_disk_says_whether_a_checkpoint_exists(tmp_path):
     with pytest.raises(LaminaError, match=r"previous checkpoint \(step 1\) is intact"):
         run.write_checkpoint(full, ({}, {}), {"step": 2})
     run.release()
+
+
+def test_seeds_beyond_64_bits_are_one_line_in_train_and_sample(tmp_path, capsys):
+    from lamina.cli import main
+
+    assert (
+        main(["train", "--preset", "tiny", "--seed", str(2**64), "--out", str(tmp_path / "r")]) == 2
+    )
+    assert "seed must be in [0, 2**64)" in capsys.readouterr().err
+    assert main(["task", "first-last", "--seed", str(2**70), "--steps", "1"]) == 2
+    assert "seed" in capsys.readouterr().err
+
+
+def test_sample_refuses_a_model_with_non_finite_weights(tmp_path, capsys):
+    import torch
+
+    import lamina
+    from lamina.cli import main
+    from lamina.data.tokenizers import CharTokenizer
+
+    tok = CharTokenizer.from_text("abc\n")
+    model = lamina.GPT(lamina.GPTConfig.preset("tiny", vocab_size=tok.vocab_size))
+    with torch.no_grad():
+        model.blocks[0].attn.proj.weight[0, 0] = float("nan")
+    lamina.save(tmp_path / "m", model, tok)
+    assert main(["sample", str(tmp_path / "m"), "--prompt", "a", "--max-new-tokens", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "not finite" in err and "blocks.0.attn.proj.weight" in err

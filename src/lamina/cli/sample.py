@@ -209,8 +209,10 @@ def run(args: argparse.Namespace) -> int:
     from lamina.checkpoint import load_model
     from lamina.generation import stream
     from lamina.models.gpt import GPT
+    from lamina.modes import check_finite
 
     model, tokenizer = load_model(args.run, device=args.device)
+    check_finite(model, str(args.run))
     if not isinstance(model, GPT):
         raise LaminaError(
             f"{args.run} holds a {type(model).__name__}, not a GPT: nothing to sample"

@@ -110,6 +110,8 @@ class TrainConfig:
         for name in ("warmup", "seed"):
             if name in given:
                 non_negative_int(name, given[name])
+        if "seed" in given and given["seed"] >= 2**64:  # torch seeds are 64-bit
+            raise LaminaError(f"seed must be in [0, 2**64), got {given['seed']}")
         if "decay" in given:
             choice("decay", self.decay, ("cosine", "linear"))
         if isinstance(self.max_time, str):
