@@ -72,11 +72,14 @@ def _mute_stdout(stdout: Any) -> None:
         os.close(null)
 
 
-class OutputFailed(Exception):
-    """Writing to stdout failed: `error` is the OSError (BrokenPipeError for a closed pipe)."""
+class OutputFailed(OSError):
+    """Writing to stdout failed: `error` is the OSError (BrokenPipeError for a closed pipe).
+
+    An OSError itself, so code below the CLI that already survives a broken stream (training's
+    progress lines switch themselves off and training goes on) treats it as one."""
 
     def __init__(self, error: OSError) -> None:
-        super().__init__(str(error))
+        super().__init__(error.errno, error.strerror or str(error))
         self.error = error
 
 
