@@ -33,18 +33,12 @@ import torch
 from torch import nn
 
 from lamina.checkpoint import load_state, load_tensors, save_model
-from lamina.data.builtin import corpus_text
-from lamina.data.tokenizers import Tokenizer, load_tokenizer
+from lamina.data.tokenizers import Tokenizer
 from lamina.errors import LaminaError
-from lamina.models.config import EncoderConfig, GPTConfig
-from lamina.training.build import (
-    build_first_last,
-    build_lm,
-    resolve_device,
-    text_fingerprint,
-    use_bf16,
-)
+from lamina.models.config import EncoderConfig
+from lamina.training.build import build_first_last, resolve_device, use_bf16
 from lamina.training.config import TrainConfig, resolve_defaults
+from lamina.training.inputs import lm_inputs
 from lamina.training.optim import build_optimizer, load_optimizer_tensors, optimizer_tensors
 from lamina.training.run_dir import RunDir
 from lamina.training.tasks import TrainTask, rng_state, rng_text
@@ -84,6 +78,7 @@ class Session:
     rank: int = 0  # this process among `world_size` (set by distributed.prepare)
     world_size: int = 1
     gather: Gather | None = None  # sharded runs: the full (model, optimizer) on rank 0, else None
+    origin: dict[str, Any] | None = None  # --init-from: the model the run started from
 
     @property
     def writer(self) -> bool:
@@ -94,21 +89,19 @@ class Session:
 def _build(cfg: TrainConfig, run: RunDir | None, model_cfg: dict[str, Any] | None) -> Session:
     device = resolve_device(cfg.device)
     tok: Tokenizer | None = None
+    origin = None
     if cfg.task == "first-last":
         ec = EncoderConfig.from_dict(model_cfg) if model_cfg else None
         task, model, ec = build_first_last(cfg, ec)
         fp, width = "first-last", ec.d_model
     else:
-        text, _ = corpus_text(cfg.data)
-        if run is not None and model_cfg and (run.path / "tokenizer.json").is_file():
-            tok = load_tokenizer(run.path / "tokenizer.json")
-        mc = GPTConfig.from_dict(model_cfg) if model_cfg else None
-        task, model, tok, mc = build_lm(cfg, text, mc, tok)
-        fp, width = text_fingerprint(text), mc.d_model
+        lm = lm_inputs(cfg, run.path if run is not None else None, model_cfg)
+        task, model, tok, origin = lm.task, lm.model, lm.tokenizer, lm.origin
+        fp, width = lm.fingerprint, lm.config.d_model
     model.to(device)
     opt = build_optimizer(model, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2))
     bf16 = use_bf16(cfg.dtype, device, width)
-    return Session(cfg, model, task, opt, device, bf16, run, tok, fp)
+    return Session(cfg, model, task, opt, device, bf16, run, tok, fp, origin=origin)
 
 
 def new_session(
@@ -130,6 +123,7 @@ def new_session(
                 "command": command or sys.argv,
                 "lamina": __version__,
                 "data_fingerprint": session.fingerprint,
+                **({"init_from": session.origin} if session.origin else {}),
             }
         )
     return session
