@@ -23,6 +23,7 @@ Deliberately unaware of how steps are computed, of process groups and of progres
 
 from __future__ import annotations
 
+import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -113,8 +114,14 @@ def new_session(
 ) -> Session:
     """A fresh run: defaults resolved, model seeded, run directory created (unless out=None)."""
     cfg = resolve_defaults(cfg, resolve_device(cfg.device).type)
+    fresh = out is not None and not Path(out).exists()
     run = RunDir.create(out, force=force) if out is not None else None
-    session = _build(cfg.replace(out=str(out) if out is not None else None), run, None)
+    try:
+        session = _build(cfg.replace(out=str(out) if out is not None else None), run, None)
+    except BaseException:
+        if fresh and run is not None:  # bad data or --init-from: leave no empty run behind
+            shutil.rmtree(run.path, ignore_errors=True)
+        raise
     if run is not None:
         run.write_train_config(
             {
