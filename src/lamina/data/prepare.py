@@ -121,7 +121,28 @@ def encoder_for(tok: Tokenizer) -> Callable[[list[str]], list[np.ndarray]]:
             np.asarray(ids, dtype=np.int64)
             for ids in enc.encode_batch(texts, allowed_special="all")
         ]
+    if isinstance(tok, CharTokenizer):
+        return _char_encoder(tok)
     return lambda texts: [np.asarray(tok.encode_array(t)) for t in texts]
+
+
+def _char_encoder(tok: CharTokenizer) -> Callable[[list[str]], list[np.ndarray]]:
+    """ASCII pieces through a 128-entry table on their bytes (no UTF-32 copy); others as usual."""
+    table = np.full(128, -1, dtype=np.int32)
+    for i, c in enumerate(tok.chars):
+        if ord(c) < 128:
+            table[ord(c)] = i
+    if tok.unk is not None:
+        table[table < 0] = tok.special_tokens["unk"]
+
+    def one(text: str) -> np.ndarray:
+        if text.isascii():
+            ids = table[np.frombuffer(text.encode("ascii"), dtype=np.uint8)]
+            if ids.size == 0 or ids.min() >= 0:
+                return ids
+        return tok.encode_array(text)  # names the first character it cannot encode
+
+    return lambda texts: [one(t) for t in texts]
 
 
 def _stage(out: Path, force: bool) -> Path:
