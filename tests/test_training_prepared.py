@@ -56,6 +56,8 @@ def test_cli_trains_and_evaluates_on_prepared_data(tmp_path, capsys):
             "--out", str(tmp_path / "r")]  # fmt: skip
     assert main(args) == 0
     capsys.readouterr()
+    assert main([*args[:-1], str(tmp_path / "r3"), "--tokenizer", "byte"]) == 2
+    assert "--tokenizer byte disagrees with --data" in capsys.readouterr().err
     assert main(["eval", str(tmp_path / "r"), "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got["tokens"] == len(TEXT) - int(len(TEXT) * 0.9) - 1

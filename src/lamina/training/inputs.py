@@ -42,6 +42,7 @@ class LMInputs:
     config: GPTConfig
     fingerprint: str
     origin: dict[str, Any] | None = None  # where --init-from started, for train_config.json
+    spec: str | None = None  # a prepared folder's tokenizer spec, recorded as the run's
 
 
 def lm_inputs(cfg: TrainConfig, run_path: Path | None, model_cfg: dict | None) -> LMInputs:
@@ -56,6 +57,12 @@ def lm_inputs(cfg: TrainConfig, run_path: Path | None, model_cfg: dict | None) -
         tok = source_tokenizer(source, cfg.tokenizer)
     if is_prepared(cfg.data):
         prep = open_prepared(cfg.data)
+        spec = prep.index.get("spec")
+        if cfg.tokenizer not in ("char", spec):  # "char" is also what an unset flag reads
+            raise LaminaError(
+                f"--tokenizer {cfg.tokenizer} disagrees with --data {cfg.data}, prepared with "
+                f"{spec}; the tokenizer comes with prepared data"
+            )
         if tok is not None and tok.to_dict() != prep.tokenizer.to_dict():
             raise LaminaError(
                 f"--data {cfg.data} was prepared with another tokenizer than this run's; "
@@ -67,7 +74,7 @@ def lm_inputs(cfg: TrainConfig, run_path: Path | None, model_cfg: dict | None) -
     else:
         text, _ = corpus_text(cfg.data)
         task, model, tok, mc = build_lm(cfg, text, mc, tok)
-        fingerprint = text_fingerprint(text)
+        fingerprint, spec = text_fingerprint(text), None
     if source is not None:
         load_state(model, source.model.state_dict(), f"--init-from {cfg.init_from}")
-    return LMInputs(task, model, tok, mc, fingerprint, source.record if source else None)
+    return LMInputs(task, model, tok, mc, fingerprint, source.record if source else None, spec)

@@ -99,6 +99,8 @@ def _build(cfg: TrainConfig, run: RunDir | None, model_cfg: dict[str, Any] | Non
         lm = lm_inputs(cfg, run.path if run is not None else None, model_cfg)
         task, model, tok, origin = lm.task, lm.model, lm.tokenizer, lm.origin
         fp, width = lm.fingerprint, lm.config.d_model
+        if lm.spec is not None:
+            cfg = cfg.replace(tokenizer=lm.spec)  # record what the prepared folder used
     model.to(device)
     opt = build_optimizer(model, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2))
     bf16 = use_bf16(cfg.dtype, device, width)
