@@ -105,3 +105,26 @@ def test_damaged_shards_are_named(tmp_path):
     shard.unlink()
     with pytest.raises(LaminaError, match="main-00002.bin is missing"):
         open_prepared(tmp_path / "p")
+
+
+def _rss_file_kb() -> int | None:
+    try:
+        lines = open("/proc/self/status").read().splitlines()
+    except OSError:
+        return None
+    found = [int(line.split()[1]) for line in lines if line.startswith("RssFile:")]
+    return found[0] if found else None
+
+
+def test_reading_windows_does_not_keep_shard_pages_resident(tmp_path):
+    if _rss_file_kb() is None:
+        pytest.skip("no RssFile in /proc/self/status")
+    ids = np.random.default_rng(0).integers(0, 50, 32 << 20, dtype=np.uint8)
+    (tmp_path / "s.bin").write_bytes(ids.tobytes())
+    m = np.memmap(tmp_path / "s.bin", dtype=np.uint8, mode="r")
+    sampler = ShardSampler(TokenStream([m]), 64, seed=0)
+    before = _rss_file_kb()
+    for _ in range(50):
+        x, _ = sampler.sample(8)
+    assert x.shape == (8, 64)
+    assert _rss_file_kb() - before < 4096  # 400 windows over 32 MB: pages released each time
