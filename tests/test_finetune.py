@@ -115,3 +115,19 @@ def test_fine_tune_a_converted_gpt2_and_a_lamina_run_from_the_cli(tmp_path, caps
     again = [*base, "--init-from", str(tmp_path / "a"), "--out", str(tmp_path / "c")]
     assert main(again) == 0  # a lamina run (with the byte tokenizer it saved)
     capsys.readouterr()
+
+
+def test_prepared_data_must_use_the_source_tokenizer(tmp_path, capsys):
+    src, model = source(tmp_path)
+    new = str(tmp_path / "new.txt")
+    assert (
+        main(["prepare", new, "--tokenizer", str(src), "--out", str(tmp_path / "p"), "--quiet"])
+        == 0
+    )
+    s = new_session(cfg(tmp_path, src, data=str(tmp_path / "p")), out=None)
+    assert s.tokenizer == lamina.load(src)[1] and s.cfg.tokenizer == str(src)
+    assert main(["prepare", new, "--out", str(tmp_path / "q"), "--quiet"]) == 0  # its own chars
+    args = ["train", "--init-from", str(src), "--data", str(tmp_path / "q"), "--quiet",
+            "--out", str(tmp_path / "r")]  # fmt: skip
+    assert main(args) == 2
+    assert "prepared with another tokenizer" in capsys.readouterr().err
