@@ -14,18 +14,8 @@ from lamina.errors import LaminaError
 
 # verb modules in the order `lamina --help` lists them (tests/test_cli_foundation.py holds each
 # one to a module of this package)
-VERBS = [
-    "train",
-    "prepare",
-    "sample",
-    "eval",
-    "check",
-    "count",
-    "task",
-    "convert",
-    "quantize",
-    "lessons",
-]
+VERBS = ["train", "prepare", "sample", "eval", "check", "count", "task", "convert", "quantize"]
+VERBS += ["lessons", "attention", "plot", "serve"]  # the last three: looking inside a model
 
 
 def build_parser() -> argparse.ArgumentParser:
