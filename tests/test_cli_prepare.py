@@ -76,3 +76,18 @@ def test_out_with_files_is_refused(tmp_path, capsys):
     assert main(["prepare", str(tmp_path / "a.txt"), "--out", str(tmp_path / "p")]) == 2
     assert "already holds files" in capsys.readouterr().err
     assert (tmp_path / "p" / "keep").exists()
+
+
+def test_a_character_the_given_tokenizer_lacks_is_named(tmp_path, capsys):
+    (tmp_path / "tok.txt").write_text("abc \n")
+    assert (
+        main(["prepare", str(tmp_path / "tok.txt"), "--out", str(tmp_path / "t"), "--quiet"]) == 0
+    )
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "1.txt").write_text("abc cab\n")
+    (tmp_path / "d" / "2.txt").write_text("ba cZb\n")
+    args = ["prepare", str(tmp_path / "d"), "--tokenizer", str(tmp_path / "t"), "--quiet"]
+    assert main([*args, "--out", str(tmp_path / "p")]) == 2
+    err = capsys.readouterr().err
+    assert "character 'Z' at position 12 of the corpus (document 2)" in err
+    assert not (tmp_path / "p").exists()

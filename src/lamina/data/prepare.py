@@ -252,12 +252,12 @@ def _encode_all(
     encode, bad = encoder_for(tok), [0]
     counts = {"documents": 0, "characters": 0}
     crc, doc, new_doc = 0, 0, True
-    batch: list[tuple[str, bool, int]] = []
+    batch: list[tuple[str, bool, int, int]] = []  # piece, ends a document, document, offset
 
     cur: dict[str, Any] = {"doc": -1, "writer": None}
 
     def flush() -> None:
-        for (_, _, d), ids in zip(batch, encode([b[0] for b in batch]), strict=True):
+        for (_, _, d, _), ids in zip(batch, encode([b[0] for b in batch]), strict=True):
             w = writers["val" if "val" in writers and _is_val(d, val_fraction) else "main"]
             if d != cur["doc"]:
                 if cur["writer"] is not None and len(sep):
@@ -271,16 +271,17 @@ def _encode_all(
     for piece, end in read_pieces(files, skip_bad, bad, progress):
         if new_doc:
             counts["documents"] += 1
+        offset = counts["characters"]
         counts["characters"] += len(piece)
         crc = zlib.crc32(piece.encode("utf-8", errors="surrogatepass"), crc)
-        batch.append((piece, end, doc))
+        batch.append((piece, end, doc, offset))
         size += len(piece)
         new_doc = end
         doc += int(end)
         if size >= BATCH_CHARS:
-            _checked_flush(flush, batch)
+            _checked_flush(flush, batch, tok)
             size = 0
-    _checked_flush(flush, batch)
+    _checked_flush(flush, batch, tok)
     for w in writers.values():
         w.close()
     if counts["documents"] == 0 or counts["characters"] == 0:
@@ -315,10 +316,23 @@ def _is_val(doc: int, fraction: float) -> bool:
     return ((doc + 1) * GOLDEN) % 1.0 < fraction
 
 
-def _checked_flush(flush: Callable[[], None], batch: list) -> None:
+def _checked_flush(flush: Callable[[], None], batch: list, tok: Tokenizer) -> None:
+    """Encode and write the batch; a character the char tokenizer lacks is named with its
+    position in the corpus (characters counted over all documents, in order)."""
     if not batch:
         return
     try:
         flush()
-    except LaminaError as e:  # a character the given tokenizer cannot encode
-        raise LaminaError(f"{e} (while encoding the corpus)") from e
+    except LaminaError as e:
+        if not isinstance(tok, CharTokenizer):
+            raise
+        known = set(tok.chars)
+        for piece, _, d, offset in batch:
+            i = next((i for i, c in enumerate(piece) if c not in known), None)
+            if i is not None:
+                raise LaminaError(
+                    f"character {piece[i]!r} at position {offset + i} of the corpus (document "
+                    f"{d + 1}) is not in the tokenizer's vocabulary ({tok.vocab_size} "
+                    "characters); prepare with a tokenizer that has it, or one with unk"
+                ) from e
+        raise
