@@ -26,8 +26,8 @@ from lamina.errors import LaminaError, LaminaWarning
 
 # verb modules in the order `lamina --help` lists them (tests/test_cli_foundation.py holds each
 # one to a module of this package)
-VERBS = ["train", "sample", "eval", "check", "count", "task", "convert", "quantize", "lessons"]
-VERBS += ["attention", "plot", "serve"]  # looking inside a model
+VERBS = ["train", "prepare", "sample", "eval", "check", "count", "task", "convert", "quantize"]
+VERBS += ["lessons", "attention", "plot", "serve"]  # the last three: looking inside a model
 BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a tool killed by a closed pipe
 
 

@@ -21,7 +21,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("run", metavar="RUN", help="a run or model directory")
     p.add_argument(
-        "--data", metavar="PATH", help="text file or folder (default: the data the run trained on)"
+        "--data",
+        metavar="PATH",
+        help="text file or folder, or a `lamina prepare` folder (default: the data the run "
+        "trained on)",
     )
     p.add_argument("--batch-size", type=int, default=32, help="windows per forward (default: 32)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -32,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from lamina.checkpoint import load_model
     from lamina.data.builtin import corpus_text
     from lamina.data.corpus import encode_corpus, split_tokens
+    from lamina.data.shards import is_prepared, open_prepared
     from lamina.errors import LaminaError
     from lamina.files import read_json
     from lamina.models.gpt import GPT
@@ -53,8 +57,16 @@ def run(args: argparse.Namespace) -> int:
         val_fraction = saved.get("val_fraction", 0.1)
         if data is None:
             data = saved.get("data")
-    text, name = corpus_text(data)
-    _, val = split_tokens(encode_corpus(tokenizer, text), val_fraction)
+    if is_prepared(data):  # a `lamina prepare` folder: its own validation split, memory-mapped
+        prep = open_prepared(data)
+        if prep.tokenizer.to_dict() != tokenizer.to_dict():
+            raise LaminaError(
+                f"--data {data} was prepared with another tokenizer than {args.run}'s"
+            )
+        val, name = prep.val[:], str(data)
+    else:
+        text, name = corpus_text(data)
+        _, val = split_tokens(encode_corpus(tokenizer, text), val_fraction)
     loss, n = split_loss(model, val, model.config.block_size, args.batch_size)
     unit = "char" if getattr(tokenizer, "kind", "") == "char" else "token"
     result = {"run": str(args.run), "data": name, **summary(loss, n, unit)}

@@ -32,7 +32,11 @@ from lamina.training.config import TrainConfig, default_text, parse_duration, re
 TRAIN_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "task": ("lm: next-token prediction on --data; first-last: the encoder classifier's "
              "synthetic task", {}),
-    "data": ("a UTF-8 text file or a folder of .txt files", {"metavar": "PATH"}),
+    "data": ("a UTF-8 text file, a folder of .txt files, or a folder written by `lamina "
+             "prepare`", {"metavar": "PATH"}),
+    "init_from": ("fine-tune: start from the model in this lamina run or model folder, or "
+                  "Hugging Face folder; its shape and tokenizer come with it, the optimizer "
+                  "starts fresh", {"metavar": "SOURCE"}),
     "tokenizer": ("tokenizer spec (see the README's Tokenizers section)", {"metavar": "SPEC"}),
     "preset": ("model shape (first-last: the seed encoder's)", {"choices": list(GPT_PRESETS)}),
     "max_steps": ("optimizer steps", {"metavar": "N"}),

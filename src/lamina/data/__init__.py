@@ -4,6 +4,8 @@
 ``corpus``: read text corpora, encode them to compact numpy arrays, split, save and load.
 ``batches``: reproducible random windows of a token array as (x, y) batches.
 ``tasks``: synthetic tasks with known answers (first-last, copy, reverse).
+``sources`` / ``prepare`` / ``shards``: corpora of any size streamed to token shards with a JSON
+index (`lamina prepare`), and read back through memory maps (TokenStream, ShardSampler).
 
 What this layer deliberately does not know: models (it never imports ``torch.nn``), devices,
 training, and every other part of lamina except ``lamina.errors``.

@@ -6,6 +6,8 @@
     model_config_for(cfg, vocab_size) -> GPTConfig        the preset, then the overrides
     build_lm(cfg, text, model_config=None, tokenizer=None)
         -> (LMTask, GPT, Tokenizer, GPTConfig)    tokenize, split, seeded model
+    build_lm_tokens(cfg, train, val, tokenizer, model_config=None)   the same from splits
+                                                  already tokenized (arrays or TokenStreams)
     build_first_last(cfg, encoder_config=None)
         -> (FirstLastTask, SequenceClassifier, EncoderConfig)
     first_last_bytes(encoder_config, batch_size) -> int
@@ -120,6 +122,17 @@ def build_lm(
     """Tokenize, split (last val_fraction held out), and build the task and a seeded model."""
     tok = tokenizer or build_tokenizer(cfg.tokenizer, text)
     train, val = split_tokens(encode_corpus(tok, text), cfg.val_fraction)
+    return build_lm_tokens(cfg, train, val, tok, model_config)
+
+
+def build_lm_tokens(
+    cfg: TrainConfig,
+    train: Any,
+    val: Any,
+    tok: Tokenizer,
+    model_config: GPTConfig | None = None,
+) -> tuple[LMTask, GPT, Tokenizer, GPTConfig]:
+    """The task over tokenized splits (numpy arrays or memory-mapped TokenStreams), and a model."""
     mc = model_config or model_config_for(cfg, tok.vocab_size)
     check_model_fits(mc, resolve_device(cfg.device))
     task = LMTask(

@@ -30,6 +30,7 @@ Deliberately unaware of how steps are computed, of process groups and of progres
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,20 +41,18 @@ import torch
 from torch import nn
 
 from lamina.checkpoint import load_state, load_tensors, save_model
-from lamina.data.builtin import corpus_text
-from lamina.data.tokenizers import Tokenizer, load_tokenizer
+from lamina.data.tokenizers import Tokenizer
 from lamina.errors import LaminaError
 from lamina.files import read_json
-from lamina.models.config import EncoderConfig, GPTConfig
+from lamina.models.config import EncoderConfig
 from lamina.modes import check_finite
 from lamina.training.build import (
     build_first_last,
-    build_lm,
     resolve_device,
-    text_fingerprint,
     use_bf16,
 )
 from lamina.training.config import TrainConfig, resolve_defaults
+from lamina.training.inputs import lm_inputs
 from lamina.training.optim import build_optimizer, load_optimizer_tensors, optimizer_tensors
 from lamina.training.run_dir import RunDir
 from lamina.training.tasks import TrainTask, rng_state, rng_text
@@ -93,6 +92,7 @@ class Session:
     rank: int = 0  # this process among `world_size` (set by distributed.prepare)
     world_size: int = 1
     gather: Gather | None = None  # sharded runs: the full (model, optimizer) on rank 0, else None
+    origin: dict[str, Any] | None = None  # --init-from: the model the run started from
 
     @property
     def writer(self) -> bool:
@@ -103,21 +103,21 @@ class Session:
 def _build(cfg: TrainConfig, run: RunDir | None, model_cfg: dict[str, Any] | None) -> Session:
     device = resolve_device(cfg.device)
     tok: Tokenizer | None = None
+    origin = None
     if cfg.task == "first-last":
         ec = EncoderConfig.from_dict(model_cfg) if model_cfg else None
         task, model, ec = build_first_last(cfg, ec)
         fp, width = "first-last", ec.d_model
     else:
-        text, _ = corpus_text(cfg.data)
-        if run is not None and model_cfg and (run.path / "tokenizer.json").is_file():
-            tok = load_tokenizer(run.path / "tokenizer.json")
-        mc = GPTConfig.from_dict(model_cfg) if model_cfg else None
-        task, model, tok, mc = build_lm(cfg, text, mc, tok)
-        fp, width = text_fingerprint(text), mc.d_model
+        lm = lm_inputs(cfg, run.path if run is not None else None, model_cfg)
+        task, model, tok, origin = lm.task, lm.model, lm.tokenizer, lm.origin
+        fp, width = lm.fingerprint, lm.config.d_model
+        if lm.spec is not None:
+            cfg = cfg.replace(tokenizer=lm.spec)  # record what the prepared folder used
     model.to(device)
     opt = build_optimizer(model, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2))
     bf16 = use_bf16(cfg.dtype, device, width)
-    return Session(cfg, model, task, opt, device, bf16, run, tok, fp)
+    return Session(cfg, model, task, opt, device, bf16, run, tok, fp, origin=origin)
 
 
 def new_session(
@@ -131,12 +131,17 @@ def new_session(
     cfg = resolve_defaults(cfg, resolve_device(cfg.device).type)
     if cfg.data is not None:
         cfg = cfg.replace(data=absolute(cfg.data))
+    if cfg.init_from is not None:
+        cfg = cfg.replace(init_from=absolute(cfg.init_from))
+    fresh = out is not None and not Path(out).exists()
     run = RunDir.create(out, force=force) if out is not None else None
     try:
         session = _build(cfg.replace(out=absolute(out) if out is not None else None), run, None)
     except BaseException:
         if run is not None:
             run.release()
+        if fresh and run is not None:  # bad data or --init-from: leave no empty run behind
+            shutil.rmtree(run.path, ignore_errors=True)
         raise
     if run is not None:
         run.write_train_config(
@@ -146,6 +151,7 @@ def new_session(
                 "command": command or sys.argv,
                 "lamina": __version__,
                 "data_fingerprint": session.fingerprint,
+                **({"init_from": session.origin} if session.origin else {}),
             }
         )
     return session
