@@ -26,10 +26,15 @@ def cfg(corpus, **kw) -> TrainConfig:
     return TrainConfig(**base)
 
 
-def test_resume_continues_exactly(corpus, tmp_path):
+@pytest.mark.parametrize(
+    ("optimizer", "decay"),
+    [("adamw", "cosine"), ("adamw", "wsd"), ("muon", "cosine"), ("muon", "wsd")],
+)
+def test_resume_continues_exactly(corpus, tmp_path, optimizer, decay):
     """Stopped at a checkpoint and resumed == uninterrupted: per-step losses within 1e-6."""
-    full = run_training(new_session(cfg(corpus), out=tmp_path / "a"), quiet=True)
-    part = run_training(new_session(cfg(corpus), out=tmp_path / "b"), quiet=True, stop_at=8)
+    kw = dict(optimizer=optimizer, decay=decay, embed_lr_scale=0.5)
+    full = run_training(new_session(cfg(corpus, **kw), out=tmp_path / "a"), quiet=True)
+    part = run_training(new_session(cfg(corpus, **kw), out=tmp_path / "b"), quiet=True, stop_at=8)
     assert part.stopped == "interrupted" and part.step == 8
     rest = run_training(resume_session(tmp_path / "b", {}), quiet=True)
     assert sorted(rest.losses) == list(range(9, 13))

@@ -48,8 +48,17 @@ TRAIN_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "lr": ("peak learning rate", {}),
     "min_lr_ratio": ("decay floor as a fraction of --lr", {"metavar": "R"}),
     "warmup": ("linear warmup steps", {"metavar": "N"}),
-    "decay": ("decay after warmup", {}),
-    "weight_decay": ("AdamW weight decay on matrices", {}),
+    "decay": ("decay after warmup; wsd: warmup, stable at --lr, then linear to the floor over "
+              "the last --decay-fraction of the steps", {}),
+    "decay_fraction": ("with --decay wsd, the share of the steps spent decaying, in (0, 1]",
+                       {"metavar": "F"}),
+    "weight_decay": ("weight decay on matrices", {}),
+    "optimizer": ("adamw, or muon: Muon for the blocks' 2-D weight matrices and AdamW for "
+                  "embeddings, head, norms and biases", {}),
+    "muon_ns_dtype": ("with --optimizer muon, the precision of its Newton-Schulz iteration", {}),
+    "embed_lr_scale": ("the embedding tables' learning rate as a multiple of --lr",
+                       {"metavar": "X"}),
+    "head_lr_scale": ("an untied head's learning rate as a multiple of --lr", {"metavar": "X"}),
     "grad_clip": ("max gradient norm, 0 = off", {}),
     "eval_every": ("steps between evaluations", {"metavar": "N"}),
     "eval_batches": ("held-out batches per evaluation", {"metavar": "N"}),
@@ -142,6 +151,11 @@ def check_flags(args: argparse.Namespace, given: dict[str, Any]) -> None:
     for name in ("out", "resume"):
         if getattr(args, name) is not None and not getattr(args, name).strip():
             raise LaminaError(f"--{name} must name a folder, got an empty string")
+    if given.get("optimizer") == "muon" and args.fsdp:
+        raise LaminaError(
+            "--optimizer muon orthogonalizes whole matrices; with --fsdp they are sharded: "
+            "use DDP (drop --fsdp) or --optimizer adamw"
+        )
     task = given.get("task")
     if task == "first-last":
         for name in ("data", "tokenizer"):

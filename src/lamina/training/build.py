@@ -8,6 +8,7 @@
         -> (LMTask, GPT, Tokenizer, GPTConfig)    tokenize, split, seeded model
     build_lm_tokens(cfg, train, val, tokenizer, model_config=None)   the same from splits
                                                   already tokenized (arrays or TokenStreams)
+    make_optimizer(model, cfg, fused=None) -> the optimizer cfg names (optim.build_optimizer)
     build_first_last(cfg, encoder_config=None)
         -> (FirstLastTask, SequenceClassifier, EncoderConfig)
     first_last_bytes(encoder_config, batch_size) -> int
@@ -43,6 +44,7 @@ from lamina.models.encoder import SequenceClassifier
 from lamina.models.gpt import GPT
 from lamina.models.params import count_params
 from lamina.training.config import TrainConfig
+from lamina.training.optim import build_optimizer
 from lamina.training.tasks import FirstLastTask, LMTask
 
 # bf16 autocast pays off on CPUs only with native bf16 matrix units (AMX / AVX512-BF16) and
@@ -145,6 +147,23 @@ def build_lm_tokens(
     )
     torch.manual_seed(cfg.seed)
     return task, GPT(mc), tok, mc
+
+
+def make_optimizer(
+    model: torch.nn.Module, cfg: TrainConfig, fused: bool | None = None
+) -> torch.optim.Optimizer:
+    """AdamW or MuonAdamW as `cfg` (resolved) says, with its per-group lr multipliers."""
+    return build_optimizer(
+        model,
+        cfg.lr,
+        cfg.weight_decay,
+        (cfg.beta1, cfg.beta2),
+        fused=fused,
+        optimizer=cfg.optimizer or "adamw",
+        embed_lr_scale=1.0 if cfg.embed_lr_scale is None else cfg.embed_lr_scale,
+        head_lr_scale=1.0 if cfg.head_lr_scale is None else cfg.head_lr_scale,
+        ns_dtype=cfg.muon_ns_dtype,
+    )
 
 
 def build_first_last(

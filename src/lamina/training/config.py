@@ -40,7 +40,9 @@ from lamina.validate import (
 TaskName = Literal["lm", "first-last"]
 DeviceName = Literal["auto", "cpu", "cuda", "mps"]
 DtypeName = Literal["auto", "fp32", "bf16"]
-DecayKind = Literal["cosine", "linear"]
+DecayKind = Literal["cosine", "linear", "wsd"]
+OptimizerName = Literal["adamw", "muon"]
+NSDtype = Literal["fp32", "bf16"]
 Situation = Literal["cpu", "gpu", "first-last"]
 
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -82,7 +84,12 @@ class TrainConfig:
     min_lr_ratio: float | None = None  # the decay's floor as a fraction of lr
     warmup: int | None = None  # linear warmup steps
     decay: DecayKind | None = None  # shape of the decay after warmup
+    decay_fraction: float | None = None  # wsd: the share of the steps spent decaying
     weight_decay: float | None = None  # AdamW decay on >= 2-D weights only
+    optimizer: OptimizerName | None = None  # adamw, or muon for the blocks' matrices
+    muon_ns_dtype: NSDtype = "fp32"  # muon: the Newton-Schulz iteration's precision
+    embed_lr_scale: float | None = None  # the embedding tables' lr, as a multiple of lr
+    head_lr_scale: float | None = None  # an untied head's lr, as a multiple of lr
     beta1: float = 0.9
     beta2: float | None = None
     grad_clip: float | None = None  # max global gradient norm; 0 disables
@@ -114,12 +121,21 @@ class TrainConfig:
         if "seed" in given and given["seed"] >= 2**64:  # torch seeds are 64-bit
             raise LaminaError(f"seed must be in [0, 2**64), got {given['seed']}")
         if "decay" in given:
-            choice("decay", self.decay, ("cosine", "linear"))
+            choice("decay", self.decay, ("cosine", "linear", "wsd"))
+        if "optimizer" in given:
+            choice("optimizer", self.optimizer, ("adamw", "muon"))
+        choice("muon_ns_dtype", self.muon_ns_dtype, ("fp32", "bf16"))
+        if "decay_fraction" in given:
+            f = given["decay_fraction"]
+            if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1:
+                raise LaminaError(
+                    f"decay_fraction must be in (0, 1], got {given['decay_fraction']!r}"
+                )
         if isinstance(self.max_time, str):
             raise LaminaError(
                 f"max_time is in seconds, got {self.max_time!r}; parse_duration reads '5m' etc."
             )
-        for name in ("max_time", "lr"):
+        for name in ("max_time", "lr", "embed_lr_scale", "head_lr_scale"):
             if name in given:
                 positive_number(name, given[name])
         for name in ("min_lr_ratio", "val_fraction", "beta1", "beta2"):
@@ -257,7 +273,11 @@ DEFAULTS: dict[str, Default] = {
         f"{FINETUNE_WARMUP} with --init-from",
     ),
     "decay": Default("cosine", "cosine", "linear"),
+    "decay_fraction": Default(0.2, 0.2, 0.2),
     "weight_decay": Default(0.1, 0.1, 0.01),
+    "optimizer": Default("adamw", "adamw", "adamw"),
+    "embed_lr_scale": Default(1.0, 1.0, 1.0),
+    "head_lr_scale": Default(1.0, 1.0, 1.0, note="; ignored with a tied head"),
     "beta2": Default(0.99, 0.99, 0.999),
     "grad_clip": Default(1.0, 1.0, 0.0),
     "eval_every": Default(
@@ -266,6 +286,16 @@ DEFAULTS: dict[str, Default] = {
     ),
     "checkpoint_every": Default(text="at each evaluation"),
     "seed": Default(1337, 1337, 7),
+}
+
+
+# what a run recorded before these fields existed ran with (a resume fills them from here, not
+# from DEFAULTS, whose values may change)
+BEFORE_RECORDED: dict[str, Any] = {
+    "optimizer": "adamw",
+    "embed_lr_scale": 1.0,
+    "head_lr_scale": 1.0,
+    "decay_fraction": 0.2,
 }
 
 

@@ -43,8 +43,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from lamina.errors import LaminaError
+from lamina.training.build import make_optimizer
 from lamina.training.config import TrainConfig
-from lamina.training.optim import build_optimizer
 from lamina.training.session import Session
 
 TIMEOUT_ENV = "LAMINA_DIST_TIMEOUT"
@@ -206,7 +206,7 @@ def _opt_params(opt: torch.optim.Optimizer) -> list[nn.Parameter]:
 
 
 def _adamw(model: nn.Module, cfg: TrainConfig, fused: bool | None = None) -> torch.optim.Optimizer:
-    return build_optimizer(model, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2), fused=fused)
+    return make_optimizer(model, cfg, fused=fused)
 
 
 def prepare(s: Session, world: World) -> None:

@@ -185,7 +185,7 @@ def run_training(
     cfg, rank = s.cfg, s.rank
     accum = cfg.accumulation(s.world_size)
     per_rank = cfg.batch_size // s.world_size
-    lr_for = schedule(cfg.lr, cfg.warmup, cfg.min_lr_ratio, cfg.decay)
+    lr_for = schedule(cfg.lr, cfg.warmup, cfg.min_lr_ratio, cfg.decay, cfg.decay_fraction or 0.2)
     start = clock() if started_at is None else started_at
     prog = Progress(
         cfg.max_steps,
@@ -285,7 +285,7 @@ def run_training(
                 break
             lr = lr_for(s.step, total)
             for g in s.opt.param_groups:
-                g["lr"] = lr
+                g["lr"] = lr * g.get("lr_scale", 1.0)
             batch = slice_batch(s.task.draw(cfg.batch_size), rank * per_rank, (rank + 1) * per_rank)
             stats: dict[str, float] = {}
             step_args = dict(

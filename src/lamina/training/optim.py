@@ -1,22 +1,29 @@
 """Optimization: AdamW with decay on matrices only, its pickle-free state, and the lr schedule.
 
-    param_groups(model, weight_decay) -> [{"params": >= 2-D weights, "weight_decay": wd},
-                                          {"params": biases, norms (1-D), "weight_decay": 0}]
+    param_groups(model, weight_decay, embed_lr_scale, head_lr_scale, muon)
+        -> [{"params", "weight_decay", "lr_scale"(, "kind")}]: decay on >= 2-D weights only;
+        the embedding tables and an untied head carry their lr multipliers ("lr_scale", which
+        the loop applies); with muon, the blocks' matrices are kind "muon", the rest "adamw".
     Parameters come from `model.parameters()`, which yields a shared (tied) tensor once, so the
-    token table that is also the LM head is decayed, and stepped, exactly once.
+    token table that is also the LM head is decayed, and stepped, exactly once (as embedding).
 
-    build_optimizer(model, lr, weight_decay, betas) -> torch.optim.AdamW (fused where the
-    installed torch supports it for the parameters' device, else the foreach/for-loop one).
+    build_optimizer(model, lr, weight_decay, betas, optimizer="adamw"|"muon", ...) ->
+    torch.optim.AdamW (fused where the installed torch supports it for the parameters'
+    device, else the foreach/for-loop one), or `muon.MuonAdamW` over the groups above.
 
     optimizer_tensors(opt) -> (tensors, meta): per-parameter state as named tensors
     ("state.<i>.<name>") and the JSON-able rest (hyperparameters of each group, which state
     entries are tensors). `load_optimizer_tensors(opt, tensors, meta)` inverts it.
 
-    schedule(peak, warmup, floor_ratio, kind) -> lr(step, total)      checked once, then pure
-    lr_at(step, total, peak, warmup, floor_ratio, kind) -> float       the same, in one call
+    schedule(peak, warmup, floor_ratio, kind, decay_fraction) -> lr(step, total)  checked once
+    lr_at(step, total, peak, warmup, floor_ratio, kind, ...) -> float   the same, in one call
         step 0 .. warmup-1: linear warmup, peak * (step + 1) / (warmup + 1)   (never 0)
         then cosine or linear decay from peak, reaching peak * floor_ratio exactly at
-        step total - 1 (the last optimizer step is fully decayed), and staying there.
+        step total - 1 (the last optimizer step is fully decayed), and staying there;
+        or "wsd" (warmup-stable-decay): flat at peak, then linear to the floor over the last
+        round(decay_fraction * total) steps (never starting before warmup ends), reaching it
+        at step total - 1. A function of (step, total), so TimeBudget's re-estimated total
+        moves the decay's start with it.
 
     TimeBudget(seconds): given the steps done and the clock, how many steps fit in the rest of
     the budget? Seconds per step are measured after a few warm-up steps (compilation and
@@ -39,16 +46,57 @@ from torch import Tensor, nn
 
 from lamina.errors import LaminaError
 
+OPTIMIZERS = ("adamw", "muon")
+OUTPUT_LAYERS = ("head", "classifier")  # a model's output projection, by attribute name
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Two groups: decayed (dim >= 2) and not decayed (dim < 2); each tensor appears once."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    return [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
+
+def _roles(model: nn.Module) -> dict[int, str]:
+    """id(parameter) -> "embed" (nn.Embedding tables) or "head" (an untied output layer)."""
+    roles: dict[int, str] = {}
+    for module in model.modules():
+        if isinstance(module, nn.Embedding):
+            for p in module.parameters():
+                roles[id(p)] = "embed"
+    for name in OUTPUT_LAYERS:
+        out = getattr(model, name, None)
+        if isinstance(out, nn.Module):
+            for p in out.parameters():
+                roles.setdefault(id(p), "head")  # a tied head is the token table: "embed"
+    return roles
+
+
+def param_groups(
+    model: nn.Module,
+    weight_decay: float,
+    *,
+    embed_lr_scale: float = 1.0,
+    head_lr_scale: float = 1.0,
+    muon: bool = False,
+) -> list[dict[str, Any]]:
+    """Groups of (kind, weight decay, lr_scale); each tensor once, groups in first-seen order.
+
+    Weight decay on >= 2-D tensors only. The embedding tables get `embed_lr_scale`, an untied
+    output layer (`model.head` / `model.classifier`) `head_lr_scale`. With muon, the other 2-D
+    matrices (the blocks' linears) are kind "muon", everything else kind "adamw"; without it
+    there is no "kind" and, with both scales 1, the groups are the historical two.
+    """
+    roles = _roles(model)
+    groups: dict[tuple[str, bool, float], list[nn.Parameter]] = {}
+    for p in model.parameters():
+        if not p.requires_grad:
+            continue
+        role = roles.get(id(p), "body")
+        scale = {"embed": embed_lr_scale, "head": head_lr_scale}.get(role, 1.0)
+        kind = "muon" if muon and role == "body" and p.dim() == 2 else "adamw"
+        groups.setdefault((kind, p.dim() >= 2, float(scale)), []).append(p)
+    out = []
+    for (kind, decayed, scale), params in groups.items():
+        decay = weight_decay if decayed else 0.0
+        g: dict[str, Any] = {"params": params, "weight_decay": decay, "lr_scale": scale}
+        if muon:
+            g["kind"] = kind
+        out.append(g)
+    return out
 
 
 def build_optimizer(
@@ -57,9 +105,30 @@ def build_optimizer(
     weight_decay: float = 0.1,
     betas: tuple[float, float] = (0.9, 0.99),
     fused: bool | None = None,
-) -> torch.optim.AdamW:
-    """AdamW over `param_groups`; fused=None tries the fused kernel and falls back quietly."""
-    groups = param_groups(model, weight_decay)
+    *,
+    optimizer: str = "adamw",
+    embed_lr_scale: float = 1.0,
+    head_lr_scale: float = 1.0,
+    ns_dtype: str = "fp32",
+) -> torch.optim.Optimizer:
+    """AdamW (fused=None tries the fused kernel, falls back quietly) or MuonAdamW."""
+    if optimizer not in OPTIMIZERS:
+        raise LaminaError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
+    scales = dict(embed_lr_scale=embed_lr_scale, head_lr_scale=head_lr_scale)
+    if optimizer == "muon":
+        from lamina.training.muon import MuonAdamW
+
+        groups = param_groups(model, weight_decay, muon=True, **scales)
+        if not any(g["kind"] == "muon" for g in groups):
+            raise LaminaError(
+                f"--optimizer muon: {type(model).__name__} has no 2-D weight matrices in its "
+                "blocks for Muon to orthogonalize; use --optimizer adamw"
+            )
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}.get(ns_dtype)
+        if dtype is None:
+            raise LaminaError(f"muon_ns_dtype must be fp32 or bf16, got {ns_dtype!r}")
+        return MuonAdamW(groups, lr=lr, betas=betas, ns_dtype=dtype)
+    groups = param_groups(model, weight_decay, **scales)
     if fused is not False:
         try:
             return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=True)
@@ -123,17 +192,36 @@ def load_optimizer_tensors(
 
 
 # -- the learning-rate schedule ------------------------------------------------------------
+DECAYS = ("cosine", "linear", "wsd")
+
+
 def schedule(
-    peak: float, warmup: int = 0, floor_ratio: float = 0.1, kind: str = "cosine"
+    peak: float,
+    warmup: int = 0,
+    floor_ratio: float = 0.1,
+    kind: str = "cosine",
+    decay_fraction: float = 0.2,
 ) -> Callable[[int, int], float]:
     """`lr(step, total)` for optimizer step `step` (0-based) of a run of `total` steps."""
-    if kind not in ("cosine", "linear"):
-        raise LaminaError(f"decay must be 'cosine' or 'linear', got {kind!r}")
+    if kind not in DECAYS:
+        raise LaminaError(f"decay must be one of {', '.join(DECAYS)}, got {kind!r}")
+    if kind == "wsd" and not (isinstance(decay_fraction, (int, float)) and 0 < decay_fraction <= 1):
+        raise LaminaError(f"decay_fraction must be in (0, 1], got {decay_fraction!r}")
     floor, cosine = peak * floor_ratio, kind == "cosine"
 
     def lr(step: int, total: int) -> float:
         if step < warmup:
             return peak * (step + 1) / (warmup + 1)
+        if kind == "wsd":
+            # stable at the peak, then linear to the floor over the last decay_fraction of the
+            # steps, reaching it at step total - 1 (as the other shapes do)
+            length = max(1, round(decay_fraction * total))
+            start = max(warmup, total - length)
+            span = total - 1 - start
+            if step < start:
+                return peak
+            progress = 1.0 if span <= 0 else min(1.0, (step - start) / span)
+            return peak - progress * (peak - floor)
         span = total - 1 - warmup
         progress = 1.0 if span <= 0 else min(1.0, max(0.0, (step - warmup) / span))
         coeff = 0.5 * (1.0 + math.cos(math.pi * progress)) if cosine else 1.0 - progress
@@ -149,9 +237,10 @@ def lr_at(
     warmup: int = 0,
     floor_ratio: float = 0.1,
     kind: str = "cosine",
+    decay_fraction: float = 0.2,
 ) -> float:
     """Learning rate for optimizer step `step` (0-based) of a run of `total` steps."""
-    return schedule(peak, warmup, floor_ratio, kind)(step, total)
+    return schedule(peak, warmup, floor_ratio, kind, decay_fraction)(step, total)
 
 
 class TimeBudget:

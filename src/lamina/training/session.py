@@ -48,12 +48,13 @@ from lamina.models.config import EncoderConfig
 from lamina.modes import check_finite
 from lamina.training.build import (
     build_first_last,
+    make_optimizer,
     resolve_device,
     use_bf16,
 )
-from lamina.training.config import TrainConfig, resolve_defaults
+from lamina.training.config import BEFORE_RECORDED, TrainConfig, resolve_defaults
 from lamina.training.inputs import lm_inputs
-from lamina.training.optim import build_optimizer, load_optimizer_tensors, optimizer_tensors
+from lamina.training.optim import load_optimizer_tensors, optimizer_tensors
 from lamina.training.run_dir import RunDir
 from lamina.training.tasks import TrainTask, rng_state, rng_text
 from lamina.version import __version__
@@ -115,7 +116,7 @@ def _build(cfg: TrainConfig, run: RunDir | None, model_cfg: dict[str, Any] | Non
         if lm.spec is not None:
             cfg = cfg.replace(tokenizer=lm.spec)  # record what the prepared folder used
     model.to(device)
-    opt = build_optimizer(model, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2))
+    opt = make_optimizer(model, cfg)
     bf16 = use_bf16(cfg.dtype, device, width)
     return Session(cfg, model, task, opt, device, bf16, run, tok, fp, origin=origin)
 
@@ -212,6 +213,8 @@ def _edited_model_fields(run: RunDir, model_cfg: dict[str, Any]) -> list[str]:
 def _resume(run: RunDir, given: dict[str, Any]) -> Session:
     saved = run.read_train_config()
     cfg = TrainConfig.from_dict(saved["train"])
+    older = {k: v for k, v in BEFORE_RECORDED.items() if getattr(cfg, k) is None}
+    cfg = cfg.replace(**older)  # a run recorded before these fields existed
     model_cfg = dict(saved.get("model") or {})
     conflicts, changes = [], {}
     for name, value in given.items():
