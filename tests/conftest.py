@@ -2,6 +2,8 @@
 
 Tests run torch on one thread (see below).
 
+Token caches (``LAMINA_CACHE``) go to a folder of the test session.
+
 ``corpus``: a small text file (``CORPUS_TEXT``, ~9.6k characters of Shakespeare dialogue) for
 training tests; one file per test session, which tests only read.
 
@@ -30,6 +32,18 @@ CORPUS_TEXT = (
     "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
     "First Citizen:\nYou are all resolved rather to die than to famish?\n\n"
 ) * 60
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _token_cache(tmp_path_factory):
+    """Token caches (lamina.data.text_splits) go to a session folder, never ~/.cache."""
+    before = os.environ.get("LAMINA_CACHE")
+    os.environ["LAMINA_CACHE"] = str(tmp_path_factory.mktemp("lamina-cache"))
+    yield
+    if before is None:
+        os.environ.pop("LAMINA_CACHE", None)
+    else:
+        os.environ["LAMINA_CACHE"] = before
 
 
 @pytest.fixture(scope="session")

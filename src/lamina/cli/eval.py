@@ -1,4 +1,10 @@
-"""`lamina eval RUN`: loss, perplexity and bits per character/token on the validation split.
+"""`lamina eval RUN`: loss per character and per token, perplexity, on the validation split.
+
+The validation split is the last val_fraction of the text's characters (`data.text_splits`), so
+nats per character (the split's total next-token loss / the characters its scored tokens cover)
+compares models with different tokenizers. `--json` keys: run, data, loss (nats/token),
+perplexity, bits_per_char or bits_per_token, tokens, and with text data loss_per_char,
+bits_per_char, chars.
 
 A model whose weights hold NaN or infinity is refused in one line (`lamina.modes.check_finite`).
 """
@@ -7,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 
@@ -14,10 +21,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "eval",
         help="evaluate a trained model on the validation split of a corpus",
-        description="Score every token of the validation split (the last 10%% of the corpus, "
-        "as nanoGPT splits it) with the model in RUN, in consecutive block_size windows, and "
-        "print the loss (nats/token), perplexity and bits per character (per token for "
-        "non-character tokenizers).",
+        description="Score every token of the validation split (the last 10%% of the corpus's "
+        "characters, cut before tokenizing, so every tokenizer is scored on the same text) "
+        "with the model in RUN, in consecutive block_size windows, and print the loss in nats "
+        "per character (total loss / characters: comparable across tokenizers), bits per "
+        "character, nats per token and perplexity. A `lamina prepare` folder has its own "
+        "split: per token only.",
     )
     p.add_argument("run", metavar="RUN", help="a run or model directory")
     p.add_argument(
@@ -34,13 +43,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from lamina.checkpoint import load_model
     from lamina.data.builtin import corpus_text
-    from lamina.data.corpus import encode_corpus, split_tokens
+    from lamina.data.corpus import encode_corpus
     from lamina.data.shards import is_prepared, open_prepared
+    from lamina.data.text_splits import scored_chars, split_text
     from lamina.errors import LaminaError
     from lamina.files import read_json
     from lamina.models.gpt import GPT
     from lamina.modes import check_finite
-    from lamina.training.tasks import split_loss, summary
+    from lamina.training.tasks import split_loss, summary, val_line
 
     if args.batch_size < 1:
         raise LaminaError(f"--batch-size must be >= 1, got {args.batch_size}")
@@ -63,18 +73,25 @@ def run(args: argparse.Namespace) -> int:
             raise LaminaError(
                 f"--data {data} was prepared with another tokenizer than {args.run}'s"
             )
-        val, name = prep.val[:], str(data)
+        val, name, chars = prep.val[:], str(data), None  # the index has no val characters
     else:
         text, name = corpus_text(data)
-        _, val = split_tokens(encode_corpus(tokenizer, text), val_fraction)
+        _, val_text = split_text(text, val_fraction)  # the same characters for any tokenizer
+        val = encode_corpus(tokenizer, val_text)
+        chars = scored_chars(tokenizer, val_text, val)
     loss, n = split_loss(model, val, model.config.block_size, args.batch_size)
     unit = "char" if getattr(tokenizer, "kind", "") == "char" else "token"
-    result = {"run": str(args.run), "data": name, **summary(loss, n, unit)}
+    result = {"run": str(args.run), "data": name, **summary(loss, n, unit, chars)}
     if args.json:
         print(json.dumps(result))
+        return 0
+    where = f"{n:,} tokens" + (f", {chars:,} characters" if chars else "")
+    print(f"{result['data']}: validation split, {where}")
+    if chars:
+        print(f"  loss        {val_line({'loss': loss, 'loss_per_char': result['loss_per_char']})}")
     else:
-        print(f"{result['data']}: validation split, {n:,} tokens")
-        print(f"  loss        {loss:.4f} nats/{unit}")
-        print(f"  perplexity  {result['perplexity']:.3f}")
-        print(f"  bits/{unit:<5} {result[f'bits_per_{unit}']:.4f}")
+        print(f"  loss        {loss:.4f} nats/token (per token only: a prepared folder's index "
+              "does not record its validation characters)")  # fmt: skip
+    print(f"  perplexity  {result['perplexity']:.3f} (per token)")
+    print(f"  bits/token  {loss / math.log(2):.4f}")
     return 0

@@ -280,10 +280,13 @@ def _run(args: argparse.Namespace, session: Any, world: Any, out: str, started: 
             file=sys.stderr,
         )
         return 1
-    val = result.eval.get("loss")
+    from lamina.training.tasks import val_line
+
+    val = val_line(result.eval)
+    val = f"loss {val}" if "nats/char" in val else val  # "loss 2.9500" without per-char
     safe_print(
         f"lamina train: done at step {result.step} ({result.tokens:,} tokens, "
-        f"{session.seconds_used:.1f} s); validation loss {val:.4f}; saved to {out}"
+        f"{session.seconds_used:.1f} s); validation {val}; saved to {out}"
     )
     if c.task == "lm":
         safe_print(f"  sample: lamina sample {out}    evaluate: lamina eval {out}")

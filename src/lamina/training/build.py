@@ -5,9 +5,11 @@
     text_fingerprint(text) -> str                 length and CRC32, so a resume sees new data
     model_config_for(cfg, vocab_size) -> GPTConfig        the preset, then the overrides
     build_lm(cfg, text, model_config=None, tokenizer=None)
-        -> (LMTask, GPT, Tokenizer, GPTConfig)    tokenize, split, seeded model
-    build_lm_tokens(cfg, train, val, tokenizer, model_config=None)   the same from splits
-                                                  already tokenized (arrays or TokenStreams)
+        -> (LMTask, GPT, Tokenizer, GPTConfig)    split the text by characters, tokenize each
+                                                  part (cached: data.text_splits), seeded model
+    build_lm_tokens(cfg, train, val, tokenizer, model_config=None, val_chars=None)  the same
+                                                  from splits already tokenized (arrays or
+                                                  TokenStreams); val_chars: characters scored
     make_optimizer(model, cfg, fused=None) -> the optimizer cfg names (optim.build_optimizer)
     build_first_last(cfg, encoder_config=None)
         -> (FirstLastTask, SequenceClassifier, EncoderConfig)
@@ -35,8 +37,7 @@ from typing import Any
 
 import torch
 
-from lamina.data.corpus import encode_corpus, split_tokens
-from lamina.data.spec import build_tokenizer
+from lamina.data.text_splits import text_splits
 from lamina.data.tokenizers import Tokenizer
 from lamina.errors import LaminaError
 from lamina.models.config import EncoderConfig, GPTConfig
@@ -121,10 +122,9 @@ def build_lm(
     model_config: GPTConfig | None = None,
     tokenizer: Tokenizer | None = None,
 ) -> tuple[LMTask, GPT, Tokenizer, GPTConfig]:
-    """Tokenize, split (last val_fraction held out), and build the task and a seeded model."""
-    tok = tokenizer or build_tokenizer(cfg.tokenizer, text)
-    train, val = split_tokens(encode_corpus(tok, text), cfg.val_fraction)
-    return build_lm_tokens(cfg, train, val, tok, model_config)
+    """Split (the last val_fraction of the characters held out), tokenize, task, seeded model."""
+    s = text_splits(cfg.tokenizer, text, cfg.val_fraction, tokenizer)
+    return build_lm_tokens(cfg, s.train, s.val, s.tokenizer, model_config, s.val_chars)
 
 
 def build_lm_tokens(
@@ -133,6 +133,7 @@ def build_lm_tokens(
     val: Any,
     tok: Tokenizer,
     model_config: GPTConfig | None = None,
+    val_chars: int | None = None,
 ) -> tuple[LMTask, GPT, Tokenizer, GPTConfig]:
     """The task over tokenized splits (numpy arrays or memory-mapped TokenStreams), and a model."""
     mc = model_config or model_config_for(cfg, tok.vocab_size)
@@ -144,6 +145,7 @@ def build_lm_tokens(
         cfg.seed,
         n_eval=cfg.eval_batches,
         eval_batch_size=min(cfg.batch_size, 16),  # global: same windows under any world size
+        val_chars=val_chars,
     )
     torch.manual_seed(cfg.seed)
     return task, GPT(mc), tok, mc

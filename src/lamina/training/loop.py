@@ -44,7 +44,7 @@ from lamina.training.distributed import agree, global_mean
 from lamina.training.optim import TimeBudget, schedule
 from lamina.training.progress import Progress, loss_plot
 from lamina.training.session import Session, save_checkpoint
-from lamina.training.tasks import Batch, TrainTask, slice_batch, to_device
+from lamina.training.tasks import Batch, TrainTask, slice_batch, to_device, val_line
 
 
 class NonFiniteLoss(LaminaError):
@@ -240,11 +240,8 @@ def run_training(
             "elapsed": round(s.seconds_used + clock() - start, 3),
         }
         s.metrics.append(rec)
-        prog.message(
-            "eval step {}: {}".format(
-                s.step, "  ".join(f"{k} {v:.4f}" for k, v in result.eval.items())
-            )
-        )
+        line = val_line(result.eval)
+        prog.message(f"eval step {s.step}: {'val ' if 'nats/char' in line else ''}{line}")
         if s.writer:
             s.run.write_metrics(s.metrics)
             s.run.write_bytes("loss.png", loss_plot(s.metrics))

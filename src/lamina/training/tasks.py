@@ -15,12 +15,18 @@ what the tensors mean.
 `rng_text(state)` / `rng_state(text)`: a torch RNG state as base64 text and back (JSON only).
 
 `LMTask`: next-token prediction on windows of a token array (WindowSampler; validation batches
-from the held-out tail). `FirstLastTask`: the encoder classifier's synthetic task.
+from the held-out tail). Given `val_chars` (the characters the validation tokens cover), its
+evaluation adds "loss_per_char": the batches' mean loss per token x (val tokens - 1) /
+val_chars, an estimate of nats per character over the whole validation text (exact for a char
+tokenizer, where the ratio is 1; `lamina eval` computes it exactly). `FirstLastTask`: the
+encoder classifier's synthetic task.
 
 Scoring a whole split, for `lamina eval`:
 
     split_loss(model, tokens, block_size, batch_size) -> (mean loss in nats/token, tokens scored)
-    summary(loss, n_tokens, unit) -> {"loss", "perplexity", "bits_per_<unit>", "tokens"}
+    summary(loss, n_tokens, unit, chars) -> {"loss", "perplexity", "bits_per_<unit>", "tokens"}
+        and, given the characters the scored tokens cover, "loss_per_char" (total loss / chars)
+        and "bits_per_char"
 
 The split (1-D token array, length N) is cut into consecutive non-overlapping windows of
 block_size + 1 tokens (the last, shorter window too, if it has at least 2 tokens); each window
@@ -96,6 +102,7 @@ class LMTask:
         *,
         n_eval: int = 20,
         eval_batch_size: int = 16,
+        val_chars: int | None = None,
     ) -> None:
         for name, split in (("training", train), ("validation", val)):
             if len(split) < block_size + 1:
@@ -108,6 +115,8 @@ class LMTask:
         self.n_eval, self.eval_batch_size = n_eval, eval_batch_size
         self.tokens_per_item = block_size
         self._eval: list[Batch] | None = None
+        # nats/char = nats/token x predicted tokens / their characters (None: unknown)
+        self.chars_ratio = (len(val) - 1) / val_chars if val_chars else None
 
     def draw(self, n: int) -> Batch:
         return self.sampler.windows(self.sampler.starts(n))
@@ -126,7 +135,10 @@ class LMTask:
     @torch.no_grad()
     def evaluate(self, model: nn.Module, batches: list[Batch]) -> dict[str, float]:
         losses = [float(self.loss(model, b)) for b in batches]
-        return {"loss": sum(losses) / len(losses)}
+        loss = sum(losses) / len(losses)
+        if self.chars_ratio is None:
+            return {"loss": loss}
+        return {"loss": loss, "loss_per_char": loss * self.chars_ratio}
 
     def state_dict(self) -> dict[str, Any]:
         return {"sampler": self.sampler.state_dict()}
@@ -219,11 +231,34 @@ def split_loss(
     return total / count, count
 
 
-def summary(loss: float, n_tokens: int, unit: str = "token") -> dict[str, float | int | str]:
-    """Loss (nats), perplexity and bits per `unit` ("char" for character tokenizers)."""
-    return {
+def summary(
+    loss: float, n_tokens: int, unit: str = "token", chars: int | None = None
+) -> dict[str, float | int | str]:
+    """Loss (nats), perplexity and bits per `unit`; per character too where `chars` is known."""
+    out: dict[str, float | int | str] = {
         "loss": loss,
         "perplexity": math.exp(loss) if loss < 700 else math.inf,
         f"bits_per_{unit}": loss / math.log(2),
         "tokens": n_tokens,
     }
+    if chars:
+        per_char = loss * n_tokens / chars
+        out.update(loss_per_char=per_char, bits_per_char=per_char / math.log(2), chars=chars)
+    return out
+
+
+def val_line(result: dict[str, float]) -> str:
+    """An evaluation in words: "1.6540 nats/char (2.3862 bits/char; 2.9500 nats/token)" where
+    the per-character figure is known, else "loss 2.9500" (and any other metric after it)."""
+    loss = result["loss"]
+    rest = [f"{k} {v:.4f}" for k, v in result.items() if k not in ("loss", "loss_per_char")]
+    if "loss_per_char" not in result:
+        return "  ".join([f"loss {loss:.4f}", *rest])
+    per_char = result["loss_per_char"]
+    return "  ".join(
+        [
+            f"{per_char:.4f} nats/char ({per_char / math.log(2):.4f} bits/char; "
+            f"{loss:.4f} nats/token)",
+            *rest,
+        ]
+    )
