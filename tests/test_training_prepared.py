@@ -61,6 +61,9 @@ def test_cli_trains_and_evaluates_on_prepared_data(tmp_path, capsys):
     assert main(["eval", str(tmp_path / "r"), "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got["tokens"] == len(TEXT) - int(len(TEXT) * 0.9) - 1
+    assert "loss_per_char" not in got  # the index records no validation characters
+    assert main(["eval", str(tmp_path / "r")]) == 0
+    assert "per token only" in capsys.readouterr().out
     (tmp_path / "p" / "main-00000.bin").write_bytes(b"\x00" * 10)
     assert main([*args[:-1], str(tmp_path / "r2")]) == 2
     assert "main-00000.bin has 10 bytes" in capsys.readouterr().err

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from torch import nn
@@ -162,3 +164,18 @@ def test_help_lists_the_new_options_with_their_defaults(capsys):
         "--head-lr-scale X",
     ):
         assert text in out, text
+
+
+def test_a_run_recorded_before_the_new_fields_resumes_with_adamw(corpus, tmp_path):
+    """train_config.json without optimizer / lr scales / decay_fraction: what ran then."""
+    run_training(new_session(cfg(corpus, max_steps=2), out=tmp_path / "r"), quiet=True)
+    path = tmp_path / "r" / "train_config.json"
+    saved = json.loads(path.read_text())
+    for name in ("optimizer", "muon_ns_dtype", "embed_lr_scale", "head_lr_scale",
+                 "decay_fraction"):  # fmt: skip
+        saved["train"].pop(name)
+    path.write_text(json.dumps(saved))
+    back = resume_session(tmp_path / "r", {"max_steps": 3})
+    assert back.cfg.optimizer == "adamw" and back.cfg.embed_lr_scale == 1.0
+    assert run_training(back, quiet=True).step == 3
+    back.run.release()

@@ -13,7 +13,7 @@ from lamina.cli import main
 from lamina.data import subword
 from lamina.data.spec import build_tokenizer
 from lamina.data.text_splits import cache_root, split_text, text_splits
-from lamina.errors import LaminaError
+from lamina.errors import LaminaError, LaminaWarning
 from lamina.training.config import TrainConfig
 from lamina.training.loop import run_training
 from lamina.training.session import new_session
@@ -153,3 +153,11 @@ def test_bpe_larger_than_the_text_supports_is_refused_in_one_line(corpus, tmp_pa
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "bpe:2000" in err and "only" in err
     assert not (tmp_path / "r").exists()
+
+
+def test_an_unwritable_cache_warns_and_the_run_goes_on(tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("not a folder")
+    monkeypatch.setenv("LAMINA_CACHE", str(tmp_path / "file"))
+    with pytest.warns(LaminaWarning, match="cannot write the token cache"):
+        s = text_splits("bpe:300", CORPUS_TEXT, 0.1)
+    assert s.tokenizer.decode(s.val.tolist()) == split_text(CORPUS_TEXT, 0.1)[1]

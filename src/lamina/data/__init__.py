@@ -2,6 +2,8 @@
 
 ``tokenizers``: text <-> ids, and a registry of tokenizer kinds saved as JSON.
 ``corpus``: read text corpora, encode them to compact numpy arrays, split, save and load.
+``text_splits``: a corpus cut into training and validation text by characters, each part
+tokenized (bpe fit on the training part) and cached on disk (``LAMINA_CACHE``).
 ``batches``: reproducible random windows of a token array as (x, y) batches.
 ``tasks``: synthetic tasks with known answers (first-last, copy, reverse).
 ``sources`` / ``prepare`` / ``shards``: corpora of any size streamed to token shards with a JSON

@@ -10,8 +10,10 @@
     finetune.py     --init-from SOURCE: a lamina or Hugging Face model, its shape and tokenizer
     tasks.py        the loop's model interface: LMTask (corpus windows), FirstLastTask (the
                     encoder's toy task); split_loss / summary for `lamina eval`
-    optim.py        AdamW groups (decay on >= 2-D weights, tied once), pickle-free state; the
-                    warmup + cosine/linear schedule; TimeBudget for --max-time
+    optim.py        parameter groups (decay on >= 2-D weights, tied once, per-group lr_scale),
+                    AdamW or Muon (muon.py), pickle-free state; the warmup + cosine/linear/wsd
+                    schedule; TimeBudget for --max-time
+    muon.py         MuonAdamW: Muon for the blocks' matrices, AdamW for the rest
     session.py      a run's model/optimizer/task/run dir, fresh or resumed; save_checkpoint,
                     the one save path
     run_dir.py      the run directory layout and staged, atomic checkpoint files
