@@ -3,6 +3,10 @@
     save_model(dir, model, tokenizer=None)   -> dir/config.json, dir/model.safetensors, ...
     load_model(dir) -> (model, tokenizer or None)        (also exported as `lamina.load`)
 
+A SequenceClassifier's label names (`model.labels`, class id = index) go to `labels.json`
+with the classifier's id convention (`lamina.data.labelled.CLASSIFIER_IDS`) and come back as
+`model.labels` (None where the file is absent).
+
 Tied weights are stored once (the head is re-tied on load); the `_orig_mod.` prefix that
 `torch.compile` adds is stripped on save and on load. Loading never unpickles: safetensors and
 JSON only. A missing, unexpected or wrongly shaped tensor is an error naming the key.
@@ -21,6 +25,7 @@ from safetensors.torch import save as st_save
 from torch import Tensor, nn
 
 import lamina.quant as quant
+from lamina.data.labelled import CLASSIFIER_IDS
 from lamina.data.tokenizers import Tokenizer, load_tokenizer, save_tokenizer
 from lamina.errors import LaminaError
 from lamina.files import atomic_write, read_json, write_json
@@ -179,6 +184,8 @@ def save_model(
     save_tensors(d / "model.safetensors", model_tensors(inner), {"format": "pt"})
     if tokenizer is not None:
         save_tokenizer(tokenizer, d / "tokenizer.json")
+    if isinstance(inner, SequenceClassifier) and inner.labels is not None:
+        write_json(d / "labels.json", {"labels": list(inner.labels), **CLASSIFIER_IDS})
     write_json(d / "config.json", config_json)  # last: its presence marks a complete model
     return d
 
@@ -195,5 +202,18 @@ def load_model(
     model = model_from_json(read_json(d / "config.json"), str(d / "config.json"))
     load_state(model, load_tensors(d / "model.safetensors"), str(d / "model.safetensors"))
     tokenizer = load_tokenizer(d / "tokenizer.json") if (d / "tokenizer.json").is_file() else None
+    if isinstance(model, SequenceClassifier) and (d / "labels.json").is_file():
+        model.labels = _labels(read_json(d / "labels.json"), model, d / "labels.json")
     model.eval()
     return model.to(device), tokenizer
+
+
+def _labels(data: Any, model: SequenceClassifier, where: Path) -> list[str]:
+    """The label names of a labels.json, checked against the classifier's classes."""
+    labels = data.get("labels") if isinstance(data, dict) else None
+    n = model.classifier.out_features
+    if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
+        raise LaminaError(f"{where} has no 'labels' list of strings")
+    if len(labels) != n:
+        raise LaminaError(f"{where} names {len(labels)} labels; the classifier has {n} classes")
+    return labels

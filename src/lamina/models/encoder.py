@@ -1,6 +1,7 @@
 """Layer 4, encoder: a bidirectional Transformer encoder and a sequence classifier on top.
 
-    ids (B, T) -> token table (pad row zero) * sqrt(d) + sinusoidal positions -> dropout
+    ids (B, T) -> token table (pad row zero) * sqrt(d) + positions (sinusoidal or learned)
+               -> dropout
                -> n_layers x TransformerBlock(causal=False) -> final norm if pre-LN
                -> hidden (B, T, d)
     SequenceClassifier: hidden -> pool (first token, mean over real tokens, or last real token)
@@ -40,7 +41,7 @@ class Encoder(nn.Module):
             c.max_len,
             c.d_model,
             dropout=c.dropout,
-            positions="sinusoidal",
+            positions=c.positions,
             scale=True,
             padding_idx=c.pad_id,
         )
@@ -100,6 +101,7 @@ class SequenceClassifier(nn.Module):
         if pooling not in ("first", "mean", "last"):
             raise LaminaError(f"pooling must be 'first', 'mean' or 'last', got {pooling!r}")
         self.config, self.pooling = config, pooling
+        self.labels: list[str] | None = None  # class names, index = class id (saved as labels.json)
         self.encoder = Encoder(config)
         self.classifier = nn.Linear(config.d_model, n_classes)
 

@@ -204,12 +204,15 @@ def run_training(
         s.metrics.append(rec)
         prog.message(
             "eval step {}: {}".format(
-                s.step, "  ".join(f"{k} {v:.4f}" for k, v in result.eval.items())
+                s.step,
+                "  ".join(f"{k} {v:.4f}" for k, v in result.eval.items() if "/" not in k),
             )
         )
         if s.writer:
             s.run.write_metrics(s.metrics)
             s.run.write_bytes("loss.png", loss_plot(s.metrics))
+            for name, blob in getattr(s.task, "eval_files", dict)().items():  # e.g. confusion.png
+                s.run.write_bytes(name, blob)
 
     def do_save() -> None:
         nonlocal last_ckpt, save_cost

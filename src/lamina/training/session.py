@@ -98,6 +98,12 @@ def _build(cfg: TrainConfig, run: RunDir | None, model_cfg: dict[str, Any] | Non
         ec = EncoderConfig.from_dict(model_cfg) if model_cfg else None
         task, model, ec = build_first_last(cfg, ec)
         fp, width = "first-last", ec.d_model
+    elif cfg.task == "classify":
+        from lamina.training.classify import build_classify
+
+        ec = EncoderConfig.from_dict(model_cfg) if model_cfg else None
+        task, model, tok, fp = build_classify(cfg, run.path if run else None, ec)
+        width = model.config.d_model
     else:
         text, _ = corpus_text(cfg.data)
         if run is not None and model_cfg and (run.path / "tokenizer.json").is_file():
