@@ -14,7 +14,8 @@ from lamina.errors import LaminaError
 
 # verb modules in the order `lamina --help` lists them (tests/test_cli_foundation.py holds each
 # one to a module of this package)
-VERBS = ["train", "sample", "eval", "check", "count", "task", "convert", "quantize", "lessons"]
+VERBS = ["train", "sample", "eval", "predict", "check", "count", "task", "convert", "quantize",
+         "lessons"]  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,4 +1,8 @@
-"""`lamina eval RUN`: loss, perplexity and bits per character/token on the validation split."""
+"""`lamina eval RUN`: loss, perplexity and bits per character/token on the validation split.
+
+For a classifier (`--task classify`): accuracy, macro-F1 and per-class precision/recall on
+--data (a labelled file) or the run's validation split (`lamina.cli.predict`).
+"""
 
 from __future__ import annotations
 
@@ -22,6 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--batch-size", type=int, default=32, help="windows per forward (default: 32)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--text-column", help="classifier: the text column (default: the run's)")
+    p.add_argument("--label-column", help="classifier: the label column (default: the run's)")
     p.set_defaults(func=run)
 
 
@@ -31,12 +37,17 @@ def run(args: argparse.Namespace) -> int:
     from lamina.data.corpus import encode_corpus, split_tokens
     from lamina.errors import LaminaError
     from lamina.files import read_json
+    from lamina.models.encoder import SequenceClassifier
     from lamina.models.gpt import GPT
     from lamina.training.tasks import split_loss, summary
 
     if args.batch_size < 1:
         raise LaminaError(f"--batch-size must be >= 1, got {args.batch_size}")
     model, tokenizer = load_model(args.run)
+    if isinstance(model, SequenceClassifier):
+        from lamina.cli.predict import evaluate_classifier
+
+        return evaluate_classifier(args)
     if not isinstance(model, GPT):
         raise LaminaError(f"{args.run} does not hold a language model (GPT)")
     if tokenizer is None:

@@ -10,6 +10,8 @@
     build_classify(cfg, run_path, model_config) -> (ClassifyTask, SequenceClassifier,
         Tokenizer, fingerprint)
     ClassifyTask    the loop's task interface (see `tasks.TrainTask`) over encoded texts
+    predict_proba(model, tokenizer, texts, batch_size) -> (probabilities (N, K), number cut)
+        batched in length order (little padding), answers in the input order
 
 A batch is (ids (B, T), padding_mask (B, T), labels (B,)), padded to its longest text (ids and
 the padding convention of `lamina.data.labelled`); the loss trims columns that are padding in
@@ -51,6 +53,7 @@ from lamina.data.tokenizers import CharTokenizer, Tokenizer, load_tokenizer
 from lamina.errors import LaminaError
 from lamina.models.config import EncoderConfig
 from lamina.models.encoder import SequenceClassifier
+from lamina.modes import eval_mode
 from lamina.training.classify_metrics import confusion, confusion_png, majority_baseline, scores
 from lamina.training.config import TrainConfig
 from lamina.training.tasks import Batch, rng_state, rng_text
@@ -273,3 +276,23 @@ def build_classify(
     model = SequenceClassifier(ec, n_classes=len(names), pooling=cfg.pooling)
     model.labels = list(names)
     return task, model, tok, fingerprint(train, val)
+
+
+@torch.inference_mode()
+def predict_proba(
+    model: SequenceClassifier, tokenizer: Tokenizer, texts: list[str], batch_size: int = 64
+) -> tuple[np.ndarray, int]:
+    """Class probabilities (N, K) float64 for each text, and how many texts were cut to fit."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise LaminaError(f"--batch-size must be an integer >= 1, got {batch_size!r}")
+    seqs, cut = encode_texts(tokenizer, texts, model.config.max_len)
+    device = next(model.parameters()).device
+    out = np.zeros((len(texts), model.classifier.out_features))
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+    with eval_mode(model):
+        for s in range(0, len(order), batch_size):
+            chunk = order[s : s + batch_size]
+            ids, mask = pad_batch([seqs[i] for i in chunk])
+            logits = model(ids.to(device), mask.to(device)).float()
+            out[chunk] = torch.softmax(logits, -1).cpu().double().numpy()
+    return out, cut
