@@ -48,6 +48,23 @@ def test_padding_never_changes_a_prediction(pooling, norm_first, positions):
             torch.testing.assert_close(batched[i : i + 1], alone, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_the_packed_path_equals_the_padded_one_with_gradients(norm_first):
+    """forward_packed (position-wise work on real tokens only) = forward, values and grads."""
+    model, seqs = _model("mean", norm_first, "sinusoidal")
+    ids, mask = pad_batch(seqs)
+    enc = model.encoder
+    with eval_mode(enc):  # no dropout, so both paths compute the same function
+        packed, padded = enc.forward_packed(ids, mask), enc(ids, mask)
+        real = (~mask).unsqueeze(-1)
+        torch.testing.assert_close(packed * real, padded * real, atol=1e-5, rtol=0)
+        assert not packed.masked_select(mask.unsqueeze(-1)).any()  # pads are zero
+        g1 = torch.autograd.grad((packed * real).square().sum(), list(enc.parameters()))
+        g2 = torch.autograd.grad((padded * real).square().sum(), list(enc.parameters()))
+    for a, b in zip(g1, g2, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
 def test_a_prediction_does_not_depend_on_the_other_texts():
     model, seqs = _model("mean", False, "sinusoidal")
     others = [np.concatenate([s, s[1:]]) for s in seqs]  # longer neighbours, more padding

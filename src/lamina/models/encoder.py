@@ -10,6 +10,12 @@
 `padding_mask` is (B, T) bool, True at pads; no query attends to a pad. Weights start as in the
 seed encoder: Xavier-uniform for matrices, zero biases, the pad row zero.
 
+`Encoder.forward_packed(ids, padding_mask)` computes the same states for the real tokens while
+running every position-wise part (projections, feed-forward, norms) on the N real tokens only,
+packed as (N, d); only the attention scores see the padded (B, T) layout. The pads' states are
+zero. With padded batches (texts of mixed length) this skips most of the work on pads; the
+classifier uses it whenever a batch has pads.
+
 Deliberately unaware of tokenizers, tasks and training.
 """
 
@@ -18,6 +24,7 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lamina.block import LayerNorm, TransformerBlock
@@ -83,6 +90,38 @@ class Encoder(nn.Module):
         x = self.norm_f(x)
         return (x, weights) if return_weights else x
 
+    def forward_packed(self, ids: Tensor, padding_mask: Tensor) -> Tensor:
+        """ids (B, T), padding_mask (B, T) -> hidden (B, T, d): real tokens as `forward`, pads 0.
+
+        Every row needs at least one real token (use `forward` otherwise).
+        """
+        B, T = ids.shape
+        keep = ~padding_mask
+        idx = keep.reshape(-1).nonzero().squeeze(1)  # (N,) flat positions of the real tokens
+        x = self.embed(ids).reshape(B * T, -1).index_select(0, idx)  # (N, d)
+        allowed = keep[:, None, None, :]  # (B, 1, 1, T): keys each query may see
+        for layer in self.layers:
+            if layer.norm_first:
+                x = x + layer.drop1(self._attend(layer.attn, layer.norm1(x), idx, B, T, allowed))
+                x = x + layer.drop2(layer.ff(layer.norm2(x)))
+            else:
+                x = layer.norm1(x + layer.drop1(self._attend(layer.attn, x, idx, B, T, allowed)))
+                x = layer.norm2(x + layer.drop2(layer.ff(x)))
+        x = self.norm_f(x)
+        return x.new_zeros(B * T, x.shape[-1]).index_copy(0, idx, x).view(B, T, -1)
+
+    @staticmethod
+    def _attend(attn: nn.Module, x: Tensor, idx: Tensor, B: int, T: int, allowed: Tensor) -> Tensor:
+        """Packed (N, d) -> the attention sublayer's packed (N, d) output."""
+        H, hd = attn.n_heads, attn.head_dim
+        qkv = attn.qkv(x)  # (N, 3d)
+        full = qkv.new_zeros(B * T, qkv.shape[-1]).index_copy(0, idx, qkv)
+        q, k, v = full.view(B, T, 3, H, hd).permute(2, 0, 3, 1, 4)  # each (B, H, T, hd)
+        p = attn.dropout if attn.training else 0.0
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p)
+        out = out.transpose(1, 2).reshape(B * T, H * hd).index_select(0, idx)
+        return attn.proj(out)
+
 
 class SequenceClassifier(nn.Module):
     """An encoder whose pooled hidden state feeds a linear classifier.
@@ -111,7 +150,17 @@ class SequenceClassifier(nn.Module):
             padding_mask = ids.eq(self.config.pad_id) if isinstance(ids, Tensor) else None
             if padding_mask is not None and not padding_mask.any():
                 padding_mask = None
-        h = self.encoder(ids, padding_mask)
+        packable = (
+            isinstance(padding_mask, Tensor)
+            and padding_mask.dtype == torch.bool
+            and padding_mask.shape == ids.shape
+            and bool(padding_mask.any())
+            and bool((~padding_mask).any(1).all())  # every row has a real token
+        )
+        if packable:
+            h = self.encoder.forward_packed(ids, padding_mask)
+        else:
+            h = self.encoder(ids, padding_mask)
         if self.pooling == "first" or padding_mask is None and self.pooling == "last":
             pooled = h[:, 0] if self.pooling == "first" else h[:, -1]
         elif self.pooling == "mean":
