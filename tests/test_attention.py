@@ -191,3 +191,126 @@ def test_bad_construction_raises_value_error(kwargs, message):
 def test_bad_padding_mask_raises_value_error(mask, message):
     with pytest.raises(ValueError, match=message):
         make()(torch.randn(2, 5, D), padding_mask=mask)
+
+
+# --- grouped-query attention, rotary positions, QK-norm ---------------------------------------
+
+MODERN = [
+    dict(n_kv_heads=1),
+    dict(n_kv_heads=2),
+    dict(rope_theta=10000.0),
+    dict(qk_norm=True),
+    dict(n_kv_heads=2, rope_theta=500.0, qk_norm=True, qkv_bias=False, bias=False),
+]
+
+
+@pytest.mark.parametrize("kw", MODERN)
+@pytest.mark.parametrize("causal, with_mask", [(True, False), (True, True), (False, True)])
+def test_fast_path_equals_reference_path_for_gqa_rope_and_qk_norm(kw, causal, with_mask):
+    attn = make(causal=causal, **kw)
+    x = torch.randn(3, 9, D)
+    pad = None
+    if with_mask:
+        pad = torch.zeros(3, 9, dtype=torch.bool)
+        pad[0, 6:] = True
+        pad[1, :2] = True
+    fast, _ = run(attn, x, "sdpa", padding_mask=pad)
+    ref, w = run(attn, x, "reference", padding_mask=pad, need_weights=True)
+    assert w.shape == (3, H, 9, 9)
+    assert (fast - ref).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("kw", MODERN)
+def test_kv_cache_of_n_kv_heads_step_by_step_equals_full(kw):
+    """The cache holds n_kv_heads heads of rotated keys; decoding continues the positions."""
+    attn = make(causal=True, **kw)
+    x = torch.randn(2, 9, D)
+    full, _ = attn(x)
+    cache = KVCache(2, attn.n_kv_heads, 16, D // H)
+    outs = [attn(x[:, :5], cache=cache)[0]]
+    for t in range(5, 9):
+        outs.append(attn(x[:, t : t + 1], cache=cache)[0])
+    torch.testing.assert_close(torch.cat(outs, 1), full, atol=1e-5, rtol=0)
+
+
+def test_gqa_projection_is_one_fused_matmul_of_the_grouped_width():
+    attn = make(n_kv_heads=2)
+    hd = D // H
+    assert tuple(attn.qkv.weight.shape) == ((H + 2 * 2) * hd, D)
+    assert tuple(make(n_kv_heads=H).qkv.weight.shape) == (3 * D, D)
+
+
+@pytest.mark.parametrize("n_kv", [1, 2])
+def test_gqa_equals_mha_whose_kv_heads_are_repeated_copies(n_kv):
+    """Query head h reads kv head h // (H / n_kv): copy those rows into a full MHA, same output."""
+    gqa = make(causal=True, n_kv_heads=n_kv, rope_theta=10000.0)
+    mha = make(causal=True, rope_theta=10000.0)
+    hd, g = D // H, H // n_kv
+    wq, wk, wv = gqa.qkv.weight.split([D, n_kv * hd, n_kv * hd])
+    bq, bk, bv = gqa.qkv.bias.split([D, n_kv * hd, n_kv * hd])
+
+    def repeat(t):  # (n_kv * hd, ...) -> (H * hd, ...), each kv head g times in a row
+        return t.unflatten(0, (n_kv, hd)).repeat_interleave(g, dim=0).flatten(0, 1)
+
+    with torch.no_grad():
+        mha.qkv.weight.copy_(torch.cat([wq, repeat(wk), repeat(wv)]))
+        mha.qkv.bias.copy_(torch.cat([bq, repeat(bk), repeat(bv)]))
+        mha.proj.load_state_dict(gqa.proj.state_dict())
+    x = torch.randn(2, 7, D)
+    torch.testing.assert_close(gqa(x)[0], mha(x)[0], atol=1e-6, rtol=0)
+
+
+def test_rotary_scores_depend_only_on_the_offset_and_keep_norms():
+    from lamina.attention import apply_rotary, rotary_tables
+
+    hd = 16
+    q, k = torch.randn(1, 1, 1, hd), torch.randn(1, 1, 1, hd)
+
+    def score(i, j):
+        cq, sq = rotary_tables(torch.tensor([i]), hd)
+        ck, sk = rotary_tables(torch.tensor([j]), hd)
+        return (apply_rotary(q, cq, sq) * apply_rotary(k, ck, sk)).sum().item()
+
+    for i, j, shift in [(3, 1, 5), (10, 10, 17), (0, 7, 40)]:
+        assert abs(score(i, j) - score(i + shift, j + shift)) < 1e-5
+    assert abs(score(3, 1) - score(1, 3)) > 1e-3  # direction matters: it is not a plain mask
+    cos, sin = rotary_tables(torch.arange(50), hd)
+    x = torch.randn(2, 3, 50, hd)
+    torch.testing.assert_close(apply_rotary(x, cos, sin).norm(dim=-1), x.norm(dim=-1))
+
+
+def test_rope_explicit_tables_equal_default_positions():
+    from lamina.attention import rotary_tables
+
+    attn = make(causal=True, rope_theta=10000.0)
+    x = torch.randn(2, 6, D)
+    tables = rotary_tables(torch.arange(6), D // H, 10000.0)
+    torch.testing.assert_close(attn(x, rope=tables)[0], attn(x)[0])
+    shifted = rotary_tables(torch.arange(3, 9), D // H, 10000.0)
+    assert (attn(x, rope=shifted)[0] - attn(x)[0]).abs().max() < 1e-5  # relative: same scores
+
+
+def test_qk_norm_makes_attention_blind_to_the_scale_of_q_and_k():
+    attn = make(causal=True, qk_norm=True, qkv_bias=False, eps=1e-12)  # eps would blur it
+    x = torch.randn(2, 6, D)
+    out, w = attn(x, need_weights=True)
+    with torch.no_grad():
+        attn.qkv.weight[: 2 * D] *= 7.0  # q and k rows scaled; v untouched
+    out2, w2 = attn(x, need_weights=True)
+    torch.testing.assert_close(w2, w, atol=1e-5, rtol=0)
+    assert tuple(attn.q_gain.shape) == (D // H,)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(n_kv_heads=3), "n_heads=4 is not divisible by n_kv_heads=3"),
+        (dict(n_kv_heads=0), "n_kv_heads must be a positive integer, got 0"),
+        (dict(rope_theta=0.0), "rope_theta must be positive, got 0.0"),
+        (dict(d_model=36, n_heads=4, rope_theta=1e4), "even head dimension, got 9"),
+    ],
+)
+def test_bad_modern_construction_names_the_field_and_value(kwargs, message):
+    kwargs = {"d_model": D, "n_heads": H, **kwargs}
+    with pytest.raises(LaminaError, match=message):
+        MultiHeadAttention(**kwargs)

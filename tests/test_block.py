@@ -7,7 +7,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lamina.block import GELU, FeedForward, LayerNorm, TransformerBlock, gelu_formula
+from lamina.block import (
+    GELU,
+    FeedForward,
+    LayerNorm,
+    RMSNorm,
+    TransformerBlock,
+    gelu_formula,
+    rms_norm_formula,
+)
 from lamina.errors import LaminaError
 
 
@@ -132,3 +140,78 @@ def test_block_returns_attention_weights_on_request():
     y, w = blk(torch.randn(2, 6, 32), need_weights=True)
     assert w.shape == (2, 4, 6, 6)
     assert math.isclose(w[0, 0, 3].sum().item(), 1.0, abs_tol=1e-6)
+
+
+def test_rms_norm_gives_root_mean_square_one_without_centring():
+    torch.manual_seed(0)
+    x = torch.randn(4, 5, 8) * 3 + 7
+    y = RMSNorm(8)(x)
+    torch.testing.assert_close(y.pow(2).mean(-1).sqrt(), torch.ones(4, 5), atol=1e-4, rtol=0)
+    assert y.mean(-1).abs().min() > 0.5  # not centred: the mean survives
+    torch.testing.assert_close(y, rms_norm_formula(x), atol=1e-6, rtol=0)
+
+
+def test_rms_norm_with_gain_equals_the_formula_and_without_gain_has_no_parameters():
+    torch.manual_seed(0)
+    norm = RMSNorm(16, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(3, 7, 16) * 0.001  # small inputs: eps matters
+    torch.testing.assert_close(norm(x), norm.weight * rms_norm_formula(x, 1e-6))
+    assert sum(p.numel() for p in RMSNorm(16, gain=False).parameters()) == 0
+    assert sum(p.numel() for p in LayerNorm(16, gain=False).parameters()) == 16  # the shift
+
+
+def test_relu2_is_relu_squared():
+    ff = FeedForward(8, 12, activation="relu2")
+    t = torch.linspace(-3, 3, 13)
+    torch.testing.assert_close(ff.act(t), torch.relu(t) ** 2)
+
+
+def test_swiglu_has_two_input_projections_of_width_d_ff():
+    """silu(x W_gate) * (x W_up) W_down: 3 d f weights (+ 2 f + d biases)."""
+    torch.manual_seed(0)
+    d, f = 8, 12
+    ff = FeedForward(d, f, activation="swiglu")
+    assert sum(p.numel() for p in ff.parameters()) == 3 * d * f + 2 * f + d
+    assert (
+        sum(p.numel() for p in FeedForward(d, f, activation="swiglu", bias=False).parameters())
+        == 3 * d * f
+    )
+    x = torch.randn(2, 3, d)
+    gate, up = ff.fc.weight[:f], ff.fc.weight[f:]
+    hidden = F.silu(x @ gate.T + ff.fc.bias[:f]) * (x @ up.T + ff.fc.bias[f:])
+    torch.testing.assert_close(ff(x), ff.proj(hidden))
+
+
+MODERN_BLOCKS = [
+    dict(norm=norm, activation=act, n_kv_heads=kv, rope_theta=theta, qk_norm=qk, norm_gain=gain)
+    for norm in ("layer", "rms")
+    for act in ("gelu", "relu2", "swiglu")
+    for kv, theta, qk, gain in (
+        (None, None, False, True),
+        (2, 1e4, True, False),
+        (1, 1e4, False, True),
+    )
+]
+
+
+@pytest.mark.parametrize("kw", MODERN_BLOCKS)
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_every_combination_is_causal(kw, norm_first):
+    torch.manual_seed(0)
+    blk = TransformerBlock(32, 4, norm_first=norm_first, **kw).eval()
+    h = torch.randn(2, 10, 32)
+    y, _ = blk(h)
+    h2 = h.clone()
+    h2[:, -1] += 5.0
+    torch.testing.assert_close(blk(h2)[0][:, :-1], y[:, :-1], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kw", MODERN_BLOCKS)
+def test_every_pre_norm_combination_with_zeroed_sublayers_returns_its_input(kw):
+    blk = TransformerBlock(32, 4, **kw).eval()
+    for p in list(blk.attn.proj.parameters()) + list(blk.ff.proj.parameters()):
+        nn.init.zeros_(p)
+    h = torch.randn(2, 10, 32)
+    torch.testing.assert_close(blk(h)[0], h, atol=1e-6, rtol=0)

@@ -158,3 +158,32 @@ def test_help_and_required_direction(capsys):
         main(["convert", "--help"])
     assert e.value.code == 0
     assert "--from" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "overrides, setting",
+    [
+        ({"positions": "rope", "norm": "rms", "activation": "relu2"}, "activation='relu2'"),
+        ({"positions": "rope", "norm": "rms", "activation": "swiglu", "qk_norm": True}, "qk_norm"),
+        ({"positions": "rope", "activation": "swiglu"}, "norm='layer'"),
+        ({"n_kv_heads": 2}, "n_kv_heads=2"),
+        ({"logit_softcap": 10.0}, "logit_softcap=10.0"),
+    ],
+)
+def test_options_hf_cannot_express_exit_2_naming_them(tmp_path, capsys, overrides, setting):
+    """A rotary model goes out as a Llama, any other as GPT-2; each refuses what it lacks."""
+    config = GPTConfig.preset("tiny", **overrides)
+    lamina.save(tmp_path / "run", GPT(config))
+    out = tmp_path / "out"
+    assert main(["convert", "--to", "hf", str(tmp_path / "run"), "--out", str(out)]) == 2
+    assert setting in one_error_line(capsys)
+    assert not out.exists()
+
+
+def test_llama_rope_scaling_is_refused_in_one_line(tmp_path, capsys):
+    d = tmp_path / "hf"
+    d.mkdir()
+    config = {"model_type": "llama", "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}
+    (d / "config.json").write_text(json.dumps(config))
+    assert main(["convert", "--from", "hf", str(d), "--out", str(tmp_path / "out")]) == 2
+    assert "rope_scaling type 'dynamic'" in one_error_line(capsys)

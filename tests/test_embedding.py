@@ -146,3 +146,13 @@ def test_non_positive_sizes_are_rejected(field):
     args[field] = 0
     with pytest.raises(ValueError, match=field):
         Embedding(**args)
+
+
+def test_no_position_table_gives_token_vectors_and_still_checks_positions():
+    emb = Embedding(50, 8, 16, positions="none")
+    ids = torch.randint(0, 50, (2, 5))
+    torch.testing.assert_close(emb(ids, pos_offset=3), emb.wte(ids))
+    assert sum(p.numel() for p in emb.parameters()) == 50 * 16
+    with pytest.raises(LaminaError, match="exceeds block_size 8"):
+        emb(ids, pos_offset=4)
+    assert emb.positions_for(5, 3).tolist() == [3, 4, 5, 6, 7]

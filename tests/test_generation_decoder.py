@@ -14,6 +14,19 @@ def model_for(seed: int = 0, **kw) -> GPT:
     return GPT(GPTConfig.preset("tiny", **kw)).eval()
 
 
+# every layer option, one at a time and all together (llama-like)
+MODERN = [
+    {"positions": "rope"},
+    {"norm": "rms", "norm_gain": False},
+    {"activation": "swiglu", "d_ff": 24},
+    {"activation": "relu2"},
+    {"n_kv_heads": 1},
+    {"n_kv_heads": 2, "qk_norm": True},
+    {"logit_softcap": 3.0},
+    {"positions": "rope", "norm": "rms", "activation": "swiglu", "n_kv_heads": 2, "bias": False},
+]
+
+
 def recompute_last(model: GPT, ids: torch.Tensor, start: int) -> torch.Tensor:
     """Logits for the next token of a single row, from scratch over ids[start:]: (1, V)."""
     return model(ids[None, start:])[:, -1]
@@ -29,7 +42,9 @@ def test_slide_keeps_windows_within_block_size():
 
 @pytest.mark.parametrize(
     "kw, fixed",
-    [({}, False), ({}, True), ({"norm_first": False}, False), ({"positions": "sinusoidal"}, True)],
+    [({}, False), ({}, True), ({"norm_first": False}, False), ({"positions": "sinusoidal"}, True)]
+    + [(kw, False) for kw in MODERN]
+    + [(MODERN[-1], True)],
 )
 def test_cached_logits_equal_full_recompute_at_every_step(kw, fixed):
     """Prefill and every decode step, through two window jumps, match recomputing the window."""
@@ -90,8 +105,9 @@ def test_greedy_with_cache_equals_without_for_300_tokens_past_block_size(keep, f
     assert torch.equal(cached, uncached)
 
 
-def test_batched_greedy_with_cache_equals_without_past_block_size():
-    model = model_for(block_size=24)
+@pytest.mark.parametrize("kw", [{}, MODERN[0], MODERN[-1], {"n_kv_heads": 1, "qk_norm": True}])
+def test_batched_greedy_with_cache_equals_without_past_block_size(kw):
+    model = model_for(block_size=24, **kw)
     prompts = [[5, 6, 7, 8, 9, 10, 11], [42], [1, 2, 3, 4]]
     uncached = generate(model, prompts, 100, use_cache=False)
     assert torch.equal(generate(model, prompts, 100), uncached)

@@ -220,6 +220,13 @@ def test_config_translation_both_ways():
         (dict(positions="sinusoidal"), "positions='sinusoidal'"),
         (dict(bias=False), "bias=False"),
         (dict(qkv_bias=False), "qkv_bias=False"),
+        (dict(norm="rms"), "norm='rms'"),
+        (dict(norm_gain=False), "norm_gain=False"),
+        (dict(activation="swiglu"), "activation='swiglu'"),
+        (dict(activation="relu2"), "activation='relu2'"),
+        (dict(n_kv_heads=2), "n_kv_heads=2"),
+        (dict(qk_norm=True), "qk_norm=True"),
+        (dict(logit_softcap=15.0), "logit_softcap=15.0"),
     ],
 )
 def test_export_refuses_what_gpt2_cannot_express(tmp_path, overrides, setting):

@@ -33,8 +33,11 @@ LAYERS: dict[str, int] = {
     "lamina.checkpoint": 8,
     "lamina.checks": 9,
     "lamina.generation": 9,
+    "lamina.inspect": 9,
+    "lamina.pictures": 9,
     "lamina.interop": 9,
     "lamina.training": 10,
+    "lamina.serve": 10,
     # the command line, and the package's public face
     "lamina.cli": 11,
     "lamina": 12,

@@ -98,6 +98,56 @@ def test_post_ln_and_sinusoidal_variants_build_and_run():
     assert model(torch.randint(0, 100, (1, 5))).shape == (1, 5, 100)
 
 
+LLAMA_LIKE = dict(positions="rope", norm="rms", activation="swiglu", n_kv_heads=2, bias=False)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        LLAMA_LIKE,
+        {**LLAMA_LIKE, "qk_norm": True, "norm_gain": False},
+        {"activation": "relu2", "n_kv_heads": 1, "logit_softcap": 2.0},
+    ],
+)
+def test_modern_options_are_causal_cache_exact_and_impl_independent(kw):
+    model = tiny(init_std=0.1, **kw)
+    ids = torch.randint(0, 100, (2, 12))
+    full = model(ids)
+    ids2 = ids.clone()
+    ids2[:, -1] = (ids2[:, -1] + 1) % 100
+    torch.testing.assert_close(model(ids2)[:, :-1], full[:, :-1], atol=1e-5, rtol=0)
+    caches = model.make_caches(2)
+    assert caches[0].k.shape[1] == model.config.kv_heads
+    steps = [model(ids[:, :5], caches=caches)] + [
+        model(ids[:, t : t + 1], caches=caches) for t in range(5, 12)
+    ]
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=0)
+    model.set_attention_impl("reference")
+    torch.testing.assert_close(model(ids), full, atol=1e-5, rtol=0)
+
+
+def test_rope_model_has_no_position_table_and_still_sees_order():
+    model = tiny(init_std=0.1, positions="rope")
+    assert model.embed.wpe is None and not hasattr(model.embed, "pe")
+    assert model.num_params() == model.num_params(exclude_positions=True)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    assert (model(ids)[0, -1] - model(ids.flip(1))[0, -1]).abs().max() > 1e-3
+
+
+def test_logit_softcap_bounds_the_logits():
+    model = tiny(init_std=1.0, logit_softcap=2.5)
+    logits = model(torch.randint(0, 100, (2, 8)))
+    assert logits.abs().max() <= 2.5
+    assert logits.abs().max() > 2.0  # large weights: the cap is reached, not avoided
+
+
+def test_zero_init_proj_starts_residual_projections_at_zero():
+    model = tiny(zero_init_proj=True)
+    for block in model.blocks:
+        assert not block.attn.proj.weight.any() and not block.ff.proj.weight.any()
+        assert block.attn.qkv.weight.std() > 0.01
+
+
 def test_residual_projections_start_smaller():
     """GPT-2 init: residual output projections have std 0.02 / sqrt(2 * n_layers)."""
     torch.manual_seed(0)
@@ -122,3 +172,22 @@ def test_bad_input_raises_value_error(ids, message):
 def test_greedy_rejects_a_negative_count():
     with pytest.raises(LaminaError, match="max_new_tokens"):
         tiny().greedy(torch.tensor([[1]]), -1)
+
+
+def test_a_model_with_every_option_saves_and_loads_exactly(tmp_path):
+    import lamina
+
+    model = tiny(init_std=0.1, **LLAMA_LIKE, qk_norm=True, logit_softcap=9.0, tie_weights=False)
+    lamina.save(tmp_path / "m", model)
+    back, _ = lamina.load(tmp_path / "m")
+    ids = torch.randint(0, 100, (2, 9))
+    assert back.config == model.config
+    assert torch.equal(back(ids), model(ids))
+
+
+def test_an_old_config_without_the_new_fields_means_what_it_meant():
+    old = {k: v for k, v in GPTConfig.preset("tiny").to_dict().items() if k != "n_kv_heads"}
+    old = {k: v for k, v in old.items() if k not in ("positions", "norm", "rope_theta")}
+    c = GPTConfig.from_dict(old)
+    assert (c.positions, c.norm, c.kv_heads, c.activation) == ("learned", "layer", 4, "gelu")
+    assert c.logit_softcap is None and not c.qk_norm and not c.zero_init_proj

@@ -41,6 +41,70 @@ def test_formula_equals_built_model(tie, qkv_bias, bias, norm_first, positions, 
     assert count_module_params(model) == count_params(c)
 
 
+@pytest.mark.parametrize(
+    "positions, norm, gain, activation, n_kv_heads, qk_norm, bias, qkv_bias",
+    list(
+        itertools.product(
+            ["learned", "rope"],
+            ["layer", "rms"],
+            [True, False],
+            ["relu2", "swiglu"],
+            [None, 1, 2],
+            [False, True],
+            [True, False],
+            [True, False],
+        )
+    ),
+)
+def test_formula_equals_built_model_for_every_layer_option(
+    positions, norm, gain, activation, n_kv_heads, qk_norm, bias, qkv_bias
+):
+    c = GPTConfig(
+        vocab_size=37,
+        block_size=11,
+        d_model=16,
+        n_heads=4,
+        n_layers=2,
+        positions=positions,
+        norm=norm,
+        norm_gain=gain,
+        activation=activation,
+        n_kv_heads=n_kv_heads,
+        qk_norm=qk_norm,
+        bias=bias,
+        qkv_bias=qkv_bias,
+        d_ff=24,
+        tie_weights=False,
+        logit_softcap=5.0,
+        zero_init_proj=True,
+    )
+    model = meta_model(c)
+    assert count_module_params(model) == count_params(c)
+    assert sum(gpt_param_table(c).values()) == count_params(c)
+
+
+def test_smollm_135m_is_its_published_count_and_hugging_face_agrees():
+    """134,515,008: SmolLM-135M's parameters (tied head), also counted by transformers."""
+    transformers = pytest.importorskip("transformers")
+    c = GPTConfig.preset("smollm-135m")
+    assert count_module_params(meta_model(c)) == count_params(c) == 134_515_008
+    hf = transformers.LlamaConfig(
+        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+        num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,
+        tie_word_embeddings=True,
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(hf)
+    assert model.num_parameters() == count_params(c)
+
+
+def test_llama_tiny_counts_and_builds():
+    c = GPTConfig.preset("llama-tiny")
+    table = gpt_param_table(c)
+    assert table["position embedding"] == 0 and table["head"] == 65 * 128
+    assert count_module_params(GPT(c)) == count_params(c)
+
+
 def test_tied_argument_overrides_the_config():
     c = GPTConfig.preset("tiny")
     assert count_params(c, tied=False) - count_params(c, tied=True) == 100 * 32

@@ -142,10 +142,10 @@ def test_a_quantized_file_with_missing_or_misshapen_scales_is_refused(tmp_path):
 
 @pytest.fixture(scope="module")
 def trained():
-    """A small character model trained for 200 steps on this repository's README."""
-    from pathlib import Path
+    """A small character model trained for 200 steps on 60k characters of the built-in corpus."""
+    from lamina.data.builtin import builtin_corpus
 
-    text = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    text = builtin_corpus()[:60_000]
     chars = sorted(set(text))
     data = torch.tensor([chars.index(c) for c in text])
     torch.manual_seed(0)
@@ -187,3 +187,28 @@ def test_int4_costs_under_5_percent_of_loss(trained):
     base = _loss(model, x, y)
     q4 = quantize(copy.deepcopy(model), "int4", group_size=32)
     assert abs(_loss(q4, x, y) - base) / base < 0.05
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {
+            "positions": "rope",
+            "norm": "rms",
+            "activation": "swiglu",
+            "n_kv_heads": 2,
+            "bias": False,
+        },
+        {"qk_norm": True, "activation": "relu2", "tie_weights": False},
+    ],
+)
+def test_cached_generation_equals_uncached_for_every_option(scheme, options):
+    q = quantize(_model(**options), scheme, group_size=32)
+    prompts = [[5, 6, 7, 8], [9, 10]]
+    cached = lamina.generate(q, prompts, 12)
+    uncached = lamina.generate(q, prompts, 12, use_cache=False)
+    assert torch.equal(cached, uncached)
+    steps = list(lamina.stream(q, torch.tensor([[1, 2, 3]]), 6))
+    assert len(steps) == 6

@@ -1,7 +1,20 @@
 """Layer 2, attention: multi-head self-attention with masks, optional weights and a KV cache.
 
     x (B, T, d) -> qkv = x @ W_qkv (one fused projection, [q | k | v] along the output)
-    q, k, v (B, H, T, d/H) -> softmax(q k^T / sqrt(d/H) + mask) v -> (B, T, d) -> output projection
+    q (B, H, T, hd), k and v (B, H_kv, T, hd)    hd = d / H, H_kv = n_kv_heads divides H
+    [qk-norm: q, k <- rms_norm(q), rms_norm(k) per head]  [rotary: q, k <- rotate(q), rotate(k)]
+    softmax(q k^T / sqrt(hd) + mask) v -> (B, T, d) -> output projection
+
+Grouped-query attention: query head h reads key/value head h // (H / H_kv) (1 = multi-query;
+H_kv = H is plain multi-head attention, with today's weight layout). The projection stays one
+matmul of width (H + 2 H_kv) hd, and the KV cache holds H_kv heads.
+
+Rotary positions (RoPE), half-split layout: dimension j of a head is paired with j + hd/2 and
+the pair is rotated by the angle pos * theta^(-2j/hd). This is Hugging Face Llama's
+`rotate_half` layout (and GPT-NeoX's); Meta's original Llama code pairs (2j, 2j+1) instead
+("interleaved"), and HF's conversion script permutes the rows of W_q and W_k into half-split, so
+HF Llama weights copy into lamina without any permutation. Keys are rotated before they are
+cached, so the cache holds rotated keys and a cached step only rotates its new token.
 
 Masks:
   * causal (a constructor flag): query i sees keys 0..i (shifted by the cache position);
@@ -9,14 +22,16 @@ Masks:
   A query that may see no key at all (a fully padded row) outputs exactly zero, never NaN.
 
 Two paths compute the same thing (a test proves it): the reference path writes the softmax out
-and can return the attention weights (B, H, T_q, T_k); the fast path calls
-`F.scaled_dot_product_attention`. `need_weights=True` always takes the reference path.
+(repeating each key/value head for its group) and can return the attention weights
+(B, H, T_q, T_k); the fast path calls `F.scaled_dot_product_attention` (with `enable_gqa`).
+`need_weights=True` always takes the reference path.
 Attention dropout is applied only in training mode, on both paths.
 
-`KVCache` is a preallocated (B, H, max_len, d/H) store with an explicit position: each forward
+`KVCache` is a preallocated (B, H_kv, max_len, d/H) store with an explicit position: each forward
 with a cache writes its keys and values at the current position and attends to everything stored.
 
-Deliberately unaware of embeddings, blocks and models: it sees vectors, never token ids.
+Deliberately unaware of embeddings, blocks and models: it sees vectors and, for rotary
+attention, integer positions, never token ids.
 """
 
 from __future__ import annotations
@@ -113,6 +128,33 @@ def attention_mask(
     return allowed
 
 
+def rotary_tables(
+    positions: Tensor, head_dim: int, theta: float = 10000.0
+) -> tuple[Tensor, Tensor]:
+    """cos and sin of the rotary angles, each (*positions.shape, head_dim), float32.
+
+    Angle of pair j (dims j and j + hd/2) at position p: p * theta^(-2j/hd), as in Llama.
+    """
+    exponents = torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim
+    inv_freq = 1.0 / (theta**exponents)  # (hd/2,)
+    angles = positions.float()[..., None] * inv_freq  # (..., hd/2)
+    angles = torch.cat([angles, angles], dim=-1)  # (..., hd): the same angle for j and j + hd/2
+    return angles.cos(), angles.sin()
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    """(x1, x2) -> (-x2, x1) on the two halves of the last dim."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate x (B, H, T, hd) by tables (T, hd) or (B, T, hd) from `rotary_tables`."""
+    if cos.dim() == 3:
+        cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, hd): broadcast over heads
+    return (x * cos + rotate_half(x) * sin).to(x.dtype)
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head self-attention with a fused QKV projection.
 
@@ -124,6 +166,13 @@ class MultiHeadAttention(nn.Module):
         qkv_bias: bias on the QKV projection (GPT-2 has one; the seed notebook does not).
         bias: bias on the output projection.
         impl: "sdpa" (fast path) or "reference" (explicit softmax); settable later.
+        n_kv_heads: key/value heads (grouped-query attention); None means n_heads.
+        rope_theta: rotary positions with this base (None: no rotation; positions come from
+            elsewhere). forward's `rope` passes precomputed tables; without it the positions
+            are 0..T-1, continuing from the cache.
+        qk_norm: RMS-normalise q and k per head (over hd) before the rotation and dot product.
+        qk_norm_gain: a learnable gain (hd,) for each of the q and k norms.
+        eps: the qk norms' epsilon.
     """
 
     def __init__(
@@ -136,6 +185,11 @@ class MultiHeadAttention(nn.Module):
         qkv_bias: bool = True,
         bias: bool = True,
         impl: AttentionImpl = "sdpa",
+        n_kv_heads: int | None = None,
+        rope_theta: float | None = None,
+        qk_norm: bool = False,
+        qk_norm_gain: bool = True,
+        eps: float = 1e-5,
     ) -> None:
         super().__init__()
         if not isinstance(n_heads, int) or n_heads <= 0:
@@ -148,10 +202,26 @@ class MultiHeadAttention(nn.Module):
             raise LaminaError(f"dropout must be in [0, 1), got {dropout!r}")
         if impl not in ("sdpa", "reference"):
             raise LaminaError(f"impl must be 'sdpa' or 'reference', got {impl!r}")
-        self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        if isinstance(n_kv_heads, bool) or not isinstance(n_kv_heads, int) or n_kv_heads <= 0:
+            raise LaminaError(f"n_kv_heads must be a positive integer, got {n_kv_heads!r}")
+        if n_heads % n_kv_heads:
+            raise LaminaError(f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}")
+        hd = d_model // n_heads
+        if rope_theta is not None:
+            if not rope_theta > 0:
+                raise LaminaError(f"rope_theta must be positive, got {rope_theta!r}")
+            if hd % 2:
+                raise LaminaError(f"rotary positions need an even head dimension, got {hd}")
+        self.d_model, self.n_heads, self.head_dim = d_model, n_heads, hd
+        self.n_kv_heads, self.rope_theta, self.eps = n_kv_heads, rope_theta, eps
         self.dropout, self.causal, self.impl = dropout, causal, impl
-        self.qkv = nn.Linear(d_model, 3 * d_model, bias=qkv_bias)
+        self.qkv = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * hd, bias=qkv_bias)
         self.proj = nn.Linear(d_model, d_model, bias=bias)
+        self.qk_norm = qk_norm
+        gain = qk_norm and qk_norm_gain
+        self.q_gain = nn.Parameter(torch.ones(hd)) if gain else None
+        self.k_gain = nn.Parameter(torch.ones(hd)) if gain else None
 
     def forward(
         self,
@@ -159,18 +229,32 @@ class MultiHeadAttention(nn.Module):
         padding_mask: Tensor | None = None,
         need_weights: bool = False,
         cache: KVCache | None = None,
+        rope: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """x (B, T, d) -> (output (B, T, d), weights (B, H, T, T_keys) or None).
 
         padding_mask: (B, T_keys) bool, True at pads; T_keys = T, or cached + T with a cache.
+        rope: (cos, sin) from `rotary_tables` for these T tokens, (T, hd) or (B, T, hd).
         """
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise LaminaError(f"expected input (B, T, {self.d_model}), got {tuple(x.shape)}")
         B, T, d = x.shape
-        H, hd = self.n_heads, self.head_dim
-        q, k, v = self.qkv(x).view(B, T, 3, H, hd).permute(2, 0, 3, 1, 4)  # each (B, H, T, hd)
+        H, Hkv, hd = self.n_heads, self.n_kv_heads, self.head_dim
+        q, k, v = self.qkv(x).split([H * hd, Hkv * hd, Hkv * hd], dim=-1)
+        q = q.view(B, T, H, hd).transpose(1, 2)  # (B, H, T, hd)
+        k = k.view(B, T, Hkv, hd).transpose(1, 2)  # (B, H_kv, T, hd)
+        v = v.view(B, T, Hkv, hd).transpose(1, 2)
+        if self.qk_norm:
+            q = F.rms_norm(q, (hd,), self.q_gain, self.eps)
+            k = F.rms_norm(k, (hd,), self.k_gain, self.eps)
+        if self.rope_theta is not None:
+            if rope is None:
+                start = cache.pos if cache is not None else 0
+                positions = torch.arange(start, start + T, device=x.device)
+                rope = rotary_tables(positions, hd, self.rope_theta)
+            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         if cache is not None:
-            k, v = cache.append(k, v)  # (B, H, T_keys, hd)
+            k, v = cache.append(k, v)  # (B, H_kv, T_keys, hd)
         t_k = k.shape[2]
         if padding_mask is not None:
             if padding_mask.dtype != torch.bool:
@@ -191,6 +275,9 @@ class MultiHeadAttention(nn.Module):
             allowed = allowed | dead
         p = self.dropout if self.training else 0.0
         if need_weights or self.impl == "reference":
+            if Hkv != H:  # each key/value head serves H / H_kv consecutive query heads
+                k = k.repeat_interleave(H // Hkv, dim=1)
+                v = v.repeat_interleave(H // Hkv, dim=1)
             scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))  # (B, H, T, T_keys)
             if allowed is not None:
                 scores = scores.masked_fill(~allowed, float("-inf"))
@@ -210,6 +297,7 @@ class MultiHeadAttention(nn.Module):
                 attn_mask=None if use_causal_flag else allowed,
                 dropout_p=p,
                 is_causal=use_causal_flag,
+                enable_gqa=Hkv != H,
             )
             if dead is not None:
                 out = out.masked_fill(dead, 0.0)

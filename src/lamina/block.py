@@ -1,11 +1,15 @@
-"""Layer 3, block: LayerNorm, GELU, feed-forward and the residual Transformer block.
+"""Layer 3, block: LayerNorm / RMSNorm, activations, feed-forward and the residual block.
 
     pre-LN  (norm_first=True, GPT-2):  x = x + drop(attn(norm1(x)));  x = x + drop(ff(norm2(x)))
     post-LN (norm_first=False, 2017):  x = norm1(x + drop(attn(x)));  x = norm2(x + drop(ff(x)))
 
-Shapes: (B, T, d) -> (B, T, d). The feed-forward acts on each position alone: d -> d_ff -> d.
-LayerNorm uses the biased variance and eps 1e-5; GELU is the tanh approximation GPT-2 uses.
-Both run through torch's fused kernels; tests pin them to the written-out formulas.
+Shapes: (B, T, d) -> (B, T, d). The feed-forward acts on each position alone: d -> d_ff -> d,
+with GELU (tanh approximation, GPT-2), ReLU, ReLU² (relu(x)^2) or SwiGLU. SwiGLU is gated, in
+the Llama convention: silu(x W_gate) * (x W_up) -> W_down, where d_ff is the width of each of the
+two input projections; they are stored as one fused (2 d_ff, d) matrix, [gate | up].
+LayerNorm uses the biased variance; RMSNorm divides by the root mean square without centring
+(`F.rms_norm`); either may drop its learnable gain. All run through torch's fused kernels; tests
+pin them to the written-out formulas.
 
 Deliberately unaware of token ids, positions and models: a block maps vectors to vectors.
 """
@@ -22,22 +26,55 @@ from torch import Tensor, nn
 from lamina.attention import KVCache, MultiHeadAttention
 from lamina.errors import LaminaError
 
-Activation = Literal["gelu", "relu"]
+Activation = Literal["gelu", "relu", "relu2", "swiglu"]
+NormKind = Literal["layer", "rms"]
 
 
 class LayerNorm(nn.Module):
     """y = weight * (x - mean) / sqrt(var + eps) + bias over the last dim (biased variance)."""
 
-    def __init__(self, d_model: int, eps: float = 1e-5, bias: bool = True) -> None:
+    def __init__(
+        self, d_model: int, eps: float = 1e-5, bias: bool = True, gain: bool = True
+    ) -> None:
         super().__init__()
         if not isinstance(d_model, int) or d_model <= 0:
             raise LaminaError(f"d_model must be a positive integer, got {d_model!r}")
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(d_model))
+        self.eps, self.d_model = eps, d_model
+        self.weight = nn.Parameter(torch.ones(d_model)) if gain else None
         self.bias = nn.Parameter(torch.zeros(d_model)) if bias else None
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
+        return F.layer_norm(x, (self.d_model,), self.weight, self.bias, self.eps)
+
+
+def rms_norm_formula(x: Tensor, eps: float = 1e-5) -> Tensor:
+    """x / sqrt(mean(x^2) + eps) over the last dim, written out (the reference)."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+class RMSNorm(nn.Module):
+    """y = weight * x / sqrt(mean(x^2) + eps) over the last dim: no centring, no shift."""
+
+    def __init__(self, d_model: int, eps: float = 1e-5, gain: bool = True) -> None:
+        super().__init__()
+        if not isinstance(d_model, int) or d_model <= 0:
+            raise LaminaError(f"d_model must be a positive integer, got {d_model!r}")
+        self.eps, self.d_model = eps, d_model
+        self.weight = nn.Parameter(torch.ones(d_model)) if gain else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.rms_norm(x, (self.d_model,), self.weight, self.eps)
+
+
+def norm_module(
+    kind: NormKind, d_model: int, eps: float = 1e-5, bias: bool = True, gain: bool = True
+) -> nn.Module:
+    """A LayerNorm (with a shift when `bias`) or an RMSNorm (never a shift)."""
+    if kind == "layer":
+        return LayerNorm(d_model, eps, bias, gain)
+    if kind == "rms":
+        return RMSNorm(d_model, eps, gain)
+    raise LaminaError(f"norm must be 'layer' or 'rms', got {kind!r}")
 
 
 def gelu_formula(x: Tensor) -> Tensor:
@@ -52,16 +89,36 @@ class GELU(nn.Module):
         return F.gelu(x, approximate="tanh")
 
 
+class ReLU2(nn.Module):
+    """ReLU squared: relu(x)^2 (Primer; modded-nanoGPT)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.relu(x).square()
+
+
+class SwiGLU(nn.Module):
+    """The gate of a gated feed-forward: input (..., 2 f) = [gate | up] -> silu(gate) * up."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = x.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+
 def activation_module(name: Activation) -> nn.Module:
     if name == "gelu":
         return GELU()
     if name == "relu":
         return nn.ReLU()
-    raise LaminaError(f"activation must be 'gelu' or 'relu', got {name!r}")
+    if name == "relu2":
+        return ReLU2()
+    if name == "swiglu":
+        return SwiGLU()
+    raise LaminaError(f"activation must be 'gelu', 'relu', 'relu2' or 'swiglu', got {name!r}")
 
 
 class FeedForward(nn.Module):
-    """Position-wise d -> d_ff -> d with GELU or ReLU (d_ff defaults to 4 d)."""
+    """Position-wise d -> d_ff -> d (d_ff defaults to 4 d); with "swiglu", `fc` is the fused
+    [gate | up] projection d -> 2 d_ff and the gate halves it back to d_ff."""
 
     def __init__(
         self,
@@ -76,7 +133,8 @@ class FeedForward(nn.Module):
         d_ff = 4 * d_model if d_ff is None else d_ff
         if not isinstance(d_ff, int) or d_ff <= 0:
             raise LaminaError(f"d_ff must be a positive integer, got {d_ff!r}")
-        self.fc = nn.Linear(d_model, d_ff, bias=bias)
+        gated = activation == "swiglu"
+        self.fc = nn.Linear(d_model, 2 * d_ff if gated else d_ff, bias=bias)
         self.act = activation_module(activation)
         self.drop = nn.Dropout(dropout)
         self.proj = nn.Linear(d_ff, d_model, bias=bias)
@@ -94,9 +152,12 @@ class TransformerBlock(nn.Module):
         dropout: residual dropout, attention-weight dropout and feed-forward hidden dropout.
         norm_first: pre-LN (True, GPT-2) or post-LN (False, the 2017 Transformer).
         causal: mask future positions in the attention.
-        activation: "gelu" or "relu".
-        qkv_bias, bias: biases of the QKV projection and of the other linear layers.
-        eps: LayerNorm epsilon.
+        activation: "gelu", "relu", "relu2" or "swiglu".
+        qkv_bias, bias: biases of the QKV projection and of the other linear layers (and the
+            LayerNorms' shift).
+        eps: the norms' epsilon.
+        norm: "layer" (LayerNorm) or "rms" (RMSNorm); norm_gain: learnable gains on the norms.
+        n_kv_heads, rope_theta, qk_norm: passed to `MultiHeadAttention`.
     """
 
     def __init__(
@@ -112,15 +173,30 @@ class TransformerBlock(nn.Module):
         qkv_bias: bool = True,
         bias: bool = True,
         eps: float = 1e-5,
+        norm: NormKind = "layer",
+        norm_gain: bool = True,
+        n_kv_heads: int | None = None,
+        rope_theta: float | None = None,
+        qk_norm: bool = False,
     ) -> None:
         super().__init__()
         self.norm_first = norm_first
         self.attn = MultiHeadAttention(
-            d_model, n_heads, dropout=dropout, causal=causal, qkv_bias=qkv_bias, bias=bias
+            d_model,
+            n_heads,
+            dropout=dropout,
+            causal=causal,
+            qkv_bias=qkv_bias,
+            bias=bias,
+            n_kv_heads=n_kv_heads,
+            rope_theta=rope_theta,
+            qk_norm=qk_norm,
+            qk_norm_gain=norm_gain,
+            eps=eps,
         )
         self.ff = FeedForward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
-        self.norm1 = LayerNorm(d_model, eps, bias)
-        self.norm2 = LayerNorm(d_model, eps, bias)
+        self.norm1 = norm_module(norm, d_model, eps, bias, norm_gain)
+        self.norm2 = norm_module(norm, d_model, eps, bias, norm_gain)
         self.drop1 = nn.Dropout(dropout)
         self.drop2 = nn.Dropout(dropout)
 
@@ -130,14 +206,18 @@ class TransformerBlock(nn.Module):
         padding_mask: Tensor | None = None,
         need_weights: bool = False,
         cache: KVCache | None = None,
+        rope: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """x (B, T, d) -> (x (B, T, d), attention weights (B, H, T, T_keys) or None)."""
+        """x (B, T, d) -> (x (B, T, d), attention weights (B, H, T, T_keys) or None).
+
+        rope: the rotary tables of these positions (see `attention.rotary_tables`), if any.
+        """
         if self.norm_first:
-            a, w = self.attn(self.norm1(x), padding_mask, need_weights, cache)
+            a, w = self.attn(self.norm1(x), padding_mask, need_weights, cache, rope)
             x = x + self.drop1(a)
             x = x + self.drop2(self.ff(self.norm2(x)))
         else:
-            a, w = self.attn(x, padding_mask, need_weights, cache)
+            a, w = self.attn(x, padding_mask, need_weights, cache, rope)
             x = self.norm1(x + self.drop1(a))
             x = self.norm2(x + self.drop2(self.ff(x)))
         return x, w

@@ -166,7 +166,7 @@ def load_state(model: nn.Module, state: dict[str, Tensor], where: str = "checkpo
             )
     if quantized:  # the model lives on the meta device: take the tensors as they are
         model.load_state_dict(state, strict=False, assign=True)
-        quant.tie_loaded(model)
+        quant.finish_loading(model)
         return
     with torch.no_grad():
         for name, tensor in expected.items():

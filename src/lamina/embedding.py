@@ -6,8 +6,9 @@ Shapes: ids (B, T) integer -> (B, T, d_model). Positions are `pos_offset + arang
 default, so a generator that feeds one token at a time keeps the stream's positions; a batch with
 left padding passes explicit per-row `positions` (B, T) instead.
 
-The position table is learned (GPT-2) or a fixed sinusoidal buffer (the original Transformer,
-not a parameter). `tie_lm_head(head)` makes an output head share the token table's storage.
+The position table is learned (GPT-2), a fixed sinusoidal buffer (the original Transformer,
+not a parameter) or absent ("none": rotary models put positions into attention instead; the
+positions are still range-checked here, and `positions_for` gives them to whoever needs them). `tie_lm_head(head)` makes an output head share the token table's storage.
 
 Deliberately unaware of tokenizers (layer 0), attention and everything above.
 """
@@ -22,7 +23,7 @@ from torch import Tensor, nn
 
 from lamina.errors import LaminaError
 
-PositionKind = Literal["learned", "sinusoidal"]
+PositionKind = Literal["learned", "sinusoidal", "none"]
 
 
 def sinusoidal_table(length: int, d_model: int) -> Tensor:
@@ -64,7 +65,7 @@ class Embedding(nn.Module):
         block_size: number of positions (the longest sequence the model accepts).
         d_model: width of each vector.
         dropout: dropout on the sum, active only in training mode.
-        positions: "learned" (a parameter) or "sinusoidal" (a fixed buffer).
+        positions: "learned" (a parameter), "sinusoidal" (a fixed buffer) or "none" (no table).
         scale: multiply token vectors by sqrt(d_model) (the original Transformer does).
         padding_idx: a token id whose row stays zero and gets no gradient.
         init_std: standard deviation of the normal initialisation.
@@ -92,8 +93,10 @@ class Embedding(nn.Module):
                 raise LaminaError(f"{name} must be a positive integer, got {value!r}")
         if not 0.0 <= dropout < 1.0:
             raise LaminaError(f"dropout must be in [0, 1), got {dropout!r}")
-        if positions not in ("learned", "sinusoidal"):
-            raise LaminaError(f"positions must be 'learned' or 'sinusoidal', got {positions!r}")
+        if positions not in ("learned", "sinusoidal", "none"):
+            raise LaminaError(
+                f"positions must be 'learned', 'sinusoidal' or 'none', got {positions!r}"
+            )
         self.vocab_size, self.block_size, self.d_model = vocab_size, block_size, d_model
         self.positions, self.scale, self.init_std = positions, scale, init_std
         self.wte = nn.Embedding(vocab_size, d_model, padding_idx=padding_idx)
@@ -101,7 +104,9 @@ class Embedding(nn.Module):
             self.wpe: nn.Embedding | None = nn.Embedding(block_size, d_model)
         else:
             self.wpe = None
-            self.register_buffer("pe", sinusoidal_table(block_size, d_model), persistent=False)
+            if positions == "sinusoidal":
+                table = sinusoidal_table(block_size, d_model)
+                self.register_buffer("pe", table, persistent=False)
         self.drop = nn.Dropout(dropout)
         self.reset_parameters()
 
@@ -113,11 +118,38 @@ class Embedding(nn.Module):
         if self.wpe is not None:
             nn.init.normal_(self.wpe.weight, mean=0.0, std=self.init_std)
 
-    def position_vectors(self, positions: Tensor) -> Tensor:
-        """Position vectors for integer positions of any shape -> (*shape, d_model)."""
+    def position_vectors(self, positions: Tensor) -> Tensor | None:
+        """Position vectors for integer positions of any shape -> (*shape, d_model); None when
+        the embedding has no position table (positions="none")."""
         if self.wpe is not None:
             return self.wpe(positions)
+        if self.positions == "none":
+            return None
         return self.pe[positions]
+
+    def positions_for(
+        self,
+        T: int,
+        pos_offset: int = 0,
+        positions: Tensor | None = None,
+        device: torch.device | str | None = None,
+    ) -> Tensor:
+        """The positions of T tokens: `positions` checked to lie in [0, block_size), or
+        `pos_offset + arange(T)` checked not to run past block_size. (T,) or (B, T)."""
+        if positions is None:
+            if pos_offset < 0 or pos_offset + T > self.block_size:
+                raise LaminaError(
+                    f"pos_offset + T = {pos_offset} + {T} = {pos_offset + T} exceeds "
+                    f"block_size {self.block_size}"
+                )
+            return torch.arange(pos_offset, pos_offset + T, device=device)
+        if positions.device.type == "cpu" and positions.numel() > 0:
+            if int(positions.min()) < 0 or int(positions.max()) >= self.block_size:
+                raise LaminaError(
+                    f"positions must lie in [0, block_size={self.block_size}), got "
+                    f"[{int(positions.min())}, {int(positions.max())}]"
+                )
+        return positions
 
     def forward(self, ids: Tensor, pos_offset: int = 0, positions: Tensor | None = None) -> Tensor:
         """ids (B, T) -> (B, T, d_model).
@@ -127,24 +159,12 @@ class Embedding(nn.Module):
         pos_offset.
         """
         check_ids(ids, self.vocab_size)
-        T = ids.shape[1]
-        if positions is None:
-            if pos_offset < 0 or pos_offset + T > self.block_size:
-                raise LaminaError(
-                    f"pos_offset + T = {pos_offset} + {T} = {pos_offset + T} exceeds "
-                    f"block_size {self.block_size}"
-                )
-            positions = torch.arange(pos_offset, pos_offset + T, device=ids.device)
-        elif positions.device.type == "cpu" and positions.numel() > 0:
-            if int(positions.min()) < 0 or int(positions.max()) >= self.block_size:
-                raise LaminaError(
-                    f"positions must lie in [0, block_size={self.block_size}), got "
-                    f"[{int(positions.min())}, {int(positions.max())}]"
-                )
+        positions = self.positions_for(ids.shape[1], pos_offset, positions, ids.device)
         tok = self.wte(ids)
         if self.scale:
             tok = tok * math.sqrt(self.d_model)
-        return self.drop(tok + self.position_vectors(positions).to(tok.dtype))
+        table = self.position_vectors(positions)
+        return self.drop(tok if table is None else tok + table.to(tok.dtype))
 
     def tie_lm_head(self, head: nn.Linear) -> nn.Linear:
         """Make `head.weight` the very same Parameter as the token table (shared storage)."""

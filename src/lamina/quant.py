@@ -29,7 +29,6 @@ it has no gradients).
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
@@ -43,19 +42,24 @@ SCHEMES = ("int8", "int4")
 INT4_GROUP_SIZES = (32, 64, 128, 256)
 
 
-@functools.cache
-def native_bf16() -> bool:
-    """True where the CPU does bf16 dot products in hardware (AVX512-BF16 or AMX)."""
+def _cpu_flags() -> set[str]:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
-            flags = next((line for line in f if line.startswith("flags")), "").split()
+            return set(next((line for line in f if line.startswith("flags")), "").split())
     except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+        return set()
+
+
+_NATIVE_BF16 = bool({"avx512_bf16", "amx_bf16"} & _cpu_flags())
+
+
+def native_bf16() -> bool:
+    """True where the CPU does bf16 dot products in hardware (AVX512-BF16 or AMX)."""
+    return _NATIVE_BF16
 
 
 def _use_kernel(x: Tensor) -> bool:
-    return x.device.type == "cpu" and native_bf16()
+    return x.device.type == "cpu" and _NATIVE_BF16
 
 
 def quantize_int8(w: Tensor) -> tuple[Tensor, Tensor]:
@@ -96,6 +100,7 @@ class Int8Linear(nn.Module):
             "qweight", torch.empty(out_features, in_features, dtype=torch.int8, device=device)
         )
         self.register_buffer("scale", torch.empty(out_features, device=device))
+        self.register_buffer("kernel_scale", None, persistent=False)  # bf16 copy, see prepare
         self.bias = (
             nn.Parameter(torch.empty(out_features, device=device), requires_grad=False)
             if bias
@@ -108,16 +113,21 @@ class Int8Linear(nn.Module):
         m.qweight, m.scale = quantize_int8(linear.weight)
         if linear.bias is not None:
             m.bias = nn.Parameter(linear.bias.detach().float().clone(), requires_grad=False)
-        return m
+        return m.prepare()
+
+    def prepare(self) -> Int8Linear:
+        """Build the kernel's bf16 scales (a stored input, which torch.compile needs)."""
+        self.kernel_scale = self.scale.to(torch.bfloat16)
+        return self
 
     def dequantized(self, dtype: torch.dtype = torch.float32) -> Tensor:
         return self.qweight.to(dtype) * self.scale.to(dtype)[:, None]
 
     def forward(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, self.in_features)
-        if _use_kernel(x):
+        if _use_kernel(x) and self.kernel_scale is not None:
             y = torch._weight_int8pack_mm(
-                flat.to(torch.bfloat16).contiguous(), self.qweight, self.scale.to(torch.bfloat16)
+                flat.to(torch.bfloat16).contiguous(), self.qweight, self.kernel_scale
             ).to(x.dtype)
         else:
             y = flat @ self.dequantized(x.dtype).T
@@ -149,7 +159,9 @@ class Int4Linear(nn.Module):
             if bias
             else None
         )
-        self._packed: tuple[Tensor, Tensor] | None = None
+        # the CPU kernel's packed layout, rows padded to a multiple of 16 (see prepare)
+        self.register_buffer("kernel_weight", None, persistent=False)
+        self.register_buffer("kernel_sz", None, persistent=False)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group_size: int) -> Int4Linear:
@@ -157,7 +169,7 @@ class Int4Linear(nn.Module):
         m.qweight, m.scales_and_zeros = quantize_int4(linear.weight, group_size)
         if linear.bias is not None:
             m.bias = nn.Parameter(linear.bias.detach().float().clone(), requires_grad=False)
-        return m
+        return m.prepare()
 
     def dequantized(self, dtype: torch.dtype = torch.float32) -> Tensor:
         q = _unpack_nibbles(self.qweight).float()
@@ -166,25 +178,28 @@ class Int4Linear(nn.Module):
         g = (q.reshape(n, k // self.group_size, self.group_size) - 8) * s[..., None] + z[..., None]
         return g.reshape(n, k).to(dtype)
 
-    def _kernel_weights(self) -> tuple[Tensor, Tensor]:
-        """The CPU kernel's packed layout (rows padded to a multiple of 16), built once."""
-        if self._packed is None:
-            q = _unpack_nibbles(self.qweight).to(torch.int32)
-            sz = self.scales_and_zeros
-            pad = -self.out_features % 16
-            if pad:
-                q = F.pad(q, (0, 0, 0, pad))
-                sz = F.pad(sz, (0, 0, 0, pad))
-            packed = torch._convert_weight_to_int4pack_for_cpu(q.contiguous(), 1)
-            self._packed = (packed, sz.to(torch.bfloat16).contiguous())
-        return self._packed
+    def prepare(self) -> Int4Linear:
+        """Pack the weights for the CPU kernel (where it runs); the saved form stays unpacked."""
+        if not (_NATIVE_BF16 and self.qweight.device.type == "cpu"):
+            return self
+        q = _unpack_nibbles(self.qweight).to(torch.int32)
+        sz = self.scales_and_zeros
+        pad = -self.out_features % 16
+        if pad:
+            q = F.pad(q, (0, 0, 0, pad))
+            sz = F.pad(sz, (0, 0, 0, pad))
+        self.kernel_weight = torch._convert_weight_to_int4pack_for_cpu(q.contiguous(), 1)
+        self.kernel_sz = sz.to(torch.bfloat16).contiguous()
+        return self
 
     def forward(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, self.in_features)
-        if _use_kernel(x):
-            packed, sz = self._kernel_weights()
+        if _use_kernel(x) and self.kernel_weight is not None:
             y = torch._weight_int4pack_mm_for_cpu(
-                flat.to(torch.bfloat16).contiguous(), packed, self.group_size, sz
+                flat.to(torch.bfloat16).contiguous(),
+                self.kernel_weight,
+                self.group_size,
+                self.kernel_sz,
             )
             y = y[:, : self.out_features].to(x.dtype)
         else:
@@ -293,10 +308,10 @@ def _replace(model: GPT, scheme: str, group_size: int, *, fill: bool) -> GPT:
         table = Int8Embedding(wte.num_embeddings, wte.embedding_dim, device)
         if fill:
             table.qweight, table.scale = quantize_int8(wte.weight)
-        if (
-            scheme == "int8"
-        ):  # one tensor for both: the head multiplies by exactly the rows looked up
+        if scheme == "int8":  # one tensor for both: the head multiplies by the rows looked up
             model.head.qweight, model.head.scale = table.qweight, table.scale
+            if fill:
+                model.head.prepare()
         model.embed.wte = table
     for p in model.parameters():
         p.requires_grad_(False)
@@ -314,7 +329,11 @@ def quantized_tensors(model: GPT) -> dict[str, Tensor]:
     return state
 
 
-def tie_loaded(model: GPT) -> None:
-    """After loading a tied int8 model, point the head at the token table's tensors again."""
+def finish_loading(model: GPT) -> None:
+    """After ``load_state_dict(assign=True)``: re-tie a tied int8 head to the token table and
+    build each layer's kernel-side tensors from the loaded ones."""
     if model.config.tie_weights and scheme_of(model) == {"scheme": "int8"}:
         model.head.qweight, model.head.scale = model.embed.wte.qweight, model.embed.wte.scale
+    for m in model.modules():
+        if isinstance(m, (Int8Linear, Int4Linear)):
+            m.prepare()

@@ -5,6 +5,9 @@
                  rows, logits shape, parameter formula, tied storage, greedy determinism, initial
                  loss ~ ln(vocab), fast path = reference); suite.py runs them all on lamina's own
                  modules (`run_all`, what `lamina check` prints)
+    modern.py    the same for Llama's layers: RMSNorm statistics, RoPE's relative scores and
+                 kept norms, GQA = MHA with repeated k/v heads, SwiGLU's size, and block
+                 causality + residual identity for every combination of options
     learners.py  `report` and the checks of the pieces a learner writes in the lessons, with
                  messages that guess the mistake
     base.py      what they share (probing in eval mode, shape messages)
@@ -21,6 +24,13 @@ from lamina.checks.learners import (
     check_sampler,
     check_train_step,
     report,
+)
+from lamina.checks.modern import (
+    check_block_combinations,
+    check_gqa,
+    check_rms_norm,
+    check_rope,
+    check_swiglu_params,
 )
 from lamina.checks.probes import (
     check_attention_weights,
@@ -42,6 +52,7 @@ from lamina.checks.suite import CheckResult, run_all
 __all__ = [
     "CheckResult",
     "check_attention_weights",
+    "check_block_combinations",
     "check_block_causality",
     "check_cached_generation",
     "check_causal_mask",
@@ -50,13 +61,17 @@ __all__ = [
     "check_fast_path_matches_reference",
     "check_feed_forward",
     "check_gelu",
+    "check_gqa",
     "check_greedy",
     "check_initial_loss",
     "check_layer_norm",
     "check_logits_shape",
     "check_param_formula",
     "check_residual_identity",
+    "check_rms_norm",
+    "check_rope",
     "check_sampler",
+    "check_swiglu_params",
     "check_tied",
     "check_train_step",
     "report",

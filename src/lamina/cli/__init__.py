@@ -16,6 +16,7 @@ from lamina.errors import LaminaError
 # one to a module of this package)
 VERBS = ["train", "sample", "eval", "predict", "check", "count", "task", "convert", "quantize",
          "lessons"]  # fmt: skip
+VERBS += ["attention", "plot", "serve"]  # looking inside a model
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,14 +1,16 @@
-"""`lamina convert`: Hugging Face GPT-2 folders <-> lamina model/run folders.
+"""`lamina convert`: Hugging Face GPT-2 and Llama folders <-> lamina model/run folders.
 
     lamina convert --from hf HF_DIR --out RUN    config.json + weights -> a lamina model folder
-                                                 (with tokenizer.json when HF_DIR has GPT-2's
+                                                 (GPT-2, or Llama when model_type is "llama";
+                                                 with tokenizer.json when HF_DIR has GPT-2's
                                                  merges.txt or a byte-level BPE tokenizer.json)
-    lamina convert --to hf RUN --out HF_DIR      a lamina GPT -> GPT2LMHeadModel.from_pretrained
+    lamina convert --to hf RUN --out HF_DIR      a lamina GPT -> GPT2LMHeadModel.from_pretrained,
+                                                 or a rotary one -> LlamaForCausalLM's
                                                  (with vocab.json/merges.txt or tokenizer.json
                                                  for gpt2 and bpe tokenizers)
 
-Bad input (a folder with no weights, another model type, wrong shapes, unsafe pickles, a model
-GPT-2 cannot express) is one line on stderr and exit status 2; nothing is written then.
+Bad input (a folder with no weights, another model type, wrong shapes, unsafe pickles, a setting
+the converter cannot express) is one line on stderr and exit status 2; nothing is written then.
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ from lamina.errors import LaminaError
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "convert",
-        help="convert Hugging Face GPT-2 checkpoints to lamina and back",
-        description="Read a Hugging Face GPT-2 folder (config.json + model.safetensors or "
-        "pytorch_model.bin, loaded without running code) into a lamina model folder, or write a "
-        "lamina GPT as a folder that transformers.GPT2LMHeadModel.from_pretrained loads. "
+        help="convert Hugging Face GPT-2 / Llama checkpoints to lamina and back",
+        description="Read a Hugging Face GPT-2 or Llama folder (config.json + model.safetensors, "
+        "sharded or not, or pytorch_model.bin, loaded without running code) into a lamina model "
+        "folder, or write a lamina GPT as a folder that transformers loads with from_pretrained "
+        "(GPT2LMHeadModel; LlamaForCausalLM for a model with rotary positions). "
         "Weights are copied exactly; logits match Hugging Face's within float rounding.",
     )
     way = p.add_mutually_exclusive_group(required=True)
@@ -40,8 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "source",
         metavar="SOURCE",
-        help="with --from hf: a Hugging Face GPT-2 folder; with --to hf: a lamina model or run "
-        "folder",
+        help="with --from hf: a Hugging Face GPT-2 or Llama folder; with --to hf: a lamina model "
+        "or run folder",
     )
     p.add_argument(
         "--out", required=True, metavar="DIR", help="folder to write (must be new or empty)"
@@ -63,10 +66,10 @@ def _check_out(out: Path, force: bool) -> None:
 
 def _from_hf(source: Path, out: Path) -> str:
     from lamina.checkpoint import save_model
-    from lamina.interop.hf_gpt2 import load_hf_gpt2
+    from lamina.interop import from_hf
     from lamina.interop.hf_tokenizer import tokenizer_from_hf
 
-    model = load_hf_gpt2(source)
+    model = from_hf(source)
     tokenizer = tokenizer_from_hf(source)
     if out.exists():
         save_model(out, model, tokenizer)
@@ -80,18 +83,22 @@ def _from_hf(source: Path, out: Path) -> str:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     kind = tokenizer.to_dict()["kind"] if tokenizer is not None else "none found"
+    if tokenizer is None and (source / "tokenizer.json").is_file():
+        kind = "tokenizer.json not carried (lamina reads byte-level BPE ones only)"
     return f"{model.num_params():,} parameters; tokenizer: {kind}"
 
 
 def _to_hf(source: Path, out: Path) -> str:
     from lamina.checkpoint import load_model
-    from lamina.interop.hf_gpt2 import save_hf_gpt2
+    from lamina.interop import save_hf
     from lamina.models.gpt import GPT
 
     model, tokenizer = load_model(source)
     if not isinstance(model, GPT):
-        raise LaminaError(f"{source} holds a {type(model).__name__}; only a GPT converts to GPT-2")
-    save_hf_gpt2(model, out, tokenizer)
+        raise LaminaError(
+            f"{source} holds a {type(model).__name__}; only a GPT converts to GPT-2 or Llama"
+        )
+    save_hf(model, out, tokenizer)
     kind = tokenizer.to_dict()["kind"] if tokenizer is not None else None
     if kind in ("gpt2", "bpe"):
         return f"{model.num_params():,} parameters; tokenizer files for {kind}"

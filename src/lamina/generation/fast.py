@@ -9,9 +9,10 @@ a mask hides the slots past `index` and, per row, those before `shift` (pads and
 window has left behind). The token's position is `index - shift`, as the window rule says.
 The caller advances `index` in place, so a compiled step sees the same tensors on every call.
 
-It runs the model's own modules (blocks, attention, head); only the embedding sum is written out
-here, without the embedding's range checks, which would break the graph (the decoder keeps
-positions in range by construction). A test holds it equal to a full recompute.
+It runs the model's own modules (blocks, attention, head); only the embedding sum (and, for
+rotary models, the rotary tables) is written out here, without the embedding's range checks,
+which would break the graph (the decoder keeps positions in range by construction). A test
+holds it equal to a full recompute.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from lamina.attention import KVCache
+from lamina.attention import KVCache, rotary_tables
 from lamina.models.gpt import GPT
 
 StepFn = Callable[[GPT, list["FixedKVCache"], Tensor, Tensor, Tensor], Tensor]
@@ -51,12 +52,12 @@ def fixed_caches(
     model: GPT, batch_size: int, max_len: int, dtype: torch.dtype | None = None
 ) -> list[FixedKVCache]:
     """One FixedKVCache per layer, all sharing one `index` tensor."""
-    c, ref = model.config, model.head.weight
+    c, ref = model.config, model.reference_tensor()
     index = torch.zeros(1, dtype=torch.long, device=ref.device)
     return [
         FixedKVCache(
             batch_size,
-            c.n_heads,
+            c.kv_heads,
             max_len,
             c.head_dim,
             device=ref.device,
@@ -74,16 +75,18 @@ def fixed_step(
     slots = torch.arange(caches[0].max_len, device=tok.device)[None, :]  # (1, max_len)
     masked = (slots > index) | (slots < shift)  # (B, max_len), True = not attended
     positions = index[None, :] - shift  # (B, 1)
-    e = model.embed
+    e, c = model.embed, model.config
     x = e.wte(tok)
     if e.scale:
         x = x * math.sqrt(e.d_model)
-    x = e.drop(x + e.position_vectors(positions).to(x.dtype))
+    table = e.position_vectors(positions)
+    x = e.drop(x if table is None else x + table.to(x.dtype))
+    rope = rotary_tables(positions, c.head_dim, c.rope_theta) if c.positions == "rope" else None
     for block, cache in zip(model.blocks, caches, strict=True):
         # need_weights=True takes the written-out softmax path, which inductor fuses into its
         # own kernels (SDPA would stay an opaque call); the unused weights are optimised away
-        x, _ = block(x, masked, True, cache)
-    return model.head(model.norm_f(x))[:, -1]
+        x, _ = block(x, masked, True, cache, rope)
+    return model.logits(x)[:, -1]
 
 
 # Inductor's pass that writes a one-row matmul (M = 1, other sides <= 2048) as multiply + sum,

@@ -132,7 +132,7 @@ def _start(
         raise LaminaError("give seed or generator, not both")
     if seed is not None:
         _check_int("seed", seed, 0)
-    device = model.head.weight.device
+    device = model.reference_tensor().device
     prompts, pads = left_pad(ids, attention_mask, pad_id, device)
     stops = Stops(stop, tokenizer, model.config.vocab_size)
     if seed is not None:

@@ -3,9 +3,12 @@
     lamina.from_hf(dir) -> GPT                      a Hugging Face checkpoint folder in
     lamina.save_hf(model, dir, tokenizer=None)      and out (with the tokenizer's HF files)
 
-``hf_gpt2``: GPT-2 checkpoint folders (`load_hf_gpt2`, `save_hf_gpt2`). ``hf_tokenizer``: the
-tokenizer files that go with them. This package sits above the models and data layers and uses
-both; nothing below imports it (so the models carry no `from_hf` method: that would be an
+``hf_gpt2``: GPT-2 checkpoint folders (`load_hf_gpt2`, `save_hf_gpt2`). ``hf_llama``: Llama
+folders (`load_hf_llama`, `save_hf_llama`). `from_hf` reads config.json's `model_type` ("llama"
+goes to the Llama converter, anything else to GPT-2's, which names what it refuses); `save_hf`
+writes a rotary model (positions="rope") as a Llama and any other as GPT-2. ``hf_tokenizer``:
+the tokenizer files that go with them. This package sits above the models and data layers and
+uses both; nothing below imports it (so the models carry no `from_hf` method: that would be an
 upward import). The `transformers` package is never needed here (only the tests use it).
 """
 
@@ -16,15 +19,46 @@ from pathlib import Path
 
 from torch import nn
 
+from lamina.checkpoint import unwrap
 from lamina.data.tokenizers import Tokenizer
+from lamina.files import read_json
 from lamina.interop.hf_gpt2 import config_from_hf, hf_config, load_hf_gpt2, save_hf_gpt2
+from lamina.interop.hf_llama import (
+    config_from_hf_llama,
+    hf_llama_config,
+    load_hf_llama,
+    save_hf_llama,
+)
 from lamina.models.gpt import GPT
 
-__all__ = ["config_from_hf", "from_hf", "hf_config", "load_hf_gpt2", "save_hf", "save_hf_gpt2"]
+__all__ = [
+    "config_from_hf",
+    "config_from_hf_llama",
+    "from_hf",
+    "hf_config",
+    "hf_llama_config",
+    "is_llama",
+    "load_hf_gpt2",
+    "load_hf_llama",
+    "save_hf",
+    "save_hf_gpt2",
+    "save_hf_llama",
+]
+
+
+def is_llama(model: nn.Module) -> bool:
+    """Whether `save_hf` writes this model as a Llama (a rotary lamina GPT) rather than GPT-2."""
+    inner = unwrap(model)
+    return isinstance(inner, GPT) and inner.config.positions == "rope"
 
 
 def from_hf(path: str | os.PathLike[str]) -> GPT:
     """Load a Hugging Face checkpoint folder (config.json + weights) as a lamina model."""
+    config = Path(path) / "config.json"
+    if config.is_file():
+        data = read_json(config)
+        if isinstance(data, dict) and data.get("model_type") == "llama":
+            return load_hf_llama(path)
     return load_hf_gpt2(path)
 
 
@@ -32,4 +66,6 @@ def save_hf(
     model: nn.Module, path: str | os.PathLike[str], tokenizer: Tokenizer | None = None
 ) -> Path:
     """Write a folder that ``transformers`` loads with ``from_pretrained``; returns its path."""
+    if is_llama(model):
+        return save_hf_llama(model, path, tokenizer)
     return save_hf_gpt2(model, path, tokenizer)

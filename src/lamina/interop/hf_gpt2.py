@@ -16,7 +16,8 @@ table; an untied one is `lm_head.weight`. Weights of any float dtype load into a
 HF's three dropout rates become lamina's one (resid_pdrop); export writes it to all three.
 
 Refused, with a LaminaError naming the setting: lamina models GPT-2 cannot express (post-LN,
-sinusoidal positions, no biases) and HF configs lamina cannot (other model types, cross-attention,
+sinusoidal or rotary positions, no biases, RMSNorm, ReLU²/SwiGLU, grouped-query attention,
+QK-norm, a logit soft-cap) and HF configs lamina cannot (other model types, cross-attention,
 unscaled or layer-scaled attention, other activations), wrong shapes, missing or unexpected keys.
 Deliberately unaware of tokenizers, training and the transformers package (never imported).
 """
@@ -125,6 +126,21 @@ def hf_config(config: GPTConfig, dtype: torch.dtype = torch.float32) -> dict[str
         (config.positions == "learned", f"positions={config.positions!r}: GPT-2 learns them"),
         (config.bias, "bias=False: GPT-2's linear layers and LayerNorms have biases"),
         (config.qkv_bias, "qkv_bias=False: GPT-2's c_attn has a bias"),
+        (config.norm == "layer", f"norm={config.norm!r}: GPT-2 uses LayerNorm"),
+        (config.norm_gain, "norm_gain=False: GPT-2's LayerNorms have gains"),
+        (
+            config.activation in ("gelu", "relu"),
+            f"activation={config.activation!r}: GPT-2 runs gelu_new or relu",
+        ),
+        (
+            config.kv_heads == config.n_heads,
+            f"n_kv_heads={config.n_kv_heads}: GPT-2 has as many key/value heads as query heads",
+        ),
+        (not config.qk_norm, "qk_norm=True: GPT-2 does not normalise q and k"),
+        (
+            config.logit_softcap is None,
+            f"logit_softcap={config.logit_softcap}: GPT-2 does not cap its logits",
+        ),
     ]
     for ok, why in rules:
         if not ok:
@@ -257,20 +273,17 @@ def hf_state(model: nn.Module) -> dict[str, Tensor]:
     return out
 
 
-def save_hf_gpt2(
-    model: nn.Module, path: str | os.PathLike[str], tokenizer: Tokenizer | None = None
+def write_hf_folder(
+    path: str | os.PathLike[str],
+    config: dict[str, Any],
+    tensors: dict[str, Tensor],
+    tokenizer: Tokenizer | None = None,
 ) -> Path:
-    """Write config.json + model.safetensors for GPT2LMHeadModel.from_pretrained(path).
+    """config.json + model.safetensors (+ the tokenizer's HF files) at `path`.
 
-    With a gpt2 or bpe `tokenizer`, its Hugging Face files go alongside (see hf_tokenizer).
     A new folder is written beside its final name and renamed into place; into an existing
     folder, each file is replaced atomically and config.json goes last.
     """
-    inner = unwrap(model)
-    if not isinstance(inner, GPT):
-        raise LaminaError(f"save_hf needs a lamina GPT, got {type(inner).__name__}")
-    config = hf_config(inner.config, inner.head.weight.dtype)  # refuses before writing
-    tensors = hf_state(inner)
     d = Path(path)
     if d.exists() and not d.is_dir():
         raise LaminaError(f"cannot write a model folder at {d}: it is a file")
@@ -290,3 +303,19 @@ def save_hf_gpt2(
             shutil.rmtree(target, ignore_errors=True)
         raise
     return d
+
+
+def save_hf_gpt2(
+    model: nn.Module, path: str | os.PathLike[str], tokenizer: Tokenizer | None = None
+) -> Path:
+    """Write config.json + model.safetensors for GPT2LMHeadModel.from_pretrained(path).
+
+    With a gpt2 or bpe `tokenizer`, its Hugging Face files go alongside (see hf_tokenizer).
+    A new folder is written beside its final name and renamed into place; into an existing
+    folder, each file is replaced atomically and config.json goes last.
+    """
+    inner = unwrap(model)
+    if not isinstance(inner, GPT):
+        raise LaminaError(f"save_hf needs a lamina GPT, got {type(inner).__name__}")
+    config = hf_config(inner.config, inner.head.weight.dtype)  # refuses before writing
+    return write_hf_folder(path, config, hf_state(inner), tokenizer)

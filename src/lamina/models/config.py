@@ -43,9 +43,14 @@ class _ConfigMixin:
         return dataclasses.replace(self, **changes)  # type: ignore[type-var]
 
 
+def _positive_float(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise LaminaError(f"{name} must be a positive number, got {value!r}")
+
+
 @dataclass(frozen=True)
 class GPTConfig(_ConfigMixin):
-    """A decoder-only GPT (GPT-2 layout by default)."""
+    """A decoder-only GPT (GPT-2 layout by default; Llama's layers as options)."""
 
     vocab_size: int  # rows of the token table and columns of the head
     block_size: int  # longest context; rows of the position table
@@ -57,11 +62,20 @@ class GPTConfig(_ConfigMixin):
     qkv_bias: bool = True  # bias on the fused QKV projection (GPT-2 has it)
     bias: bool = True  # bias on the other linear layers and LayerNorms' shift
     d_ff: int | None = None  # feed-forward hidden width; None means 4 * d_model
-    activation: Literal["gelu", "relu"] = "gelu"
+    # swiglu: gated, d_ff is the width of each of its two input projections (Llama's convention)
+    activation: Literal["gelu", "relu", "relu2", "swiglu"] = "gelu"
     norm_first: bool = True  # pre-LN blocks (GPT-2); False gives post-LN
-    positions: Literal["learned", "sinusoidal"] = "learned"
+    # rope: rotary positions inside attention (no position table)
+    positions: Literal["learned", "sinusoidal", "rope"] = "learned"
     init_std: float = 0.02  # normal init; residual projections get / sqrt(2 * n_layers)
-    layer_norm_eps: float = 1e-5
+    layer_norm_eps: float = 1e-5  # epsilon of every norm (LayerNorm, RMSNorm, qk-norm)
+    rope_theta: float = 10000.0  # rotary base (used with positions="rope")
+    norm: Literal["layer", "rms"] = "layer"  # LayerNorm (GPT-2) or RMSNorm (Llama)
+    norm_gain: bool = True  # learnable gains on the norms (False: plain normalisation)
+    n_kv_heads: int | None = None  # key/value heads (grouped-query); None means n_heads
+    qk_norm: bool = False  # RMS-normalise q and k per head before the dot product
+    logit_softcap: float | None = None  # logits <- cap * tanh(logits / cap); None: off
+    zero_init_proj: bool = False  # residual output projections start at zero
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "d_model", "n_heads", "n_layers"):
@@ -73,16 +87,38 @@ class GPTConfig(_ConfigMixin):
             _bool(name, getattr(self, name))
         if self.d_ff is not None:
             _positive_int("d_ff", self.d_ff)
-        _choice("activation", self.activation, ("gelu", "relu"))
-        _choice("positions", self.positions, ("learned", "sinusoidal"))
+        _choice("activation", self.activation, ("gelu", "relu", "relu2", "swiglu"))
+        _choice("positions", self.positions, ("learned", "sinusoidal", "rope"))
         if not self.init_std > 0:
             raise LaminaError(f"init_std must be positive, got {self.init_std!r}")
         if not self.layer_norm_eps > 0:
             raise LaminaError(f"layer_norm_eps must be positive, got {self.layer_norm_eps!r}")
+        _positive_float("rope_theta", self.rope_theta)
+        _choice("norm", self.norm, ("layer", "rms"))
+        for name in ("norm_gain", "qk_norm", "zero_init_proj"):
+            _bool(name, getattr(self, name))
+        if self.n_kv_heads is not None:
+            _positive_int("n_kv_heads", self.n_kv_heads)
+            if self.n_heads % self.n_kv_heads:
+                raise LaminaError(
+                    f"n_heads={self.n_heads} must be divisible by n_kv_heads={self.n_kv_heads}"
+                )
+        if self.positions == "rope" and self.head_dim % 2:
+            raise LaminaError(
+                f"positions='rope' needs an even head dimension: d_model / n_heads = "
+                f"{self.d_model} / {self.n_heads} = {self.head_dim}"
+            )
+        if self.logit_softcap is not None:
+            _positive_float("logit_softcap", self.logit_softcap)
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: n_kv_heads, or n_heads when that is None."""
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
 
     @property
     def ff_width(self) -> int:
@@ -104,6 +140,42 @@ GPT_PRESETS: dict[str, dict[str, Any]] = {
     "char-cpu": dict(vocab_size=65, block_size=64, d_model=128, n_heads=4, n_layers=4),
     # nanoGPT's "baby GPT" for Shakespeare characters
     "baby": dict(vocab_size=65, block_size=256, d_model=384, n_heads=6, n_layers=6, dropout=0.2),
+    # Llama's layers at char-cpu's width: RoPE, RMSNorm, SwiGLU (d_ff ~ 8/3 d), 2 KV heads for
+    # 4 query heads, no biases, untied head
+    "llama-tiny": dict(
+        vocab_size=65,
+        block_size=64,
+        d_model=128,
+        n_heads=4,
+        n_layers=4,
+        n_kv_heads=2,
+        d_ff=352,
+        positions="rope",
+        norm="rms",
+        activation="swiglu",
+        qkv_bias=False,
+        bias=False,
+        tie_weights=False,
+    ),
+    # HuggingFaceTB/SmolLM-135M's published config.json (a Llama): 134,515,008 parameters with
+    # its tied head, the "135M" of its name; transformers' LlamaForCausalLM(config)
+    # .num_parameters() gives the same (a test builds both on the meta device)
+    "smollm-135m": dict(
+        vocab_size=49152,
+        block_size=2048,
+        d_model=576,
+        n_heads=9,
+        n_layers=30,
+        n_kv_heads=3,
+        d_ff=1536,
+        positions="rope",
+        norm="rms",
+        activation="swiglu",
+        qkv_bias=False,
+        bias=False,
+        tie_weights=True,
+        rope_theta=10000.0,
+    ),
     # OpenAI's GPT-2 family as Hugging Face ships it
     "gpt2-small": dict(
         vocab_size=50257, block_size=1024, d_model=768, n_heads=12, n_layers=12, dropout=0.1

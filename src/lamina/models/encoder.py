@@ -90,6 +90,16 @@ class Encoder(nn.Module):
         x = self.norm_f(x)
         return (x, weights) if return_weights else x
 
+    @property
+    def packable(self) -> bool:
+        """Whether `forward_packed` applies: plain multi-head attention in every layer."""
+        return all(
+            getattr(b.attn, "n_kv_heads", b.attn.n_heads) == b.attn.n_heads
+            and getattr(b.attn, "rope_theta", None) is None
+            and not getattr(b.attn, "qk_norm", False)
+            for b in self.layers
+        )
+
     def forward_packed(self, ids: Tensor, padding_mask: Tensor) -> Tensor:
         """ids (B, T), padding_mask (B, T) -> hidden (B, T, d): real tokens as `forward`, pads 0.
 
@@ -151,7 +161,8 @@ class SequenceClassifier(nn.Module):
             if padding_mask is not None and not padding_mask.any():
                 padding_mask = None
         packable = (
-            isinstance(padding_mask, Tensor)
+            self.encoder.packable
+            and isinstance(padding_mask, Tensor)
             and padding_mask.dtype == torch.bool
             and padding_mask.shape == ids.shape
             and bool(padding_mask.any())

@@ -1,11 +1,14 @@
-"""Layer 4, GPT: a decoder-only language model (GPT-2 layout).
+"""Layer 4, GPT: a decoder-only language model (GPT-2 layout; Llama's layers as options).
 
-    ids (B, T) -> Embedding (token + position) -> n_layers x causal TransformerBlock
-               -> final LayerNorm -> head Linear(d, vocab, bias=False) -> logits (B, T, vocab)
+    ids (B, T) -> Embedding (token [+ position]) -> n_layers x causal TransformerBlock
+               -> final norm -> head Linear(d, vocab, bias=False) -> logits (B, T, vocab)
+               [-> cap * tanh(logits / cap) with `logit_softcap`]
 
-The head shares the token table when `tie_weights` (stored once, counted once). Weights start
-as GPT-2's: normal(0, init_std), residual output projections scaled by 1/sqrt(2 * n_layers),
-biases zero. `forward` also takes per-layer KV caches (positions then continue from the cache),
+With positions="rope" the embedding has no position table: the positions (the same ones a
+table would have used) become rotary tables, computed once per forward and shared by every
+layer's attention. The head shares the token table when `tie_weights` (stored once, counted
+once). Weights start as GPT-2's: normal(0, init_std), residual output projections scaled by
+1/sqrt(2 * n_layers) (or zero with `zero_init_proj`), biases zero. `forward` also takes per-layer KV caches (positions then continue from the cache),
 a key-padding mask and explicit positions, which batched generation needs; `greedy` is the
 seed notebook's crop-to-block_size greedy decoder, kept as the simple reference.
 
@@ -19,8 +22,8 @@ import math
 import torch
 from torch import Tensor, nn
 
-from lamina.attention import KVCache
-from lamina.block import LayerNorm, TransformerBlock
+from lamina.attention import KVCache, rotary_tables
+from lamina.block import TransformerBlock, norm_module
 from lamina.embedding import Embedding
 from lamina.errors import LaminaError
 from lamina.models.config import GPTConfig
@@ -40,7 +43,7 @@ class GPT(nn.Module):
             c.block_size,
             c.d_model,
             dropout=c.dropout,
-            positions=c.positions,
+            positions="none" if c.positions == "rope" else c.positions,
             init_std=c.init_std,
         )
         self.blocks = nn.ModuleList(
@@ -55,12 +58,19 @@ class GPT(nn.Module):
                 qkv_bias=c.qkv_bias,
                 bias=c.bias,
                 eps=c.layer_norm_eps,
+                norm=c.norm,
+                norm_gain=c.norm_gain,
+                n_kv_heads=c.n_kv_heads,
+                rope_theta=c.rope_theta if c.positions == "rope" else None,
+                qk_norm=c.qk_norm,
             )
             for _ in range(c.n_layers)
         )
         # post-LN blocks already end in a norm; pre-LN needs a final one (GPT-2's ln_f)
         self.norm_f = (
-            LayerNorm(c.d_model, c.layer_norm_eps, c.bias) if c.norm_first else nn.Identity()
+            norm_module(c.norm, c.d_model, c.layer_norm_eps, c.bias, c.norm_gain)
+            if c.norm_first
+            else nn.Identity()
         )
         self.head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         self.reset_parameters()
@@ -68,11 +78,15 @@ class GPT(nn.Module):
             self.embed.tie_lm_head(self.head)
 
     def reset_parameters(self) -> None:
-        std = self.config.init_std
+        c = self.config
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear):
-                scale = 1.0 / math.sqrt(2 * self.config.n_layers) if name.endswith(".proj") else 1.0
-                nn.init.normal_(module.weight, mean=0.0, std=std * scale)
+                residual = name.endswith(".proj")  # attn.proj and ff.proj write the stream
+                scale = 1.0 / math.sqrt(2 * c.n_layers) if residual else 1.0
+                if residual and c.zero_init_proj:
+                    nn.init.zeros_(module.weight)
+                else:
+                    nn.init.normal_(module.weight, mean=0.0, std=c.init_std * scale)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
         self.embed.reset_parameters()
@@ -83,6 +97,16 @@ class GPT(nn.Module):
             raise LaminaError(f"attention impl must be 'sdpa' or 'reference', got {impl!r}")
         for block in self.blocks:
             block.attn.impl = impl
+
+    def reference_tensor(self) -> Tensor:
+        """A float tensor whose device and dtype the activations (and KV caches) take: the
+        head's weight, or, where the head has none (a quantized head), the first float
+        parameter or buffer."""
+        weight = getattr(self.head, "weight", None)
+        if isinstance(weight, Tensor):
+            return weight
+        tensors = [*self.parameters(), *self.buffers()]
+        return next(t for t in tensors if t.is_floating_point())
 
     def make_caches(
         self,
@@ -97,11 +121,11 @@ class GPT(nn.Module):
         max_len = c.block_size if max_len is None else max_len
         if max_len > c.block_size:
             raise LaminaError(f"cache max_len {max_len} exceeds block_size {c.block_size}")
-        ref = self.head.weight
+        ref = self.reference_tensor()
         return [
             KVCache(
                 batch_size,
-                c.n_heads,
+                c.kv_heads,
                 max_len,
                 c.head_dim,
                 device=device or ref.device,
@@ -129,19 +153,41 @@ class GPT(nn.Module):
             raise LaminaError(f"expected {len(self.blocks)} KV caches, got {len(caches)}")
         offset = caches[0].pos if caches is not None else 0
         x = self.embed(ids, pos_offset=offset, positions=positions)
+        rope = self.rope(ids.shape[1], offset, positions, ids.device)
         for i, block in enumerate(self.blocks):
-            x, _ = block(x, padding_mask, False, None if caches is None else caches[i])
+            x, _ = block(x, padding_mask, False, None if caches is None else caches[i], rope)
         if last_only:
             x = x[:, -1:]
-        return self.head(self.norm_f(x))
+        return self.logits(x)
+
+    def logits(self, x: Tensor) -> Tensor:
+        """Final norm, head and (with `logit_softcap`) the soft cap: (B, T, d) -> (B, T, V)."""
+        logits = self.head(self.norm_f(x))
+        cap = self.config.logit_softcap
+        return logits if cap is None else cap * torch.tanh(logits / cap)
+
+    def rope(
+        self,
+        T: int,
+        pos_offset: int = 0,
+        positions: Tensor | None = None,
+        device: torch.device | str | None = None,
+    ) -> tuple[Tensor, Tensor] | None:
+        """Rotary (cos, sin) tables for these positions; None unless positions="rope"."""
+        c = self.config
+        if c.positions != "rope":
+            return None
+        pos = self.embed.positions_for(T, pos_offset, positions, device)
+        return rotary_tables(pos, c.head_dim, c.rope_theta)
 
     @torch.no_grad()
     def attention_weights(self, ids: Tensor, padding_mask: Tensor | None = None) -> list[Tensor]:
         """Attention weights of every layer, each (B, H, T, T), from the reference path."""
         x = self.embed(ids)
+        rope = self.rope(ids.shape[1], device=ids.device)
         maps = []
         for block in self.blocks:
-            x, w = block(x, padding_mask, True)
+            x, w = block(x, padding_mask, True, None, rope)
             maps.append(w)
         return maps
 

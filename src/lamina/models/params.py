@@ -1,11 +1,14 @@
 """Layer 4, parameter counts: by formula, by component, and on the meta device.
 
-The formula for a GPT with width d, feed-forward width f, vocabulary V, context n, L layers:
+The formula for a GPT with width d, feed-forward width f, vocabulary V, context n, L layers,
+H heads of width h = d / H and H_kv key/value heads:
 
-    embeddings  V d + n d                     (no position parameters when sinusoidal)
-    attention   L (3 d^2 + [3 d] + d^2 + [d])  [qkv bias], [bias]
-    feed-fwd    L (d f + [f] + f d + [d])
-    norms       (2 L + 1)(d + [d])             (no final norm when post-LN)
+    embeddings  V d + n d                     (no position parameters when sinusoidal or rope)
+    attention   L (d (H + 2 H_kv) h + [(H + 2 H_kv) h] + d^2 + [d] + <2 h>)
+                                              [qkv bias], [bias], <qk-norm gains>
+    feed-fwd    L (d g f + [g f] + f d + [d])  g = 2 for SwiGLU (gate and up), else 1
+    norms       (2 L + 1)(<d> + [d])           <gain>, [bias] (LayerNorm only; RMSNorm has no
+                                              shift); no final norm when post-LN
     head        V d                            (0 when tied to the token table)
 
 `count_params(config)` must equal the parameters of the built model for every config (a test
@@ -27,12 +30,16 @@ def gpt_param_table(config: GPTConfig, tied: bool | None = None) -> dict[str, in
     c = config
     tied = c.tie_weights if tied is None else tied
     d, f, L, b = c.d_model, c.ff_width, c.n_layers, int(c.bias)
-    norm = d + b * d
+    gain = int(c.norm_gain)
+    norm = gain * d + (b * d if c.norm == "layer" else 0)
+    qkv = (c.n_heads + 2 * c.kv_heads) * c.head_dim  # output width of the fused projection
+    qk_norm = 2 * c.head_dim * gain if c.qk_norm else 0
+    g = 2 if c.activation == "swiglu" else 1
     return {
         "token embedding": c.vocab_size * d,
         "position embedding": c.block_size * d if c.positions == "learned" else 0,
-        "attention": L * (3 * d * d + int(c.qkv_bias) * 3 * d + d * d + b * d),
-        "feed-forward": L * (d * f + b * f + f * d + b * d),
+        "attention": L * (d * qkv + int(c.qkv_bias) * qkv + d * d + b * d + qk_norm),
+        "feed-forward": L * (d * g * f + b * g * f + f * d + b * d),
         "norms": (2 * L + int(c.norm_first)) * norm,
         "head": 0 if tied else c.vocab_size * d,
     }

@@ -1,0 +1,116 @@
+"""`lamina serve RUN [--port 8000]`: the local playground (see `lamina.serve` for the API).
+
+Binds 127.0.0.1 by default; a host that is not a loopback address is refused unless
+--allow-remote is given (the page has no authentication). Needs the `serve` extra
+(starlette, uvicorn): `pip install 'lamina[serve]'`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import socket
+import sys
+
+from lamina.errors import LaminaError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="a local web page to generate text and click tokens to see attention",
+        description="Serve a web page and a small HTTP API over a trained model: generate with "
+        "sampling controls, text streamed token by token, then click a token to see each "
+        "head's attention from it and the top-k alternatives. Stop with Ctrl-C.",
+    )
+    p.add_argument("run", metavar="RUN", help="run or model directory written by lamina train")
+    p.add_argument("--port", type=int, default=8000, help="TCP port (default: 8000; 0 = any free)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    p.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="allow a --host that other machines can reach (no authentication: careful)",
+    )
+    p.add_argument(
+        "--max-tokens", type=int, default=400, help="most tokens per generation (default: 400)"
+    )
+    p.add_argument(
+        "--max-prompt", type=int, default=2000, help="longest prompt in characters (default: 2000)"
+    )
+    p.add_argument(
+        "--queue", type=int, default=8, help="requests running or waiting at once (default: 8)"
+    )
+    p.add_argument(
+        "--max-connections", type=int, default=64, help="open connections at once (default: 64)"
+    )
+    p.set_defaults(func=run)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_args(args: argparse.Namespace) -> None:
+    if not is_loopback(args.host) and not args.allow_remote:
+        raise LaminaError(
+            f"--host {args.host} is not a loopback address: other machines could reach the "
+            "playground, which has no authentication; add --allow-remote if you mean it"
+        )
+    if not 0 <= args.port <= 65535:
+        raise LaminaError(f"--port must be in 0..65535, got {args.port}")
+    for name in ("max_tokens", "max_prompt", "queue", "max_connections"):
+        if getattr(args, name) <= 0:
+            flag = "--" + name.replace("_", "-")
+            raise LaminaError(f"{flag} must be positive, got {getattr(args, name)}")
+
+
+def run(args: argparse.Namespace) -> int:
+    check_args(args)
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        raise LaminaError(
+            f"lamina serve needs the serve extra ({exc.name} is missing): "
+            "pip install 'lamina[serve]'"
+        ) from exc
+    from lamina.checkpoint import load_model
+    from lamina.models.gpt import GPT
+    from lamina.serve import Engine, Limits, server
+
+    model, tokenizer = load_model(args.run)
+    if not isinstance(model, GPT):
+        raise LaminaError(f"{args.run} holds a {type(model).__name__}, not a GPT: nothing to serve")
+    if tokenizer is None:
+        raise LaminaError(f"{args.run} has no tokenizer.json: cannot turn text into tokens")
+    limits = Limits(
+        max_tokens=args.max_tokens,
+        max_prompt_chars=args.max_prompt,
+        queue=args.queue,
+        max_connections=args.max_connections,
+    )
+    engine = Engine(model, tokenizer, limits)
+    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((args.host, args.port))
+    except OSError as exc:
+        sock.close()
+        raise LaminaError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from exc
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if family == socket.AF_INET6 else host
+    print(f"lamina serve: http://{shown}:{port}/  (Ctrl-C to stop)", flush=True)
+    srv = server(engine, host, port)
+    try:
+        srv.run(sockets=[sock])
+    finally:
+        engine.close()
+        sock.close()
+    print("lamina serve: stopped", file=sys.stderr)
+    return 0
