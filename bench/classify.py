@@ -21,8 +21,9 @@ src_key_padding_mask, then the same mean pooling and linear head. Tokens/s count
     predict    `lamina.training.classify.predict_proba` end to end (tokenize, sort by length,
                pad, forward, softmax) in texts/s, the same pipeline run with each model
 
-Each round times every variant on all batches, variants interleaved, so machine noise hits all
-alike; the median round is reported, and the ratios are of medians from this one process.
+Within a round the variants take turns on every batch (predict: every chunk of 4 batches of
+texts), so load from other processes hits them alike; each variant's median round total is
+reported, and the ratios are of those medians, from this one process.
 This script sets OMP_WAIT_POLICY=PASSIVE before torch loads (unless already set).
 """
 
@@ -108,32 +109,34 @@ def batches(
     return out, idx
 
 
-def train_round(model: nn.Module, opt: torch.optim.Optimizer, data: list) -> float:
-    t0 = time.perf_counter()
-    for ids, mask, y in data:
-        loss = F.cross_entropy(model(ids, mask).float(), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    return time.perf_counter() - t0
+def train_step(model: nn.Module, opt: torch.optim.Optimizer, batch: tuple) -> None:
+    ids, mask, y = batch
+    loss = F.cross_entropy(model(ids, mask).float(), y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
 
 
-def infer_round(model: nn.Module, data: list) -> float:
-    t0 = time.perf_counter()
+def infer_step(model: nn.Module, batch: tuple) -> None:
     with torch.inference_mode():
-        for ids, mask, _ in data:
-            model(ids, mask)
-    return time.perf_counter() - t0
+        model(batch[0], batch[1])
 
 
-def timed(variants: dict, run, rounds: int) -> dict[str, float]:
-    times: dict[str, list[float]] = {k: [] for k in variants}
+def timed(names: list[str], run, items: list, rounds: int) -> dict[str, float]:
+    """Median over rounds of each variant's total time on `items`; the variants take turns on
+    every item (in a rotating order), so load from other processes hits them alike."""
+    totals: dict[str, list[float]] = {k: [] for k in names}
     for r in range(rounds + 1):  # round 0 warms up
-        for name in variants:
-            t = run(name)
-            if r:
-                times[name].append(t)
-    return {k: statistics.median(v) for k, v in times.items()}
+        spent = dict.fromkeys(names, 0.0)
+        for i, item in enumerate(items):
+            for k in names[i % len(names) :] + names[: i % len(names)]:
+                t0 = time.perf_counter()
+                run(k, item)
+                spent[k] += time.perf_counter() - t0
+        if r:
+            for k in names:
+                totals[k].append(spent[k])
+    return {k: statistics.median(v) for k, v in totals.items()}
 
 
 def cpu_flags() -> str:
@@ -196,16 +199,20 @@ def main() -> None:
 
     for m in models.values():
         m.train()
-    tr = timed(models, lambda k: train_round(models[k], opts[k], rand), a.rounds)
+    names = list(models)
+    tr = timed(names, lambda k, b: train_step(models[k], opts[k], b), rand, a.rounds)
     for m in models.values():
         m.eval()
-    inf_rand = timed(models, lambda k: infer_round(models[k], rand), a.rounds)
-    inf_sort = timed(models, lambda k: infer_round(models[k], sort), a.rounds)
+    inf_rand = timed(names, lambda k, b: infer_step(models[k], b), rand, a.rounds)
+    inf_sort = timed(names, lambda k, b: infer_step(models[k], b), sort, a.rounds)
     texts = [data.texts[i] for i in order]
     n_texts = len(texts)
     sorted_real = sum(int((~m).sum()) for _, m, _ in sort)
-    pipeline = {k: v for k, v in models.items() if k != "lamina padded"}
-    pred = timed(pipeline, lambda k: _predict(models[k], tok, texts, s["batch"]), a.rounds)
+    pipeline = [k for k in names if k != "lamina padded"]
+    chunks = [texts[i : i + 4 * s["batch"]] for i in range(0, len(texts), 4 * s["batch"])]
+    pred = timed(
+        pipeline, lambda k, c: predict_proba(models[k], tok, c, s["batch"]), chunks, a.rounds
+    )
 
     def row(name: str, t: dict, count: float, unit: str) -> None:
         best = min(t["torch.nn nested"], t["torch.nn plain"])
@@ -216,12 +223,6 @@ def main() -> None:
     row("infer (random)", inf_rand, real, "tok/s")
     row("infer (length-sorted)", inf_sort, sorted_real, "tok/s")
     row("predict (end to end)", pred, n_texts, "texts/s")
-
-
-def _predict(model: SequenceClassifier, tok, texts: list[str], batch: int) -> float:
-    t0 = time.perf_counter()
-    predict_proba(model, tok, texts, batch)
-    return time.perf_counter() - t0
 
 
 if __name__ == "__main__":

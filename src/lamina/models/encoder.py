@@ -106,31 +106,38 @@ class Encoder(nn.Module):
         Every row needs at least one real token (use `forward` otherwise).
         """
         B, T = ids.shape
-        keep = ~padding_mask
-        idx = keep.reshape(-1).nonzero().squeeze(1)  # (N,) flat positions of the real tokens
-        x = self.embed(ids).reshape(B * T, -1).index_select(0, idx)  # (N, d)
-        allowed = keep[:, None, None, :]  # (B, 1, 1, T): keys each query may see
+        flat = ~padding_mask.reshape(-1)
+        idx = flat.nonzero().squeeze(1)  # (N,) flat positions of the real tokens
+        pads = (~flat).nonzero().squeeze(1)
+        rows, cols = idx // T, idx % T
+        x = self.embed(ids[rows, cols][None], positions=cols[None])[0]  # (N, d)
+        where = (idx, pads, rows, cols, B, T, ~padding_mask[:, None, None, :])
         for layer in self.layers:
             if layer.norm_first:
-                x = x + layer.drop1(self._attend(layer.attn, layer.norm1(x), idx, B, T, allowed))
+                x = x + layer.drop1(self._attend(layer.attn, layer.norm1(x), where))
                 x = x + layer.drop2(layer.ff(layer.norm2(x)))
             else:
-                x = layer.norm1(x + layer.drop1(self._attend(layer.attn, x, idx, B, T, allowed)))
+                x = layer.norm1(x + layer.drop1(self._attend(layer.attn, x, where)))
                 x = layer.norm2(x + layer.drop2(layer.ff(x)))
         x = self.norm_f(x)
         return x.new_zeros(B * T, x.shape[-1]).index_copy(0, idx, x).view(B, T, -1)
 
     @staticmethod
-    def _attend(attn: nn.Module, x: Tensor, idx: Tensor, B: int, T: int, allowed: Tensor) -> Tensor:
-        """Packed (N, d) -> the attention sublayer's packed (N, d) output."""
+    def _attend(attn: nn.Module, x: Tensor, where: tuple) -> Tensor:
+        """Packed (N, d) -> the attention sublayer's packed (N, d) output.
+
+        q, k, v go to the padded layout (zeros at pads, so masked keys stay finite), attention
+        runs there, and the real queries' outputs are gathered straight back to (N, H, hd).
+        """
+        idx, pads, rows, cols, B, T, allowed = where
         H, hd = attn.n_heads, attn.head_dim
         qkv = attn.qkv(x)  # (N, 3d)
-        full = qkv.new_zeros(B * T, qkv.shape[-1]).index_copy(0, idx, qkv)
+        full = qkv.new_empty(B * T, qkv.shape[-1]).index_fill_(0, pads, 0.0)
+        full = full.index_copy_(0, idx, qkv)
         q, k, v = full.view(B, T, 3, H, hd).permute(2, 0, 3, 1, 4)  # each (B, H, T, hd)
         p = attn.dropout if attn.training else 0.0
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p)
-        out = out.transpose(1, 2).reshape(B * T, H * hd).index_select(0, idx)
-        return attn.proj(out)
+        return attn.proj(out[rows, :, cols].reshape(-1, H * hd))  # (N, H, hd) -> (N, d)
 
 
 class SequenceClassifier(nn.Module):
@@ -158,8 +165,9 @@ class SequenceClassifier(nn.Module):
         """ids (B, T) -> class logits (B, n_classes)."""
         if padding_mask is None:
             padding_mask = ids.eq(self.config.pad_id) if isinstance(ids, Tensor) else None
-            if padding_mask is not None and not padding_mask.any():
-                padding_mask = None
+        if isinstance(padding_mask, Tensor) and padding_mask.dtype == torch.bool:
+            if padding_mask.shape == ids.shape and not padding_mask.any():
+                padding_mask = None  # no pads: nothing to mask
         packable = (
             self.encoder.packable
             and isinstance(padding_mask, Tensor)
