@@ -4,6 +4,8 @@
 ``corpus``: read text corpora, encode them to compact numpy arrays, split, save and load.
 ``batches``: reproducible random windows of a token array as (x, y) batches.
 ``tasks``: synthetic tasks with known answers (first-last, copy, reverse).
+``labelled``: labelled texts (CSV/TSV/JSONL/folders), stratified splits, classifier ids, padding.
+``genre``: the built-in classification task (comedy, history or tragedy?).
 
 What this layer deliberately does not know: models (it never imports ``torch.nn``), devices,
 training, and every other part of lamina except ``lamina.errors``.
