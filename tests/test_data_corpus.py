@@ -14,7 +14,7 @@ from lamina.data import (
     split_tokens,
     token_dtype,
 )
-from lamina.errors import LaminaError
+from lamina.errors import LaminaError, LaminaWarning
 
 
 def test_load_corpus_reads_a_file_exactly(tmp_path):
@@ -31,7 +31,8 @@ def test_load_corpus_joins_folder_txt_files_by_name(tmp_path):
     (tmp_path / "c.md").write_text("ignored", encoding="utf-8")
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "0.txt").write_text("not recursive", encoding="utf-8")
-    assert load_corpus(tmp_path) == "first\nsecond"
+    with pytest.warns(LaminaWarning, match=r"skipped 2 entries not named \*\.txt \(c\.md, sub\)"):
+        assert load_corpus(tmp_path) == "first\nsecond"
 
 
 def test_load_corpus_missing_path(tmp_path):

@@ -65,7 +65,9 @@ def test_given_values_win_and_a_time_budget_leaves_the_steps_open():
 
 
 def test_default_text_reads_the_table_or_the_field():
-    assert default_text("lr") == "0.005 on a CPU, 0.001 on a GPU; 0.002 for first-last"
+    assert default_text("lr") == (
+        "0.005 on a CPU, 0.001 on a GPU; 0.002 for first-last; 0.001 with --init-from"
+    )
     assert default_text("batch_size") == "12 on a CPU, 64 on a GPU and for first-last"
     assert default_text("max_steps") == "2000; 300 for first-last; none with --max-time"
     assert default_text("eval_batches") == "20" and default_text("compile") == "off"

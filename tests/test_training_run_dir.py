@@ -19,7 +19,7 @@ def test_create_refuses_other_files_and_force_clears_only_its_own(tmp_path):
     (tmp_path / "r" / "metrics.jsonl").write_text("{}\n")
     (tmp_path / "r" / STAGE).mkdir()
     RunDir.create(tmp_path / "r", force=True)
-    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["notes.txt"]
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == [".lock", "notes.txt"]
     (tmp_path / "f").write_text("x")
     with pytest.raises(LaminaError, match="not a folder"):
         RunDir.create(tmp_path / "f")

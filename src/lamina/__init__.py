@@ -18,7 +18,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from lamina.checkpoint import load_model as load
 from lamina.checkpoint import save_model as save
-from lamina.errors import CheckFailed, LaminaError
+from lamina.errors import CheckFailed, LaminaError, LaminaWarning
 from lamina.generation import generate, stream
 from lamina.interop import from_hf, save_hf
 from lamina.models import (
@@ -38,6 +38,7 @@ __all__ = [
     "EncoderConfig",
     "GPTConfig",
     "LaminaError",
+    "LaminaWarning",
     "SequenceClassifier",
     "count_params",
     "from_hf",

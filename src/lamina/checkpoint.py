@@ -2,6 +2,7 @@
 
     save_model(dir, model, tokenizer=None)   -> dir/config.json, dir/model.safetensors, ...
     load_model(dir) -> (model, tokenizer or None)        (also exported as `lamina.load`)
+    check_device(name) -> torch.device                   a device this machine can compute on
 
 A SequenceClassifier's label names (`model.labels`, class id = index) go to `labels.json`
 with the classifier's id convention (`lamina.data.labelled.CLASSIFIER_IDS`) and come back as
@@ -9,12 +10,15 @@ with the classifier's id convention (`lamina.data.labelled.CLASSIFIER_IDS`) and 
 
 Tied weights are stored once (the head is re-tied on load); the `_orig_mod.` prefix that
 `torch.compile` adds is stripped on save and on load. Loading never unpickles: safetensors and
-JSON only. A missing, unexpected or wrongly shaped tensor is an error naming the key.
+JSON only. A missing, unexpected or wrongly shaped tensor is an error naming the key. Saving
+onto a file, or a device name this machine cannot use, is a `LaminaError` before anything is
+written or loaded.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -101,25 +105,60 @@ def model_to_json(model: nn.Module) -> dict[str, Any]:
     raise LaminaError("save_model needs a lamina GPT, Encoder or SequenceClassifier")
 
 
-def model_from_json(data: Any, where: str = "config.json") -> nn.Module:
-    """Build the (untrained) model that a config.json describes."""
+def config_from_json(data: Any, where: str = "config.json") -> tuple[str, Any]:
+    """(kind, GPTConfig or EncoderConfig) of a config.json, checked; nothing is built."""
     if not isinstance(data, dict) or "model" not in data or "kind" not in data:
         raise LaminaError(f"{where} is not a lamina model config (no 'kind' and 'model' fields)")
-    if data.get("format", 1) > FORMAT_VERSION:
-        raise LaminaError(
-            f"{where} has format {data['format']}; this lamina reads up to {FORMAT_VERSION}"
-        )
+    fmt = data.get("format", 1)
+    if isinstance(fmt, bool) or not isinstance(fmt, int):
+        raise LaminaError(f"{where}: 'format' must be an integer, got {fmt!r}")
+    if fmt > FORMAT_VERSION:
+        raise LaminaError(f"{where} has format {fmt}; this lamina reads up to {FORMAT_VERSION}")
     kind = data["kind"]
+    if kind not in ("gpt", "encoder", "classifier"):
+        raise LaminaError(f"{where}: unknown model kind {kind!r}")
+    cls = GPTConfig if kind == "gpt" else EncoderConfig
+    try:
+        return kind, cls.from_dict(data["model"])
+    except TypeError as e:  # a required field missing: the dataclass's own words
+        raise LaminaError(f"{where}: 'model' is not a valid {cls.__name__} ({e})") from None
+
+
+def model_from_json(data: Any, where: str = "config.json") -> nn.Module:
+    """Build the (untrained) model that a config.json describes."""
+    kind, config = config_from_json(data, where)
     if kind == "gpt" and "quantization" in data:
-        return _quantized_gpt(GPTConfig.from_dict(data["model"]), data["quantization"], where)
+        return _quantized_gpt(config, data["quantization"], where)
     if kind == "gpt":
-        return GPT(GPTConfig.from_dict(data["model"]))
+        return GPT(config)
     if kind == "encoder":
-        return Encoder(EncoderConfig.from_dict(data["model"]))
-    if kind == "classifier":
-        config = EncoderConfig.from_dict(data["model"])
-        return SequenceClassifier(config, data.get("n_classes", 2), data.get("pooling", "first"))
-    raise LaminaError(f"{where}: unknown model kind {kind!r}")
+        return Encoder(config)
+    return SequenceClassifier(config, data.get("n_classes", 2), data.get("pooling", "first"))
+
+
+def _check_param_count(
+    config: Any, data: dict[str, Any], state: dict[str, Tensor], where: Path
+) -> None:
+    """Refuse a config.json that describes far more parameters than the weights hold, before
+    building the model: a corrupt or foreign config.json must not allocate terabytes (what is
+    built stays within 64x the tensors' bytes). Smaller mismatches are named tensor by tensor by
+    `load_state`."""
+    from lamina.models.params import count_params
+
+    try:
+        n = count_params(config)
+    except Exception:  # a config kind the formula does not cover: the shapes are checked later
+        return
+    n_classes = data.get("n_classes", 0)
+    if isinstance(n_classes, int) and not isinstance(n_classes, bool) and n_classes > 0:
+        n += n_classes * (config.d_model + 1)
+    stored = sum(t.numel() * t.element_size() for t in state.values())
+    if n > 16 * stored + 4096:  # 16 parameters per byte: room for any packing (int4 is 2)
+        raise LaminaError(
+            f"{where / 'config.json'} describes a model of {n:,} parameters, but "
+            f"{where / 'model.safetensors'} holds only {stored:,} bytes of tensors: they do not "
+            "belong together"
+        )
 
 
 def _quantized_gpt(config: GPTConfig, scheme: Any, where: str) -> GPT:
@@ -173,20 +212,80 @@ def load_state(model: nn.Module, state: dict[str, Tensor], where: str = "checkpo
             tensor.copy_(state[name])
 
 
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip() or type(e).__name__).splitlines()[0]
+
+
+def check_device(device: str | torch.device) -> torch.device:
+    """The torch device named `device`, if this machine can put tensors on it; else LaminaError."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise LaminaError(
+            f"unknown device {str(device)!r}: expected cpu, cuda, cuda:N or mps"
+        ) from None
+    if dev.type == "meta":
+        raise LaminaError("device 'meta' holds no data: choose cpu, cuda, cuda:N or mps")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise LaminaError(
+                f"device {str(device)!r}: CUDA is not available here (a CPU-only torch, or no "
+                "GPU); use cpu"
+            )
+        count = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= count:
+            raise LaminaError(f"device {str(device)!r}: this machine has {count} CUDA device(s)")
+    try:
+        torch.empty(0, device=dev)
+    except Exception as e:  # each backend fails its own way (AssertionError, NotImplementedError)
+        raise LaminaError(f"device {str(device)!r} is not usable here ({_first_line(e)})") from None
+    return dev
+
+
+def torch_load_refusal(path: str | os.PathLike[str], error: BaseException) -> str:
+    """One line saying why `torch.load(path, weights_only=True)` failed, without torch's advice
+    to retry with weights_only=False (that would run whatever code the pickle names)."""
+    text = str(error)
+    if isinstance(error, pickle.UnpicklingError) or "Weights only load failed" in text:
+        _, _, detail = text.partition("WeightsUnpickler error:")
+        detail = next((ln.strip() for ln in detail.splitlines() if ln.strip()), "")
+        detail = detail.split(". ")[0].rstrip(".") or "an object that is not a tensor"
+        return (
+            f"{path} refused: a pickle that does not hold plain tensors only ({detail}); "
+            "lamina never runs code from a pickle. If you trust its source, re-save it as "
+            "safetensors in a separate, disposable environment (e.g. transformers' "
+            "save_pretrained(dir, safe_serialization=True)) and convert that folder"
+        )
+    first = _first_line(error).split(". ")[0].rstrip(".")
+    return f"{path} refused: not a readable PyTorch weights file ({first})"
+
+
+def _make_folder(d: Path) -> None:
+    if d.exists() and not d.is_dir():
+        raise LaminaError(f"cannot save a model to {d}: it is a file, not a folder")
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise LaminaError(f"cannot create the folder {d}: {e.strerror or e}") from None
+
+
 def save_model(
     directory: str | os.PathLike[str], model: nn.Module, tokenizer: Tokenizer | None = None
 ) -> Path:
     """Write config.json, model.safetensors and (if given) tokenizer.json into `directory`."""
     d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
     inner = unwrap(model)
-    config_json = model_to_json(inner)
-    save_tensors(d / "model.safetensors", model_tensors(inner), {"format": "pt"})
-    if tokenizer is not None:
-        save_tokenizer(tokenizer, d / "tokenizer.json")
-    if isinstance(inner, SequenceClassifier) and inner.labels is not None:
-        write_json(d / "labels.json", {"labels": list(inner.labels), **CLASSIFIER_IDS})
-    write_json(d / "config.json", config_json)  # last: its presence marks a complete model
+    config_json = model_to_json(inner)  # not a lamina model: refused before any folder is made
+    _make_folder(d)
+    try:
+        save_tensors(d / "model.safetensors", model_tensors(inner), {"format": "pt"})
+        if tokenizer is not None:
+            save_tokenizer(tokenizer, d / "tokenizer.json")
+        if isinstance(inner, SequenceClassifier) and inner.labels is not None:
+            write_json(d / "labels.json", {"labels": list(inner.labels), **CLASSIFIER_IDS})
+        write_json(d / "config.json", config_json)  # last: its presence marks a complete model
+    except OSError as e:  # a full disk, a read-only folder: the temp file is already removed
+        raise LaminaError(f"cannot write the model into {d}: {e.strerror or e}") from None
     return d
 
 
@@ -195,13 +294,25 @@ def load_model(
 ) -> tuple[nn.Module, Tokenizer | None]:
     """Rebuild the model (and its tokenizer, if saved) from a directory written by `save_model`."""
     d = Path(directory)
+    device = check_device(device)
+    if d.exists() and not d.is_dir():
+        raise LaminaError(f"{d} is a file; a model is a folder (config.json, model.safetensors)")
     if not d.is_dir():
         raise LaminaError(f"no such model directory: {d}")
     if not (d / "config.json").is_file():
         raise LaminaError(f"{d} is not a lamina model or run directory (no config.json)")
-    model = model_from_json(read_json(d / "config.json"), str(d / "config.json"))
-    load_state(model, load_tensors(d / "model.safetensors"), str(d / "model.safetensors"))
+    data = read_json(d / "config.json")
+    _, config = config_from_json(data, str(d / "config.json"))
+    state = load_tensors(d / "model.safetensors")
+    _check_param_count(config, data, state, d)
+    model = model_from_json(data, str(d / "config.json"))
+    load_state(model, state, str(d / "model.safetensors"))
     tokenizer = load_tokenizer(d / "tokenizer.json") if (d / "tokenizer.json").is_file() else None
+    if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
+        raise LaminaError(
+            f"{d / 'tokenizer.json'} has {tokenizer.vocab_size:,} ids, more than the model's "
+            f"vocab_size {config.vocab_size:,}: they do not belong together"
+        )
     if isinstance(model, SequenceClassifier) and (d / "labels.json").is_file():
         model.labels = _labels(read_json(d / "labels.json"), model, d / "labels.json")
     model.eval()

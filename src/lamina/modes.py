@@ -1,8 +1,13 @@
-"""``eval_mode(module)``: eval mode for a ``with`` block, the module's own mode restored after.
+"""Model-wide helpers every layer may import (torch only).
 
-A leaf every layer may import (torch only). It replaces the save-mode / ``eval()`` / ``try`` /
-``train(was)`` pattern wherever a model is probed, evaluated or asked to generate. Anything that
-is not an ``nn.Module`` (a plain function under test) passes through untouched.
+``eval_mode(module)``: eval mode for a ``with`` block, the module's own mode restored after. It
+replaces the save-mode / ``eval()`` / ``try`` / ``train(was)`` pattern wherever a model is
+probed, evaluated or asked to generate. Anything that is not an ``nn.Module`` (a plain function
+under test) passes through untouched.
+
+``non_finite(module) -> name | None``: the first parameter or buffer holding NaN or infinity.
+``check_finite(module, where)``: a ``LaminaError`` in one line naming ``where`` and that tensor
+(``lamina eval`` / ``lamina sample`` refuse such a model; training never saves one).
 """
 
 from __future__ import annotations
@@ -10,9 +15,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+import torch
 from torch import nn
 
-__all__ = ["eval_mode"]
+from lamina.errors import LaminaError
+
+__all__ = ["check_finite", "eval_mode", "non_finite"]
 
 
 @contextlib.contextmanager
@@ -28,3 +36,24 @@ def eval_mode(module: object) -> Iterator[None]:
     finally:
         for m, was_training in modes:
             m.training = was_training
+
+
+def non_finite(module: nn.Module) -> str | None:
+    """The name of the first floating parameter or buffer with a NaN or infinite value."""
+    with torch.no_grad():
+        for name, t in [*module.named_parameters(), *module.named_buffers()]:
+            if t.is_floating_point() and t.device.type != "meta":
+                local = t.to_local() if hasattr(t, "to_local") else t  # a DTensor shard
+                if not bool(torch.isfinite(local).all()):
+                    return name
+    return None
+
+
+def check_finite(module: nn.Module, where: str) -> None:
+    """Refuse a model whose weights hold NaN or infinity, naming `where` and the tensor."""
+    name = non_finite(module)
+    if name is not None:
+        raise LaminaError(
+            f"{where}: the model's weights are not finite (NaN or infinity in {name}); it was "
+            "saved after training diverged and cannot be used - retrain with a lower --lr"
+        )

@@ -1,22 +1,45 @@
 """The `lamina` command: one module per verb, each with `register(subparsers)`.
 
-Errors from bad input (`LaminaError`, missing files) become one line on stderr and exit
-status 2, without a traceback; Ctrl-C exits with 130.
+Errors from bad input (`LaminaError`, files that cannot be read or written) become one line on
+stderr and exit status 2, without a traceback; Ctrl-C exits with 130. A `LaminaWarning` is one
+line, `lamina VERB: warning: ...`. Output that cannot be written is handled once, here, for
+every verb: a closed pipe (`lamina sample ... | head -c 10`) ends the command quietly with
+status 141 (as a tool killed by SIGPIPE); any other failure to write stdout (`> /dev/full`) is
+one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import importlib
+import os
 import sys
+import tempfile
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
-from lamina.errors import LaminaError
+from lamina.errors import LaminaError, LaminaWarning
 
 # verb modules in the order `lamina --help` lists them (tests/test_cli_foundation.py holds each
 # one to a module of this package)
-VERBS = ["train", "sample", "eval", "predict", "check", "count", "task", "convert", "quantize",
-         "lessons"]  # fmt: skip
-VERBS += ["attention", "plot", "serve"]  # looking inside a model
+VERBS = [
+    "train",
+    "prepare",
+    "sample",
+    "eval",
+    "predict",
+    "check",
+    "count",
+    "task",
+    "convert",
+    "quantize",
+]
+VERBS += ["lessons", "attention", "plot", "serve"]  # the last three: looking inside a model
+BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a tool killed by a closed pipe
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,15 +57,132 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def check_writable(path: Path, flag: str) -> None:
+    """Refuse, before any work, a folder to write into that cannot be made or written: a file
+    where a folder should be (`/etc/passwd/x`), a read-only or pseudo file system (`/proc`).
+    Probes by creating and removing one empty temp file in the nearest existing folder."""
+    base = path
+    while not base.exists() and base.parent != base:
+        base = base.parent
+    if not base.is_dir():
+        raise LaminaError(f"{flag} {path}: {base} is a file, not a folder")
     try:
-        return int(args.func(args) or 0)
-    except (LaminaError, FileNotFoundError, IsADirectoryError, PermissionError) as exc:
-        msg = str(exc) if isinstance(exc, LaminaError) else f"{exc.strerror or exc}: {exc.filename}"
-        print(f"lamina {args.verb}: error: {msg}", file=sys.stderr)
+        fd, probe = tempfile.mkstemp(prefix=".lamina-probe-", dir=base)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise LaminaError(f"{flag} {path}: cannot write in {base} ({e.strerror or e})") from None
+
+
+def _mute_stdout(stdout: Any) -> None:
+    """Point stdout's file descriptor at /dev/null, so the flush at exit cannot fail again."""
+    with contextlib.suppress(Exception):
+        fd = stdout.fileno()
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, fd)
+        os.close(null)
+
+
+class OutputFailed(OSError):
+    """Writing to stdout failed: `error` is the OSError (BrokenPipeError for a closed pipe).
+
+    An OSError itself, so code below the CLI that already survives a broken stream (training's
+    progress lines switch themselves off and training goes on) treats it as one."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(error.errno, error.strerror or str(error))
+        self.error = error
+
+
+class GuardedStdout:
+    """sys.stdout as the verbs see it: a failed write or flush raises `OutputFailed`, so it is
+    told apart from a failure to write a file (which names the file)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def write(self, text: str) -> int:
+        try:
+            return self._inner.write(text)
+        except OSError as e:
+            raise OutputFailed(e) from e
+        except UnicodeEncodeError as e:  # e.g. PYTHONIOENCODING=ascii and a non-ASCII sample
+            bad = e.object[e.start : e.end]
+            why = f"its encoding {e.encoding} has no {bad!r} (set PYTHONIOENCODING=utf-8)"
+            raise OutputFailed(OSError(errno.EILSEQ, why)) from e
+
+    def flush(self) -> None:
+        try:
+            self._inner.flush()
+        except OSError as e:
+            raise OutputFailed(e) from e
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class ClosedStdout:
+    """Stands in for a missing sys.stdout (started with `>&-`): every write fails."""
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.EBADF, "standard output is closed")
+
+    def flush(self) -> None:
+        pass
+
+
+def _say(line: str) -> None:
+    """One line on stderr (if stderr itself is gone there is no one to tell)."""
+    with contextlib.suppress(Exception):
+        print(line, file=sys.stderr)
+
+
+def _describe(exc: OSError) -> str:
+    what = exc.strerror or str(exc) or type(exc).__name__
+    names = [n for n in (exc.filename, exc.filename2) if n is not None]
+    return f"{what}: {' -> '.join(map(str, names))}" if names else what
+
+
+def main(argv: list[str] | None = None) -> int:
+    real_stdout = sys.stdout
+    sys.stdout = GuardedStdout(ClosedStdout() if real_stdout is None else real_stdout)
+    name = "lamina"  # "lamina VERB" once the verb is known
+    try:
+        args = build_parser().parse_args(argv)  # --help and --version write to stdout too
+        name = f"lamina {args.verb}"
+        with warnings.catch_warnings():
+            warnings.showwarning = _warning_printer(name, warnings.showwarning)
+            warnings.simplefilter("always", LaminaWarning)
+            code = int(args.func(args) or 0)
+        sys.stdout.flush()
+        return code
+    except LaminaError as exc:
+        _say(f"{name}: error: {exc}")
+        return 2
+    except OutputFailed as exc:
+        _mute_stdout(real_stdout)
+        if isinstance(exc.error, BrokenPipeError):  # the reader went away (| head): say nothing
+            return BROKEN_PIPE
+        _say(f"{name}: error: cannot write the output: {exc.error.strerror or exc.error}")
+        return 2
+    except OSError as exc:
+        _say(f"{name}: error: {_describe(exc)}")
         return 2
     except KeyboardInterrupt:
-        print(f"lamina {args.verb}: interrupted", file=sys.stderr)
+        _say(f"{name}: interrupted")
         return 130
+    finally:
+        if isinstance(sys.stdout, GuardedStdout):
+            sys.stdout = real_stdout
+
+
+def _warning_printer(name: str, default: Callable[..., None]) -> Callable[..., None]:
+    """warnings.showwarning that prints a LaminaWarning as `lamina VERB: warning: ...`."""
+
+    def show(message: Any, category: type, *rest: Any) -> None:
+        if issubclass(category, LaminaWarning):
+            _say(f"{name}: warning: {message}")
+        else:
+            default(message, category, *rest)
+
+    return show

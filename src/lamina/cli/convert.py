@@ -20,6 +20,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from lamina.cli import check_writable
 from lamina.errors import LaminaError
 
 
@@ -62,6 +63,7 @@ def _check_out(out: Path, force: bool) -> None:
         raise LaminaError(f"--out {out} is a file, not a folder")
     if out.is_dir() and any(out.iterdir()) and not force:
         raise LaminaError(f"--out {out} already holds files; pick a new folder or pass --force")
+    check_writable(out, "--out")  # a file in the way, a read-only place: refused up front
 
 
 def _from_hf(source: Path, out: Path) -> str:
@@ -70,7 +72,7 @@ def _from_hf(source: Path, out: Path) -> str:
     from lamina.interop.hf_tokenizer import tokenizer_from_hf
 
     model = from_hf(source)
-    tokenizer = tokenizer_from_hf(source)
+    tokenizer = tokenizer_from_hf(source, model.config.vocab_size)
     if out.exists():
         save_model(out, model, tokenizer)
     else:  # build beside, then rename: a failed write leaves no half folder

@@ -2,6 +2,8 @@
 
 For a classifier (`--task classify`): accuracy, macro-F1 and per-class precision/recall on
 --data (a labelled file) or the run's validation split (`lamina.cli.predict`).
+
+A model whose weights hold NaN or infinity is refused in one line (`lamina.modes.check_finite`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("run", metavar="RUN", help="a run or model directory")
     p.add_argument(
-        "--data", metavar="PATH", help="text file or folder (default: the data the run trained on)"
+        "--data",
+        metavar="PATH",
+        help="text file or folder, or a `lamina prepare` folder (default: the data the run "
+        "trained on)",
     )
     p.add_argument("--batch-size", type=int, default=32, help="windows per forward (default: 32)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -35,10 +40,12 @@ def run(args: argparse.Namespace) -> int:
     from lamina.checkpoint import load_model
     from lamina.data.builtin import corpus_text
     from lamina.data.corpus import encode_corpus, split_tokens
+    from lamina.data.shards import is_prepared, open_prepared
     from lamina.errors import LaminaError
     from lamina.files import read_json
     from lamina.models.encoder import SequenceClassifier
     from lamina.models.gpt import GPT
+    from lamina.modes import check_finite
     from lamina.training.tasks import split_loss, summary
 
     if args.batch_size < 1:
@@ -50,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
         return evaluate_classifier(args)
     if not isinstance(model, GPT):
         raise LaminaError(f"{args.run} does not hold a language model (GPT)")
+    check_finite(model, str(args.run))
     if tokenizer is None:
         raise LaminaError(f"{args.run} has no tokenizer.json; cannot encode text for it")
     val_fraction, data = 0.1, args.data
@@ -59,8 +67,16 @@ def run(args: argparse.Namespace) -> int:
         val_fraction = saved.get("val_fraction", 0.1)
         if data is None:
             data = saved.get("data")
-    text, name = corpus_text(data)
-    _, val = split_tokens(encode_corpus(tokenizer, text), val_fraction)
+    if is_prepared(data):  # a `lamina prepare` folder: its own validation split, memory-mapped
+        prep = open_prepared(data)
+        if prep.tokenizer.to_dict() != tokenizer.to_dict():
+            raise LaminaError(
+                f"--data {data} was prepared with another tokenizer than {args.run}'s"
+            )
+        val, name = prep.val[:], str(data)
+    else:
+        text, name = corpus_text(data)
+        _, val = split_tokens(encode_corpus(tokenizer, text), val_fraction)
     loss, n = split_loss(model, val, model.config.block_size, args.batch_size)
     unit = "char" if getattr(tokenizer, "kind", "") == "char" else "token"
     result = {"run": str(args.run), "data": name, **summary(loss, n, unit)}

@@ -15,6 +15,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from lamina.cli import check_writable
 from lamina.errors import LaminaError
 
 
@@ -37,6 +38,7 @@ def copy_notebooks(source: Path, dest: Path, force: bool) -> tuple[list[Path], l
     """Copy source/*.ipynb into dest: (copied, kept because they already exist)."""
     if dest.exists() and not dest.is_dir():
         raise LaminaError(f"--dest {dest} is a file, not a folder")
+    check_writable(dest, "--dest")
     dest.mkdir(parents=True, exist_ok=True)
     copied, kept = [], []
     for nb in sorted(source.glob("*.ipynb")):

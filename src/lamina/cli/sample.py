@@ -24,6 +24,7 @@ from lamina.generation.stops import cut_text
 START_TOKENS = ("bos", "<|endoftext|>", "<s>", "<bos>")  # special tokens that may start a text
 SEPARATOR = "\n" + "-" * 40 + "\n"
 DTYPES = ("float32", "bfloat16")
+MAX_PROMPT_BYTES = 2**24  # 16 MiB: far beyond any context window, short of filling memory
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -94,21 +95,51 @@ def read_prompt(args: argparse.Namespace, tokenizer: Any) -> str:
     if args.prompt_file is None:
         return args.prompt
     if args.prompt_file == "-":
-        return sys.stdin.read()
+        if sys.stdin is None or sys.stdin.closed:
+            raise LaminaError("--prompt-file -: standard input is closed, nothing to read")
+        return _bounded_read(getattr(sys.stdin, "buffer", sys.stdin), "standard input")
     path = Path(args.prompt_file)
-    if not path.is_file():
+    if path.is_dir():
+        raise LaminaError(f"--prompt-file {path} is a folder, not a file")
+    if not path.exists():
         raise LaminaError(f"prompt file not found: {path}")
     try:
-        return path.read_text(encoding="utf-8")
+        with path.open("rb") as f:
+            return _bounded_read(f, f"prompt file {path}")
+    except OSError as exc:
+        raise LaminaError(f"--prompt-file {path}: cannot read it ({exc.strerror or exc})") from None
+
+
+def _bounded_read(stream: Any, what: str) -> str:
+    """At most MAX_PROMPT_BYTES of UTF-8 text (a prompt from /dev/zero must not fill memory)."""
+    try:
+        data = stream.read(MAX_PROMPT_BYTES + 1)
+    except (OSError, ValueError) as exc:  # ValueError: a closed file
+        raise LaminaError(f"cannot read {what} ({exc})") from None
+    if len(data) > MAX_PROMPT_BYTES:
+        raise LaminaError(f"{what} is longer than {MAX_PROMPT_BYTES // 2**20} MiB: not a prompt")
+    if isinstance(data, str):
+        return data
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise LaminaError(f"prompt file {path} is not UTF-8 text ({exc.reason})") from exc
+        raise LaminaError(f"{what} is not UTF-8 text ({exc.reason})") from None
 
 
-def encode_prompt(tokenizer: Any, text: str) -> list[int]:
-    """Prompt -> ids; unknown characters or an empty prompt without a start token are errors."""
+def encode_prompt(tokenizer: Any, text: str, given: bool = True) -> list[int]:
+    """Prompt -> ids; unknown characters or an empty prompt without a start token are errors.
+
+    `given` is False for the default prompt (no --prompt or --prompt-file): then the error
+    says that no prompt was given, rather than blaming characters the user never typed.
+    """
     chars = getattr(tokenizer, "chars", None)
     if chars is not None and getattr(tokenizer, "unk", None) is None:
         unknown = sorted(set(text) - set(chars))
+        if unknown and not given:
+            raise LaminaError(
+                "no --prompt given, and this tokenizer has no start token and no newline to "
+                "start from: give --prompt with characters from the training text"
+            )
         if unknown:
             shown = ", ".join(repr(c) for c in unknown[:20])
             raise LaminaError(
@@ -132,10 +163,18 @@ def unescape(s: str) -> str:
 
 
 def check_args(args: argparse.Namespace) -> None:
+    from lamina.generation.generate import MAX_TOKENS
+
     if args.max_new_tokens <= 0:
         raise LaminaError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
+    if args.max_new_tokens > MAX_TOKENS:
+        raise LaminaError(
+            f"--max-new-tokens must be at most {MAX_TOKENS:,}, got {args.max_new_tokens:,}"
+        )
     if args.num_samples <= 0:
         raise LaminaError(f"--num-samples must be positive, got {args.num_samples}")
+    if args.seed is not None and not 0 <= args.seed < 2**64:
+        raise LaminaError(f"--seed must be in [0, 2**64), got {args.seed}")
     from lamina.generation.sampling import check_sampling
 
     check_sampling(args.temperature, args.top_k, args.top_p)
@@ -170,8 +209,10 @@ def run(args: argparse.Namespace) -> int:
     from lamina.checkpoint import load_model
     from lamina.generation import stream
     from lamina.models.gpt import GPT
+    from lamina.modes import check_finite
 
     model, tokenizer = load_model(args.run, device=args.device)
+    check_finite(model, str(args.run))
     if not isinstance(model, GPT):
         raise LaminaError(
             f"{args.run} holds a {type(model).__name__}, not a GPT: nothing to sample"
@@ -185,7 +226,8 @@ def run(args: argparse.Namespace) -> int:
     if args.dtype == "bfloat16":
         model = model.to(torch.bfloat16)
     prompt = read_prompt(args, tokenizer)
-    ids = encode_prompt(tokenizer, prompt)
+    given = args.prompt is not None or args.prompt_file is not None
+    ids = encode_prompt(tokenizer, prompt, given)
     stops = [unescape(s) for s in args.stop or []]
     if any(not s for s in stops):
         raise LaminaError("--stop must not be empty")

@@ -2,6 +2,8 @@
 
 The same run as `lamina train --task first-last` (the shared loop, `lamina.training.loop`), with
 nothing written to disk: it prints the loss as it trains and the accuracy on held-out batches.
+A shape whose memory estimate is over `lamina.training.build.MAX_TASK_BYTES` (e.g. --length
+100000) is refused before anything is allocated.
 """
 
 from __future__ import annotations
@@ -29,10 +31,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from lamina.errors import LaminaError
     from lamina.training.config import TrainConfig
     from lamina.training.loop import run_training
     from lamina.training.session import new_session
 
+    for flag in ("steps", "length", "vocab_size", "batch_size"):
+        value = getattr(args, flag)
+        if value < 1:
+            raise LaminaError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
     cfg = TrainConfig(
         task="first-last",
         max_steps=args.steps,

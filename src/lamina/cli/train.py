@@ -5,6 +5,13 @@ the `given` set that `--resume` checks against the run. The rest stay None in Tr
 are resolved from `lamina.training.config.DEFAULTS`, the same table each option's help reads its
 default from, and recorded in train_config.json. Types and choices come from TrainConfig's and
 GPTConfig's annotations (`lamina.cli.flags`).
+
+Refused up front, in one line: --nproc below 1, --fsdp without --nproc >= 2, an empty --out or
+--resume, --data or --tokenizer with --task first-last (it has no corpus), a negative --seed
+(TrainConfig: seeds are >= 0). The run directory is locked while training (a second `lamina
+train` on it is refused naming the first one's pid). Progress survives a broken stdout (e.g.
+`| head`): output stops, training and checkpoints go on. A run that ends before its first step
+(a --max-time shorter than the setup) exits 1 and says so.
 """
 
 from __future__ import annotations
@@ -27,9 +34,12 @@ TRAIN_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
              "synthetic task; classify: the encoder classifier on labelled texts (--data, "
              "default: the built-in comedy/history/tragedy task; other defaults as first-last)",
              {}),
-    "data": ("a UTF-8 text file or a folder of .txt files; classify: a .csv/.tsv with a "
-             "header, a .jsonl, or a folder with one subfolder of .txt files per label",
-             {"metavar": "PATH"}),
+    "data": ("a UTF-8 text file, a folder of .txt files, or a folder written by `lamina "
+             "prepare`; classify: a .csv/.tsv with a header, a .jsonl, or a folder with one "
+             "subfolder of .txt files per label", {"metavar": "PATH"}),
+    "init_from": ("fine-tune: start from the model in this lamina run or model folder, or "
+                  "Hugging Face folder; its shape and tokenizer come with it, the optimizer "
+                  "starts fresh", {"metavar": "SOURCE"}),
     "tokenizer": ("tokenizer spec (see the README's Tokenizers section)", {"metavar": "SPEC"}),
     "preset": ("model shape (first-last: the seed encoder's)", {"choices": list(GPT_PRESETS)}),
     "max_steps": ("optimizer steps", {"metavar": "N"}),
@@ -133,9 +143,32 @@ def command_line(args: argparse.Namespace, given: dict) -> list[str]:
     return cmd + [f for f in ("--force", "--quiet") if getattr(args, f[2:])]
 
 
+def check_flags(args: argparse.Namespace, given: dict[str, Any]) -> None:
+    """Refuse combinations the run would otherwise ignore silently (LaminaError, one line)."""
+    from lamina.errors import LaminaError
+    from lamina.training.distributed import under_torchrun
+
+    if args.nproc is not None and args.nproc < 1:
+        raise LaminaError(f"--nproc must be >= 1, got {args.nproc}")
+    if args.fsdp and (args.nproc or 1) < 2 and not under_torchrun():
+        raise LaminaError("--fsdp shards the model over several processes: add --nproc N (N >= 2)")
+    for name in ("out", "resume"):
+        if getattr(args, name) is not None and not getattr(args, name).strip():
+            raise LaminaError(f"--{name} must name a folder, got an empty string")
+    task = given.get("task")
+    if task == "first-last":
+        for name in ("data", "tokenizer"):
+            if name in given:
+                raise LaminaError(
+                    f"--{name} does not apply to --task first-last (its sequences are "
+                    "synthetic); drop it"
+                )
+
+
 def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     given = given_flags(args)
+    check_flags(args, given)
     if "max_time" in given:
         given["max_time"] = parse_duration(given["max_time"])
     command = command_line(args, given)
@@ -164,16 +197,15 @@ def _train(
 ) -> int:
     from lamina.errors import LaminaError
     from lamina.training.build import resolve_device
-    from lamina.training.distributed import plan_batch, prepare
-    from lamina.training.loop import run_training
+    from lamina.training.distributed import plan_batch
     from lamina.training.session import new_session, resume_session
 
     micro_given = "micro_batch_size" in given
     if args.resume:
-        if args.out and args.out != args.resume:
+        if args.out and not _same_folder(args.out, args.resume):
             raise LaminaError("--out and --resume name different folders; a run resumes in place")
-        with world.rank0_first():  # rank 0 finishes or drops a half-written checkpoint
-            session = resume_session(args.resume, given, command)
+        with world.rank0_first():  # rank 0 locks, then finishes or drops a half-written checkpoint
+            session = resume_session(args.resume, given, command, lock=world.writer)
         session.cfg = plan_batch(session.cfg, world.size, micro_given)
         out = args.resume
     else:
@@ -184,20 +216,44 @@ def _train(
             cfg = plan_batch(cfg, world.size, micro_given)
         where = out if world.writer else None  # only rank 0 writes
         session = new_session(cfg, out=where, force=args.force, command=command)
+    try:
+        return _run(args, session, world, out, started)
+    finally:
+        if session.run is not None:
+            session.run.release()
+
+
+def _same_folder(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.abspath(a) == os.path.abspath(b)
+
+
+def _run(args: argparse.Namespace, session: Any, world: Any, out: str, started: float) -> int:
+    from lamina.training.distributed import prepare
+    from lamina.training.loop import run_training
+    from lamina.training.progress import safe_print
+
+    if world.writer and session.run.stale_pid:
+        print(
+            f"lamina train: note: the previous process on {out} (pid {session.run.stale_pid}) "
+            "ended without releasing it (crashed or killed); continuing from what it saved",
+            file=sys.stderr,
+        )
     prepare(session, world)
     c = session.cfg
     budget = f"{c.max_time:g} s" if c.max_time else f"{c.max_steps} steps"
     n_params = sum(p.numel() for p in session.model.parameters())
     procs = f" x {world.size} processes ({'FSDP' if world.fsdp else 'DDP'}, {world.backend})"
     if world.writer and hasattr(session.task, "describe"):
-        print(session.task.describe(c.max_len), flush=True)
+        safe_print(session.task.describe(c.max_len))
     if world.writer:
-        print(
+        safe_print(
             f"lamina train: {n_params / 1e6:.2f}M parameters, batch {c.batch_size} "
             f"(micro {c.micro_batch_size}), lr {c.lr:g}, {budget}, "
             f"{'bf16' if session.bf16 else 'fp32'} on {session.device}"
-            f"{procs if world.size > 1 else ''}; run dir {out}",
-            flush=True,
+            f"{procs if world.size > 1 else ''}; run dir {out}"
         )
     clock, started_at = world.timing(started, c.max_time is not None)
     silent = None if world.writer else open(os.devnull, "w")  # noqa: SIM115 - other ranks
@@ -217,15 +273,23 @@ def _train(
             file=sys.stderr,
         )
         return 130
+    if result.step == 0:
+        print(
+            f"lamina train: warning: the run ended before its first step (setup took the whole "
+            f"--max-time of {c.max_time or 0:g} s); the model in {out} is untrained. Give a longer "
+            "--max-time",
+            file=sys.stderr,
+        )
+        return 1
     val = result.eval.get("loss")
-    print(
+    safe_print(
         f"lamina train: done at step {result.step} ({result.tokens:,} tokens, "
         f"{session.seconds_used:.1f} s); validation loss {val:.4f}; saved to {out}"
     )
     if c.task == "lm":
-        print(f"  sample: lamina sample {out}    evaluate: lamina eval {out}")
+        safe_print(f"  sample: lamina sample {out}    evaluate: lamina eval {out}")
     if c.task == "classify":
-        print(
+        safe_print(
             f"  accuracy {result.eval['accuracy']:.1%} (majority baseline "
             f"{session.task.baseline:.1%}), macro-F1 {result.eval['macro_f1']:.3f}; "
             f"confusion matrix: {out}/confusion.png\n"

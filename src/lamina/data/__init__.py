@@ -6,6 +6,8 @@
 ``tasks``: synthetic tasks with known answers (first-last, copy, reverse).
 ``labelled``: labelled texts (CSV/TSV/JSONL/folders), stratified splits, classifier ids, padding.
 ``genre``: the built-in classification task (comedy, history or tragedy?).
+``sources`` / ``prepare`` / ``shards``: corpora of any size streamed to token shards with a JSON
+index (`lamina prepare`), and read back through memory maps (TokenStream, ShardSampler).
 
 What this layer deliberately does not know: models (it never imports ``torch.nn``), devices,
 training, and every other part of lamina except ``lamina.errors``.

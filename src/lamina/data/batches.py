@@ -10,6 +10,8 @@ In and out:
     ``state_dict()`` / ``load_state_dict()``: JSON-able generator state, so a resumed run draws
     exactly the batches the uninterrupted run would have drawn.
     ``fixed_batches(...)``: the same evaluation batches on every call.
+    A batch of more than ``MAX_BATCH_IDS`` (2**28) ids is refused before it is allocated (the
+    synthetic tasks use the same bound).
 
 Randomness comes only from ``numpy.random.Generator(PCG64(seed))`` owned by the sampler;
 torch's global generator is never touched. Distributed training can draw the global batch
@@ -31,14 +33,27 @@ from lamina.errors import LaminaError
 __all__ = ["WindowSampler", "fixed_batches"]
 
 
-def check_int(value: Any, name: str, minimum: int) -> int:
-    """An integer (Python or numpy, not bool) of at least `minimum`, else a LaminaError."""
+MAX_BATCH_IDS = 2**28  # ids in one batch at most (2 GiB as int64): larger is refused up front
+
+
+def check_int(value: Any, name: str, minimum: int, maximum: int | None = None) -> int:
+    """An integer (Python or numpy, not bool) in [minimum, maximum], else a LaminaError."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise LaminaError(f"{name} must be an integer, got {value!r}")
     value = int(value)
     if value < minimum:
         raise LaminaError(f"{name} must be at least {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise LaminaError(f"{name} must be at most {maximum:,}, got {value:,}")
     return value
+
+
+def check_batch_ids(rows: int, columns: int, what: str) -> None:
+    """Refuse a batch of rows x columns ids above MAX_BATCH_IDS (before allocating it)."""
+    if rows * columns > MAX_BATCH_IDS:
+        raise LaminaError(
+            f"{what}: {rows:,} x {columns:,} ids in one batch is more than {MAX_BATCH_IDS:,}"
+        )
 
 
 class WindowSampler:
@@ -90,6 +105,7 @@ class WindowSampler:
         Counts as one batch drawn.
         """
         batch_size = check_int(batch_size, "batch_size", 1)
+        check_batch_ids(batch_size, self._block_size + 1, "batch_size x (block_size + 1)")
         high = len(self._tokens) - self._block_size  # exclusive
         out = self._rng.integers(0, high, size=batch_size, dtype=np.int64)
         self._batches_drawn += 1

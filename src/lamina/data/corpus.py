@@ -1,15 +1,23 @@
 """Corpora on disk -> one string -> a 1-D array of token ids -> train/validation splits.
 
 In and out:
-    ``load_corpus(path) -> str``: a UTF-8 file, or a folder whose ``*.txt`` files (directly
-    inside it, not in subfolders; sorted by file name) are joined with one ``"\\n"`` between
-    files. Bytes are decoded as they are: no newline translation, no Unicode normalisation;
-    only a leading UTF-8 byte-order mark is dropped.
+    ``load_corpus(path) -> str``: a UTF-8 file, or a folder whose text files are joined with one
+    ``"\\n"`` between files, sorted by file name. Bytes are decoded as they are: no newline
+    translation, no Unicode normalisation; only a leading UTF-8 byte-order mark is dropped.
+    ``corpus_files(folder) -> (files, skipped)``: the files a folder contributes, and each
+    entry left out with the reason.
     ``token_dtype(vocab_size) -> np.dtype``: uint8 / uint16 / uint32, the smallest that holds
     every id ``0 .. vocab_size - 1``.
     ``encode_corpus(tokenizer, text) -> np.ndarray``: shape ``(n_tokens,)``, that dtype.
     ``split_tokens(tokens, val_fraction) -> (train, val)``: views, validation is the tail.
     ``save_tokens`` / ``load_tokens``: ``.npy`` files (no pickle), written atomically.
+
+The folder rule: a file directly inside the folder (not in a subfolder) whose name ends in
+``.txt`` in any case (``a.txt``, ``B.TXT``), and does not start with ``.`` (hidden files and
+editor lock files such as ``.#notes.txt``). A symlink counts as what it points to. Everything
+else is left out, and said so: ``load_corpus`` issues one ``LaminaWarning`` naming the entries
+it skipped (a hidden or lock file, a broken symlink, a folder or special file named ``*.txt``)
+and counting the other entries (subfolders, files not named ``*.txt``).
 
 What this module deliberately does not know: which tokenizer is used (any object with
 ``vocab_size`` and ``encode``, optionally ``encode_array``), windows, batches and tensors.
@@ -19,18 +27,20 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lamina.errors import LaminaError
+from lamina.errors import LaminaError, LaminaWarning
 from lamina.files import atomic_write
 
 if TYPE_CHECKING:
     from lamina.data.tokenizers import Tokenizer
 
 __all__ = [
+    "corpus_files",
     "encode_corpus",
     "load_corpus",
     "load_tokens",
@@ -42,19 +52,28 @@ __all__ = [
 _BOM = "\ufeff"
 
 
+_BLOCK = 1 << 24  # read 16 MiB at a time, so binary input (/dev/zero) is refused at once
+
+
 def _read_text_file(p: Path) -> str:
+    raw = bytearray()
     try:
-        raw = p.read_bytes()
+        with p.open("rb") as f:
+            while block := f.read(_BLOCK):
+                nul = block.find(b"\x00")
+                if nul >= 0:
+                    raise LaminaError(
+                        f"{p} looks binary (NUL byte at byte offset {len(raw) + nul}); expected "
+                        "UTF-8 text"
+                    )
+                raw += block
     except OSError as e:
         raise LaminaError(f"cannot read {p}: {e.strerror or e}") from e
-    nul = raw.find(b"\x00")
-    if nul >= 0:
-        raise LaminaError(f"{p} looks binary (NUL byte at byte offset {nul}); expected UTF-8 text")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise LaminaError(
-            f"{p} is not valid UTF-8: byte {raw[e.start : e.start + 1]!r} at byte offset "
+            f"{p} is not valid UTF-8: byte {bytes(raw[e.start : e.start + 1])!r} at byte offset "
             f"{e.start} ({e.reason})"
         ) from e
     if text.startswith(_BOM):
@@ -62,15 +81,67 @@ def _read_text_file(p: Path) -> str:
     return text
 
 
+def _skip_reason(entry: Path) -> str | None:
+    """Why a folder entry is not part of the corpus (None: it is read)."""
+    name = entry.name
+    if not name.lower().endswith(".txt"):
+        return "not *.txt"
+    if name.startswith(".#"):
+        return "editor lock file"
+    if name.startswith("."):
+        return "hidden file"
+    if entry.is_symlink() and not entry.exists():
+        return "broken symlink"
+    if entry.is_dir():
+        return "a folder"
+    if not entry.is_file():
+        return "not a regular file"
+    return None
+
+
+def corpus_files(folder: str | os.PathLike[str]) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """The files of a corpus folder, sorted by name, and the (entry, reason) pairs left out."""
+    p = Path(folder)
+    try:
+        entries = sorted(p.iterdir(), key=lambda f: f.name)
+    except OSError as e:
+        raise LaminaError(f"cannot list the folder {p}: {e.strerror or e}") from None
+    files: list[Path] = []
+    skipped: list[tuple[Path, str]] = []
+    for entry in entries:
+        reason = _skip_reason(entry)
+        if reason is None:
+            files.append(entry)
+        else:
+            skipped.append((entry, reason))
+    return files, skipped
+
+
+def _skipped_line(folder: Path, skipped: list[tuple[Path, str]], limit: int = 6) -> str:
+    named = [f"{e.name} ({why})" for e, why in skipped if why != "not *.txt"]
+    others = [e.name for e, why in skipped if why == "not *.txt"]
+    parts = named[:limit] + ([f"{len(named) - limit} more"] if len(named) > limit else [])
+    if others:
+        shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+        parts.append(f"{len(others)} entries not named *.txt ({shown})")
+    return f"corpus folder {folder}: skipped {'; '.join(parts)}"
+
+
 def load_corpus(path: str | os.PathLike[str]) -> str:
-    """Read a UTF-8 text file, or join a folder's ``*.txt`` files (sorted by name) with "\\n"."""
+    """Read a UTF-8 text file, or join a folder's text files (the rule above) with "\\n"."""
     p = Path(path)
     if not p.exists():
         raise LaminaError(f"no such file or folder: {p}")
     if p.is_dir():
-        files = sorted((f for f in p.glob("*.txt") if f.is_file()), key=lambda f: f.name)
+        files, skipped = corpus_files(p)
         if not files:
-            raise LaminaError(f"folder {p} has no .txt files (only *.txt directly inside it count)")
+            found = f"; {_skipped_line(p, skipped)}" if skipped else ""
+            raise LaminaError(
+                f"folder {p} has no .txt files (only *.txt files directly inside it count, not "
+                f"hidden ones){found}"
+            )
+        if skipped:
+            warnings.warn(_skipped_line(p, skipped), LaminaWarning, stacklevel=2)
         texts = [_read_text_file(f) for f in files]
         if sum(len(t) for t in texts) == 0:
             raise LaminaError(f"corpus is empty: every .txt file in {p} has zero characters")

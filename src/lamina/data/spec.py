@@ -5,20 +5,37 @@
     "bpe:N"      byte-level BPE with at most N ids (N >= 257) trained on the corpus text
     "gpt2:DIR"   GPT-2's BPE (50,257 ids) from encoder.json + vocab.bpe in DIR, sha256 checked
 
+Training "bpe:N" on a corpus of 1 MB or more prints a few progress lines to stderr ("bpe: ...")
+unless a `progress` callable is given (`progress=lambda line: None` silences it).
+
 Deliberately unaware of models and training; reads no file other than a gpt2 DIR's two files.
 """
 
 from __future__ import annotations
+
+import sys
+from collections.abc import Callable
 
 from lamina.data.subword import BPETokenizer, ByteTokenizer, GPT2Tokenizer
 from lamina.data.tokenizers import CharTokenizer, Tokenizer
 from lamina.errors import LaminaError
 
 TOKENIZER_SPECS = ("char", "byte", "bpe:N", "gpt2:DIR")
+PROGRESS_FROM_CHARS = 1_000_000  # below this, training bpe takes under a second: no progress
 
 
-def build_tokenizer(spec: str, text: str | None = None) -> Tokenizer:
-    """A tokenizer from a spec string; `text` is the corpus (needed by kinds learned from it)."""
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def build_tokenizer(
+    spec: str, text: str | None = None, progress: Callable[[str], None] | None = None
+) -> Tokenizer:
+    """A tokenizer from a spec string; `text` is the corpus (needed by kinds learned from it).
+
+    `progress(line)` receives bpe training's progress lines (default: stderr for a corpus of
+    1 MB or more, nothing below).
+    """
     if not isinstance(spec, str):
         raise LaminaError(f"tokenizer spec must be a string, got {type(spec).__name__}")
     kind, sep, arg = spec.partition(":")
@@ -33,7 +50,9 @@ def build_tokenizer(spec: str, text: str | None = None) -> Tokenizer:
             raise LaminaError(f"tokenizer {spec!r}: N in 'bpe:N' must be a whole number of ids")
         if text is None:
             raise LaminaError(f"tokenizer {spec!r} is trained on the corpus: pass its text")
-        return BPETokenizer.train(text, int(arg))
+        if progress is None and len(text) >= PROGRESS_FROM_CHARS:
+            progress = _to_stderr
+        return BPETokenizer.train(text, int(arg), progress)
     if kind == "gpt2" and sep:
         if not arg:
             raise LaminaError(

@@ -2,7 +2,8 @@
 
     ByteTokenizer()                   kind "byte": one id per UTF-8 byte, vocab 256
     BPETokenizer.train(text, n)       kind "bpe":  byte-level BPE with at most n ids, trained by
-                                      the `tokenizers` library; id 0 is "<|endoftext|>"
+                                      the `tokenizers` library in bounded chunks (bpe_trainer.py);
+                                      id 0 is "<|endoftext|>"
     GPT2Tokenizer.from_dir(dir)       kind "gpt2": OpenAI's GPT-2 BPE (50,257 ids, "<|endoftext|>"
                                       = 50256) run by `tiktoken`, built offline from encoder.json +
                                       vocab.bpe in `dir`, both checked against their sha256
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,11 @@ def _utf8(text: Any) -> bytes:
             f"text has a lone surrogate {text[e.start]!r} at position {e.start}: not valid "
             "Unicode, so it has no UTF-8 bytes to tokenize"
         ) from None
+
+
+def _part_type(part: Any) -> Any:
+    """The "type" of one section of a tokenizers JSON (None if the section is not an object)."""
+    return part.get("type") if isinstance(part, dict) else None
 
 
 def _expect_kind(d: Any, kind: str, fields: set[str]) -> dict[str, Any]:
@@ -118,7 +124,7 @@ class BPETokenizer:
             raise LaminaError(f"bpe tokenizer description is not a JSON string: {e}") from e
         if not isinstance(layout, dict):
             raise LaminaError("bpe tokenizer JSON must be an object")
-        parts = [(layout.get(k) or {}).get("type") for k in ("model", "pre_tokenizer", "decoder")]
+        parts = [_part_type(layout.get(k)) for k in ("model", "pre_tokenizer", "decoder")]
         if parts != ["BPE", "ByteLevel", "ByteLevel"]:
             raise LaminaError(
                 "bpe tokenizer must be byte-level BPE (model, pre-tokenizer, decoder = BPE, "
@@ -134,8 +140,14 @@ class BPETokenizer:
         self._special = {} if eot is None else {EOT: eot}
 
     @classmethod
-    def train(cls, text: str, vocab_size: int) -> BPETokenizer:
-        """Learn merges from `text` until `vocab_size` ids (fewer if the text runs out of pairs)."""
+    def train(
+        cls, text: str, vocab_size: int, progress: Callable[[str], None] | None = None
+    ) -> BPETokenizer:
+        """Learn merges from `text` until `vocab_size` ids (fewer if the text runs out of pairs).
+
+        The text is fed in chunks of at most 4096 characters (see `bpe_trainer.py`: bounded
+        memory and time, Ctrl-C works); `progress(line)` gets a few progress lines.
+        """
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 257:
             raise LaminaError(
                 f"bpe vocab size must be an integer >= 257 (256 bytes + {EOT}), got {vocab_size!r}"
@@ -143,21 +155,9 @@ class BPETokenizer:
         _utf8(text)
         if not text:
             raise LaminaError("cannot train a BPE tokenizer on empty text")
-        from tokenizers import Tokenizer as HFTokenizer
-        from tokenizers import decoders, models, pre_tokenizers, trainers
+        from lamina.data.bpe_trainer import train_bpe_json
 
-        tok = HFTokenizer(models.BPE())
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(
-            vocab_size=vocab_size,
-            min_frequency=2,
-            special_tokens=[EOT],
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-            show_progress=False,
-        )
-        tok.train_from_iterator([text], trainer=trainer)
-        return cls(tok.to_str())
+        return cls(train_bpe_json(text, vocab_size, [EOT], progress))
 
     @property
     def vocab_size(self) -> int:

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from lamina.data.batches import check_int
+from lamina.data.batches import check_batch_ids, check_int
 from lamina.errors import LaminaError
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
 PAD_ID = 0
 SEP_ID = 1
 IGNORE_INDEX = -100
+MAX_VOCAB = 2**31  # far above any embedding table; keeps torch.randint's bounds in range
 
 
 def _check_generator(generator: Any) -> None:
@@ -61,7 +62,8 @@ def first_last_batch(
     """Sequences labelled 1 when the last token equals the first, else 0 (exactly balanced)."""
     batch_size = check_int(batch_size, "batch_size", 1)
     length = check_int(length, "length", 2)
-    vocab_size = check_int(vocab_size, "vocab_size", 3)
+    vocab_size = check_int(vocab_size, "vocab_size", 3, MAX_VOCAB)
+    check_batch_ids(batch_size, length, "batch_size x length")
     _check_generator(generator)
     ids = torch.randint(1, vocab_size, (batch_size, length), generator=generator)
     n_pos = (batch_size + 1) // 2
@@ -87,7 +89,8 @@ def _seq_batch(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     batch_size = check_int(batch_size, "batch_size", 1)
     length = check_int(length, "length", 1)
-    vocab_size = check_int(vocab_size, "vocab_size", 4)
+    vocab_size = check_int(vocab_size, "vocab_size", 4, MAX_VOCAB)
+    check_batch_ids(batch_size, 2 * length + 1, "batch_size x (2 x length + 1)")
     _check_generator(generator)
     src = torch.randint(SEP_ID + 1, vocab_size, (batch_size, length), generator=generator)
     tgt = src.flip(1) if reverse else src

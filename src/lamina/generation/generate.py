@@ -37,6 +37,8 @@ from lamina.models.gpt import GPT
 from lamina.modes import eval_mode
 
 Prompts = Tensor | Sequence[Sequence[int] | Tensor]
+MAX_SEED = 2**64 - 1  # torch.Generator seeds are 64-bit
+MAX_TOKENS = 2**28  # prompts + new tokens of all rows: the id buffer stays under 2 GiB
 
 
 class Step(NamedTuple):
@@ -57,8 +59,10 @@ def left_pad(
     if isinstance(ids, Tensor):
         if ids.dim() == 1:
             ids = ids[None]
-        if ids.dim() != 2 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
-            raise LaminaError(f"ids must be an integer (B, T) tensor, got {tuple(ids.shape)}")
+        if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+            raise LaminaError(f"ids must be integer token ids, got dtype {ids.dtype}")
+        if ids.dim() != 2:
+            raise LaminaError(f"ids must be a (B, T) or (T,) tensor, got shape {tuple(ids.shape)}")
         ids = ids.to(device=device, dtype=torch.long)
         if attention_mask is None:
             pads = [0] * ids.shape[0]
@@ -75,7 +79,7 @@ def left_pad(
     elif isinstance(ids, Sequence) and not isinstance(ids, (str, bytes)):
         if attention_mask is not None:
             raise LaminaError("attention_mask goes with a (B, T) tensor, not a list of prompts")
-        rows = [torch.as_tensor(r, dtype=torch.long).reshape(-1) for r in ids]
+        rows = [_row(i, r) for i, r in enumerate(ids)]
         if not rows:
             raise LaminaError("no prompts given")
         T = max(len(r) for r in rows)
@@ -95,9 +99,26 @@ def left_pad(
     return ids, pads
 
 
-def _check_int(name: str, value: Any, lowest: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
-        raise LaminaError(f"{name} must be an integer >= {lowest}, got {value!r}")
+def _row(i: int, row: Any) -> Tensor:
+    """One prompt of a list -> 1-D int64; floats (1.5 would become 1) and bools are refused."""
+    try:
+        t = torch.as_tensor(row)
+    except (TypeError, ValueError, RuntimeError, OverflowError) as e:
+        raise LaminaError(f"prompt {i} is not a sequence of token ids ({e})") from None
+    if t.numel() and (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool):
+        raise LaminaError(f"prompt {i} must hold integer token ids, got dtype {t.dtype}")
+    return t.to(torch.long).reshape(-1)
+
+
+def _check_int(name: str, value: Any, lowest: int, highest: int | None = None) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < lowest
+        or (highest is not None and value > highest)
+    ):
+        bound = f">= {lowest}" if highest is None else f"in [{lowest}, {highest}]"
+        raise LaminaError(f"{name} must be an integer {bound}, got {value!r}")
 
 
 def _start(
@@ -123,7 +144,7 @@ def _start(
     """Check the arguments, pad the prompts, build the decoder: (prompts (B, T), step iterator)."""
     if not isinstance(model, GPT):
         raise LaminaError(f"generation needs a lamina GPT, got {type(model).__name__}")
-    _check_int("max_new_tokens", max_new_tokens, 0)
+    _check_int("max_new_tokens", max_new_tokens, 0, MAX_TOKENS)
     _check_int("pad_id", pad_id, 0)
     if pad_id >= model.config.vocab_size:
         raise LaminaError(f"pad_id {pad_id} is outside [0, vocab_size={model.config.vocab_size})")
@@ -131,9 +152,15 @@ def _start(
     if seed is not None and generator is not None:
         raise LaminaError("give seed or generator, not both")
     if seed is not None:
-        _check_int("seed", seed, 0)
+        _check_int("seed", seed, 0, MAX_SEED)
     device = model.reference_tensor().device
     prompts, pads = left_pad(ids, attention_mask, pad_id, device)
+    B, T = prompts.shape
+    if B * (T + max_new_tokens) > MAX_TOKENS:
+        raise LaminaError(
+            f"{B} prompt(s) x ({T} + max_new_tokens={max_new_tokens:,}) tokens is more than "
+            f"{MAX_TOKENS:,} tokens in all: generate fewer"
+        )
     stops = Stops(stop, tokenizer, model.config.vocab_size)
     if seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)
@@ -218,10 +245,11 @@ def generate(
     Args:
         model: a lamina GPT (fp32 or bf16 weights; the caches follow the weights' dtype).
         ids: prompts: (B, T) tensor, 1-D tensor, or list of prompts of different lengths.
-        max_new_tokens: steps to run at most (0 returns the prompts).
+        max_new_tokens: steps to run at most (0 returns the prompts); B x (T + it) may not
+            pass 2**28 tokens.
         temperature: 0 is greedy; > 0 samples from softmax(logits / temperature).
         top_k, top_p: keep the k most likely tokens / the nucleus of mass top_p (None: off).
-        seed: seed of a fresh `torch.Generator` (None: torch's global generator).
+        seed: seed of a fresh `torch.Generator`, 0 .. 2**64 - 1 (None: torch's global one).
         stop: token id, string, id sequence, or a list of them; a row ends at its first stop.
         use_cache: KV caches (True) or recompute the window every step (same tokens, slower).
         tokenizer: decodes generated ids to match stop strings.

@@ -39,6 +39,7 @@ from lamina.checkpoint import (
     load_tensors,
     save_tensors,
     strip_compiled_prefix,
+    torch_load_refusal,
     unwrap,
 )
 from lamina.data.tokenizers import Tokenizer
@@ -182,9 +183,7 @@ def _read_bin(path: Path) -> dict[str, Tensor]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # any failure to read (bad pickle, truncated zip, ...) is a refusal
-        raise LaminaError(
-            f"{path} refused: not loadable with weights_only=True ({_first_line(e)})"
-        ) from None
+        raise LaminaError(torch_load_refusal(path, e)) from None
     if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
         raise LaminaError(f"{path} does not hold a flat dict of tensors")
     return state

@@ -5,6 +5,9 @@
                     parse_duration
     build.py        device and bf16 choice; the task and model a config names (build_lm,
                     build_first_last)
+    inputs.py       a language model's tokens (raw text, or a `lamina prepare` folder read
+                    through memory maps) and first weights (seeded, or --init-from)
+    finetune.py     --init-from SOURCE: a lamina or Hugging Face model, its shape and tokenizer
     tasks.py        the loop's model interface: LMTask (corpus windows), FirstLastTask (the
                     encoder's toy task); split_loss / summary for `lamina eval`
     optim.py        AdamW groups (decay on >= 2-D weights, tied once), pickle-free state; the

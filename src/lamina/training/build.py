@@ -6,8 +6,17 @@
     model_config_for(cfg, vocab_size) -> GPTConfig        the preset, then the overrides
     build_lm(cfg, text, model_config=None, tokenizer=None)
         -> (LMTask, GPT, Tokenizer, GPTConfig)    tokenize, split, seeded model
+    build_lm_tokens(cfg, train, val, tokenizer, model_config=None)   the same from splits
+                                                  already tokenized (arrays or TokenStreams)
     build_first_last(cfg, encoder_config=None)
         -> (FirstLastTask, SequenceClassifier, EncoderConfig)
+    first_last_bytes(encoder_config, batch_size) -> int
+        a generous estimate of the memory the first-last task needs (weights + AdamW, attention
+        scores and activations of a training step, the held-out batches); build_first_last
+        refuses a shape over MAX_TASK_BYTES before allocating anything
+    check_model_fits(config, device)             a GPT whose weights + AdamW state (16 bytes a
+        parameter, counted by formula) exceed the memory of this machine (or of the GPU) is
+        refused before it is built
 
 `cfg` is resolved (`config.resolve_defaults`): seed, batch size and preset are set. The measured
 reasons for the bf16 rule are in BENCHMARKS.md ("Training").
@@ -18,6 +27,7 @@ Deliberately unaware of the loop, checkpoints, run directories and the command l
 from __future__ import annotations
 
 import functools
+import os
 import zlib
 from pathlib import Path
 from typing import Any
@@ -31,12 +41,16 @@ from lamina.errors import LaminaError
 from lamina.models.config import EncoderConfig, GPTConfig
 from lamina.models.encoder import SequenceClassifier
 from lamina.models.gpt import GPT
+from lamina.models.params import count_params
 from lamina.training.config import TrainConfig
 from lamina.training.tasks import FirstLastTask, LMTask
 
 # bf16 autocast pays off on CPUs only with native bf16 matrix units (AMX / AVX512-BF16) and
 # only for wide enough matrices: measured slower than fp32 at 128 wide, faster at 384.
 BF16_MIN_WIDTH = 256
+
+# the toy task is for seconds-to-minutes runs on a laptop: a shape needing more is a typo
+MAX_TASK_BYTES = 4 * 2**30
 
 
 def _mps_available() -> bool:
@@ -108,7 +122,19 @@ def build_lm(
     """Tokenize, split (last val_fraction held out), and build the task and a seeded model."""
     tok = tokenizer or build_tokenizer(cfg.tokenizer, text)
     train, val = split_tokens(encode_corpus(tok, text), cfg.val_fraction)
+    return build_lm_tokens(cfg, train, val, tok, model_config)
+
+
+def build_lm_tokens(
+    cfg: TrainConfig,
+    train: Any,
+    val: Any,
+    tok: Tokenizer,
+    model_config: GPTConfig | None = None,
+) -> tuple[LMTask, GPT, Tokenizer, GPTConfig]:
+    """The task over tokenized splits (numpy arrays or memory-mapped TokenStreams), and a model."""
     mc = model_config or model_config_for(cfg, tok.vocab_size)
+    check_model_fits(mc, resolve_device(cfg.device))
     task = LMTask(
         train,
         val,
@@ -128,6 +154,48 @@ def build_first_last(
     ec = encoder_config or EncoderConfig(
         **{"vocab_size": 64, "max_len": 12, "dropout": 0.0, **cfg.model_overrides}
     )
+    need = first_last_bytes(ec, cfg.batch_size or 64)
+    if need > MAX_TASK_BYTES:
+        raise LaminaError(
+            f"first-last with length {ec.max_len}, vocab_size {ec.vocab_size}, batch "
+            f"{cfg.batch_size}, d_model {ec.d_model}, n_layers {ec.n_layers} would need about "
+            f"{need / 2**30:,.1f} GiB (limit {MAX_TASK_BYTES / 2**30:g} GiB); choose a "
+            "smaller length, batch or vocabulary"
+        )
     task = FirstLastTask(ec.max_len, ec.vocab_size, cfg.seed)
     torch.manual_seed(cfg.seed)
     return task, SequenceClassifier(ec, n_classes=2, pooling="first"), ec
+
+
+def first_last_bytes(ec: EncoderConfig, batch_size: int, n_eval: int = 16) -> int:
+    """Bytes the first-last task needs, over-estimated (fp32, AdamW, saved activations)."""
+    length, d = ec.max_len, ec.d_model
+    params = ec.vocab_size * d + length * d + ec.n_layers * (4 * d * d + 2 * d * ec.d_ff)
+    weights = params * 4 * 4  # weights, gradients, two AdamW moments
+    scores = batch_size * ec.n_heads * length * length * 4 * 3 * ec.n_layers  # kept for backward
+    acts = batch_size * length * (8 * d + 2 * ec.d_ff) * 4 * ec.n_layers
+    held = n_eval * 256 * length * 8 + 256 * ec.n_heads * length * length * 4 * 2  # eval batches
+    return weights + scores + acts + held
+
+
+def memory_bytes(device: torch.device) -> int | None:
+    """Total memory of `device` (a CUDA GPU's, else this machine's RAM); None if unknown."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def check_model_fits(config: GPTConfig, device: torch.device) -> None:
+    """Refuse a GPT whose fp32 weights, gradients and AdamW moments exceed `device`'s memory."""
+    n = count_params(config)
+    need, have = n * 16, memory_bytes(device)
+    if have is not None and need > have:
+        raise LaminaError(
+            f"a GPT of {n:,} parameters (d_model {config.d_model}, n_layers {config.n_layers}, "
+            f"vocab_size {config.vocab_size}, block_size {config.block_size}) needs about "
+            f"{need / 2**30:,.1f} GiB to train (weights, gradients, AdamW) but {device} has "
+            f"{have / 2**30:,.1f} GiB; choose a smaller shape"
+        )

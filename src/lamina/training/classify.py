@@ -244,6 +244,11 @@ def build_classify(
     cfg: TrainConfig, run_path: Path | None, model_config: EncoderConfig | None = None
 ) -> tuple[ClassifyTask, SequenceClassifier, Tokenizer, str]:
     """Read, split and encode the texts; build the task and a seeded classifier."""
+    if cfg.init_from is not None:
+        raise LaminaError(
+            "--init-from starts a language model from another; a classifier starts fresh "
+            "(give its shape with --d-model, --n-layers, ...)"
+        )
     if cfg.preset is not None:
         raise LaminaError(
             f"--preset {cfg.preset} names a GPT shape; the classifier's encoder is shaped with "

@@ -97,6 +97,7 @@ class TrainConfig:
     dtype: DtypeName = "auto"  # auto: bf16 autocast only where measured faster
     compile: bool = False  # torch.compile the model (falls back to eager if it fails)
     val_fraction: float = 0.1  # the tail of the corpus held out (nanoGPT uses 10%)
+    init_from: str | None = None  # a model/run/HF folder whose weights and tokenizer start the run
     # --task classify (lamina.training.classify): labelled texts in, an encoder classifier out
     val_data: str | None = None  # validation texts; None: a stratified val_fraction of data
     text_column: str = "text"  # CSV/TSV column or JSONL field holding the text
@@ -128,6 +129,8 @@ class TrainConfig:
         for name in ("warmup", "seed"):
             if name in given:
                 non_negative_int(name, given[name])
+        if "seed" in given and given["seed"] >= 2**64:  # torch seeds are 64-bit
+            raise LaminaError(f"seed must be in [0, 2**64), got {given['seed']}")
         if "decay" in given:
             choice("decay", self.decay, ("cosine", "linear"))
         if isinstance(self.max_time, str):
@@ -149,6 +152,10 @@ class TrainConfig:
                     f"batch_size {self.batch_size} is not divisible by micro_batch_size "
                     f"{self.micro_batch_size}"
                 )
+        if self.init_from is not None and self.preset is not None:
+            raise LaminaError("--preset and --init-from both name the model; give one")
+        if self.init_from is not None and self.task != "lm":
+            raise LaminaError("--init-from fine-tunes a language model (--task lm)")
         if not isinstance(self.model_overrides, dict):
             raise LaminaError("model_overrides must be a dict of model config fields")
 
@@ -202,6 +209,7 @@ class Default:
     cpu: Any = None  # a language model on a CPU (or an Apple GPU)
     gpu: Any = None  # a language model on a CUDA GPU
     first_last: Any = None  # the encoder classifier's first-last task
+    finetune: Any = None  # with --init-from, in any situation (None: as without it)
     rule: Callable[[dict[str, Any]], Any] | None = None
     text: str = ""
     unless: str | None = None
@@ -210,6 +218,8 @@ class Default:
     def value(self, where: Situation, fields: dict[str, Any]) -> Any:
         if self.unless is not None and fields[self.unless] is not None:
             return None
+        if self.finetune is not None and fields.get("init_from") is not None:
+            return self.finetune
         if self.rule is not None:
             return self.rule(fields)
         return {"cpu": self.cpu, "gpu": self.gpu, "first-last": self.first_last}[where]
@@ -230,6 +240,8 @@ class Default:
                 out += f"; {_words(fl)} for first-last"
         if self.unless is not None:
             out += f"; none with --{self.unless.replace('_', '-')}"
+        if self.finetune is not None:
+            out += f"; {_words(self.finetune)} with --init-from"
         return out + self.note
 
 
@@ -237,22 +249,30 @@ class Default:
 # a fourth layer, and dropout only slows a run of minutes (see the module docstring)
 CPU_SHAPE: dict[str, Any] = {"n_layers": 3, "dropout": 0.0}
 
+# --init-from: a pretrained model needs a gentler peak and little warmup (BENCHMARKS.md,
+# "Fine-tuning": a char-cpu model fine-tuned on new text for 100 steps on a CPU)
+FINETUNE_LR = 1e-3
+FINETUNE_WARMUP = 10
+
 # field -> what None means. Order matters: a rule sees the fields resolved above it.
 DEFAULTS: dict[str, Default] = {
     "data": Default(text="Shakespeare's complete works, built in"),
     "preset": Default(
         "char-cpu",
         "baby",
+        unless="init_from",
         note="; on a CPU also " + ", ".join(f"{k} {_words(v)}" for k, v in CPU_SHAPE.items()),
     ),
     "max_steps": Default(2000, 2000, 300, unless="max_time"),
     "batch_size": Default(12, 64, 64),
     "micro_batch_size": Default(rule=lambda f: f["batch_size"], text="the batch size"),
-    "lr": Default(5e-3, 1e-3, 2e-3),
+    "lr": Default(5e-3, 1e-3, 2e-3, finetune=FINETUNE_LR),
     "min_lr_ratio": Default(0.1, 0.1, 0.05),
     "warmup": Default(
+        finetune=FINETUNE_WARMUP,
         rule=lambda f: min(100, f["max_steps"] // 10) if f["max_steps"] else 20,
-        text="100, or a tenth of the steps if that is fewer; 20 with --max-time",
+        text="100, or a tenth of the steps if that is fewer; 20 with --max-time; "
+        f"{FINETUNE_WARMUP} with --init-from",
     ),
     "decay": Default("cosine", "cosine", "linear"),
     "weight_decay": Default(0.1, 0.1, 0.01),
@@ -282,7 +302,7 @@ def resolve_defaults(cfg: TrainConfig, device: str) -> TrainConfig:
     for name, default in DEFAULTS.items():
         if fields[name] is None:
             fields[name] = default.value(where, fields)
-    if where == "cpu" and cfg.preset is None:
+    if where == "cpu" and cfg.preset is None and cfg.init_from is None:
         fields["model_overrides"] = {**CPU_SHAPE, **cfg.model_overrides}
     return TrainConfig(**fields)
 

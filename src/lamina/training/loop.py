@@ -3,7 +3,8 @@
     train_step(forward, task, opt, batch, accum, bf16, grad_clip, device) -> mean loss
         one optimizer step on a batch, in `accum` equal micro-batches; each micro-loss is
         divided by `accum` so the gradient is the batch mean; with a `no_sync` model (DDP)
-        gradients are synchronised only on the last micro-step.
+        gradients are synchronised only on the last micro-step. A non-finite loss or gradient
+        norm skips the optimizer step (the norm goes to `stats["grad_norm"]`).
     evaluate(forward, task, batches, bf16, device) -> {"loss": ..., ...}
     run_training(session, ...) -> TrainResult
 
@@ -14,8 +15,11 @@ the data order does not depend on the number of processes. Only rank 0 writes an
 The learning rate follows `optim.schedule` over `total` steps; with a time budget `total` is
 re-estimated every step (TimeBudget), so the decay ends at the budget. Evaluations and
 checkpoints (`session.save_checkpoint`) come every eval_every / checkpoint_every steps, or, with
-a time budget and no eval_every, at each fifth of the budget. A non-finite loss stops the run
-before the optimizer step and leaves the last checkpoint as it was. SIGINT finishes the current
+a time budget and no eval_every, at each fifth of the budget; with both a budget and max_steps,
+whichever comes first ends the run. A non-finite loss or gradient norm stops the run before the
+optimizer step; the weights are checked before every evaluation and checkpoint, and a
+non-finite validation loss also stops it, so no checkpoint with NaN weights is ever written.
+The error (NonFiniteLoss) names the last checkpoint that is good. SIGINT finishes the current
 step, saves a checkpoint and returns with `stopped="interrupted"`.
 
 Deliberately unaware of argument parsing and of what the model computes.
@@ -35,7 +39,7 @@ import torch
 from torch import nn
 
 from lamina.errors import LaminaError
-from lamina.modes import eval_mode
+from lamina.modes import eval_mode, non_finite
 from lamina.training.distributed import agree, global_mean
 from lamina.training.optim import TimeBudget, schedule
 from lamina.training.progress import Progress, loss_plot
@@ -74,8 +78,13 @@ def train_step(
     grad_clip: float = 0.0,
     device: torch.device | None = None,
     check_finite: bool = True,
+    stats: dict[str, float] | None = None,
 ) -> float:
-    """One optimizer step on `batch` split into `accum` micro-batches; returns the mean loss."""
+    """One optimizer step on `batch` split into `accum` micro-batches; returns the mean loss.
+
+    With check_finite, a non-finite loss or gradient norm skips the step (gradients dropped);
+    the gradient norm (before clipping) is written to `stats["grad_norm"]` when given.
+    """
     device = device or torch.device("cpu")
     n = batch[0].shape[0]
     if n % accum:
@@ -99,10 +108,17 @@ def train_step(
     if check_finite and not math.isfinite(mean):
         opt.zero_grad(set_to_none=True)
         return mean
-    if grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_(
-            [p for g in opt.param_groups for p in g["params"]], grad_clip
-        )
+    params = [p for g in opt.param_groups for p in g["params"]]
+    if grad_clip > 0 or check_finite:
+        norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else math.inf)
+        if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor
+            norm = norm.full_tensor()
+        grad_norm = float(norm)
+        if stats is not None:
+            stats["grad_norm"] = grad_norm
+        if check_finite and not math.isfinite(grad_norm):
+            opt.zero_grad(set_to_none=True)
+            return mean
     opt.step()
     opt.zero_grad(set_to_none=True)
     return mean
@@ -188,14 +204,36 @@ def run_training(
         eval_times = [budget.seconds * k / 5 for k in range(1, 5)]
     result = TrainResult(s.step, s.tokens, "done")
     last_eval = last_ckpt = -1
+    good = s.step if s.step > 0 and s.run is not None else None  # resumed: its checkpoint
     eval_cost, save_cost = 0.0, 0.5
+
+    def diverged(what: str) -> NonFiniteLoss:
+        prog.close()
+        where = (
+            f"step {good} in {s.run.path}"
+            if good is not None and s.run is not None
+            else "none (no checkpoint was written)"
+        )
+        return NonFiniteLoss(f"{what}; stopped. Last good checkpoint: {where}. Try a lower --lr")
+
+    def check_weights() -> None:
+        name = non_finite(s.model)
+        _, bad = agree(0, name is not None)  # FSDP: each rank sees its shard
+        if bad:
+            raise diverged(
+                f"the weights are not finite after step {s.step}" + (f" ({name})" if name else "")
+            )
 
     def do_eval() -> None:
         nonlocal last_eval, eval_cost
         t0 = clock()
+        check_weights()
         result.eval = _eval_now(s, forward)
         eval_cost = clock() - t0
         last_eval = s.step
+        bad = [k for k, v in result.eval.items() if not math.isfinite(v)]
+        if bad:
+            raise diverged(f"validation {bad[0]} is {result.eval[bad[0]]} at step {s.step}")
         rec = {
             "step": s.step,
             **{f"val_{k}": v for k, v in result.eval.items()},
@@ -215,10 +253,13 @@ def run_training(
                 s.run.write_bytes(name, blob)
 
     def do_save() -> None:
-        nonlocal last_ckpt, save_cost
+        nonlocal last_ckpt, save_cost, good
         t0 = clock()
+        if last_eval != s.step:  # an evaluation at this step has checked the weights already
+            check_weights()
         save_checkpoint(s, seconds_used=s.seconds_used + t0 - start)
         save_cost, last_ckpt = clock() - t0, s.step
+        good = s.step
 
     s.model.train()
     if s.step == 0:
@@ -231,13 +272,16 @@ def run_training(
                 total = budget.plan(steps_this_call, s.step, clock())
                 if total <= s.step and steps_this_call and lr > cfg.lr * cfg.min_lr_ratio:
                     total = s.step + 1  # the estimate fell short: one last step at the floor
+                if cfg.max_steps is not None:  # both limits hold, whichever comes first
+                    total = min(total, cfg.max_steps)
                 prog.set_total(total)
             else:
                 total = cfg.max_steps
             stop = flag.requested or (stop_at is not None and s.step >= stop_at)
             total, stop = agree(total, stop)  # all ranks end at the same step
             if s.step >= total:
-                result.stopped = "time" if budget is not None else "done"
+                by_time = budget is not None and (cfg.max_steps is None or total < cfg.max_steps)
+                result.stopped = "time" if by_time else "done"
                 break
             if stop:
                 result.stopped = "interrupted"
@@ -246,7 +290,10 @@ def run_training(
             for g in s.opt.param_groups:
                 g["lr"] = lr
             batch = slice_batch(s.task.draw(cfg.batch_size), rank * per_rank, (rank + 1) * per_rank)
-            step_args = dict(accum=accum, bf16=s.bf16, grad_clip=cfg.grad_clip, device=s.device)
+            stats: dict[str, float] = {}
+            step_args = dict(
+                accum=accum, bf16=s.bf16, grad_clip=cfg.grad_clip, device=s.device, stats=stats
+            )
             try:
                 loss = train_step(forward, s.task, s.opt, batch, **step_args)
             except Exception as exc:  # noqa: BLE001 - a compiled first step may fail any way
@@ -257,12 +304,9 @@ def run_training(
                 s.opt.zero_grad(set_to_none=True)
                 loss = train_step(forward, s.task, s.opt, batch, **step_args)
             if not math.isfinite(loss):
-                prog.close()
-                where = f"step {last_ckpt}" if last_ckpt >= 0 else "none yet"
-                raise NonFiniteLoss(
-                    f"loss is {loss} at step {s.step + 1}; stopped. Last good checkpoint: {where}"
-                    f"{' in ' + str(s.run.path) if s.run else ''}. Try a lower --lr"
-                )
+                raise diverged(f"loss is {loss} at step {s.step + 1}")
+            if not math.isfinite(stats.get("grad_norm", 0.0)):
+                raise diverged(f"the gradient norm is {stats['grad_norm']} at step {s.step + 1}")
             s.step += 1
             steps_this_call += 1
             s.tokens += cfg.batch_size * s.task.tokens_per_item

@@ -9,7 +9,9 @@
 On a TTY (and not quiet) a tqdm bar shows step, loss, learning rate, tokens/s and ETA. When
 stdout is not a terminal, or with quiet, a plain line is printed every `every` steps instead
 (log files and CI stay readable). Evaluations and notices go through `message`, which writes
-above the bar. This is the one training module that writes to the terminal.
+above the bar. This is the one training module that writes to the terminal. If the stream
+breaks (stdout closed, or piped into `head` that has exited), output is switched off and
+training carries on: `safe_print` never raises for a broken stream.
 
 The plot uses matplotlib's Agg backend without touching pyplot's global state, so it is safe in
 any process; the caller writes the bytes atomically.
@@ -20,8 +22,34 @@ Deliberately unaware of models, optimizers, files and what a step computes.
 from __future__ import annotations
 
 import io
+import os
 import sys
 from typing import Any, TextIO
+
+
+def silence_stdout() -> None:
+    """Point fd 1 and sys.stdout at /dev/null, so later writes and the exit flush succeed."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
+        os.close(null)
+    except OSError:
+        pass
+    sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
+
+
+def safe_print(text: str, stream: TextIO | None = None) -> bool:
+    """print + flush; False (and stdout silenced if it was the stream) when the stream broke."""
+    out = stream or sys.stdout
+    if out is None:  # started with stdout closed
+        return False
+    try:
+        print(text, file=out, flush=True)
+    except (BrokenPipeError, OSError, ValueError):  # ValueError: the file was closed
+        if out is sys.stdout or out is sys.__stdout__:
+            silence_stdout()
+        return False
+    return True
 
 
 def format_seconds(seconds: float) -> str:
@@ -60,7 +88,10 @@ class Progress:
     def set_total(self, total: int) -> None:
         if self.bar is not None and self.bar.total != total:
             self.bar.total = total
-            self.bar.refresh()
+            try:
+                self.bar.refresh()
+            except (OSError, ValueError):
+                self._broken()
 
     def update(
         self, step: int, loss: float, lr: float, tok_per_s: float, eta_s: float | None
@@ -68,25 +99,43 @@ class Progress:
         eta = "?" if eta_s is None else format_seconds(eta_s)
         if self.bar is not None:
             self.bar.n = step
-            self.bar.set_postfix_str(
-                f"loss {loss:.4f} lr {lr:.2e} {tok_per_s:,.0f} tok/s ETA {eta}", refresh=True
-            )
+            try:
+                self.bar.set_postfix_str(
+                    f"loss {loss:.4f} lr {lr:.2e} {tok_per_s:,.0f} tok/s ETA {eta}", refresh=True
+                )
+            except (OSError, ValueError):
+                self._broken()
         elif step % self.every == 0 or step == 1:
-            print(
-                f"step {step:6d}  loss {loss:.4f}  lr {lr:.2e}  {tok_per_s:8,.0f} tok/s  ETA {eta}",
-                file=self.stream,
-                flush=True,
+            self._print(
+                f"step {step:6d}  loss {loss:.4f}  lr {lr:.2e}  {tok_per_s:8,.0f} tok/s  ETA {eta}"
             )
 
     def message(self, text: str) -> None:
         if self.bar is not None:
-            self.bar.write(text, file=self.stream)
+            try:
+                self.bar.write(text, file=self.stream)
+            except (OSError, ValueError):
+                self._broken()
         else:
-            print(text, file=self.stream, flush=True)
+            self._print(text)
+
+    def _print(self, text: str) -> None:
+        if self.stream is not None and not safe_print(text, self.stream):
+            self._broken()
+
+    def _broken(self) -> None:
+        """The stream is gone: no more output, training goes on."""
+        if self.stream is sys.stdout or self.stream is sys.__stdout__:
+            silence_stdout()
+        self.bar = None
+        self.stream = None
 
     def close(self) -> None:
         if self.bar is not None:
-            self.bar.close()
+            try:
+                self.bar.close()
+            except (OSError, ValueError):
+                self._broken()
             self.bar = None
 
 
@@ -94,8 +143,8 @@ def loss_plot(records: list[dict[str, Any]], title: str = "lamina training") -> 
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    train = [(r["step"], r["loss"]) for r in records if "loss" in r]
-    val = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
+    train = [(r["step"], r["loss"]) for r in records if r.get("loss") is not None]
+    val = [(r["step"], r["val_loss"]) for r in records if r.get("val_loss") is not None]
     fig = Figure(figsize=(7, 4.2), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)

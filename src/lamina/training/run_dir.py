@@ -11,15 +11,27 @@
       metrics.jsonl          one JSON object per logged step / evaluation
       loss.png               train and validation curves
       confusion.png          a classifier's validation confusion matrix
+      .lock                  the pid of the process that trains in it (flock-ed while it runs)
 
 Every file is written atomically (temp file, fsync, rename). A checkpoint is several files, so
 it is staged: all of them are written into `.checkpoint-tmp/`, a `READY` marker is written
 last, and only then are they renamed into place (trainer_state.json last). A crash before
 READY leaves the previous checkpoint untouched (the stage is discarded on the next open); a
 crash after READY is rolled forward on the next open. A full disk or a permission error
-becomes a LaminaError that says the previous checkpoint is intact.
+becomes a LaminaError that says whether a previous checkpoint is intact (and which step).
 
-    RunDir.create(path, force) / RunDir.open(path)     a fresh run / an existing one (recovered)
+One run directory has one writer: `create` and `open` take an exclusive `fcntl.flock` on
+`.lock` (kept for the life of the RunDir; the kernel drops it when the process dies) and write
+the holder's pid into it; a second process is refused in one line naming that pid. `release()`
+empties the file, so a pid still in it when the lock is next taken names a process that died
+(`stale_pid`, for the caller to report). Within one process a run already locked may be opened
+again (a test, or a resume after a run in the same Python session): the lock is shared, not
+taken twice. Metrics are written as strict JSON: a NaN or infinite
+value becomes null.
+
+    RunDir.create(path, force) / RunDir.open(path)     a fresh run / an existing one (recovered),
+                                                       both locked (lock=False: read only)
+    release()                                          give the lock back
     write_train_config(data) / read_train_config()
     write_checkpoint(write_model, (tensors, meta), state) / read_checkpoint()
     write_metrics(records) / read_metrics(up_to_step) ; write_bytes(name, blob)
@@ -32,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 from collections.abc import Callable
@@ -56,10 +69,47 @@ CHECKPOINT_FILES = (
     "trainer_state.json",  # last: its step is the commit point
 )
 RUN_FILES = (*CHECKPOINT_FILES, "train_config.json", "metrics.jsonl", "loss.png", "confusion.png")
+LOCK = ".lock"
+
+
+class _Lock:
+    """An open, flock-ed lock file; shared by the RunDirs of one process on one folder."""
+
+    def __init__(self, fd: int, key: tuple[int, int]) -> None:
+        self.fd: int | None = fd
+        self.key = key
+
+    def close(self) -> None:
+        if self.fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.ftruncate(self.fd, 0)
+        os.close(self.fd)  # closing the last descriptor drops the flock
+        self.fd = None
+        if _HELD.get(self.key) is self:
+            del _HELD[self.key]
+
+
+_HELD: dict[tuple[int, int], _Lock] = {}  # (device, inode) of a run folder -> this process's lock
 
 
 def _os_message(exc: OSError) -> str:
     return exc.strerror or str(exc)
+
+
+def _read_pid(fd: int) -> int | None:
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _finite_json(record: dict[str, Any]) -> dict[str, Any]:
+    """NaN / infinity -> None: metrics.jsonl stays strict JSON."""
+    return {
+        k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()
+    }
 
 
 class RunDir:
@@ -67,51 +117,120 @@ class RunDir:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
+        self.stale_pid: int | None = None  # set by lock(): a holder that died without release
+        self._lock: _Lock | None = None
 
     # -- opening -------------------------------------------------------------------------------
     @classmethod
     def create(cls, path: str | os.PathLike[str], *, force: bool = False) -> RunDir:
-        """A fresh run directory; refuses one that holds anything else unless `force`."""
+        """A fresh, locked run directory; refuses one that holds anything else unless `force`.
+
+        Without `force` nothing is removed; with it, only lamina's own run files are.
+        """
         p = Path(path)
+        if str(path) == "":
+            raise LaminaError("--out must name a folder, got an empty string")
         if p.exists() and not p.is_dir():
             raise LaminaError(f"--out {p} exists and is not a folder")
-        if p.is_dir():
-            entries = sorted(e.name for e in p.iterdir())
+        try:
+            if not p.is_dir():
+                p.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LaminaError(f"cannot write to --out {p}: {_os_message(exc)}") from exc
+        run = cls(p)
+        run.lock()  # before looking inside: a second process must not see an empty folder
+        try:
+            entries = sorted(e.name for e in p.iterdir() if e.name != LOCK)
             if entries and not force:
                 what = "a training run" if "train_config.json" in entries else "other files"
                 raise LaminaError(
                     f"--out {p} already holds {what}; pass --force to overwrite, or "
                     f"--resume {p} to continue a run"
                 )
-            for name in RUN_FILES:  # --force: clear our own files only, never the user's
-                with contextlib.suppress(FileNotFoundError):
-                    (p / name).unlink()
-            shutil.rmtree(p / STAGE, ignore_errors=True)
-        try:
-            p.mkdir(parents=True, exist_ok=True)
-            probe = p / ".write-test"
-            probe.write_bytes(b"ok")
-            probe.unlink()
-        except OSError as exc:
-            raise LaminaError(f"cannot write to --out {p}: {_os_message(exc)}") from exc
-        return cls(p)
+            try:
+                for name in RUN_FILES if entries else ():  # clear our own files, never the user's
+                    if (p / name).is_file():
+                        (p / name).unlink()
+                if (p / STAGE).is_dir():
+                    shutil.rmtree(p / STAGE)
+                probe = p / ".write-test"
+                probe.write_bytes(b"ok")
+                probe.unlink()
+            except OSError as exc:
+                raise LaminaError(f"cannot write to --out {p}: {_os_message(exc)}") from exc
+        except BaseException:
+            run.release()
+            raise
+        return run
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str]) -> RunDir:
-        """An existing run with at least one checkpoint (a staged one is finished or dropped)."""
+    def open(cls, path: str | os.PathLike[str], *, lock: bool = True) -> RunDir:
+        """An existing run with at least one checkpoint (a staged one is finished or dropped).
+
+        lock=False: for a process that only reads it (ranks other than 0 under torchrun).
+        """
         p = Path(path)
+        if str(path) == "":
+            raise LaminaError("--resume must name a run folder, got an empty string")
         if not p.is_dir():
             raise LaminaError(f"--resume {p}: no such folder")
         if not (p / "train_config.json").is_file():
             raise LaminaError(f"--resume {p} is not a lamina run (no train_config.json)")
         run = cls(p)
-        run.recover()
-        if not (p / "trainer_state.json").is_file():
-            raise LaminaError(
-                f"--resume {p}: the run stopped before its first checkpoint; start it again "
-                "with --force"
-            )
+        if lock:
+            run.lock()
+        try:
+            if lock:
+                run.recover()
+            if not (p / "trainer_state.json").is_file():
+                raise LaminaError(
+                    f"--resume {p}: the run stopped before its first checkpoint; start it "
+                    "again with --force"
+                )
+        except BaseException:
+            run.release()
+            raise
         return run
+
+    # -- the lock ------------------------------------------------------------------------------
+    def lock(self) -> None:
+        """Take the run's exclusive lock (or refuse, naming the pid that holds it)."""
+        import fcntl
+
+        path = self.path / LOCK
+        try:
+            st = os.stat(self.path)
+            key = (st.st_dev, st.st_ino)
+            if key in _HELD:  # this process holds it already
+                self._lock = _HELD[key]
+                return
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise LaminaError(f"cannot write to {self.path}: {_os_message(exc)}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = _read_pid(fd)
+            os.close(fd)
+            who = f"pid {holder}" if holder else "another process"
+            raise LaminaError(
+                f"{self.path} is in use by another lamina train ({who}); wait for it to "
+                "finish or choose another folder"
+            ) from None
+        self.stale_pid = _read_pid(fd)  # a pid left in the file: its process died holding it
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as exc:
+            os.close(fd)
+            raise LaminaError(f"cannot write to {self.path}: {_os_message(exc)}") from exc
+        self._lock = _HELD[key] = _Lock(fd, key)
+
+    def release(self) -> None:
+        """Empty the lock file (a clean exit) and give the lock back; safe to call twice."""
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
 
     def recover(self) -> None:
         """Finish a checkpoint that was READY when the process died, or drop an unfinished one."""
@@ -170,12 +289,21 @@ class RunDir:
             write()
         except OSError as exc:
             raise LaminaError(
-                f"cannot write {what} in {self.path}: {_os_message(exc)}; "
-                "the previous checkpoint is intact"
+                f"cannot write {what} in {self.path}: {_os_message(exc)}; {self._intact()}"
             ) from exc
 
+    def _intact(self) -> str:
+        """What survives a failed write: the last checkpoint on disk, if there is one."""
+        try:
+            step = read_json(self.path / "trainer_state.json")["step"]
+        except (LaminaError, KeyError, TypeError, OSError):
+            return "no checkpoint has been written yet"
+        return f"the previous checkpoint (step {step}) is intact"
+
     def write_metrics(self, records: list[dict[str, Any]]) -> None:
-        text = "".join(json.dumps(r) + "\n" for r in records).encode("utf-8")
+        text = "".join(json.dumps(_finite_json(r), allow_nan=False) + "\n" for r in records).encode(
+            "utf-8"
+        )
         self._guard(
             lambda: atomic_write(self.path / "metrics.jsonl", lambda f: f.write(text)), "metrics"
         )

@@ -6,6 +6,7 @@
                                                              checkpoint; `given` holds the flags
                                                              typed on this command line, and any
                                                              that conflict with the run are named
+                                                             (a config.json edited by hand too)
     save_checkpoint(session, seconds_used)                  the one way a run is saved
 
 A checkpoint holds the model, the optimizer moments (safetensors) and hyperparameters (JSON),
@@ -18,11 +19,18 @@ Every process calls `save_checkpoint`: where the model is sharded, `session.gath
 `distributed.prepare`) first collects the full model and optimizer from all processes; then the
 process of rank 0 writes, through `RunDir.write_checkpoint` (staged, atomic).
 
+Paths are recorded absolute and resolved (`data`, `out`), so a run can be evaluated or resumed
+from any working directory, and a --data given again on --resume is compared as a file (the
+same file by another spelling agrees), not as a string. The run directory is locked for the
+life of the session (`RunDir.lock`); the caller releases it (`session.run.release()`).
+
 Deliberately unaware of how steps are computed, of process groups and of progress output.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,18 +41,18 @@ import torch
 from torch import nn
 
 from lamina.checkpoint import load_state, load_tensors, save_model
-from lamina.data.builtin import corpus_text
-from lamina.data.tokenizers import Tokenizer, load_tokenizer
+from lamina.data.tokenizers import Tokenizer
 from lamina.errors import LaminaError
-from lamina.models.config import EncoderConfig, GPTConfig
+from lamina.files import read_json
+from lamina.models.config import EncoderConfig
+from lamina.modes import check_finite
 from lamina.training.build import (
     build_first_last,
-    build_lm,
     resolve_device,
-    text_fingerprint,
     use_bf16,
 )
 from lamina.training.config import TrainConfig, resolve_defaults
+from lamina.training.inputs import lm_inputs
 from lamina.training.optim import build_optimizer, load_optimizer_tensors, optimizer_tensors
 from lamina.training.run_dir import RunDir
 from lamina.training.tasks import TrainTask, rng_state, rng_text
@@ -84,6 +92,7 @@ class Session:
     rank: int = 0  # this process among `world_size` (set by distributed.prepare)
     world_size: int = 1
     gather: Gather | None = None  # sharded runs: the full (model, optimizer) on rank 0, else None
+    origin: dict[str, Any] | None = None  # --init-from: the model the run started from
 
     @property
     def writer(self) -> bool:
@@ -94,6 +103,7 @@ class Session:
 def _build(cfg: TrainConfig, run: RunDir | None, model_cfg: dict[str, Any] | None) -> Session:
     device = resolve_device(cfg.device)
     tok: Tokenizer | None = None
+    origin = None
     if cfg.task == "first-last":
         ec = EncoderConfig.from_dict(model_cfg) if model_cfg else None
         task, model, ec = build_first_last(cfg, ec)
@@ -105,16 +115,15 @@ def _build(cfg: TrainConfig, run: RunDir | None, model_cfg: dict[str, Any] | Non
         task, model, tok, fp = build_classify(cfg, run.path if run else None, ec)
         width = model.config.d_model
     else:
-        text, _ = corpus_text(cfg.data)
-        if run is not None and model_cfg and (run.path / "tokenizer.json").is_file():
-            tok = load_tokenizer(run.path / "tokenizer.json")
-        mc = GPTConfig.from_dict(model_cfg) if model_cfg else None
-        task, model, tok, mc = build_lm(cfg, text, mc, tok)
-        fp, width = text_fingerprint(text), mc.d_model
+        lm = lm_inputs(cfg, run.path if run is not None else None, model_cfg)
+        task, model, tok, origin = lm.task, lm.model, lm.tokenizer, lm.origin
+        fp, width = lm.fingerprint, lm.config.d_model
+        if lm.spec is not None:
+            cfg = cfg.replace(tokenizer=lm.spec)  # record what the prepared folder used
     model.to(device)
     opt = build_optimizer(model, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2))
     bf16 = use_bf16(cfg.dtype, device, width)
-    return Session(cfg, model, task, opt, device, bf16, run, tok, fp)
+    return Session(cfg, model, task, opt, device, bf16, run, tok, fp, origin=origin)
 
 
 def new_session(
@@ -126,8 +135,22 @@ def new_session(
 ) -> Session:
     """A fresh run: defaults resolved, model seeded, run directory created (unless out=None)."""
     cfg = resolve_defaults(cfg, resolve_device(cfg.device).type)
+    if cfg.data is not None:
+        cfg = cfg.replace(data=absolute(cfg.data))
+    if cfg.init_from is not None:
+        cfg = cfg.replace(init_from=absolute(cfg.init_from))
+    if cfg.val_data is not None:
+        cfg = cfg.replace(val_data=absolute(cfg.val_data))
+    fresh = out is not None and not Path(out).exists()
     run = RunDir.create(out, force=force) if out is not None else None
-    session = _build(cfg.replace(out=str(out) if out is not None else None), run, None)
+    try:
+        session = _build(cfg.replace(out=absolute(out) if out is not None else None), run, None)
+    except BaseException:
+        if run is not None:
+            run.release()
+        if fresh and run is not None:  # bad data or --init-from: leave no empty run behind
+            shutil.rmtree(run.path, ignore_errors=True)
+        raise
     if run is not None:
         run.write_train_config(
             {
@@ -136,16 +159,65 @@ def new_session(
                 "command": command or sys.argv,
                 "lamina": __version__,
                 "data_fingerprint": session.fingerprint,
+                **({"init_from": session.origin} if session.origin else {}),
             }
         )
     return session
 
 
 def resume_session(
-    run_dir: str | Path, given: dict[str, Any], command: list[str] | None = None
+    run_dir: str | Path,
+    given: dict[str, Any],
+    command: list[str] | None = None,
+    *,
+    lock: bool = True,
 ) -> Session:
-    """Reopen a run at its last checkpoint; flags in `given` must agree with the run."""
-    run = RunDir.open(run_dir)
+    """Reopen a run at its last checkpoint; flags in `given` must agree with the run.
+
+    lock=False: open it without taking the run's lock (ranks other than 0 under torchrun).
+    """
+    run = RunDir.open(run_dir, lock=lock)
+    try:
+        return _resume(run, given)
+    except BaseException:
+        run.release()
+        raise
+
+
+def absolute(path: str | os.PathLike[str]) -> str:
+    """`path` made absolute and resolved (symlinks followed; `~` expanded)."""
+    return str(Path(path).expanduser().resolve())
+
+
+def _same_file(a: str | None, b: str | None, base: Path) -> bool:
+    """Whether two --data values name the same file or folder (a relative one read from base)."""
+    if a is None or b is None:
+        return a == b
+    pa, pb = Path(a).expanduser(), Path(b).expanduser()
+    pa, pb = (p if p.is_absolute() else base / p for p in (pa, pb))
+    try:
+        return os.path.samefile(pa, pb)
+    except OSError:
+        return pa.resolve() == pb.resolve()
+
+
+def _edited_model_fields(run: RunDir, model_cfg: dict[str, Any]) -> list[str]:
+    """Fields of config.json that differ from the model recorded in train_config.json."""
+    path = run.path / "config.json"
+    if not path.is_file() or not model_cfg:
+        return []
+    data = read_json(path)
+    on_disk = data.get("model") if isinstance(data, dict) else None
+    if not isinstance(on_disk, dict):
+        return ["model (config.json has no model object)"]
+    return [
+        f"{k} (train_config.json: {model_cfg.get(k)!r}, config.json: {on_disk.get(k)!r})"
+        for k in sorted(set(model_cfg) & set(on_disk))  # a field only one knows: versions
+        if model_cfg[k] != on_disk[k]
+    ]
+
+
+def _resume(run: RunDir, given: dict[str, Any]) -> Session:
     saved = run.read_train_config()
     cfg = TrainConfig.from_dict(saved["train"])
     model_cfg = dict(saved.get("model") or {})
@@ -157,12 +229,22 @@ def resume_session(
                     conflicts.append(f"{k} (run: {model_cfg.get(k)!r}, given: {v!r})")
         elif name in RESUMABLE:
             changes[name] = value
+        elif name == "data" and _same_file(cfg.data, value, Path.cwd()):
+            continue
         elif getattr(cfg, name, None) != value:
             conflicts.append(f"{name} (run: {getattr(cfg, name, None)!r}, given: {value!r})")
     if conflicts:
         raise LaminaError(
             f"--resume {run.path}: flags conflict with the run: {'; '.join(conflicts)}"
         )
+    edited = _edited_model_fields(run, model_cfg)
+    if edited:
+        raise LaminaError(
+            f"--resume {run.path}: config.json was changed after the run started: "
+            f"{'; '.join(edited)}; a run resumes with the model it was trained with"
+        )
+    if cfg.data is not None and not Path(cfg.data).exists():
+        raise LaminaError(f"--resume {run.path}: the run's data {cfg.data} no longer exists")
     changes.pop("out", None)
     session = _build(cfg.replace(**changes), run, model_cfg)
     _restore(session, run)
@@ -211,6 +293,7 @@ def _restore(s: Session, run: RunDir) -> None:
             f"({state.get('data_fingerprint')} vs {s.fingerprint})"
         )
     load_state(s.model, load_tensors(run.path / "model.safetensors"), "model.safetensors")
+    check_finite(s.model, f"--resume {run.path}")  # a diverged checkpoint is not resumed
     load_optimizer_tensors(s.opt, tensors, meta)
     try:
         torch.set_rng_state(rng_state(state["torch_rng"]))

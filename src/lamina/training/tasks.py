@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lamina.data.batches import WindowSampler, fixed_batches
+from lamina.data.shards import eval_batches_for, sampler_for
 from lamina.data.tasks import first_last_batch
 from lamina.errors import LaminaError
 from lamina.modes import eval_mode
@@ -89,8 +89,8 @@ class LMTask:
 
     def __init__(
         self,
-        train: np.ndarray,
-        val: np.ndarray,
+        train: np.ndarray | Any,
+        val: np.ndarray | Any,
         block_size: int,
         seed: int,
         *,
@@ -104,7 +104,7 @@ class LMTask:
                     f"{block_size + 1}; use more data or a smaller --block-size"
                 )
         self.train, self.val, self.block_size = train, val, block_size
-        self.sampler = WindowSampler(train, block_size, seed=seed)
+        self.sampler = sampler_for(train, block_size, seed=seed)  # a TokenStream reads shards
         self.n_eval, self.eval_batch_size = n_eval, eval_batch_size
         self.tokens_per_item = block_size
         self._eval: list[Batch] | None = None
@@ -118,7 +118,7 @@ class LMTask:
 
     def eval_batches(self) -> list[Batch]:
         if self._eval is None:
-            self._eval = fixed_batches(
+            self._eval = eval_batches_for(
                 self.val, self.block_size, self.eval_batch_size, self.n_eval, seed=1234
             )
         return self._eval

@@ -1,0 +1,163 @@
+"""Documents of a corpus on disk, streamed as text pieces: never the whole corpus at once.
+
+    corpus_files(path) -> [Path]         a file, or a folder's .txt / .jsonl (.gz) files found
+                                         recursively, sorted by relative path
+    total_bytes(files) -> int            their sizes on disk (compressed, for .gz)
+    read_pieces(files, skip_bad, bad, progress) -> iterator of (text piece, ends a document?)
+
+A .txt file is one document, read in pieces of about PIECE_CHARS characters, each cut after a
+newline (a leading byte-order mark is dropped); each .jsonl line is one document, its "text"
+field. A .gz file is decompressed on the fly; one cut short is an error naming it. A .jsonl
+line that is not JSON or has no "text" string is an error naming file and line, or, with
+`skip_bad`, skipped and counted in `bad[0]`. `progress(n)` hears of every n bytes read from
+disk.
+
+Deliberately unaware of tokenizers, tokens and shards.
+"""
+
+from __future__ import annotations
+
+import codecs
+import gzip
+import json
+import os
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from lamina.errors import LaminaError
+
+SUFFIXES = (".txt", ".jsonl", ".txt.gz", ".jsonl.gz")
+PIECE_CHARS = 1 << 20
+Progress = Callable[[int], None]  # called with the number of input bytes just consumed
+
+
+def corpus_files(path: str | os.PathLike[str]) -> list[Path]:
+    p = Path(path)
+    if not p.exists():
+        raise LaminaError(f"no such file or folder: {p}")
+    if p.is_file():
+        return [p]
+    files = sorted(
+        (f for f in p.rglob("*") if f.is_file() and f.name.endswith(SUFFIXES)),
+        key=lambda f: f.relative_to(p).as_posix(),
+    )
+    if not files:
+        raise LaminaError(f"folder {p} has no {', '.join(SUFFIXES)} files (searched recursively)")
+    return files
+
+
+def total_bytes(files: list[Path]) -> int:
+    return sum(f.stat().st_size for f in files)
+
+
+class _Counted:
+    """Counts bytes read from the file on disk (compressed bytes, for .gz)."""
+
+    def __init__(self, f: BinaryIO, progress: Progress | None) -> None:
+        self.f, self.progress = f, progress
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.f.read(n)
+        if self.progress is not None and data:
+            self.progress(len(data))
+        return data
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.f.close()
+
+
+def _raw_stream(path: Path, progress: Progress | None) -> BinaryIO:
+    counted: Any = _Counted(open(path, "rb"), progress)  # noqa: SIM115 - closed by the caller
+    return gzip.GzipFile(fileobj=counted, mode="rb") if path.name.endswith(".gz") else counted
+
+
+def _blocks(path: Path, progress: Progress | None) -> Iterator[str]:
+    """Decoded text of a file in pieces of about PIECE_CHARS, each cut after a newline."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    stream, done, carry, first = _raw_stream(path, progress), 0, "", True
+    try:
+        while True:
+            try:
+                raw = stream.read(PIECE_CHARS)
+            except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as e:
+                what = "is cut short" if isinstance(e, EOFError) else f"is not valid gzip ({e})"
+                raise LaminaError(f"{path} {what}; no output written") from e
+            if b"\x00" in raw:
+                raise LaminaError(f"{path} looks binary (NUL byte); expected UTF-8 text")
+            try:
+                text = carry + decoder.decode(raw, final=not raw)
+            except UnicodeDecodeError as e:
+                raise LaminaError(
+                    f"{path} is not valid UTF-8 near byte offset {done + e.start}"
+                ) from e
+            done += len(raw)
+            if first and text.startswith("\ufeff"):
+                text = text[1:]
+            first = False
+            if not raw:
+                if text:
+                    yield text
+                return
+            cut = text.rfind("\n") + 1
+            if cut == 0 and len(text) < 4 * PIECE_CHARS:
+                carry = text
+                continue
+            cut = cut or len(text)
+            carry = text[cut:]
+            yield text[:cut]
+    finally:
+        stream.close()
+
+
+def _jsonl_docs(path: Path, skip_bad: bool, bad: list[int], progress: Progress | None):
+    pending, lineno = "", 0
+    for block in _blocks(path, progress):
+        lines = (pending + block).split("\n")
+        pending = lines.pop()
+        for line in lines:
+            lineno += 1
+            yield from _jsonl_line(path, lineno, line, skip_bad, bad)
+    if pending:
+        yield from _jsonl_line(path, lineno + 1, pending, skip_bad, bad)
+
+
+def _jsonl_line(path: Path, lineno: int, line: str, skip_bad: bool, bad: list[int]):
+    if not line.strip():
+        return
+    try:
+        obj = json.loads(line)
+        problem = None if isinstance(obj, dict) and isinstance(obj.get("text"), str) else "text"
+    except ValueError:
+        problem = "json"
+    if problem is None:
+        yield obj["text"]
+        return
+    if not skip_bad:
+        why = "is not JSON" if problem == "json" else 'has no "text" string'
+        raise LaminaError(f"{path} line {lineno} {why}; pass --skip-bad-lines to skip such lines")
+    bad[0] += 1
+
+
+def read_pieces(
+    files: list[Path], skip_bad: bool = False, bad: list[int] | None = None,
+    progress: Progress | None = None,
+) -> Iterator[tuple[str, bool]]:  # fmt: skip
+    """(piece of text, whether it ends its document), for every document of every file."""
+    bad = bad if bad is not None else [0]
+    for f in files:
+        if f.name.endswith((".jsonl", ".jsonl.gz")):
+            for text in _jsonl_docs(f, skip_bad, bad, progress):
+                for i in range(0, max(len(text), 1), PIECE_CHARS):
+                    yield text[i : i + PIECE_CHARS], i + PIECE_CHARS >= len(text)
+        else:
+            last = None
+            for block in _blocks(f, progress):
+                if last is not None:
+                    yield last, False
+                last = block
+            yield last or "", True

@@ -1,0 +1,132 @@
+"""`--init-from SOURCE`: the model a fine-tune starts from, and what it may not change.
+
+    load_source(path) -> Source          a lamina run or model folder (config.json with "kind"),
+                                         or a Hugging Face GPT-2 folder (config.json with
+                                         "model_type"; read by `lamina.interop.from_hf`), with
+                                         its tokenizer if it has one and a record of where the
+                                         run started from
+    source_config(source, overrides) -> GPTConfig   the source's shape; an override that
+                                         disagrees is refused naming the field (only dropout,
+                                         which changes no tensor, may differ)
+    source_tokenizer(source, spec) -> Tokenizer     the source's tokenizer, or, for a source
+                                         without one, a fixed-vocabulary spec (byte, gpt2:DIR)
+                                         whose size matches the model
+
+The weights are copied into the freshly built model (`session`), so the first step computes
+exactly what SOURCE computes. The optimizer and schedule start fresh; their fine-tuning
+defaults are in `config.DEFAULTS` (measured: BENCHMARKS.md, "Fine-tuning").
+
+Deliberately unaware of the loop, the optimizer and run directories.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lamina.checkpoint import load_model
+from lamina.data.spec import build_tokenizer
+from lamina.data.tokenizers import Tokenizer
+from lamina.errors import LaminaError
+from lamina.files import read_json
+from lamina.models.config import GPTConfig
+from lamina.models.gpt import GPT
+from lamina.quant import scheme_of
+
+# model fields that change no tensor, so a fine-tune may set them differently from SOURCE
+FREE_FIELDS = ("dropout",)
+
+
+@dataclass
+class Source:
+    model: GPT
+    tokenizer: Tokenizer | None
+    record: dict[str, Any]  # written to train_config.json as "init_from"
+
+
+def _crc_of(path: Path) -> str:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            crc = zlib.crc32(chunk, crc)
+    return f"{crc:08x}"
+
+
+def load_source(path: str | os.PathLike[str]) -> Source:
+    """The GPT (and tokenizer) in a lamina or Hugging Face folder; anything else is refused."""
+    d = Path(path)
+    if not d.is_dir():
+        raise LaminaError(f"--init-from {d}: no such folder")
+    if not (d / "config.json").is_file():
+        raise LaminaError(f"--init-from {d} is not a model: it has no config.json")
+    config = read_json(d / "config.json")
+    record: dict[str, Any] = {"source": str(d.resolve())}
+    if isinstance(config, dict) and "model_type" in config:
+        from lamina.interop import from_hf
+        from lamina.interop.hf_tokenizer import tokenizer_from_hf
+
+        model, tokenizer = from_hf(d), tokenizer_from_hf(d)
+        record["format"] = "hf"
+    elif isinstance(config, dict) and "kind" in config:
+        model, tokenizer = load_model(d)
+        record["format"] = "lamina"
+        weights = d / "model.safetensors"
+        record["weights_crc32"] = _crc_of(weights)
+        state = d / "trainer_state.json"
+        if state.is_file():
+            record["step"] = read_json(state).get("step")
+    else:
+        raise LaminaError(
+            f"--init-from {d} is not a model: its config.json is neither lamina's nor a "
+            "Hugging Face one"
+        )
+    if not isinstance(model, GPT):
+        raise LaminaError(f"--init-from {d} holds a {type(model).__name__}, not a GPT")
+    if scheme_of(model) is not None:
+        raise LaminaError(f"--init-from {d} is quantized; fine-tune the float model instead")
+    record["tokenizer"] = tokenizer.to_dict()["kind"] if tokenizer is not None else None
+    return Source(model.float(), tokenizer, record)
+
+
+def source_config(source: Source, overrides: dict[str, Any]) -> GPTConfig:
+    """SOURCE's model config with the free fields overridden; a shape change is refused."""
+    config = source.model.config
+    free = {}
+    for name, value in overrides.items():
+        have = getattr(config, name, None)
+        if name in FREE_FIELDS:
+            free[name] = value
+        elif have != value:
+            raise LaminaError(
+                f"--{name.replace('_', '-')} {value!r} disagrees with --init-from "
+                f"{source.record['source']}, whose {name} is {have!r}; the model's shape comes "
+                "from SOURCE"
+            )
+    return config.replace(**free) if free else config
+
+
+def source_tokenizer(source: Source, spec: str | None) -> Tokenizer:
+    """SOURCE's tokenizer; for a source without one, `spec` if it fixes a matching vocabulary."""
+    vocab = source.model.config.vocab_size
+    if source.tokenizer is not None:
+        if int(source.tokenizer.vocab_size) > vocab:
+            raise LaminaError(
+                f"--init-from {source.record['source']}: its tokenizer has "
+                f"{source.tokenizer.vocab_size} ids, more than the model's vocab_size {vocab}"
+            )
+        return source.tokenizer
+    if spec is None or spec == "char" or spec.startswith("bpe:"):
+        raise LaminaError(
+            f"--init-from {source.record['source']} has no tokenizer.json; pass --tokenizer "
+            f"byte or gpt2:DIR (a fixed vocabulary of at most {vocab} ids)"
+        )
+    tok = build_tokenizer(spec)
+    if int(tok.vocab_size) > vocab:
+        raise LaminaError(
+            f"--tokenizer {spec} has {tok.vocab_size} ids, more than --init-from's vocab_size "
+            f"{vocab}"
+        )
+    return tok
