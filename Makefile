@@ -55,6 +55,8 @@ demo: install
 	$(VENV)/bin/lamina train --max-time 3m --out runs/demo --force
 	$(VENV)/bin/lamina eval runs/demo
 	$(VENV)/bin/lamina sample runs/demo --prompt "ROMEO:" --max-new-tokens 300 --temperature 0.8 --top-k 50 --seed 1
+	$(VENV)/bin/lamina train --task classify --tokenizer bpe:1024 --max-len 64 --lr 5e-3 --max-time 40s --out runs/classify --force
+	$(VENV)/bin/lamina predict runs/classify "O, let me not be mad, not mad, sweet heaven!" "Once more unto the breach, dear friends, once more"
 	$(VENV)/bin/lamina attention runs/demo --text "ROMEO:\nBut soft, what light through yonder window breaks? It is the east" --out runs/demo/attention.png
 	$(VENV)/bin/lamina plot runs/demo --out runs/demo/curves.png
 	@echo "pictures: runs/demo/attention.png runs/demo/curves.png (runs/demo/loss.png from training); playground: $(VENV)/bin/lamina serve runs/demo"

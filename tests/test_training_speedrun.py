@@ -179,3 +179,18 @@ def test_a_run_recorded_before_the_new_fields_resumes_with_adamw(corpus, tmp_pat
     assert back.cfg.optimizer == "adamw" and back.cfg.embed_lr_scale == 1.0
     assert run_training(back, quiet=True).step == 3
     back.run.release()
+
+
+def test_muon_on_the_encoder_classifier_keeps_its_output_layer_on_adamw():
+    from lamina.models.config import EncoderConfig
+    from lamina.models.encoder import SequenceClassifier
+
+    torch.manual_seed(0)
+    m = SequenceClassifier(EncoderConfig(vocab_size=16, max_len=8, d_model=16, n_heads=2,
+                                         n_layers=1, d_ff=32), n_classes=3)  # fmt: skip
+    names = {id(p): n for n, p in m.named_parameters()}
+    groups = param_groups(m, 0.1, head_lr_scale=2.0, muon=True)
+    kind = {names[id(p)]: (g["kind"], g["lr_scale"]) for g in groups for p in g["params"]}
+    assert kind["classifier.weight"] == ("adamw", 2.0)
+    assert kind["encoder.embed.wte.weight"] == ("adamw", 1.0)
+    assert kind["encoder.layers.0.ff.fc.weight"] == ("muon", 1.0)

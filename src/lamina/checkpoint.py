@@ -4,6 +4,10 @@
     load_model(dir) -> (model, tokenizer or None)        (also exported as `lamina.load`)
     check_device(name) -> torch.device                   a device this machine can compute on
 
+A SequenceClassifier's label names (`model.labels`, class id = index) go to `labels.json`
+with the classifier's id convention (`lamina.data.labelled.CLASSIFIER_IDS`) and come back as
+`model.labels` (None where the file is absent).
+
 Tied weights are stored once (the head is re-tied on load); the `_orig_mod.` prefix that
 `torch.compile` adds is stripped on save and on load. Loading never unpickles: safetensors and
 JSON only. A missing, unexpected or wrongly shaped tensor is an error naming the key. Saving
@@ -25,6 +29,7 @@ from safetensors.torch import save as st_save
 from torch import Tensor, nn
 
 import lamina.quant as quant
+from lamina.data.labelled import CLASSIFIER_IDS
 from lamina.data.tokenizers import Tokenizer, load_tokenizer, save_tokenizer
 from lamina.errors import LaminaError
 from lamina.files import atomic_write, read_json, write_json
@@ -276,6 +281,8 @@ def save_model(
         save_tensors(d / "model.safetensors", model_tensors(inner), {"format": "pt"})
         if tokenizer is not None:
             save_tokenizer(tokenizer, d / "tokenizer.json")
+        if isinstance(inner, SequenceClassifier) and inner.labels is not None:
+            write_json(d / "labels.json", {"labels": list(inner.labels), **CLASSIFIER_IDS})
         write_json(d / "config.json", config_json)  # last: its presence marks a complete model
     except OSError as e:  # a full disk, a read-only folder: the temp file is already removed
         raise LaminaError(f"cannot write the model into {d}: {e.strerror or e}") from None
@@ -306,5 +313,18 @@ def load_model(
             f"{d / 'tokenizer.json'} has {tokenizer.vocab_size:,} ids, more than the model's "
             f"vocab_size {config.vocab_size:,}: they do not belong together"
         )
+    if isinstance(model, SequenceClassifier) and (d / "labels.json").is_file():
+        model.labels = _labels(read_json(d / "labels.json"), model, d / "labels.json")
     model.eval()
     return model.to(device), tokenizer
+
+
+def _labels(data: Any, model: SequenceClassifier, where: Path) -> list[str]:
+    """The label names of a labels.json, checked against the classifier's classes."""
+    labels = data.get("labels") if isinstance(data, dict) else None
+    n = model.classifier.out_features
+    if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
+        raise LaminaError(f"{where} has no 'labels' list of strings")
+    if len(labels) != n:
+        raise LaminaError(f"{where} names {len(labels)} labels; the classifier has {n} classes")
+    return labels

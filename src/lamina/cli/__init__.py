@@ -26,7 +26,18 @@ from lamina.errors import LaminaError, LaminaWarning
 
 # verb modules in the order `lamina --help` lists them (tests/test_cli_foundation.py holds each
 # one to a module of this package)
-VERBS = ["train", "prepare", "sample", "eval", "check", "count", "task", "convert", "quantize"]
+VERBS = [
+    "train",
+    "prepare",
+    "sample",
+    "eval",
+    "predict",
+    "check",
+    "count",
+    "task",
+    "convert",
+    "quantize",
+]
 VERBS += ["lessons", "attention", "plot", "serve"]  # the last three: looking inside a model
 BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a tool killed by a closed pipe
 

@@ -6,6 +6,9 @@ compares models with different tokenizers. `--json` keys: run, data, loss (nats/
 perplexity, bits_per_char or bits_per_token, tokens, and with text data loss_per_char,
 bits_per_char, chars.
 
+For a classifier (`--task classify`): accuracy, macro-F1 and per-class precision/recall on
+--data (a labelled file) or the run's validation split (`lamina.cli.predict`).
+
 A model whose weights hold NaN or infinity is refused in one line (`lamina.modes.check_finite`).
 """
 
@@ -37,6 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--batch-size", type=int, default=32, help="windows per forward (default: 32)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--text-column", help="classifier: the text column (default: the run's)")
+    p.add_argument("--label-column", help="classifier: the label column (default: the run's)")
     p.set_defaults(func=run)
 
 
@@ -48,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from lamina.data.text_splits import scored_chars, split_text
     from lamina.errors import LaminaError
     from lamina.files import read_json
+    from lamina.models.encoder import SequenceClassifier
     from lamina.models.gpt import GPT
     from lamina.modes import check_finite
     from lamina.training.tasks import split_loss, summary, val_line
@@ -55,6 +61,10 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_size < 1:
         raise LaminaError(f"--batch-size must be >= 1, got {args.batch_size}")
     model, tokenizer = load_model(args.run)
+    if isinstance(model, SequenceClassifier):
+        from lamina.cli.predict import evaluate_classifier
+
+        return evaluate_classifier(args)
     if not isinstance(model, GPT):
         raise LaminaError(f"{args.run} does not hold a language model (GPT)")
     check_finite(model, str(args.run))

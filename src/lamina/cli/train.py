@@ -31,9 +31,12 @@ from lamina.training.config import TrainConfig, default_text, parse_duration, re
 # Each help ends with the default from lamina.training.config.DEFAULTS, the table the run reads.
 TRAIN_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "task": ("lm: next-token prediction on --data; first-last: the encoder classifier's "
-             "synthetic task", {}),
+             "synthetic task; classify: the encoder classifier on labelled texts (--data, "
+             "default: the built-in comedy/history/tragedy task; other defaults as first-last)",
+             {}),
     "data": ("a UTF-8 text file, a folder of .txt files, or a folder written by `lamina "
-             "prepare`", {"metavar": "PATH"}),
+             "prepare`; classify: a .csv/.tsv with a header, a .jsonl, or a folder with one "
+             "subfolder of .txt files per label", {"metavar": "PATH"}),
     "init_from": ("fine-tune: start from the model in this lamina run or model folder, or "
                   "Hugging Face folder; its shape and tokenizer come with it, the optimizer "
                   "starts fresh", {"metavar": "SOURCE"}),
@@ -69,6 +72,16 @@ TRAIN_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "dtype": ("auto: bf16 autocast only where measured faster (GPUs; CPUs with "
               "AMX/AVX512-BF16 at width >= 256)", {}),
     "compile": ("torch.compile the model, falling back to eager if it fails", {}),
+    "val_fraction": ("classify: the stratified, seeded share of --data held out; lm: the "
+                     "corpus's tail held out", {"metavar": "F"}),
+    "val_data": ("classify: validation texts in a file of their own", {"metavar": "PATH"}),
+    "text_column": ("classify: CSV/TSV column or JSONL field of the text", {"metavar": "NAME"}),
+    "label_column": ("classify: column or field of the label", {"metavar": "NAME"}),
+    "max_len": ("classify: tokens per text (with the classification token); longer texts "
+                "are cut and counted", {"metavar": "N"}),
+    "pooling": ("classify: mean of real tokens, the first ([CLS]) or the last real one", {}),
+    "class_weights": ("classify: balanced weighs texts by n / (K * n_label)", {}),
+    "bucket": ("classify: batches of texts of similar length (less padding)", {}),
 }  # fmt: skip
 
 
@@ -247,6 +260,8 @@ def _run(args: argparse.Namespace, session: Any, world: Any, out: str, started: 
     budget = f"{c.max_time:g} s" if c.max_time else f"{c.max_steps} steps"
     n_params = sum(p.numel() for p in session.model.parameters())
     procs = f" x {world.size} processes ({'FSDP' if world.fsdp else 'DDP'}, {world.backend})"
+    if world.writer and hasattr(session.task, "describe"):
+        safe_print(session.task.describe(c.max_len))
     if world.writer:
         safe_print(
             f"lamina train: {n_params / 1e6:.2f}M parameters, batch {c.batch_size} "
@@ -290,4 +305,12 @@ def _run(args: argparse.Namespace, session: Any, world: Any, out: str, started: 
     )
     if c.task == "lm":
         safe_print(f"  sample: lamina sample {out}    evaluate: lamina eval {out}")
+    if c.task == "classify":
+        safe_print(
+            f"  accuracy {result.eval['accuracy']:.1%} (majority baseline "
+            f"{session.task.baseline:.1%}), macro-F1 {result.eval['macro_f1']:.3f}; "
+            f"confusion matrix: {out}/confusion.png\n"
+            f'  predict: lamina predict {out} "some text"    evaluate: lamina eval {out} '
+            "--data FILE"
+        )
     return 0

@@ -6,6 +6,8 @@
 tokenized (bpe fit on the training part) and cached on disk (``LAMINA_CACHE``).
 ``batches``: reproducible random windows of a token array as (x, y) batches.
 ``tasks``: synthetic tasks with known answers (first-last, copy, reverse).
+``labelled``: labelled texts (CSV/TSV/JSONL/folders), stratified splits, classifier ids, padding.
+``genre``: the built-in classification task (comedy, history or tragedy?).
 ``sources`` / ``prepare`` / ``shards``: corpora of any size streamed to token shards with a JSON
 index (`lamina prepare`), and read back through memory maps (TokenStream, ShardSampler).
 

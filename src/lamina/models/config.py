@@ -206,6 +206,7 @@ class EncoderConfig(_ConfigMixin):
     norm_first: bool = False  # post-LN (2017); True gives pre-LN with a final norm
     activation: Literal["gelu", "relu"] = "relu"
     pad_id: int = 0
+    positions: Literal["sinusoidal", "learned"] = "sinusoidal"  # the 2017 table, or BERT's
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "max_len", "d_model", "n_heads", "d_ff", "n_layers"):
@@ -215,6 +216,7 @@ class EncoderConfig(_ConfigMixin):
         _dropout("dropout", self.dropout)
         _bool("norm_first", self.norm_first)
         _choice("activation", self.activation, ("gelu", "relu"))
+        _choice("positions", self.positions, ("sinusoidal", "learned"))
         if isinstance(self.pad_id, bool) or not isinstance(self.pad_id, int):
             raise LaminaError(f"pad_id must be an integer, got {self.pad_id!r}")
         if not 0 <= self.pad_id < self.vocab_size:

@@ -1,6 +1,7 @@
 """Layer 4, encoder: a bidirectional Transformer encoder and a sequence classifier on top.
 
-    ids (B, T) -> token table (pad row zero) * sqrt(d) + sinusoidal positions -> dropout
+    ids (B, T) -> token table (pad row zero) * sqrt(d) + positions (sinusoidal or learned)
+               -> dropout
                -> n_layers x TransformerBlock(causal=False) -> final norm if pre-LN
                -> hidden (B, T, d)
     SequenceClassifier: hidden -> pool (first token, mean over real tokens, or last real token)
@@ -8,6 +9,12 @@
 
 `padding_mask` is (B, T) bool, True at pads; no query attends to a pad. Weights start as in the
 seed encoder: Xavier-uniform for matrices, zero biases, the pad row zero.
+
+`Encoder.forward_packed(ids, padding_mask)` computes the same states for the real tokens while
+running every position-wise part (projections, feed-forward, norms) on the N real tokens only,
+packed as (N, d); only the attention scores see the padded (B, T) layout. The pads' states are
+zero. With padded batches (texts of mixed length) this skips most of the work on pads; the
+classifier uses it whenever a batch has pads.
 
 Deliberately unaware of tokenizers, tasks and training.
 """
@@ -17,6 +24,7 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lamina.block import LayerNorm, TransformerBlock
@@ -40,7 +48,7 @@ class Encoder(nn.Module):
             c.max_len,
             c.d_model,
             dropout=c.dropout,
-            positions="sinusoidal",
+            positions=c.positions,
             scale=True,
             padding_idx=c.pad_id,
         )
@@ -82,6 +90,55 @@ class Encoder(nn.Module):
         x = self.norm_f(x)
         return (x, weights) if return_weights else x
 
+    @property
+    def packable(self) -> bool:
+        """Whether `forward_packed` applies: plain multi-head attention in every layer."""
+        return all(
+            getattr(b.attn, "n_kv_heads", b.attn.n_heads) == b.attn.n_heads
+            and getattr(b.attn, "rope_theta", None) is None
+            and not getattr(b.attn, "qk_norm", False)
+            for b in self.layers
+        )
+
+    def forward_packed(self, ids: Tensor, padding_mask: Tensor) -> Tensor:
+        """ids (B, T), padding_mask (B, T) -> hidden (B, T, d): real tokens as `forward`, pads 0.
+
+        Every row needs at least one real token (use `forward` otherwise).
+        """
+        B, T = ids.shape
+        flat = ~padding_mask.reshape(-1)
+        idx = flat.nonzero().squeeze(1)  # (N,) flat positions of the real tokens
+        pads = (~flat).nonzero().squeeze(1)
+        rows, cols = idx // T, idx % T
+        x = self.embed(ids[rows, cols][None], positions=cols[None])[0]  # (N, d)
+        where = (idx, pads, rows, cols, B, T, ~padding_mask[:, None, None, :])
+        for layer in self.layers:
+            if layer.norm_first:
+                x = x + layer.drop1(self._attend(layer.attn, layer.norm1(x), where))
+                x = x + layer.drop2(layer.ff(layer.norm2(x)))
+            else:
+                x = layer.norm1(x + layer.drop1(self._attend(layer.attn, x, where)))
+                x = layer.norm2(x + layer.drop2(layer.ff(x)))
+        x = self.norm_f(x)
+        return x.new_zeros(B * T, x.shape[-1]).index_copy(0, idx, x).view(B, T, -1)
+
+    @staticmethod
+    def _attend(attn: nn.Module, x: Tensor, where: tuple) -> Tensor:
+        """Packed (N, d) -> the attention sublayer's packed (N, d) output.
+
+        q, k, v go to the padded layout (zeros at pads, so masked keys stay finite), attention
+        runs there, and the real queries' outputs are gathered straight back to (N, H, hd).
+        """
+        idx, pads, rows, cols, B, T, allowed = where
+        H, hd = attn.n_heads, attn.head_dim
+        qkv = attn.qkv(x)  # (N, 3d)
+        full = qkv.new_empty(B * T, qkv.shape[-1]).index_fill_(0, pads, 0.0)
+        full = full.index_copy_(0, idx, qkv)
+        q, k, v = full.view(B, T, 3, H, hd).permute(2, 0, 3, 1, 4)  # each (B, H, T, hd)
+        p = attn.dropout if attn.training else 0.0
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p)
+        return attn.proj(out[rows, :, cols].reshape(-1, H * hd))  # (N, H, hd) -> (N, d)
+
 
 class SequenceClassifier(nn.Module):
     """An encoder whose pooled hidden state feeds a linear classifier.
@@ -100,6 +157,7 @@ class SequenceClassifier(nn.Module):
         if pooling not in ("first", "mean", "last"):
             raise LaminaError(f"pooling must be 'first', 'mean' or 'last', got {pooling!r}")
         self.config, self.pooling = config, pooling
+        self.labels: list[str] | None = None  # class names, index = class id (saved as labels.json)
         self.encoder = Encoder(config)
         self.classifier = nn.Linear(config.d_model, n_classes)
 
@@ -107,9 +165,21 @@ class SequenceClassifier(nn.Module):
         """ids (B, T) -> class logits (B, n_classes)."""
         if padding_mask is None:
             padding_mask = ids.eq(self.config.pad_id) if isinstance(ids, Tensor) else None
-            if padding_mask is not None and not padding_mask.any():
-                padding_mask = None
-        h = self.encoder(ids, padding_mask)
+        if isinstance(padding_mask, Tensor) and padding_mask.dtype == torch.bool:
+            if padding_mask.shape == ids.shape and not padding_mask.any():
+                padding_mask = None  # no pads: nothing to mask
+        packable = (
+            self.encoder.packable
+            and isinstance(padding_mask, Tensor)
+            and padding_mask.dtype == torch.bool
+            and padding_mask.shape == ids.shape
+            and bool(padding_mask.any())
+            and bool((~padding_mask).any(1).all())  # every row has a real token
+        )
+        if packable:
+            h = self.encoder.forward_packed(ids, padding_mask)
+        else:
+            h = self.encoder(ids, padding_mask)
         if self.pooling == "first" or padding_mask is None and self.pooling == "last":
             pooled = h[:, 0] if self.pooling == "first" else h[:, -1]
         elif self.pooling == "mean":

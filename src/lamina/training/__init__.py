@@ -20,6 +20,8 @@
     loop.py         train_step, evaluate, run_training
     distributed.py  joining torchrun's processes; DDP / FSDP2; gathering a sharded checkpoint
     progress.py     tqdm bar or plain lines; loss.png
+    classify.py     --task classify: labelled texts, ClassifyTask, build_classify, predict_proba
+    classify_metrics.py   confusion matrix, accuracy / macro-F1 / per-class scores, its PNG
 
 The built-in corpus lives in the data layer (`lamina.data.builtin`).
 

@@ -37,7 +37,9 @@ from lamina.validate import (
     positive_number,
 )
 
-TaskName = Literal["lm", "first-last"]
+TaskName = Literal["lm", "first-last", "classify"]
+PoolingName = Literal["mean", "first", "last"]
+ClassWeights = Literal["none", "balanced"]
 DeviceName = Literal["auto", "cpu", "cuda", "mps"]
 DtypeName = Literal["auto", "fp32", "bf16"]
 DecayKind = Literal["cosine", "linear", "wsd"]
@@ -103,9 +105,25 @@ class TrainConfig:
     compile: bool = False  # torch.compile the model (falls back to eager if it fails)
     val_fraction: float = 0.1  # the tail of the corpus held out (nanoGPT uses 10%)
     init_from: str | None = None  # a model/run/HF folder whose weights and tokenizer start the run
+    # --task classify (lamina.training.classify): labelled texts in, an encoder classifier out
+    val_data: str | None = None  # validation texts; None: a stratified val_fraction of data
+    text_column: str = "text"  # CSV/TSV column or JSONL field holding the text
+    label_column: str = "label"  # ... and the label
+    max_len: int = 256  # tokens per text, the classification token included; longer are cut
+    pooling: PoolingName = "mean"  # mean of real tokens, the first ([CLS]) or the last real one
+    class_weights: ClassWeights = "none"  # balanced: weigh texts by n / (K * n_label)
+    bucket: bool = False  # draw each batch from texts of similar length (less padding)
 
     def __post_init__(self) -> None:
-        choice("task", self.task, ("lm", "first-last"))
+        choice("task", self.task, ("lm", "first-last", "classify"))
+        choice("pooling", self.pooling, ("mean", "first", "last"))
+        choice("class_weights", self.class_weights, ("none", "balanced"))
+        boolean("bucket", self.bucket)
+        if isinstance(self.max_len, bool) or not isinstance(self.max_len, int) or self.max_len < 2:
+            raise LaminaError(f"max_len must be an integer >= 2, got {self.max_len!r}")
+        for name in ("text_column", "label_column"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise LaminaError(f"{name} must be a non-empty string, got {getattr(self, name)!r}")
         choice("device", self.device, ("auto", "cpu", "cuda", "mps"))
         choice("dtype", self.dtype, ("auto", "fp32", "bf16"))
         boolean("compile", self.compile)
@@ -300,8 +318,9 @@ BEFORE_RECORDED: dict[str, Any] = {
 
 
 def situation(task: str, device: str) -> Situation:
-    """Which column of DEFAULTS applies: "first-last", or a language model on "gpu" / "cpu"."""
-    if task == "first-last":
+    """Which column of DEFAULTS applies: "first-last" (also for classify: both train the encoder
+    classifier), or a language model on "gpu" / "cpu"."""
+    if task in ("first-last", "classify"):
         return "first-last"
     return "gpu" if device == "cuda" else "cpu"
 

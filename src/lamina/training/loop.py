@@ -245,6 +245,8 @@ def run_training(
         if s.writer:
             s.run.write_metrics(s.metrics)
             s.run.write_bytes("loss.png", loss_plot(s.metrics))
+            for name, blob in getattr(s.task, "eval_files", dict)().items():  # e.g. confusion.png
+                s.run.write_bytes(name, blob)
 
     def do_save() -> None:
         nonlocal last_ckpt, save_cost, good

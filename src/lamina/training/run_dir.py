@@ -5,10 +5,12 @@
       config.json            model config     \
       model.safetensors      model weights     |  `lamina.load(run)` reads these three
       tokenizer.json         tokenizer         /
+      labels.json            a classifier's label names (id = index)
       optimizer.safetensors  AdamW moments (tensors) + optimizer.json (hyperparameters)
       trainer_state.json     step, tokens seen, RNG states, sampler position, budget used
       metrics.jsonl          one JSON object per logged step / evaluation
       loss.png               train and validation curves
+      confusion.png          a classifier's validation confusion matrix
       .lock                  the pid of the process that trains in it (flock-ed while it runs)
 
 Every file is written atomically (temp file, fsync, rename). A checkpoint is several files, so
@@ -62,10 +64,11 @@ CHECKPOINT_FILES = (
     "tokenizer.json",
     "optimizer.safetensors",
     "optimizer.json",
+    "labels.json",  # a classifier's label names
     "config.json",
     "trainer_state.json",  # last: its step is the commit point
 )
-RUN_FILES = (*CHECKPOINT_FILES, "train_config.json", "metrics.jsonl", "loss.png")
+RUN_FILES = (*CHECKPOINT_FILES, "train_config.json", "metrics.jsonl", "loss.png", "confusion.png")
 LOCK = ".lock"
 
 

@@ -109,6 +109,12 @@ def _build(cfg: TrainConfig, run: RunDir | None, model_cfg: dict[str, Any] | Non
         ec = EncoderConfig.from_dict(model_cfg) if model_cfg else None
         task, model, ec = build_first_last(cfg, ec)
         fp, width = "first-last", ec.d_model
+    elif cfg.task == "classify":
+        from lamina.training.classify import build_classify
+
+        ec = EncoderConfig.from_dict(model_cfg) if model_cfg else None
+        task, model, tok, fp = build_classify(cfg, run.path if run else None, ec)
+        width = model.config.d_model
     else:
         lm = lm_inputs(cfg, run.path if run is not None else None, model_cfg)
         task, model, tok, origin = lm.task, lm.model, lm.tokenizer, lm.origin
@@ -134,6 +140,8 @@ def new_session(
         cfg = cfg.replace(data=absolute(cfg.data))
     if cfg.init_from is not None:
         cfg = cfg.replace(init_from=absolute(cfg.init_from))
+    if cfg.val_data is not None:
+        cfg = cfg.replace(val_data=absolute(cfg.val_data))
     fresh = out is not None and not Path(out).exists()
     run = RunDir.create(out, force=force) if out is not None else None
     try:

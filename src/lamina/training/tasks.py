@@ -249,9 +249,11 @@ def summary(
 
 def val_line(result: dict[str, float]) -> str:
     """An evaluation in words: "1.6540 nats/char (2.3862 bits/char; 2.9500 nats/token)" where
-    the per-character figure is known, else "loss 2.9500" (and any other metric after it)."""
+    the per-character figure is known, else "loss 2.9500" (and any other metric after it,
+    except per-class keys holding "/")."""
     loss = result["loss"]
-    rest = [f"{k} {v:.4f}" for k, v in result.items() if k not in ("loss", "loss_per_char")]
+    shown = (k for k in result if k not in ("loss", "loss_per_char") and "/" not in k)
+    rest = [f"{k} {result[k]:.4f}" for k in shown]  # "x/y" keys: per-class detail, not shown
     if "loss_per_char" not in result:
         return "  ".join([f"loss {loss:.4f}", *rest])
     per_char = result["loss_per_char"]
