@@ -61,14 +61,14 @@ def test_given_values_win_and_a_time_budget_leaves_the_steps_open():
     assert timed.max_steps is None and timed.warmup == 20 and timed.eval_every is None
     assert resolve_defaults(TrainConfig(preset="tiny"), "cpu").model_overrides == {}
     with pytest.raises(LaminaError, match="divisible"):
-        resolve_defaults(TrainConfig(micro_batch_size=5), "cpu")  # batch 12
+        resolve_defaults(TrainConfig(micro_batch_size=5), "cpu")  # batch 48
 
 
 def test_default_text_reads_the_table_or_the_field():
     assert default_text("lr") == (
-        "0.005 on a CPU, 0.001 on a GPU; 0.002 for first-last; 0.001 with --init-from"
+        "0.01 on a CPU, 0.001 on a GPU; 0.002 for first-last; 0.001 with --init-from"
     )
-    assert default_text("batch_size") == "12 on a CPU, 64 on a GPU and for first-last"
+    assert default_text("batch_size") == "48 on a CPU, 64 on a GPU and for first-last"
     assert default_text("max_steps") == "2000; 300 for first-last; none with --max-time"
     assert default_text("eval_batches") == "20" and default_text("compile") == "off"
     assert default_text("max_time") == "none"

@@ -30,7 +30,8 @@ def corpus(tmp_path_factory) -> str:
 def config(corpus: str, steps: int, **model: object) -> TrainConfig:
     return TrainConfig(data=corpus, preset="llama-tiny", batch_size=8, micro_batch_size=2,
                        max_steps=steps, eval_every=steps, checkpoint_every=steps, log_every=1,
-                       warmup=2, lr=3e-3, device="cpu", model_overrides={**MODEL, **model})  # fmt: skip
+                       warmup=2, lr=3e-3, device="cpu", optimizer="adamw",
+                       model_overrides={**MODEL, **model})  # fmt: skip
 
 
 def test_llama_tiny_loss_falls(corpus, tmp_path):
@@ -45,10 +46,35 @@ def test_llama_tiny_loss_falls(corpus, tmp_path):
 def test_fsdp_llama_tiny_losses_equal_one_process(corpus, tmp_path):
     """Two FSDP2 processes (gloo, CPU) give the per-step losses of one process."""
     ref = run_training(new_session(config(corpus, 4), out=tmp_path / "one"), quiet=True).losses
-    flags = ["--preset", "llama-tiny", "--block-size", "16", "--qk-norm", "--zero-init-proj",
-             "--batch-size", "8", "--micro-batch-size", "2",
-             "--max-steps", "4", "--eval-every", "4", "--checkpoint-every", "4", "--log-every",
-             "1", "--warmup", "2", "--lr", "3e-3", "--device", "cpu", "--quiet"]  # fmt: skip
+    flags = [
+        "--preset",
+        "llama-tiny",
+        "--block-size",
+        "16",
+        "--qk-norm",
+        "--zero-init-proj",
+        "--batch-size",
+        "8",
+        "--micro-batch-size",
+        "2",
+        "--max-steps",
+        "4",
+        "--eval-every",
+        "4",
+        "--checkpoint-every",
+        "4",
+        "--log-every",
+        "1",
+        "--warmup",
+        "2",
+        "--lr",
+        "3e-3",
+        "--device",
+        "cpu",
+        "--quiet",
+        "--optimizer",
+        "adamw",
+    ]  # fmt: skip  (FSDP shards matrices: not Muon)
     run = tmp_path / "two"
     cmd = [sys.executable, "-m", "lamina", "train", "--data", corpus, "--out", str(run),
            "--nproc", "2", "--fsdp", *flags]  # fmt: skip

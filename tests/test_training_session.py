@@ -10,7 +10,7 @@ import torch
 
 from lamina.checkpoint import load_tensors
 from lamina.errors import LaminaError
-from lamina.training.config import TrainConfig
+from lamina.training.config import DEFAULTS, TrainConfig
 from lamina.training.session import new_session, resume_session, save_checkpoint
 
 
@@ -24,7 +24,7 @@ def test_a_session_without_a_run_dir_writes_nothing(corpus, tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     s = new_session(tiny(corpus), out=None)
     assert s.run is None and not s.writer and s.cfg.out is None
-    assert s.cfg.lr == 5e-3 and s.cfg.seed == 1337  # defaults resolved
+    assert s.cfg.lr == DEFAULTS["lr"].cpu and s.cfg.seed == 1337  # defaults resolved
     save_checkpoint(s)
     assert list(tmp_path.iterdir()) == []
 

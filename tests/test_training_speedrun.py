@@ -156,8 +156,8 @@ def test_help_lists_the_new_options_with_their_defaults(capsys):
         "--optimizer {adamw,muon}",
         "--muon-ns-dtype {fp32,bf16}",
         "--decay {cosine,linear,wsd}",
-        "(default: adamw)",
-        "(default: fp32)",
+        "(default: muon on a CPU, adamw on a GPU and for first-last; adamw with --init-from)",
+        "(default: bf16 on a GPU and where the CPU has AVX512-BF16 or AMX",
         "--decay-fraction F",
         "(default: 0.2)",
         "--embed-lr-scale X",
@@ -168,7 +168,8 @@ def test_help_lists_the_new_options_with_their_defaults(capsys):
 
 def test_a_run_recorded_before_the_new_fields_resumes_with_adamw(corpus, tmp_path):
     """train_config.json without optimizer / lr scales / decay_fraction: what ran then."""
-    run_training(new_session(cfg(corpus, max_steps=2), out=tmp_path / "r"), quiet=True)
+    old = cfg(corpus, max_steps=2, optimizer="adamw")  # what every run used before
+    run_training(new_session(old, out=tmp_path / "r"), quiet=True)
     path = tmp_path / "r" / "train_config.json"
     saved = json.loads(path.read_text())
     for name in ("optimizer", "muon_ns_dtype", "embed_lr_scale", "head_lr_scale",

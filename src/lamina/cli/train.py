@@ -183,6 +183,8 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     given = given_flags(args)
     check_flags(args, given)
+    if args.fsdp and args.resume is None and "optimizer" not in given:
+        given["optimizer"] = "adamw"  # Muon (the CPU default) needs whole matrices: FSDP shards
     if "max_time" in given:
         given["max_time"] = parse_duration(given["max_time"])
     command = command_line(args, given)

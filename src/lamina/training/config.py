@@ -11,8 +11,9 @@ The model's shape lives in the model config (`GPTConfig` / `EncoderConfig`) and 
 this one. Fields left as None are resolved at run start for the task and device ("situation":
 a language model on a CPU, on a CUDA GPU, or the first-last task), and the resolved values are
 what gets recorded, so a run directory always says exactly what ran. The CPU choices (char-cpu
-with 3 layers and no dropout, batch 12, lr 5e-3) won short runs on tinyshakespeare with
---max-time 89s on 2 cores; the measurements are in BENCHMARKS.md ("Training").
+with 3 layers and no dropout, Muon for the blocks' matrices with AdamW for the rest, batch 48,
+lr 1e-2, cosine to 0.1) won 120-second runs on tinyshakespeare on 2 cores against every other
+variant tried; the measurements are in BENCHMARKS.md ("Speedrun").
 
 Deliberately unaware of models, tensors, devices beyond their type name, and files.
 """
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from lamina.errors import LaminaError
+from lamina.quant import native_bf16
 from lamina.validate import (
     boolean,
     choice,
@@ -89,7 +91,7 @@ class TrainConfig:
     decay_fraction: float | None = None  # wsd: the share of the steps spent decaying
     weight_decay: float | None = None  # AdamW decay on >= 2-D weights only
     optimizer: OptimizerName | None = None  # adamw, or muon for the blocks' matrices
-    muon_ns_dtype: NSDtype = "fp32"  # muon: the Newton-Schulz iteration's precision
+    muon_ns_dtype: NSDtype | None = None  # muon: the Newton-Schulz iteration's precision
     embed_lr_scale: float | None = None  # the embedding tables' lr, as a multiple of lr
     head_lr_scale: float | None = None  # an untied head's lr, as a multiple of lr
     beta1: float = 0.9
@@ -142,7 +144,8 @@ class TrainConfig:
             choice("decay", self.decay, ("cosine", "linear", "wsd"))
         if "optimizer" in given:
             choice("optimizer", self.optimizer, ("adamw", "muon"))
-        choice("muon_ns_dtype", self.muon_ns_dtype, ("fp32", "bf16"))
+        if "muon_ns_dtype" in given:
+            choice("muon_ns_dtype", self.muon_ns_dtype, ("fp32", "bf16"))
         if "decay_fraction" in given:
             f = given["decay_fraction"]
             if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1:
@@ -264,6 +267,9 @@ class Default:
 # the model shape when the preset is chosen for you on a CPU: more steps in a short budget beat
 # a fourth layer, and dropout only slows a run of minutes (see the module docstring)
 CPU_SHAPE: dict[str, Any] = {"n_layers": 3, "dropout": 0.0}
+# Muon's Newton-Schulz steps in bf16 ran 2x faster than fp32 on a CPU with AVX512-BF16; where
+# bf16 is emulated (AVX2-only CPUs) they would be many times slower
+NS_DTYPE_CPU = "bf16" if native_bf16() else "fp32"
 
 # --init-from: a pretrained model needs a gentler peak and little warmup (BENCHMARKS.md,
 # "Fine-tuning": a char-cpu model fine-tuned on new text for 100 steps on a CPU)
@@ -280,9 +286,9 @@ DEFAULTS: dict[str, Default] = {
         note="; on a CPU also " + ", ".join(f"{k} {_words(v)}" for k, v in CPU_SHAPE.items()),
     ),
     "max_steps": Default(2000, 2000, 300, unless="max_time"),
-    "batch_size": Default(12, 64, 64),
+    "batch_size": Default(48, 64, 64),
     "micro_batch_size": Default(rule=lambda f: f["batch_size"], text="the batch size"),
-    "lr": Default(5e-3, 1e-3, 2e-3, finetune=FINETUNE_LR),
+    "lr": Default(1e-2, 1e-3, 2e-3, finetune=FINETUNE_LR),
     "min_lr_ratio": Default(0.1, 0.1, 0.05),
     "warmup": Default(
         finetune=FINETUNE_WARMUP,
@@ -293,7 +299,14 @@ DEFAULTS: dict[str, Default] = {
     "decay": Default("cosine", "cosine", "linear"),
     "decay_fraction": Default(0.2, 0.2, 0.2),
     "weight_decay": Default(0.1, 0.1, 0.01),
-    "optimizer": Default("adamw", "adamw", "adamw"),
+    "optimizer": Default("muon", "adamw", "adamw", finetune="adamw"),
+    "muon_ns_dtype": Default(
+        NS_DTYPE_CPU,
+        "bf16",
+        NS_DTYPE_CPU,
+        text="bf16 on a GPU and where the CPU has AVX512-BF16 or AMX (measured 2x faster "
+        "there), else fp32 (bf16 is emulated there)",
+    ),
     "embed_lr_scale": Default(1.0, 1.0, 1.0),
     "head_lr_scale": Default(1.0, 1.0, 1.0, note="; ignored with a tied head"),
     "beta2": Default(0.99, 0.99, 0.999),

@@ -214,6 +214,11 @@ def prepare(s: Session, world: World) -> None:
     s.rank, s.world_size = world.rank, world.size
     if world.size == 1:
         return
+    if world.fsdp and s.cfg.optimizer == "muon":
+        raise LaminaError(
+            "this run uses Muon, which orthogonalizes whole matrices; FSDP shards them: "
+            "use DDP (drop --fsdp), or start the run with --optimizer adamw"
+        )
     if not world.fsdp:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
