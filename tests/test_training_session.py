@@ -66,7 +66,7 @@ def test_only_rank_0_writes_and_a_gathered_state_is_what_is_saved(corpus, tmp_pa
 def test_resume_names_conflicting_flags_and_accepts_resumable_ones(corpus, tmp_path):
     s = new_session(tiny(corpus), out=tmp_path / "r")
     save_checkpoint(s)
-    with pytest.raises(LaminaError, match=r"lr \(run: 0.005, given: 0.1\).*n_layers"):
+    with pytest.raises(LaminaError, match=r"lr \(run: 0.01, given: 0.1\).*n_layers"):
         resume_session(tmp_path / "r", {"lr": 0.1, "model_overrides": {"n_layers": 9}})
     assert resume_session(tmp_path / "r", {"max_steps": 50}).cfg.max_steps == 50
 
