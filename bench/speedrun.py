@@ -68,7 +68,7 @@ def train(name: str, data: str, out: Path, flags: list[str]) -> dict:
         "name": name,
         "wall": wall,
         "steps": state["step"],
-        "tokens": state.get("tokens"),
+        "tokens": state["tokens_seen"],
         "loss": result.get("loss_per_char", result["loss"]),
         "recipe": {k: recipe.get(k) for k in ("optimizer", "batch_size", "lr", "tokenizer")},
     }

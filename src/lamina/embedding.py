@@ -160,6 +160,11 @@ class Embedding(nn.Module):
         """
         check_ids(ids, self.vocab_size)
         positions = self.positions_for(ids.shape[1], pos_offset, positions, ids.device)
+        return self.embed_checked(ids, positions)
+
+    def embed_checked(self, ids: Tensor, positions: Tensor) -> Tensor:
+        """The token + position sum for ids and positions already checked by the caller (no
+        host sync: what a compiled decode step calls)."""
         tok = self.wte(ids)
         if self.scale:
             tok = tok * math.sqrt(self.d_model)

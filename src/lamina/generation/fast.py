@@ -17,7 +17,6 @@ holds it equal to a full recompute.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
@@ -75,12 +74,8 @@ def fixed_step(
     slots = torch.arange(caches[0].max_len, device=tok.device)[None, :]  # (1, max_len)
     masked = (slots > index) | (slots < shift)  # (B, max_len), True = not attended
     positions = index[None, :] - shift  # (B, 1)
-    e, c = model.embed, model.config
-    x = e.wte(tok)
-    if e.scale:
-        x = x * math.sqrt(e.d_model)
-    table = e.position_vectors(positions)
-    x = e.drop(x if table is None else x + table.to(x.dtype))
+    c = model.config
+    x = model.embed.embed_checked(tok, positions)
     rope = rotary_tables(positions, c.head_dim, c.rope_theta) if c.positions == "rope" else None
     for block, cache in zip(model.blocks, caches, strict=True):
         # need_weights=True takes the written-out softmax path, which inductor fuses into its
