@@ -90,6 +90,23 @@ def _unpack_nibbles(packed: Tensor) -> Tensor:
     return q
 
 
+def _empty_bias(n: int, bias: bool, device: Any) -> nn.Parameter | None:
+    return nn.Parameter(torch.empty(n, device=device), requires_grad=False) if bias else None
+
+
+def _copied_bias(linear: nn.Linear) -> nn.Parameter | None:
+    if linear.bias is None:
+        return None
+    return nn.Parameter(linear.bias.detach().float().clone(), requires_grad=False)
+
+
+def _finish(m: Int8Linear | Int4Linear, x: Tensor, y: Tensor) -> Tensor:
+    """Add the bias and give the output the input's leading dimensions."""
+    if m.bias is not None:
+        y = y + m.bias.to(y.dtype)
+    return y.reshape(*x.shape[:-1], m.out_features)
+
+
 class Int8Linear(nn.Module):
     """y = x @ (q * scale).T + bias, with q int8 (out, in) and one scale per output row."""
 
@@ -101,18 +118,13 @@ class Int8Linear(nn.Module):
         )
         self.register_buffer("scale", torch.empty(out_features, device=device))
         self.register_buffer("kernel_scale", None, persistent=False)  # bf16 copy, see prepare
-        self.bias = (
-            nn.Parameter(torch.empty(out_features, device=device), requires_grad=False)
-            if bias
-            else None
-        )
+        self.bias = _empty_bias(out_features, bias, device)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> Int8Linear:
         m = cls(linear.in_features, linear.out_features, linear.bias is not None)
         m.qweight, m.scale = quantize_int8(linear.weight)
-        if linear.bias is not None:
-            m.bias = nn.Parameter(linear.bias.detach().float().clone(), requires_grad=False)
+        m.bias = _copied_bias(linear)
         return m.prepare()
 
     def prepare(self) -> Int8Linear:
@@ -131,9 +143,7 @@ class Int8Linear(nn.Module):
             ).to(x.dtype)
         else:
             y = flat @ self.dequantized(x.dtype).T
-        if self.bias is not None:
-            y = y + self.bias.to(y.dtype)
-        return y.reshape(*x.shape[:-1], self.out_features)
+        return _finish(self, x, y)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, int8, bias={self.bias is not None}"
@@ -154,11 +164,7 @@ class Int4Linear(nn.Module):
             "scales_and_zeros",
             torch.empty(in_features // group_size, out_features, 2, device=device),
         )
-        self.bias = (
-            nn.Parameter(torch.empty(out_features, device=device), requires_grad=False)
-            if bias
-            else None
-        )
+        self.bias = _empty_bias(out_features, bias, device)
         # the CPU kernel's packed layout, rows padded to a multiple of 16 (see prepare)
         self.register_buffer("kernel_weight", None, persistent=False)
         self.register_buffer("kernel_sz", None, persistent=False)
@@ -167,8 +173,7 @@ class Int4Linear(nn.Module):
     def from_linear(cls, linear: nn.Linear, group_size: int) -> Int4Linear:
         m = cls(linear.in_features, linear.out_features, linear.bias is not None, group_size)
         m.qweight, m.scales_and_zeros = quantize_int4(linear.weight, group_size)
-        if linear.bias is not None:
-            m.bias = nn.Parameter(linear.bias.detach().float().clone(), requires_grad=False)
+        m.bias = _copied_bias(linear)
         return m.prepare()
 
     def dequantized(self, dtype: torch.dtype = torch.float32) -> Tensor:
@@ -204,9 +209,7 @@ class Int4Linear(nn.Module):
             y = y[:, : self.out_features].to(x.dtype)
         else:
             y = flat @ self.dequantized(x.dtype).T
-        if self.bias is not None:
-            y = y + self.bias.to(y.dtype)
-        return y.reshape(*x.shape[:-1], self.out_features)
+        return _finish(self, x, y)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, int4, group_size={self.group_size}"

@@ -32,6 +32,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 CHUNK_CHARS = 4096
 BYTES_PER_DISTINCT_CHAR = 55  # measured peak memory per character of distinct words
@@ -61,17 +62,12 @@ class _Stopped(Exception):
     """Raised inside the chunk iterator when the caller was interrupted."""
 
 
-def train_bpe_json(
-    text: str,
-    vocab_size: int,
-    special_tokens: list[str],
-    progress: Callable[[str], None] | None = None,
-) -> str:
-    """Train byte-level BPE on `text` (the special tokens first: ids 0, 1, ...); its JSON."""
+def bpe_setup(vocab_size: int, special_tokens: list[str]) -> tuple[Any, Any]:
+    """A fresh byte-level BPE `tokenizers.Tokenizer` and its trainer, with lamina's settings
+    (no prefix space, pairs seen at least twice, every byte in the alphabet)."""
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
-    say = progress or (lambda line: None)
     tok = HFTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -82,6 +78,18 @@ def train_bpe_json(
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
+    return tok, trainer
+
+
+def train_bpe_json(
+    text: str,
+    vocab_size: int,
+    special_tokens: list[str],
+    progress: Callable[[str], None] | None = None,
+) -> str:
+    """Train byte-level BPE on `text` (the special tokens first: ids 0, 1, ...); its JSON."""
+    say = progress or (lambda line: None)
+    tok, trainer = bpe_setup(vocab_size, special_tokens)
     n = len(text)
     worst = 25 + n * BYTES_PER_DISTINCT_CHAR / 1e6
     say(

@@ -106,19 +106,9 @@ def _train_bpe(texts: Iterator[str], vocab_size: int) -> BPETokenizer:
     """`BPETokenizer.train`'s settings, fed short texts one by one: the `tokenizers` trainer
     holds a single long string's pre-tokenized words all at once (780 MB for 8 MB of text),
     but only counts when fed pieces (40 MB)."""
-    from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import decoders, models, pre_tokenizers, trainers
+    from lamina.data.bpe_trainer import bpe_setup
 
-    tok = HFTokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        min_frequency=2,
-        special_tokens=[EOT],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
+    tok, trainer = bpe_setup(vocab_size, [EOT])
     tok.train_from_iterator(texts, trainer=trainer)
     return BPETokenizer(tok.to_str())
 
