@@ -9,10 +9,9 @@ a mask hides the slots past `index` and, per row, those before `shift` (pads and
 window has left behind). The token's position is `index - shift`, as the window rule says.
 The caller advances `index` in place, so a compiled step sees the same tensors on every call.
 
-It runs the model's own modules (blocks, attention, head); only the embedding sum (and, for
-rotary models, the rotary tables) is written out here, without the embedding's range checks,
-which would break the graph (the decoder keeps positions in range by construction). A test
-holds it equal to a full recompute.
+It runs the model's own modules and methods (`Embedding.embed_checked`, `GPT.rope_tables`,
+blocks, head), skipping only the embedding's range checks, which would break the graph (the
+decoder keeps positions in range by construction). A test holds it equal to a full recompute.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from lamina.attention import KVCache, rotary_tables
+from lamina.attention import KVCache
 from lamina.models.gpt import GPT
 
 StepFn = Callable[[GPT, list["FixedKVCache"], Tensor, Tensor, Tensor], Tensor]
@@ -74,9 +73,8 @@ def fixed_step(
     slots = torch.arange(caches[0].max_len, device=tok.device)[None, :]  # (1, max_len)
     masked = (slots > index) | (slots < shift)  # (B, max_len), True = not attended
     positions = index[None, :] - shift  # (B, 1)
-    c = model.config
     x = model.embed.embed_checked(tok, positions)
-    rope = rotary_tables(positions, c.head_dim, c.rope_theta) if c.positions == "rope" else None
+    rope = model.rope_tables(positions)
     for block, cache in zip(model.blocks, caches, strict=True):
         # need_weights=True takes the written-out softmax path, which inductor fuses into its
         # own kernels (SDPA would stay an opaque call); the unused weights are optimised away

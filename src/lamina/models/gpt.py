@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from lamina.attention import KVCache, rotary_tables
 from lamina.block import TransformerBlock, norm_module
-from lamina.embedding import Embedding
+from lamina.embedding import Embedding, check_ids
 from lamina.errors import LaminaError
 from lamina.models.config import GPTConfig
 from lamina.modes import eval_mode
@@ -152,8 +152,7 @@ class GPT(nn.Module):
         if caches is not None and len(caches) != len(self.blocks):
             raise LaminaError(f"expected {len(self.blocks)} KV caches, got {len(caches)}")
         offset = caches[0].pos if caches is not None else 0
-        x = self.embed(ids, pos_offset=offset, positions=positions)
-        rope = self.rope(ids.shape[1], offset, positions, ids.device)
+        x, rope = self.embed_with_rope(ids, offset, positions)
         for i, block in enumerate(self.blocks):
             x, _ = block(x, padding_mask, False, None if caches is None else caches[i], rope)
         if last_only:
@@ -166,25 +165,26 @@ class GPT(nn.Module):
         cap = self.config.logit_softcap
         return logits if cap is None else cap * torch.tanh(logits / cap)
 
-    def rope(
-        self,
-        T: int,
-        pos_offset: int = 0,
-        positions: Tensor | None = None,
-        device: torch.device | str | None = None,
-    ) -> tuple[Tensor, Tensor] | None:
-        """Rotary (cos, sin) tables for these positions; None unless positions="rope"."""
+    def embed_with_rope(
+        self, ids: Tensor, pos_offset: int = 0, positions: Tensor | None = None
+    ) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
+        """Token (+ position) vectors and, for rotary models, the rotary tables: the positions
+        are computed and checked once for both."""
+        check_ids(ids, self.embed.vocab_size)
+        pos = self.embed.positions_for(ids.shape[1], pos_offset, positions, ids.device)
+        return self.embed.embed_checked(ids, pos), self.rope_tables(pos)
+
+    def rope_tables(self, positions: Tensor) -> tuple[Tensor, Tensor] | None:
+        """Rotary (cos, sin) tables for checked positions; None unless positions="rope"."""
         c = self.config
         if c.positions != "rope":
             return None
-        pos = self.embed.positions_for(T, pos_offset, positions, device)
-        return rotary_tables(pos, c.head_dim, c.rope_theta)
+        return rotary_tables(positions, c.head_dim, c.rope_theta)
 
     @torch.no_grad()
     def attention_weights(self, ids: Tensor, padding_mask: Tensor | None = None) -> list[Tensor]:
         """Attention weights of every layer, each (B, H, T, T), from the reference path."""
-        x = self.embed(ids)
-        rope = self.rope(ids.shape[1], device=ids.device)
+        x, rope = self.embed_with_rope(ids)
         maps = []
         for block in self.blocks:
             x, w = block(x, padding_mask, True, None, rope)
