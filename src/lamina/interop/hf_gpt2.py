@@ -28,6 +28,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -173,11 +174,6 @@ def hf_config(config: GPTConfig, dtype: torch.dtype = torch.float32) -> dict[str
     }
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip() or type(e).__name__
-    return text.splitlines()[0]
-
-
 def _read_bin(path: Path) -> dict[str, Tensor]:
     """torch.load with weights_only=True: tensors and plain containers only, never code."""
     try:
@@ -245,17 +241,26 @@ def lamina_state(hf_state: dict[str, Tensor], model: GPT, where: str) -> dict[st
     return out
 
 
-def load_hf_gpt2(path: str | os.PathLike[str]) -> GPT:
-    """A lamina GPT (eval mode, fp32, CPU) from a Hugging Face GPT-2 directory."""
+def load_hf_folder(
+    path: str | os.PathLike[str],
+    read_config: Callable[[Any, str], GPTConfig],
+    to_lamina: Callable[[dict[str, Tensor], GPT, str], dict[str, Tensor]],
+) -> GPT:
+    """A lamina GPT (eval mode, fp32, CPU) from a Hugging Face folder: `read_config` turns its
+    config.json into a GPTConfig, `to_lamina` renames (and checks) its tensors."""
     d = Path(path)
     if not d.is_dir():
         raise LaminaError(f"no such Hugging Face model folder: {d}")
-    config = config_from_hf(read_json(d / "config.json"), str(d / "config.json"))
-    hf_state, source = read_hf_weights(d)
+    config = read_config(read_json(d / "config.json"), str(d / "config.json"))
+    hf, source = read_hf_weights(d)
     model = GPT(config)
-    state = lamina_state(hf_state, model, str(source))
-    load_state(model, state, str(source))
+    load_state(model, to_lamina(hf, model, str(source)), str(source))
     return model.eval()
+
+
+def load_hf_gpt2(path: str | os.PathLike[str]) -> GPT:
+    """A lamina GPT (eval mode, fp32, CPU) from a Hugging Face GPT-2 directory."""
+    return load_hf_folder(path, config_from_hf, lamina_state)
 
 
 def hf_state(model: nn.Module) -> dict[str, Tensor]:

@@ -33,11 +33,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lamina.checkpoint import load_state, strip_compiled_prefix, unwrap
+from lamina.checkpoint import strip_compiled_prefix, unwrap
 from lamina.data.tokenizers import Tokenizer
 from lamina.errors import LaminaError
-from lamina.files import read_json
-from lamina.interop.hf_gpt2 import _listed, read_hf_weights, write_hf_folder
+from lamina.interop.hf_gpt2 import _listed, load_hf_folder, write_hf_folder
 from lamina.models.config import GPTConfig
 from lamina.models.gpt import GPT
 
@@ -226,14 +225,7 @@ def lamina_state_llama(hf_state: dict[str, Tensor], model: GPT, where: str) -> d
 
 def load_hf_llama(path: str | os.PathLike[str]) -> GPT:
     """A lamina GPT (eval mode, fp32, CPU) from a Hugging Face Llama directory."""
-    d = Path(path)
-    if not d.is_dir():
-        raise LaminaError(f"no such Hugging Face model folder: {d}")
-    config = config_from_hf_llama(read_json(d / "config.json"), str(d / "config.json"))
-    hf, source = read_hf_weights(d)
-    model = GPT(config)
-    load_state(model, lamina_state_llama(hf, model, str(source)), str(source))
-    return model.eval()
+    return load_hf_folder(path, config_from_hf_llama, lamina_state_llama)
 
 
 def hf_llama_state(model: nn.Module) -> dict[str, Tensor]:

@@ -16,6 +16,7 @@ from lamina.validate import boolean as _bool
 from lamina.validate import choice as _choice
 from lamina.validate import fraction as _dropout
 from lamina.validate import positive_int as _positive_int
+from lamina.validate import positive_number
 
 CONFIG_FORMAT = 1  # bumped when a saved config.json changes meaning
 
@@ -41,11 +42,6 @@ class _ConfigMixin:
         if unknown:
             raise LaminaError(f"unknown {type(self).__name__} field(s): {', '.join(unknown)}")
         return dataclasses.replace(self, **changes)  # type: ignore[type-var]
-
-
-def _positive_float(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise LaminaError(f"{name} must be a positive number, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -93,7 +89,7 @@ class GPTConfig(_ConfigMixin):
             raise LaminaError(f"init_std must be positive, got {self.init_std!r}")
         if not self.layer_norm_eps > 0:
             raise LaminaError(f"layer_norm_eps must be positive, got {self.layer_norm_eps!r}")
-        _positive_float("rope_theta", self.rope_theta)
+        positive_number("rope_theta", self.rope_theta)
         _choice("norm", self.norm, ("layer", "rms"))
         for name in ("norm_gain", "qk_norm", "zero_init_proj"):
             _bool(name, getattr(self, name))
@@ -109,7 +105,7 @@ class GPTConfig(_ConfigMixin):
                 f"{self.d_model} / {self.n_heads} = {self.head_dim}"
             )
         if self.logit_softcap is not None:
-            _positive_float("logit_softcap", self.logit_softcap)
+            positive_number("logit_softcap", self.logit_softcap)
 
     @property
     def head_dim(self) -> int:

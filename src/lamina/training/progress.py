@@ -26,15 +26,12 @@ import os
 import sys
 from typing import Any, TextIO
 
+from lamina.files import mute_stream
+
 
 def silence_stdout() -> None:
     """Point fd 1 and sys.stdout at /dev/null, so later writes and the exit flush succeed."""
-    try:
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, 1)
-        os.close(null)
-    except OSError:
-        pass
+    mute_stream(sys.__stdout__)
     sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
 
 
