@@ -185,7 +185,7 @@ def run_training(
     cfg, rank = s.cfg, s.rank
     accum = cfg.accumulation(s.world_size)
     per_rank = cfg.batch_size // s.world_size
-    lr_for = schedule(cfg.lr, cfg.warmup, cfg.min_lr_ratio, cfg.decay, cfg.decay_fraction or 0.2)
+    lr_for = schedule(cfg.lr, cfg.warmup, cfg.min_lr_ratio, cfg.decay, cfg.decay_fraction)
     start = clock() if started_at is None else started_at
     prog = Progress(
         cfg.max_steps,
