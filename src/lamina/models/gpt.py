@@ -63,6 +63,8 @@ class GPT(nn.Module):
                 n_kv_heads=c.n_kv_heads,
                 rope_theta=c.rope_theta if c.positions == "rope" else None,
                 qk_norm=c.qk_norm,
+                head_dim=c.d_head,
+                rope_scaling=c.rope_scaling,
             )
             for _ in range(c.n_layers)
         )
@@ -179,7 +181,7 @@ class GPT(nn.Module):
         c = self.config
         if c.positions != "rope":
             return None
-        return rotary_tables(positions, c.head_dim, c.rope_theta)
+        return rotary_tables(positions, c.head_dim, c.rope_theta, c.rope_scaling)
 
     @torch.no_grad()
     def attention_weights(self, ids: Tensor, padding_mask: Tensor | None = None) -> list[Tensor]:
