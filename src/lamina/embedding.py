@@ -110,6 +110,12 @@ class Embedding(nn.Module):
         self.drop = nn.Dropout(dropout)
         self.reset_parameters()
 
+    def init_buffers(self) -> None:
+        """Compute the buffers that are never stored (the sinusoidal table): a model built on
+        the meta device and given its stored tensors calls this."""
+        if self.positions == "sinusoidal":
+            self.pe = sinusoidal_table(self.block_size, self.d_model)
+
     def reset_parameters(self) -> None:
         nn.init.normal_(self.wte.weight, mean=0.0, std=self.init_std)
         if self.wte.padding_idx is not None:
