@@ -143,14 +143,14 @@ def test_config_translation_both_ways():
 @pytest.mark.parametrize(
     "overrides, setting",
     [
-        ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope_scaling type 'llama3'"),
+        ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "llama3' lacks .*low_freq"),
         ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling type 'yarn'"),
-        ({"attention_bias": True}, "attention_bias=True with mlp_bias=False"),
-        ({"sliding_window": 64}, "sliding_window=64"),
-        ({"head_dim": 32, "num_attention_heads": 4}, "head_dim=32"),
+        ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}, "type 'dynamic'"),
+        ({"attention_bias": True}, "a bias on o_proj only"),
+        ({"sliding_window": 64}, "sliding_window=64 shorter than its context"),
         ({"hidden_act": "gelu"}, "hidden_act='gelu'"),
         ({"num_key_value_heads": 3, "num_attention_heads": 4}, "n_kv_heads=3"),
-        ({"model_type": "mistral"}, "not a Llama config"),
+        ({"model_type": "gemma"}, "not a Llama-family config"),
     ],
 )
 def test_import_refuses_what_lamina_cannot_express(tmp_path, overrides, setting):

@@ -38,7 +38,8 @@ def gpt_param_table(config: GPTConfig, tied: bool | None = None) -> dict[str, in
     return {
         "token embedding": c.vocab_size * d,
         "position embedding": c.block_size * d if c.positions == "learned" else 0,
-        "attention": L * (d * qkv + int(c.qkv_bias) * qkv + c.n_heads * c.head_dim * d + b * d + qk_norm),
+        "attention": L
+        * (d * qkv + int(c.qkv_bias) * qkv + c.n_heads * c.head_dim * d + b * d + qk_norm),
         "feed-forward": L * (d * g * f + b * g * f + f * d + b * d),
         "norms": (2 * L + int(c.norm_first)) * norm,
         "head": 0 if tied else c.vocab_size * d,
