@@ -1,5 +1,8 @@
 """Interop: lamina models and tokenizers to and from other ecosystems' files.
 
+    lamina.open(source) -> Bundle                   any model: lamina run/model folder, Hugging
+                                                    Face folder, GGUF file (``bundle``)
+
     lamina.from_hf(dir) -> GPT                      a Hugging Face checkpoint folder in
     lamina.save_hf(model, dir, tokenizer=None)      and out (with the tokenizer's HF files)
 
