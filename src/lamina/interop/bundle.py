@@ -113,20 +113,20 @@ class Bundle:
     def require(
         self, what: Literal["lm", "classifier"] = "lm", *, tokenizer: bool = True, verb: str = ""
     ) -> Bundle:
-        """This bundle, if it holds what a verb needs; else one LaminaError saying what is not."""
-        doing = f" for {verb}" if verb else ""
+        """This bundle, if it holds what a verb needs; else one LaminaError saying what is not.
+        `verb` words the error: "sample" gives "... not a GPT: nothing to sample"."""
         where = self.origin.path
         if what == "lm" and not isinstance(self.model, GPT):
             raise LaminaError(
-                f"{where} holds a {type(self.model).__name__}, not a GPT: nothing to generate"
-                f"{doing}"
+                f"{where} holds a {type(self.model).__name__}, not a GPT: nothing to "
+                f"{verb or 'generate'}"
             )
         if what == "classifier" and not isinstance(self.model, SequenceClassifier):
             raise LaminaError(
                 f"{where} does not hold a classifier (train one with --task classify)"
             )
         if tokenizer and self.tokenizer is None:
-            raise LaminaError(f"{where} has no tokenizer: cannot turn text into ids{doing}")
+            raise LaminaError(f"{where} has no tokenizer: cannot turn text into ids")
         return self
 
 
