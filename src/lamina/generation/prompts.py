@@ -69,7 +69,7 @@ def encode_prompt(
         shown = ", ".join(repr(c) for c in sorted({c for _, c in bad})[:20])
         raise LaminaError(
             f"{what} has {len({c for _, c in bad})} character(s) the tokenizer does not know: "
-            f"{shown} (the first at position {bad[0][0]})"
+            f"{shown} (first: {bad[0][1]!r} at position {bad[0][0]})"
         )
     encode = getattr(tokenizer, "encode_prompt", None)
     ids = [int(i) for i in (encode(text) if callable(encode) else tokenizer.encode(text))]
