@@ -151,8 +151,8 @@ def open_model(
         raise LaminaError(f"no such model: {p}")
     if not (p / "config.json").is_file():
         raise LaminaError(
-            f"{p} is not a lamina model or run directory (no config.json), nor a Hugging Face "
-            "folder"
+            f"{p} is not a model: it has no config.json (a model is a lamina run or model "
+            "folder, a Hugging Face folder or a .gguf file)"
         )
     data = read_json(p / "config.json")
     d = p.resolve()
