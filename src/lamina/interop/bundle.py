@@ -185,6 +185,7 @@ def _files(d: Path, *names: str) -> tuple[Path, ...]:
 def _open_hf(d: Path, data: dict[str, Any], dev: torch.device, dtype: torch.dtype | None) -> Bundle:
     from lamina.interop.hf_gpt2 import load_hf_gpt2
     from lamina.interop.hf_llama import load_hf_llama
+    from lamina.interop.hf_tokenizer import tokenizer_from_hf
 
     model_type = data["model_type"]
     if model_type not in HF_FAMILIES:
@@ -193,41 +194,24 @@ def _open_hf(d: Path, data: dict[str, Any], dev: torch.device, dtype: torch.dtyp
             f"({', '.join(HF_FAMILIES)})"
         )
     model = (load_hf_gpt2 if model_type == "gpt2" else load_hf_llama)(d, dtype)
-    tokenizer = hf_tokenizer(d, model.config.vocab_size)
+    tokenizer = tokenizer_from_hf(d, model.config.vocab_size)
     files = _files(d, "model.safetensors", "pytorch_model.bin", "tokenizer.json")
     return Bundle(model.to(dev), tokenizer, Origin("hf", d, files))
 
 
-def hf_tokenizer(d: Path, vocab_size: int) -> Tokenizer | None:
-    """The tokenizer a Hugging Face folder ships (any `tokenizers` JSON with its specials and
-    chat template), or None when it has none."""
-    try:
-        from lamina.data.pretrained import PretrainedTokenizer
-    except ImportError:  # a build without the pretrained tokenizer: GPT-2's and byte-level BPE
-        PretrainedTokenizer = None  # noqa: N806
-    if PretrainedTokenizer is not None and (d / "tokenizer.json").is_file():
-        tok = PretrainedTokenizer.from_hf_folder(d)
-        if tok.vocab_size > vocab_size:
-            raise LaminaError(
-                f"the tokenizer in {d} has {tok.vocab_size:,} ids, more than the model's "
-                f"vocab_size {vocab_size:,}: ids {vocab_size:,} and up would have no embedding"
-            )
-        return tok
-    from lamina.interop.hf_tokenizer import tokenizer_from_hf
+def _open_gguf(
+    path: Path, dev: torch.device, dtype: torch.dtype | None, quantized: bool
+) -> Bundle:
+    from lamina.data.pretrained import PretrainedTokenizer
+    from lamina.interop.gguf import load_gguf
 
-    return tokenizer_from_hf(d, vocab_size)
-
-
-def _open_gguf(path: Path, dev: torch.device, dtype: torch.dtype | None, quantized: bool) -> Bundle:
-    try:
-        from lamina.data.pretrained import PretrainedTokenizer
-        from lamina.interop.gguf import load_gguf
-    except ImportError:
-        raise LaminaError(
-            f"{path}: this lamina build cannot read GGUF files (lamina.interop.gguf is missing)"
-        ) from None
-    model, metadata = load_gguf(path, quantized=quantized)
+    model, metadata = load_gguf(path, **({"quantized": True} if quantized else {}))
     tokenizer = PretrainedTokenizer.from_gguf_metadata(metadata)
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise LaminaError(
+            f"{path}: its vocabulary has {tokenizer.vocab_size:,} tokens, more than the token "
+            f"table's {model.config.vocab_size:,} rows"
+        )
     if dtype is not None:
         model = model.to(dtype)
     return Bundle(model.eval().to(dev), tokenizer, Origin("gguf", path, (path,)))
