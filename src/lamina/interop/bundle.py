@@ -199,9 +199,7 @@ def _open_hf(d: Path, data: dict[str, Any], dev: torch.device, dtype: torch.dtyp
     return Bundle(model.to(dev), tokenizer, Origin("hf", d, files))
 
 
-def _open_gguf(
-    path: Path, dev: torch.device, dtype: torch.dtype | None, quantized: bool
-) -> Bundle:
+def _open_gguf(path: Path, dev: torch.device, dtype: torch.dtype | None, quantized: bool) -> Bundle:
     from lamina.data.pretrained import PretrainedTokenizer
     from lamina.interop.gguf import load_gguf
 

@@ -19,6 +19,7 @@ Deliberately unaware of model families: the converters (hf_gpt2, hf_llama) write
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -100,6 +101,10 @@ class HFWeights:
         f = self.files[name]
         return tuple(f.shape) if isinstance(f, Tensor) else f.shape(self.keys[name])
 
+    def dtype(self, name: str) -> torch.dtype:
+        f = self.files[name]
+        return f.dtype if isinstance(f, Tensor) else f.dtype(self.keys[name])
+
     def read(
         self, name: str, out: Tensor | None = None, dtype: torch.dtype | None = None
     ) -> Tensor:
@@ -125,6 +130,10 @@ def _part_shapes(
     return [shape] if rows is None else [(n, *shape[1:]) for n in rows]
 
 
+def _nbytes(weights: HFWeights, name: str) -> int:
+    return math.prod(weights.shape(name)) * torch.empty(0, dtype=weights.dtype(name)).element_size()
+
+
 def gather(
     weights: HFWeights,
     plan: Plan,
@@ -148,10 +157,17 @@ def gather(
                 raise LaminaError(
                     f"{where}: tensor {hf} has shape {weights.shape(hf)}, config.json implies {want}"
                 )
+    # transposed tensors are read into one scratch buffer, then copied transposed: a temporary
+    # per tensor would leave the allocator's heap full of holes (measured: 1.45x the weights)
+    sizes = [_nbytes(weights, names[0]) for _, names, transposed, _ in plan if transposed]
+    scratch = torch.empty(max(sizes, default=0), dtype=torch.uint8)
     state = {}
     for ours, names, transposed, _ in plan:
         if transposed:
-            state[ours] = weights.read(names[0]).t().to(dtype).contiguous()
+            hf = names[0]
+            n = _nbytes(weights, hf)
+            raw = scratch[:n].view(weights.dtype(hf)).view(weights.shape(hf))
+            state[ours] = torch.empty(shapes[ours], dtype=dtype).copy_(weights.read(hf, raw).t())
             continue
         if len(names) == 1:
             state[ours] = weights.read(names[0], dtype=dtype)

@@ -81,6 +81,8 @@ class GPT(nn.Module):
 
     def reset_parameters(self) -> None:
         c = self.config
+        if self.head.weight.is_meta:  # built on the meta device: shapes only, nothing to draw
+            return
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear):
                 residual = name.endswith(".proj")  # attn.proj and ff.proj write the stream
