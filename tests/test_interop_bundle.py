@@ -56,6 +56,12 @@ def test_each_source_kind_opens_to_the_same_model(folders):
     assert lamina.open(d / "hf").tokenizer is None  # save_hf carries no char tokenizer
 
 
+def test_dtype_is_applied_as_the_tensors_are_read(folders):
+    for name in ("model", "hf"):
+        model = lamina.open(folders[0] / name, dtype=torch.bfloat16).model
+        assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+
+
 def test_special_ids_and_template_come_from_the_tokenizer(folders):
     """A char tokenizer names no end of turn and no template: empty, None, not a chat model."""
     b = lamina.open(folders[0] / "model")
