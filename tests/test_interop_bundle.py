@@ -126,6 +126,14 @@ def test_require_names_what_a_verb_misses(folders):
         b.require("classifier")
 
 
+def test_sample_chat_needs_a_template_and_system_needs_chat(folders, capsys):
+    model = str(folders[0] / "model")
+    assert main(["sample", model, "--chat", "--prompt", "ROMEO"]) == 2
+    assert "has no chat template" in capsys.readouterr().err
+    assert main(["sample", model, "--system", "be brief", "--prompt", "ROMEO"]) == 2
+    assert "--system needs --chat" in capsys.readouterr().err
+
+
 # Peak from VmHWM, not getrusage's ru_maxrss: Linux carries ru_maxrss across fork + exec, so a
 # child of this (large) pytest process would start with pytest's own peak. One fresh process
 # per folder (memory freed by one open would be reused by the next), started together.
