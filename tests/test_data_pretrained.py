@@ -243,40 +243,49 @@ def test_folder_ids_equal_transformers(folder):
         assert tok.render_chat(CHAT[:end]) == _hf_chat(ref, CHAT[:end], True), kind
 
 
-def test_sentencepiece_bpe_from_gguf_metadata_equals_transformers(tmp_path):
-    """tokenizer.ggml.model "llama": merges rebuilt from scores, byte fallback, bos added."""
+def _write_gguf(path: Path, meta: dict) -> Path:
+    """A GGUF file holding `meta` (and one tiny tensor), for transformers' GGUF tokenizer."""
     gguf = pytest.importorskip("gguf")
     import numpy as np
 
+    w = gguf.GGUFWriter(path, "llama")
+    for key, value in meta.items():
+        if isinstance(value, str):
+            w.add_string(key, value)
+        elif isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, int):
+            w.add_uint32(key, value)
+        else:
+            w.add_array(key, value)
+    w.add_tensor("token_embd.weight", np.zeros((4, 4), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _gguf_reference(tmp_path: Path, meta: dict):
+    _write_gguf(tmp_path / "t.gguf", meta)
+    return transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="t.gguf")
+
+
+def test_sentencepiece_bpe_from_gguf_metadata_equals_transformers(tmp_path):
+    """tokenizer.ggml.model "llama": merges rebuilt from scores, byte fallback, bos added."""
     vocab = tt.json_model(tt.sentencepiece_bpe())["vocab"]
     tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
-    types = [2, 3, 3] + [6] * 256 + [1] * (len(tokens) - 259)
-    scores = [0.0] * 259 + [-float(i) for i in range(len(tokens) - 259)]
     meta = {
         "tokenizer.ggml.model": "llama",
         "tokenizer.ggml.tokens": tokens,
-        "tokenizer.ggml.scores": scores,
-        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.scores": [0.0] * 259 + [-float(i) for i in range(len(tokens) - 259)],
+        "tokenizer.ggml.token_type": [2, 3, 3] + [6] * 256 + [1] * (len(tokens) - 259),
         "tokenizer.ggml.bos_token_id": 1,
         "tokenizer.ggml.eos_token_id": 2,
         "tokenizer.ggml.unknown_token_id": 0,
         "tokenizer.chat_template": tt.CHATML,
     }
-    w = gguf.GGUFWriter(tmp_path / "t.gguf", "llama")
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
-    w.add_chat_template(tt.CHATML)
-    w.add_tensor("token_embd.weight", np.zeros((len(tokens), 4), dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    ref = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="t.gguf")
+    ref = _gguf_reference(tmp_path, meta)
     tok = PretrainedTokenizer.from_gguf_metadata(meta)
     assert tok.add_bos and tok.bos_id == 1 and tok.eot_ids == (2,)
     for text in TEXTS + [" leading space", "<s>x</s>"]:
@@ -285,6 +294,29 @@ def test_sentencepiece_bpe_from_gguf_metadata_equals_transformers(tmp_path):
             ref.encode(text, add_special_tokens=False)
         )
     assert tok.render_chat(CHAT) == _hf_chat(ref, CHAT, True)
+
+
+@pytest.mark.parametrize("pre", ["gpt2", "llama-bpe", "qwen2"])
+def test_byte_level_pre_tokenizers_from_gguf_metadata_equal_transformers(tmp_path, pre):
+    model = tt.json_model(tt.byte_level_bpe())
+    tokens = [t for t, _ in sorted(model["vocab"].items(), key=lambda kv: kv[1])]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
+    meta = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": pre,
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.token_type": [3, 3, 3] + [1] * (len(tokens) - 3),
+        "tokenizer.ggml.bos_token_id": 1,
+        "tokenizer.ggml.eos_token_id": 2,
+        "tokenizer.ggml.add_bos_token": pre == "llama-bpe",
+    }
+    ref = _gguf_reference(tmp_path, meta)
+    tok = PretrainedTokenizer.from_gguf_metadata(meta)
+    assert tok.add_bos is (pre == "llama-bpe") and set(tok.eot_ids) == {2, 0}
+    for text in TEXTS + ["And  3+3 1234567 x\n\n\t\r\n  \n"]:
+        assert tok.encode_prompt(text) == ref.encode(text), (pre, text)
+        assert tok.decode(tok.encode(text)) == text
 
 
 def test_generation_config_eos_list_adds_end_of_turn_ids(smol, tmp_path):

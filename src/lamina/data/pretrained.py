@@ -31,6 +31,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from lamina.data.chat import assistant_spans, render_chat_template
 from lamina.data.gguf_vocab import gguf_tokenizer_json
 from lamina.data.tokenizers import check_token_ids, register_tokenizer
@@ -142,6 +144,10 @@ class PretrainedTokenizer:
         if not isinstance(text, str):
             raise LaminaError(f"text must be a str, got {type(text).__name__}")
         return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_array(self, text: str) -> np.ndarray:
+        """``encode(text)`` as int64, shape ``(n_tokens,)`` (what corpus code asks for)."""
+        return np.asarray(self.encode(text), dtype=np.int64)
 
     def encode_prompt(self, text: str) -> list[int]:
         """What a plain prompt gets: ``encode(text)``, with bos first when ``add_bos``."""
