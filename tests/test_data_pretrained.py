@@ -241,6 +241,12 @@ def test_folder_ids_equal_transformers(folder):
         assert tok.decode(ids, skip_special=True) == ref.decode(ids, skip_special_tokens=True)
     for end in (1, 2, 3):
         assert tok.render_chat(CHAT[:end]) == _hf_chat(ref, CHAT[:end], True), kind
+    ids, mask = tok.chat_with_mask(CHAT)
+    assert ids == tok.render_chat(CHAT, add_generation_prompt=False)
+    marked = tok.decode([i for i, m in zip(ids, mask, strict=True) if m])
+    if kind != "unigram":  # its tiny vocabulary has no "|" or "6": <unk> there
+        assert marked.replace(" ", "") == "4.😀<|im_end|>6,saidthecafé.<|im_end|>", kind
+    assert mask[-1] is False and tok.decode(ids[-1:]).strip() == ""  # the final newline
 
 
 def _write_gguf(path: Path, meta: dict) -> Path:
@@ -356,6 +362,8 @@ def test_broken_descriptions_and_folders_are_refused(tmp_path, smol):
         PretrainedTokenizer.from_dict({**smol.to_dict(), "extra": 1})
     with pytest.raises(LaminaError, match="outside the vocabulary"):
         smol.decode([49152])
+    with pytest.raises(LaminaError, match="lone surrogate '\\\\ud800' at position 1"):
+        smol.encode("x\ud800")
     with pytest.raises(LaminaError, match="no tokenizer.json"):
         PretrainedTokenizer.from_hf_folder(tmp_path)
     (tmp_path / "tokenizer.json").write_text(smol.hf_json)
