@@ -249,13 +249,15 @@ def test_folder_ids_equal_transformers(folder):
     assert mask[-1] is False and tok.decode(ids[-1:]).strip() == ""  # the final newline
 
 
-def _write_gguf(path: Path, meta: dict) -> Path:
+def _write_gguf(path: Path, meta: dict, arch: str = "llama") -> Path:
     """A GGUF file holding `meta` (and one tiny tensor), for transformers' GGUF tokenizer."""
     gguf = pytest.importorskip("gguf")
     import numpy as np
 
-    w = gguf.GGUFWriter(path, "llama")
+    w = gguf.GGUFWriter(path, arch)
     for key, value in meta.items():
+        if key == "general.architecture":
+            continue
         if isinstance(value, str):
             w.add_string(key, value)
         elif isinstance(value, bool):
@@ -272,16 +274,24 @@ def _write_gguf(path: Path, meta: dict) -> Path:
     return path
 
 
-def _gguf_reference(tmp_path: Path, meta: dict):
-    _write_gguf(tmp_path / "t.gguf", meta)
-    return transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="t.gguf")
+def _gguf_reference(tmp_path: Path, meta: dict, arch: str = "llama"):
+    """transformers' tokenizer for a GGUF file: AutoTokenizer for llama, the class it picks
+    (TokenizersBackend) for the others, whose config would need more keys than a tokenizer."""
+    _write_gguf(tmp_path / "t.gguf", meta, arch)
+    cls = transformers.AutoTokenizer if arch == "llama" else transformers.TokenizersBackend
+    return cls.from_pretrained(tmp_path, gguf_file="t.gguf")
 
 
-def test_sentencepiece_bpe_from_gguf_metadata_equals_transformers(tmp_path):
-    """tokenizer.ggml.model "llama": merges rebuilt from scores, byte fallback, bos added."""
+@pytest.mark.parametrize("arch", ["llama", "gemma", "phi3"])
+def test_sentencepiece_bpe_from_gguf_metadata_equals_transformers(tmp_path, arch):
+    """tokenizer.ggml.model "llama": merges rebuilt from scores (Gemma: from positions, its
+    space runs stored as spaces), byte fallback, bos added."""
     vocab = tt.json_model(tt.sentencepiece_bpe())["vocab"]
     tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    if arch == "gemma":  # Gemma files spell a token of 2+ spaces with spaces
+        tokens += ["  ", "   "]
     meta = {
+        "general.architecture": arch,
         "tokenizer.ggml.model": "llama",
         "tokenizer.ggml.tokens": tokens,
         "tokenizer.ggml.scores": [0.0] * 259 + [-float(i) for i in range(len(tokens) - 259)],
@@ -291,11 +301,11 @@ def test_sentencepiece_bpe_from_gguf_metadata_equals_transformers(tmp_path):
         "tokenizer.ggml.unknown_token_id": 0,
         "tokenizer.chat_template": tt.CHATML,
     }
-    ref = _gguf_reference(tmp_path, meta)
+    ref = _gguf_reference(tmp_path, meta, arch)
     tok = PretrainedTokenizer.from_gguf_metadata(meta)
     assert tok.add_bos and tok.bos_id == 1 and tok.eot_ids == (2,)
-    for text in TEXTS + [" leading space", "<s>x</s>"]:
-        assert tok.encode_prompt(text) == ref.encode(text), text
+    for text in TEXTS + [" leading space", "<s>x</s>", "a  b   c"]:
+        assert tok.encode_prompt(text) == ref.encode(text), (arch, text)
         assert tok.decode(tok.encode(text)) == ref.decode(
             ref.encode(text, add_special_tokens=False)
         )
