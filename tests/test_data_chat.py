@@ -40,6 +40,8 @@ TEMPLATES = {
         "{{ ns.n }}: {{ m | tojson }}\n"
         "{% endfor %}\n"
         "{% if add_generation_prompt %}{% generation %}>>{% endgeneration %}{% endif %}"
+        "{% if tools is not none %}{{ tools | length }} tools{% endif %}"
+        "{{ documents is none }}"
     ),
 }
 VARIABLES = {"bos_token": "<s>", "eos_token": "</s>"}
