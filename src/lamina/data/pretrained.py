@@ -96,7 +96,8 @@ class PretrainedTokenizer:
             msg = " ".join(str(e).split())
             raise LaminaError(f"tokenizer JSON is not readable by `tokenizers`: {msg}") from None
         self._json = hf_json
-        n = self._size = self._tok.get_vocab_size(with_added_tokens=True)
+        # One past the largest id (a vocabulary with holes has more ids than entries).
+        n = self._size = max(self._tok.get_vocab(with_added_tokens=True).values(), default=-1) + 1
         self.bos_id = _id_or_none(bos_id, "bos_id", n)
         self.eos_id = _id_or_none(eos_id, "eos_id", n)
         self.pad_id = _id_or_none(pad_id, "pad_id", n)
@@ -272,7 +273,7 @@ class PretrainedTokenizer:
             return NotImplemented
         return self.to_dict() == other.to_dict()
 
-    __hash__ = None  # type: ignore[assignment]  # mutable-free but large: compare, do not hash
+    __hash__ = None  # type: ignore[assignment]  # compared by content, which may change
 
     def __repr__(self) -> str:
         return (
