@@ -20,6 +20,7 @@ the metadata), chat templates, and models. It imports only ``tokenizers``.
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 from lamina.errors import LaminaError
@@ -70,11 +71,15 @@ def _special_ids(meta: dict[str, Any], n: int) -> dict[str, int]:
         value = meta.get(f"tokenizer.ggml.{key}")
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < n:
+        try:
+            i = None if isinstance(value, bool) else operator.index(value)  # numpy ints too
+        except TypeError:
+            i = None
+        if i is None or not 0 <= i < n:
             raise LaminaError(
                 f"GGUF metadata tokenizer.ggml.{key} = {value!r} is not a token id in [0, {n})"
             )
-        out[role] = value
+        out[role] = i
     return out
 
 
