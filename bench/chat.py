@@ -30,10 +30,9 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from lamina.interop.bundle import open_model  # noqa: E402
-
 from lamina.generation import generate  # noqa: E402
 from lamina.generation.chat import ChatOptions, Conversation, PrefixCache, stream_reply  # noqa: E402
+from lamina.interop.bundle import open_model  # noqa: E402
 
 TURNS = [
     "What is the capital of France?",
