@@ -29,6 +29,7 @@ from lamina.models import (
     SequenceClassifier,
     count_params,
 )
+from lamina.quant import quantize
 from lamina.version import __version__ as __version__
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "from_hf",
     "generate",
     "load",
+    "quantize",
     "save",
     "save_hf",
     "stream",

@@ -29,10 +29,8 @@ Deliberately unaware of the loop, checkpoints, run directories and the command l
 
 from __future__ import annotations
 
-import functools
 import os
 import zlib
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -44,6 +42,7 @@ from lamina.models.config import EncoderConfig, GPTConfig
 from lamina.models.encoder import SequenceClassifier
 from lamina.models.gpt import GPT
 from lamina.models.params import count_params
+from lamina.quant import native_bf16
 from lamina.training.config import TrainConfig
 from lamina.training.optim import build_optimizer
 from lamina.training.tasks import FirstLastTask, LMTask
@@ -72,21 +71,6 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-@functools.lru_cache(maxsize=1)
-def cpu_has_fast_bf16() -> bool:
-    """True where the CPU multiplies bf16 matrices natively (AMX-BF16 or AVX512-BF16)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text(errors="ignore").split()
-    except OSError:
-        flags = []
-    native = "amx_bf16" in flags or "avx512_bf16" in flags
-    try:
-        native = native and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        pass
-    return native
-
-
 def use_bf16(dtype: str, device: torch.device, d_model: int) -> bool:
     """Whether to train under bf16 autocast: explicit, or by `auto`'s measured rule."""
     if dtype == "fp32":
@@ -98,7 +82,7 @@ def use_bf16(dtype: str, device: torch.device, d_model: int) -> bool:
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
     if device.type == "cpu":
-        return cpu_has_fast_bf16() and d_model >= BF16_MIN_WIDTH
+        return native_bf16() and d_model >= BF16_MIN_WIDTH
     return False
 
 

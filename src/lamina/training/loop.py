@@ -40,9 +40,10 @@ from torch import nn
 
 from lamina.errors import LaminaError
 from lamina.modes import eval_mode, non_finite
+from lamina.pictures import loss_curves
 from lamina.training.distributed import agree, global_mean
 from lamina.training.optim import TimeBudget, schedule
-from lamina.training.progress import Progress, loss_plot
+from lamina.training.progress import Progress
 from lamina.training.session import Session, save_checkpoint
 from lamina.training.tasks import Batch, TrainTask, slice_batch, to_device, val_line
 
@@ -244,7 +245,9 @@ def run_training(
         prog.message(f"eval step {s.step}: {'val ' if 'nats/char' in line else ''}{line}")
         if s.writer:
             s.run.write_metrics(s.metrics)
-            s.run.write_bytes("loss.png", loss_plot(s.metrics))
+            s.run.write_bytes(
+                "loss.png", loss_curves([(s.run.path.name, s.metrics)], by_time=False)
+            )
             for name, blob in getattr(s.task, "eval_files", dict)().items():  # e.g. confusion.png
                 s.run.write_bytes(name, blob)
 
