@@ -97,11 +97,8 @@ def classify_tokenizer(spec: str, texts: list[str], run_path: Path | None = None
     """The tokenizer a spec names, fit on the training texts (see the module docstring)."""
     if run_path is not None and (run_path / "tokenizer.json").is_file():
         return load_tokenizer(run_path / "tokenizer.json")
-    if spec == "char":
+    if spec == "char":  # the one kind a classifier builds its own way: unseen characters map to UNK
         return CharTokenizer.from_text("".join(texts), unk=UNK)
-    p = Path(spec)
-    if p.is_dir() or (p.suffix == ".json" and p.is_file()):
-        return load_tokenizer(p / "tokenizer.json" if p.is_dir() else p)
     return build_tokenizer(spec, "\n".join(texts))
 
 
