@@ -143,7 +143,7 @@ def test_a_second_bpe_run_on_the_same_file_neither_refits_nor_reencodes(
     s2 = new_session(cfg, out=tmp_path / "r2")
     s2.run.release()
     assert fits["n"] == 1
-    assert np.array_equal(np.asarray(s.task.train), np.asarray(s2.task.train))
+    assert np.array_equal(np.asarray(s.objective.train), np.asarray(s2.objective.train))
 
 
 def test_bpe_larger_than_the_text_supports_is_refused_in_one_line(corpus, tmp_path, capsys):
