@@ -90,3 +90,19 @@ def test_resume_refuses_changed_data_and_a_damaged_state(corpus, tmp_path):
     (tmp_path / "r" / "trainer_state.json").write_text(json.dumps(state))
     with pytest.raises(LaminaError, match="damaged"):
         resume_session(tmp_path / "r", {})
+
+
+def test_a_run_recorded_with_the_old_flat_config_resumes(corpus, tmp_path):
+    """Before the task registry, train_config.json held every task's fields side by side."""
+    s = new_session(tiny(corpus), out=tmp_path / "r")
+    save_checkpoint(s)
+    s.run.release()
+    path = tmp_path / "r" / "train_config.json"
+    saved = json.loads(path.read_text())
+    flat = {k: v for k, v in saved["train"].items() if k != "options"}
+    flat |= {"val_data": None, "text_column": "text", "label_column": "label", "max_len": 256,
+             "pooling": "mean", "class_weights": "none", "bucket": False}  # fmt: skip
+    path.write_text(json.dumps({**saved, "train": flat}))
+    back = resume_session(tmp_path / "r", {"max_steps": 9})
+    back.run.release()
+    assert back.cfg == s.cfg.replace(max_steps=9)
