@@ -14,7 +14,8 @@ from lamina.cli import main
 from lamina.cli.train import flags_markdown, train_flags
 from lamina.errors import LaminaError
 from lamina.training.classify import ClassifyOptions
-from lamina.training.config import CPU_SHAPE, DEFAULTS, Default, TrainConfig, default_text
+from lamina.training.config import DEFAULTS, TrainConfig, default_text
+from lamina.training.defaults import CPU_SHAPE, Default
 from lamina.training.registry import TASKS, load_config, make_config, resolve
 
 

@@ -1,8 +1,9 @@
 """Training: one loop for every task, with schedules, checkpoints and run directories.
 
     config.py       TrainConfig, the shared fields (frozen, validated, JSON out), each made by
-                    `option(...)` with its help and default beside it; DEFAULTS, the one table
-                    of what None means; plan_batch; parse_duration
+                    `defaults.option(...)` with its help and default beside it; DEFAULTS, the
+                    one table of what None means; plan_batch; parse_duration
+    defaults.py     option() and Default: a field's help, flag and what None means, beside it
     registry.py     the training tasks in one table (lm, first-last, classify): each one
                     module with its options dataclass, build() and finished(); make_config /
                     load_config (old flat configs too) and resolve, the one place defaults

@@ -57,7 +57,8 @@ from lamina.models.config import EncoderConfig
 from lamina.models.encoder import SequenceClassifier
 from lamina.modes import eval_mode
 from lamina.training.classify_metrics import confusion, confusion_png, majority_baseline, scores
-from lamina.training.config import TrainConfig, option
+from lamina.training.config import TrainConfig
+from lamina.training.defaults import option
 from lamina.training.objectives import Batch, Built, rng_state, rng_text
 from lamina.validate import boolean, choice
 

@@ -3,10 +3,9 @@
     TrainConfig(...)                       how to train (data, batch, schedule, precision, output);
                                            validated when built; JSON out (to_dict); the task's
                                            own fields live in `options` (see registry.py)
-    option(default, help, none=..., **flag)  a field with its help text, its default for None
-                                           and its argparse keywords beside it: the one place
-                                           `lamina train --help`, DEFAULTS and the README's list
-                                           of flags read a field from
+    (each field is made by `defaults.option`: its help text, its default for None and its
+    argparse keywords beside it, the one place `lamina train --help`, DEFAULTS and the README's
+    list of flags read a field from)
     DEFAULTS                               what None means for each field, in one table (read
                                            from the fields' `none=` metadata)
     fill_defaults(cfg, where) -> TrainConfig   every None a run needs, for one Situation
@@ -32,13 +31,23 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from lamina.errors import LaminaError
 from lamina.models.config import GPT_PRESETS
-from lamina.quant import native_bf16
+from lamina.training.defaults import (
+    CPU_SHAPE,
+    FINETUNE_LR,
+    FINETUNE_WARMUP,
+    NS_DTYPE_CPU,
+    Default,
+    Situation,
+    eval_every_rule,
+    option,
+    warmup_rule,
+    words,
+)
 from lamina.validate import (
     boolean,
     choice,
@@ -54,7 +63,6 @@ DtypeName = Literal["auto", "fp32", "bf16"]
 DecayKind = Literal["cosine", "linear", "wsd"]
 OptimizerName = Literal["adamw", "muon"]
 NSDtype = Literal["fp32", "bf16"]
-Situation = Literal["cpu", "gpu", "first-last"]
 
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(s|m|h|)\s*$", re.IGNORECASE)
@@ -75,104 +83,6 @@ def parse_duration(text: str | float | int) -> float:
     if not math.isfinite(seconds) or seconds <= 0:
         raise LaminaError(f"duration must be positive, got {text!r}")
     return seconds
-
-
-def words(value: Any) -> str:
-    """A default in words: none, on/off, 0.001, 48."""
-    if value is None:
-        return "none"
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    if isinstance(value, float):
-        return f"{value:g}"
-    return str(value)
-
-
-@dataclass(frozen=True)
-class Default:
-    """What None means for one field: a value per situation, or a rule over earlier fields.
-
-    `rule` computes the value from the fields resolved before it (field order); `text` says the
-    rule in words (or, without a rule, what None keeps meaning); `unless` names a field whose
-    being set keeps this one None; `note` is added to the generated description.
-    """
-
-    cpu: Any = None  # a language model on a CPU (or an Apple GPU)
-    gpu: Any = None  # a language model on a CUDA GPU
-    first_last: Any = None  # the encoder classifier's tasks (first-last, classify)
-    finetune: Any = None  # with --init-from, in any situation (None: as without it)
-    rule: Callable[[dict[str, Any]], Any] | None = None
-    text: str = ""
-    unless: str | None = None
-    note: str = ""
-
-    def value(self, where: Situation, fields: dict[str, Any]) -> Any:
-        if self.unless is not None and fields[self.unless] is not None:
-            return None
-        if self.finetune is not None and fields.get("init_from") is not None:
-            return self.finetune
-        if self.rule is not None:
-            return self.rule(fields)
-        return {"cpu": self.cpu, "gpu": self.gpu, "first-last": self.first_last}[where]
-
-    def describe(self) -> str:
-        if self.text:
-            return self.text
-        cpu, gpu, fl = self.cpu, self.gpu, self.first_last
-        if cpu == gpu:
-            out = words(cpu)
-            if fl is not None and fl != cpu:
-                out += f"; {words(fl)} for first-last"
-        elif fl == gpu:
-            out = f"{words(cpu)} on a CPU, {words(gpu)} on a GPU and for first-last"
-        else:
-            out = f"{words(cpu)} on a CPU, {words(gpu)} on a GPU"
-            if fl is not None:
-                out += f"; {words(fl)} for first-last"
-        if self.unless is not None:
-            out += f"; none with --{self.unless.replace('_', '-')}"
-        if self.finetune is not None:
-            out += f"; {words(self.finetune)} with --init-from"
-        return out + self.note
-
-
-def option(
-    default: Any = None,
-    help: str = "",  # noqa: A002 - argparse's word
-    *,
-    none: Default | None = None,
-    factory: Callable[[], Any] | None = None,
-    flag: bool = True,
-    **argparse_keywords: Any,
-) -> Any:
-    """A config field with everything said about it in one place: its help (for --help, the
-    README's list), `none` (what None resolves to, for DEFAULTS) and extra argparse keywords
-    (type and choices come from the annotation; flag=False: no command-line flag)."""
-    meta = {"help": help, "none": none, "flag": argparse_keywords if flag else None}
-    if factory is not None:
-        return field(default_factory=factory, metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-# the model shape when the preset is chosen for you on a CPU: more steps in a short budget beat
-# a fourth layer, and dropout only slows a run of minutes (see the module docstring)
-CPU_SHAPE: dict[str, Any] = {"n_layers": 3, "dropout": 0.0}
-# Muon's Newton-Schulz steps in bf16 ran 2x faster than fp32 on a CPU with AVX512-BF16; where
-# bf16 is emulated (AVX2-only CPUs) they would be many times slower
-NS_DTYPE_CPU = "bf16" if native_bf16() else "fp32"
-
-# --init-from: a pretrained model needs a gentler peak and little warmup (BENCHMARKS.md,
-# "Fine-tuning": a char-cpu model fine-tuned on new text for 100 steps on a CPU)
-FINETUNE_LR = 1e-3
-FINETUNE_WARMUP = 10
-
-
-def _warmup(f: dict[str, Any]) -> int:
-    return min(100, f["max_steps"] // 10) if f["max_steps"] else 20
-
-
-def _eval_every(f: dict[str, Any]) -> int | None:
-    return max(1, f["max_steps"] // 10) if f["max_steps"] else None
 
 
 _N, _X = {"metavar": "N"}, {"metavar": "X"}
@@ -242,7 +152,7 @@ class TrainConfig:
         "linear warmup steps",
         none=Default(
             finetune=FINETUNE_WARMUP,
-            rule=_warmup,
+            rule=warmup_rule,
             text="100, or a tenth of the steps if that is fewer; 20 with --max-time; "
             f"{FINETUNE_WARMUP} with --init-from",
         ),
@@ -301,7 +211,7 @@ class TrainConfig:
         None,
         "steps between evaluations",
         none=Default(
-            rule=_eval_every,
+            rule=eval_every_rule,
             text="a tenth of the steps; with --max-time, at each fifth of the budget",
         ),
         **_N,
@@ -415,15 +325,6 @@ DEFAULTS: dict[str, Default] = {
     f.name: f.metadata["none"]
     for f in dataclasses.fields(TrainConfig)
     if f.metadata.get("none") is not None
-}
-
-# what a run recorded before these fields existed ran with (a resume fills them from here, not
-# from DEFAULTS, whose values may change)
-BEFORE_RECORDED: dict[str, Any] = {
-    "optimizer": "adamw",
-    "embed_lr_scale": 1.0,
-    "head_lr_scale": 1.0,
-    "decay_fraction": 0.2,
 }
 
 

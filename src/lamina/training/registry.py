@@ -40,14 +40,8 @@ from typing import Any
 
 from lamina.errors import LaminaError
 from lamina.training import classify, first_last, lm
-from lamina.training.config import (
-    BEFORE_RECORDED,
-    SHARED,
-    Situation,
-    TrainConfig,
-    fill_defaults,
-    plan_batch,
-)
+from lamina.training.config import SHARED, TrainConfig, fill_defaults, plan_batch
+from lamina.training.defaults import BEFORE_RECORDED, Situation
 from lamina.training.device import resolve_device
 from lamina.training.objectives import Built
 
