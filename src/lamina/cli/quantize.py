@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         raise LaminaError(f"--out {out} already exists; pick a new folder or pass --force")
     if out.exists() and not out.is_dir():
         raise LaminaError(f"--out {out} is a file, not a folder")
-    bundle = open_model(source).require("lm", tokenizer=False, verb="quantize")
+    bundle = open_model(source).require("decoder", tokenizer=False, verb="quantize")
     model, tokenizer = bundle.model, bundle.tokenizer
     if scheme_of(model) is not None:
         raise LaminaError(f"{source} is already quantized ({scheme_of(model)['scheme']})")

@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     from lamina.interop.bundle import open_model
     from lamina.serve import Engine, Limits, server
 
-    bundle = open_model(args.run).require("lm", verb="serve")
+    bundle = open_model(args.run).require("decoder", verb="serve")
     model, tokenizer = bundle.model, bundle.tokenizer
     limits = Limits(
         max_tokens=args.max_tokens,
