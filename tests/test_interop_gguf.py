@@ -354,3 +354,20 @@ def test_a_copy_of_the_real_file_refuses_truncation(smollm2_gguf, tmp_path):
         f.truncate(smollm2_gguf.stat().st_size - 1)
     with pytest.raises(LaminaError, match="output_norm.weight needs bytes up to"):
         read_gguf(cut)
+
+
+def test_transformers_reads_lamina_llama_gguf(tmp_path):
+    """An independent reader of the written file: transformers' GGUF loader (which undoes
+    llama.cpp's q/k permutation itself) gives lamina's logits."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    model = _tiny("llama-tiny", False)
+    save_gguf(model, tmp_path / "m.gguf")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path, gguf_file="m.gguf", dtype=torch.float32
+    ).eval()
+    ids = torch.randint(0, model.config.vocab_size, (2, 32))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, model(ids), atol=1e-5, rtol=0)

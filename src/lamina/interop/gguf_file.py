@@ -173,7 +173,8 @@ class _Cursor:
 
 
 def _header(cur: _Cursor) -> tuple[int, int, int]:
-    cur.need(4, "the magic")
+    if cur.size < 4:
+        raise LaminaError(f"{cur.where} is not a GGUF file ({cur.size} bytes, no magic)")
     magic = cur.buf[:4].tobytes()
     if magic != MAGIC:
         raise LaminaError(f"{cur.where} is not a GGUF file (it starts {magic!r}, not b'GGUF')")
