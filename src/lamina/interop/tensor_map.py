@@ -212,8 +212,17 @@ def to_lamina(table: list[Row], fetch: Callable[[str], Tensor]) -> dict[str, Ten
     """Lamina tensors from foreign ones (checked first with `check`)."""
     out = {}
     for row in table:
-        pieces = [p.transform.to_lamina(fetch(p.foreign)) for p in row.parts]
-        out[row.lamina] = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
+        if len(row.parts) == 1:
+            out[row.lamina] = row.parts[0].transform.to_lamina(fetch(row.parts[0].foreign))
+            continue
+        first = fetch(row.parts[0].foreign)
+        whole = torch.empty(row.shape, dtype=first.dtype)
+        at = 0
+        for i, p in enumerate(row.parts):  # each part written into its rows: no torch.cat
+            piece = first if i == 0 else fetch(p.foreign)
+            whole[at : at + p.rows] = p.transform.to_lamina(piece)
+            at += p.rows
+        out[row.lamina] = whole
     return out
 
 
