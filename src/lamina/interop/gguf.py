@@ -214,7 +214,7 @@ def load_gguf(
     present = {n: t.shape for n, t in tensors.items()}
     if config.tie_weights:
         present.pop("output.weight", None)  # the token table's own bytes
-    tensor_map.check(table, present, where, "its metadata")
+    tensor_map.check(table, present, where, "metadata")
     for name in present:  # refuse an unreadable type before dequantizing anything
         if tensors[name].qtype not in DEQUANTIZABLE:
             tensors[name].dequantize()  # raises the one-line refusal naming tensor and type

@@ -194,14 +194,14 @@ def check(
     table: list[Row], foreign_shapes: Mapping[str, tuple[int, ...]], where: str, implied: str
 ) -> None:
     """Refuse, in one line, foreign tensors missing, unexpected or not of the shape `implied`
-    (e.g. "its config.json") says: foreign_shapes holds every tensor the caller will not skip."""
+    (e.g. "config.json") says: foreign_shapes holds every tensor the caller will not skip."""
     wanted = {p.foreign: s for r in table for p, s in zip(r.parts, r.foreign_shapes(), strict=True)}
     missing = [k for k in wanted if k not in foreign_shapes]
     unexpected = sorted(set(foreign_shapes) - set(wanted))
     if missing or unexpected:
         parts = [f"missing {_listed(missing)}"] if missing else []
         parts += [f"unexpected {_listed(unexpected)}"] if unexpected else []
-        raise LaminaError(f"{where} does not match {implied}: {'; '.join(parts)}")
+        raise LaminaError(f"{where} does not match its {implied}: {'; '.join(parts)}")
     for name, want in wanted.items():
         got = tuple(foreign_shapes[name])
         if got != want:
