@@ -15,7 +15,7 @@ import torch
 
 from lamina import GPT, GPTConfig, LaminaError
 from lamina.interop import tensor_map
-from lamina.interop.gguf import gguf_config, load_gguf, read_gguf, save_gguf
+from lamina.interop.gguf import gguf_config, gguf_table, load_gguf, read_gguf, save_gguf
 
 gguf = pytest.importorskip("gguf")
 Q = gguf.GGMLQuantizationType
@@ -93,6 +93,16 @@ def test_real_gguf_config_and_metadata(smollm2, smollm2_gguf):
     assert kinds == {"Q4_1", "Q8_0", "F32"}
     q = contents.tensors["blk.0.attn_q.weight"]  # raw blocks: 576 rows of 18 x 20 bytes
     assert q.shape == (576, 576) and q.raw.shape == (576, 360) and q.raw.dtype == np.uint8
+    # the table's row transforms apply to raw blocks as to values (a quantized loader's path)
+    config, table = gguf_table(contents)
+    assert config == model.config
+    row = next(r for r in table if r.lamina == "blocks.0.attn.qkv.weight")
+    part = row.parts[0]
+    assert part.foreign == "blk.0.attn_q.weight" and part.rows == 576
+    blocks = part.transform.to_lamina(torch.from_numpy(q.raw.copy())).numpy()
+    from_blocks = gguf.quants.dequantize(blocks, Q.Q4_1)
+    assert np.array_equal(from_blocks, part.transform.to_lamina(q.dequantize()).numpy())
+    assert torch.equal(torch.from_numpy(from_blocks), model.blocks[0].attn.qkv.weight[:576])
 
 
 def _write(path, tensors: dict[str, tuple[np.ndarray, object]], arch="llama", **kv) -> None:
