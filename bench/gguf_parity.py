@@ -14,7 +14,8 @@ For each: top-1 agreement over the positions of a fixed token sequence (an Engli
 as llama.cpp's tokenizer of the real file splits it; random ids for the tiny models), the largest |logit
 difference| and the logit scale. llama.cpp multiplies quantized weights by activations it
 quantizes to 8 bits (Q4_1 x Q8_1, Q8_0 x Q8_0), so its logits differ from an fp32 model of the
-same weights by more than float rounding; on f32 files both compute in fp32. Needs
+same weights by more than float rounding; on f32 files both compute in fp32 (llama.cpp is
+given an fp32 KV cache here). Needs
 `make bench-deps` (llama-cpp-python). CPU flags printed beside the figures.
 """
 
@@ -71,9 +72,11 @@ def text_ids(path: Path, n: int) -> list[int]:
 def llama_cpp_logits(path: Path, ids: list[int]) -> np.ndarray:
     from llama_cpp import Llama
 
+    # type 0 = GGML_TYPE_F32: an fp32 KV cache (llama.cpp's default F16 cache alone gives
+    # |diff| ~0.06 on the f32 export)
     llm = Llama(
         model_path=str(path), n_ctx=max(len(ids), 64), n_batch=max(len(ids), 64),
-        logits_all=True, verbose=False, n_threads=os.cpu_count(),
+        logits_all=True, verbose=False, n_threads=os.cpu_count(), type_k=0, type_v=0,
     )  # fmt: skip
     llm.eval(ids)
     out = np.array(llm.scores[: len(ids)], dtype=np.float32)
