@@ -7,9 +7,9 @@
                                            transformers.GPT2LMHeadModel.from_pretrained loads
     config_from_hf(dict) -> GPTConfig      hf_config(GPTConfig) -> dict
 
-Names: lamina `blocks.{i}.attn.qkv` is HF `h.{i}.attn.c_attn`, and so on (the "hf-gpt2" column
-of `tensor_map`, which also checks keys and shapes). HF's Conv1D stores weights as (in, out);
-nn.Linear as (out, in): c_attn, c_proj and c_fc are transposed. QKV is [q | k | v] along the output dim in both. Keys may carry a `transformer.`
+Names: lamina `blocks.{i}.attn.qkv` is HF `h.{i}.attn.c_attn`, and so on (`layer_names`). HF's
+Conv1D stores weights as (in, out); nn.Linear as (out, in): c_attn, c_proj and c_fc are
+transposed. QKV is [q | k | v] along the output dim in both. Keys may carry a `transformer.`
 prefix or not, and torch.compile's `_orig_mod.`; the causal-mask buffers `attn.bias` /
 `attn.masked_bias` are ignored. A tied head (`tie_word_embeddings`, GPT-2's default) is the token
 table; an untied one is `lm_head.weight`. Weights of any float dtype load into an fp32 model.
@@ -46,11 +46,31 @@ from lamina.checkpoint import (
 from lamina.data.tokenizers import Tokenizer
 from lamina.errors import LaminaError
 from lamina.files import read_json, write_json
-from lamina.interop import tensor_map
 from lamina.interop.hf_tokenizer import save_hf_tokenizer
 from lamina.models.config import GPTConfig
 from lamina.models.gpt import GPT
 
+# lamina name inside block i -> (HF name inside h.{i}, stored transposed by HF's Conv1D)
+_BLOCK = {
+    "norm1.weight": ("ln_1.weight", False),
+    "norm1.bias": ("ln_1.bias", False),
+    "attn.qkv.weight": ("attn.c_attn.weight", True),
+    "attn.qkv.bias": ("attn.c_attn.bias", False),
+    "attn.proj.weight": ("attn.c_proj.weight", True),
+    "attn.proj.bias": ("attn.c_proj.bias", False),
+    "norm2.weight": ("ln_2.weight", False),
+    "norm2.bias": ("ln_2.bias", False),
+    "ff.fc.weight": ("mlp.c_fc.weight", True),
+    "ff.fc.bias": ("mlp.c_fc.bias", False),
+    "ff.proj.weight": ("mlp.c_proj.weight", True),
+    "ff.proj.bias": ("mlp.c_proj.bias", False),
+}
+_TOP = {
+    "embed.wte.weight": "wte.weight",
+    "embed.wpe.weight": "wpe.weight",
+    "norm_f.weight": "ln_f.weight",
+    "norm_f.bias": "ln_f.bias",
+}
 _MASK_BUFFER = re.compile(r"^h\.\d+\.attn\.(bias|masked_bias)$")
 _ACTIVATIONS = {"gelu_new": "gelu", "gelu_pytorch_tanh": "gelu", "relu": "relu"}
 # GPT2Config's defaults, used as transformers uses them: for fields config.json leaves out
@@ -61,6 +81,16 @@ _HF_DEFAULTS: dict[str, Any] = dict(
     add_cross_attention=False, tie_word_embeddings=True,
 )  # fmt: skip
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+
+
+def layer_names(config: GPTConfig) -> list[tuple[str, str, bool]]:
+    """(lamina name, HF name without `transformer.`, transposed) for every stored tensor."""
+    names = [(k, v, False) for k, v in _TOP.items()]
+    for i in range(config.n_layers):
+        names += [(f"blocks.{i}.{k}", f"h.{i}.{v}", t) for k, (v, t) in _BLOCK.items()]
+    if not config.tie_weights:
+        names.append(("head.weight", "lm_head.weight", False))
+    return names
 
 
 def config_from_hf(hf: Any, where: str = "config.json") -> GPTConfig:
@@ -177,8 +207,9 @@ def read_hf_weights(directory: Path) -> tuple[dict[str, Tensor], Path]:
     raise LaminaError(f"{directory} has no weights: expected one of {', '.join(WEIGHT_FILES)}")
 
 
-def _shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
-    return {k: tuple(v.shape) for k, v in strip_compiled_prefix(model.state_dict()).items()}
+def _listed(keys: list[str], limit: int = 8) -> str:
+    more = f" and {len(keys) - limit} more" if len(keys) > limit else ""
+    return ", ".join(keys[:limit]) + more
 
 
 def lamina_state(hf_state: dict[str, Tensor], model: GPT, where: str) -> dict[str, Tensor]:
@@ -190,9 +221,24 @@ def lamina_state(hf_state: dict[str, Tensor], model: GPT, where: str) -> dict[st
         if _MASK_BUFFER.match(key) or (key == "lm_head.weight" and config.tie_weights):
             continue  # causal-mask buffers; a tied head is the token table
         state[key] = value
-    table = tensor_map.rows(config, _shapes(model), "hf-gpt2")
-    tensor_map.check(table, {k: tuple(v.shape) for k, v in state.items()}, where, "config.json")
-    return tensor_map.to_lamina(table, state.__getitem__)
+    names = layer_names(config)
+    missing = [hf for _, hf, _ in names if hf not in state]
+    unexpected = sorted(set(state) - {hf for _, hf, _ in names})
+    if missing or unexpected:
+        parts = [f"missing {_listed(missing)}"] if missing else []
+        parts += [f"unexpected {_listed(unexpected)}"] if unexpected else []
+        raise LaminaError(f"{where} does not match its config.json: {'; '.join(parts)}")
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    out = {}
+    for ours, hf, transposed in names:
+        want = shapes[ours][::-1] if transposed else shapes[ours]
+        if tuple(state[hf].shape) != want:
+            raise LaminaError(
+                f"{where}: tensor {hf} has shape {tuple(state[hf].shape)}, "
+                f"config.json implies {want}"
+            )
+        out[ours] = state[hf].t() if transposed else state[hf]
+    return out
 
 
 def load_hf_folder(
@@ -222,10 +268,13 @@ def hf_state(model: nn.Module) -> dict[str, Tensor]:
     inner = unwrap(model)
     if not isinstance(inner, GPT):
         raise LaminaError(f"save_hf needs a lamina GPT, got {type(inner).__name__}")
-    ours = {k: v.detach().to("cpu") for k, v in strip_compiled_prefix(inner.state_dict()).items()}
-    table = tensor_map.rows(inner.config, _shapes(inner), "hf-gpt2")
-    out = tensor_map.to_foreign(table, ours)
-    return {k if k.startswith("lm_head") else f"transformer.{k}": v for k, v in out.items()}
+    ours = strip_compiled_prefix(inner.state_dict())
+    out = {}
+    for name, hf, transposed in layer_names(inner.config):
+        t = ours[name].detach().to("cpu")
+        key = hf if hf.startswith("lm_head") else f"transformer.{hf}"
+        out[key] = (t.t() if transposed else t).contiguous()
+    return out
 
 
 def write_hf_folder(

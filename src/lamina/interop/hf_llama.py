@@ -7,8 +7,7 @@
     config_from_hf_llama(dict) -> GPTConfig      hf_llama_config(GPTConfig) -> dict
 
 A Llama is a lamina GPT with positions="rope", norm="rms", activation="swiglu", pre-norm blocks,
-no qk-norm and no soft-cap. Names (the "hf-llama" column of `tensor_map`, which also checks keys
-and shapes) inside `model.layers.{i}`: input_layernorm = norm1,
+no qk-norm and no soft-cap. Names inside `model.layers.{i}`: input_layernorm = norm1,
 post_attention_layernorm = norm2, o_proj = attn.proj, down_proj = ff.proj. lamina fuses what HF
 keeps apart: `attn.qkv` is [q_proj | k_proj | v_proj] stacked along the output dim (widths
 H hd, H_kv hd, H_kv hd), and `ff.fc` is [gate_proj | up_proj]. No transposes: both sides are
@@ -37,8 +36,7 @@ from torch import Tensor, nn
 from lamina.checkpoint import strip_compiled_prefix, unwrap
 from lamina.data.tokenizers import Tokenizer
 from lamina.errors import LaminaError
-from lamina.interop import tensor_map
-from lamina.interop.hf_gpt2 import _shapes, load_hf_folder, write_hf_folder
+from lamina.interop.hf_gpt2 import _listed, load_hf_folder, write_hf_folder
 from lamina.models.config import GPTConfig
 from lamina.models.gpt import GPT
 
@@ -50,6 +48,42 @@ _HF_DEFAULTS: dict[str, Any] = dict(
     tie_word_embeddings=False, rope_theta=10000.0, rope_scaling=None, attention_bias=False,
     attention_dropout=0.0, mlp_bias=False, head_dim=None,
 )  # fmt: skip
+
+
+def tensor_groups(config: GPTConfig) -> list[tuple[str, list[str]]]:
+    """(lamina name, HF names concatenated along dim 0 to make it) for every stored tensor."""
+    groups = [("embed.wte.weight", ["model.embed_tokens.weight"])]
+    for i in range(config.n_layers):
+        hf = f"model.layers.{i}."
+        kinds = ["weight"] + (["bias"] if config.qkv_bias else [])
+        groups += [
+            (f"blocks.{i}.norm1.weight", [hf + "input_layernorm.weight"]),
+            *[
+                (f"blocks.{i}.attn.qkv.{k}", [f"{hf}self_attn.{p}_proj.{k}" for p in "qkv"])
+                for k in kinds
+            ],
+            (f"blocks.{i}.norm2.weight", [hf + "post_attention_layernorm.weight"]),
+        ]
+        for k in ["weight"] + (["bias"] if config.bias else []):
+            groups += [
+                (f"blocks.{i}.attn.proj.{k}", [f"{hf}self_attn.o_proj.{k}"]),
+                (f"blocks.{i}.ff.fc.{k}", [f"{hf}mlp.gate_proj.{k}", f"{hf}mlp.up_proj.{k}"]),
+                (f"blocks.{i}.ff.proj.{k}", [f"{hf}mlp.down_proj.{k}"]),
+            ]
+    groups.append(("norm_f.weight", ["model.norm.weight"]))
+    if not config.tie_weights:
+        groups.append(("head.weight", ["lm_head.weight"]))
+    return groups
+
+
+def _split_sizes(config: GPTConfig, name: str) -> list[int]:
+    """Rows of each HF tensor inside a fused lamina tensor."""
+    if ".attn.qkv." in name:
+        hd = config.head_dim
+        return [config.n_heads * hd, config.kv_heads * hd, config.kv_heads * hd]
+    if ".ff.fc." in name:
+        return [config.ff_width, config.ff_width]
+    return []
 
 
 def _rope(c: dict[str, Any], where: str) -> float:
@@ -166,9 +200,27 @@ def lamina_state_llama(hf_state: dict[str, Tensor], model: GPT, where: str) -> d
         if key.endswith("rotary_emb.inv_freq") or (key == "lm_head.weight" and config.tie_weights):
             continue  # a buffer older checkpoints saved; a tied head is the token table
         state[key] = value
-    table = tensor_map.rows(config, _shapes(model), "hf-llama")
-    tensor_map.check(table, {k: tuple(v.shape) for k, v in state.items()}, where, "config.json")
-    return tensor_map.to_lamina(table, state.__getitem__)
+    groups = tensor_groups(config)
+    wanted = [hf for _, names in groups for hf in names]
+    missing = [hf for hf in wanted if hf not in state]
+    unexpected = sorted(set(state) - set(wanted))
+    if missing or unexpected:
+        parts = [f"missing {_listed(missing)}"] if missing else []
+        parts += [f"unexpected {_listed(unexpected)}"] if unexpected else []
+        raise LaminaError(f"{where} does not match its config.json: {'; '.join(parts)}")
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    out = {}
+    for ours, names in groups:
+        sizes = _split_sizes(config, ours) or [shapes[ours][0]]
+        for hf, rows in zip(names, sizes, strict=True):
+            want = (rows, *shapes[ours][1:])
+            if tuple(state[hf].shape) != want:
+                raise LaminaError(
+                    f"{where}: tensor {hf} has shape {tuple(state[hf].shape)}, "
+                    f"config.json implies {want}"
+                )
+        out[ours] = torch.cat([state[hf] for hf in names]) if len(names) > 1 else state[names[0]]
+    return out
 
 
 def load_hf_llama(path: str | os.PathLike[str]) -> GPT:
@@ -181,8 +233,14 @@ def hf_llama_state(model: nn.Module) -> dict[str, Tensor]:
     inner = unwrap(model)
     if not isinstance(inner, GPT):
         raise LaminaError(f"save_hf needs a lamina GPT, got {type(inner).__name__}")
-    ours = {k: v.detach().to("cpu") for k, v in strip_compiled_prefix(inner.state_dict()).items()}
-    return tensor_map.to_foreign(tensor_map.rows(inner.config, _shapes(inner), "hf-llama"), ours)
+    ours = strip_compiled_prefix(inner.state_dict())
+    out = {}
+    for name, names in tensor_groups(inner.config):
+        t = ours[name].detach().to("cpu")
+        parts = t.split(_split_sizes(inner.config, name)) if len(names) > 1 else [t]
+        for hf, part in zip(names, parts, strict=True):
+            out[hf] = part.contiguous()
+    return out
 
 
 def save_hf_llama(

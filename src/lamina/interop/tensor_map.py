@@ -18,7 +18,10 @@ transform:
 The table covers a lamina GPT of either layout; which rows apply follows from the lamina
 model's own tensor names (its `state_dict` on the meta device), and a lamina tensor with no
 name in the format is refused. A tied head is not a row (it is the token table).
-Deliberately unaware of files and of how the foreign tensors are read.
+The GGUF reader and writer (gguf, gguf_write) go through it; the Hugging Face converters
+(hf_gpt2, hf_llama) still keep their own lists, which a test holds equal to the hf columns
+here (moving them onto this table is the next step). Deliberately unaware of files and of how
+the foreign tensors are read.
 """
 
 from __future__ import annotations
