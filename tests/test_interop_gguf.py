@@ -53,15 +53,23 @@ def smollm2(smollm2_gguf):
 
 
 @pytest.fixture(scope="module")
-def hf_smollm2(smollm2_gguf):
+def hf_smollm2(request, smollm2_gguf):
+    """transformers' model from the same GGUF: through the session's `smollm2_hf` folder where
+    conftest has it (transformers' own reading of the file, saved once), else read here."""
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    folder, name = smollm2_gguf.parent, smollm2_gguf.name
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        folder, gguf_file=name, dtype=torch.float32
-    )
+    try:
+        folder = request.getfixturevalue("smollm2_hf")
+    except pytest.FixtureLookupError:
+        folder = None
+    if folder is not None:
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    else:
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            smollm2_gguf.parent, gguf_file=smollm2_gguf.name, dtype=torch.float32
+        )
     return model.eval()
 
 

@@ -146,7 +146,7 @@ def _gguf_tokenizer(metadata: dict) -> tuple[object, str]:
         from lamina.data.pretrained import PretrainedTokenizer
     except ImportError:
         return None, "not carried (this lamina has no pretrained tokenizer kind)"
-    if "tokenizer.ggml.model" not in metadata:
+    if metadata.get("tokenizer.ggml.model", "none") == "none":  # llama.cpp's "no vocabulary"
         return None, "none in the file"
     tokenizer = PretrainedTokenizer.from_gguf_metadata(metadata)
     return tokenizer, tokenizer.to_dict()["kind"]
