@@ -280,6 +280,10 @@ def test_bad_save_requests_are_refused(tmp_path):
     post_ln = GPT(GPTConfig.preset("tiny", norm_first=False))
     with pytest.raises(LaminaError, match="cannot save as GGUF.*post-LN"):
         save_gguf(post_ln, tmp_path / "m.gguf")
+    from lamina.quant import quantize
+
+    with pytest.raises(LaminaError, match=r"needs a float model; this one is quantized \(int8\)"):
+        save_gguf(quantize(_tiny("llama-tiny", False), "int8"), tmp_path / "m.gguf")
     assert not list(tmp_path.iterdir())  # nothing left behind
 
 

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 from torch import nn
 
+import lamina.quant as quant
 from lamina.checkpoint import strip_compiled_prefix, unwrap
 from lamina.data.tokenizers import Tokenizer
 from lamina.errors import LaminaError
@@ -113,6 +114,12 @@ def save_gguf(
     inner = unwrap(model)
     if not isinstance(inner, GPT):
         raise LaminaError(f"save_gguf needs a lamina GPT, got {type(inner).__name__}")
+    scheme = quant.scheme_of(inner)
+    if scheme is not None:
+        raise LaminaError(
+            f"save_gguf needs a float model; this one is quantized ({scheme['scheme']}): "
+            "write the model before quantizing it (or use --type q8_0)"
+        )
     config = inner.config
     arch = gguf_arch(config)
     tok_meta = gguf_tokenizer_metadata(tokenizer, config.vocab_size)
