@@ -16,12 +16,11 @@ the converter cannot express) is one line on stderr and exit status 2; nothing i
 from __future__ import annotations
 
 import argparse
-import shutil
-import tempfile
 from pathlib import Path
 
 from lamina.cli import check_writable
 from lamina.errors import LaminaError
+from lamina.files import build_folder, check_output_folder
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -53,37 +52,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--force",
         action="store_true",
-        help="write into --out even if it already holds files (default: refuse)",
+        help="replace --out if lamina wrote it, once the new folder is complete (default: refuse)",
     )
     p.set_defaults(func=run)
 
 
-def _check_out(out: Path, force: bool) -> None:
-    if out.exists() and not out.is_dir():
-        raise LaminaError(f"--out {out} is a file, not a folder")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise LaminaError(f"--out {out} already holds files; pick a new folder or pass --force")
+def _check_out(out: Path, force: bool, source: Path) -> None:
+    check_output_folder(out, force=force, inputs=[("SOURCE", source)])
     check_writable(out, "--out")  # a file in the way, a read-only place: refused up front
 
 
-def _from_hf(source: Path, out: Path) -> str:
+def _from_hf(source: Path, out: Path, force: bool) -> str:
     from lamina.checkpoint import save_model
     from lamina.interop import from_hf
     from lamina.interop.hf_tokenizer import tokenizer_from_hf
 
     model = from_hf(source)
     tokenizer = tokenizer_from_hf(source, model.config.vocab_size)
-    if out.exists():
-        save_model(out, model, tokenizer)
-    else:  # build beside, then rename: a failed write leaves no half folder
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-        try:
-            save_model(tmp, model, tokenizer)
-            tmp.rename(out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+    build = lambda d: save_model(d, model, tokenizer)  # noqa: E731
+    build_folder(out, build, kind="model", force=force, inputs=[("SOURCE", source)])
     kind = tokenizer.to_dict()["kind"] if tokenizer is not None else "none found"
     if tokenizer is None and (source / "tokenizer.json").is_file():
         kind = "tokenizer.json not carried (lamina reads byte-level BPE ones only)"
@@ -111,9 +98,9 @@ def run(args: argparse.Namespace) -> int:
     import lamina.data.subword  # noqa: F401 - registers the byte, bpe and gpt2 tokenizer kinds
 
     source, out = Path(args.source), Path(args.out)
-    _check_out(out, args.force)
+    _check_out(out, args.force, source)
     if args.src_format == "hf":
-        note = _from_hf(source, out)
+        note = _from_hf(source, out, args.force)
     else:
         note = _to_hf(source, out)
     print(f"wrote {out} ({note})")

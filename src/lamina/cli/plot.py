@@ -66,16 +66,14 @@ def run_names(runs: list[str]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from lamina.files import atomic_write, check_output_file
+
     out = Path(args.out)
-    if out.is_dir():
-        raise LaminaError(f"--out {out} is a folder: give a file name, e.g. {out / 'curves.png'}")
-    if not out.parent.is_dir():
-        raise LaminaError(f"--out folder {out.parent} does not exist")
+    check_output_file(out, [("RUN", Path(r) / "metrics.jsonl") for r in args.runs], "--out")
     fmt = args.format or (out.suffix.lower().lstrip(".") if out.suffix.lower() == ".svg" else "png")
     runs = [
         (name, read_metrics(r)) for name, r in zip(run_names(args.runs), args.runs, strict=True)
     ]
-    from lamina.files import atomic_write
     from lamina.pictures import loss_curves
 
     picture = loss_curves(runs, fmt=fmt)

@@ -143,7 +143,9 @@ def new_session(
     if cfg.val_data is not None:
         cfg = cfg.replace(val_data=absolute(cfg.val_data))
     fresh = out is not None and not Path(out).exists()
-    run = RunDir.create(out, force=force) if out is not None else None
+    inputs = [("--data", cfg.data), ("--val-data", cfg.val_data), ("--init-from", cfg.init_from)]
+    inputs.append(("--tokenizer", cfg.tokenizer))  # a path (a run, a file); a kind never exists
+    run = RunDir.create(out, force=force, inputs=inputs) if out is not None else None
     try:
         session = _build(cfg.replace(out=absolute(out) if out is not None else None), run, None)
     except BaseException:
