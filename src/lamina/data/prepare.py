@@ -42,7 +42,13 @@ from lamina.data.shards import FORMAT, INDEX_NAME, VERSION, ShardWriter
 from lamina.data.sources import Progress, corpus_files, read_pieces, total_bytes
 from lamina.data.spec import build_tokenizer
 from lamina.data.subword import EOT, BPETokenizer, GPT2Tokenizer
-from lamina.data.tokenizers import CharTokenizer, Tokenizer, load_tokenizer, save_tokenizer
+from lamina.data.tokenizers import (
+    CharTokenizer,
+    Tokenizer,
+    load_tokenizer,
+    save_tokenizer,
+    tokenizer_hash,
+)
 from lamina.errors import LaminaError
 from lamina.files import build_folder, check_output_folder, write_json
 
@@ -196,6 +202,7 @@ def prepare_corpus(
         encoded = time.perf_counter()
         summary.update(
             format=FORMAT, version=VERSION, spec=tokenizer, vocab_size=int(tok.vocab_size),
+            tokenizer_sha256=tokenizer_hash(tok),
             source=str(Path(data).resolve()), files=len(files), input_bytes=size,
             fit_seconds=round(fitted - started, 3), encode_seconds=round(encoded - fitted, 3),
         )  # fmt: skip

@@ -11,7 +11,8 @@ index.json holds: format/version, tokenizer spec and vocab_size, dtype, the sepa
 between documents, every shard (file, stream, tokens, bytes, crc32), the splits (each a token
 range [start, stop) of one stream, with its document count), how validation was chosen
 ({"by": "tail" | "documents", "fraction": f}), counts (documents, characters, tokens, bad lines
-skipped) and a fingerprint of the corpus text.
+skipped), a fingerprint of the corpus text and the sha256 of the tokenizer (`tokenizer_hash`),
+checked on open: a tokenizer.json swapped for another of the same size is refused.
 
     is_prepared(path) -> bool                 a folder holding index.json
     read_index(dir) -> dict                   parsed and checked
@@ -46,7 +47,7 @@ import numpy as np
 import torch
 
 from lamina.data.batches import WindowSampler, check_int, fixed_batches
-from lamina.data.tokenizers import Tokenizer, load_tokenizer
+from lamina.data.tokenizers import Tokenizer, load_tokenizer, tokenizer_hash
 from lamina.errors import LaminaError
 from lamina.files import read_json
 
@@ -114,6 +115,10 @@ def read_index(directory: str | os.PathLike[str]) -> dict[str, Any]:
             raise LaminaError(f"{where} has no {key!r} field")
     if index["dtype"] not in ("uint8", "uint16", "uint32"):
         raise LaminaError(f"{where}: dtype {index['dtype']!r} is not uint8, uint16 or uint32")
+    for shard in index["shards"] if isinstance(index["shards"], list) else ():
+        name = shard.get("file") if isinstance(shard, dict) else None
+        if not isinstance(name, str) or name in ("", ".", "..") or Path(name).name != name:
+            raise LaminaError(f"{where}: shard file {name!r} is not a file name in {d}")
     return index
 
 
@@ -301,6 +306,12 @@ def open_prepared(directory: str | os.PathLike[str], checksums: bool = True) -> 
     tokenizer = load_tokenizer(d / "tokenizer.json")
     if int(tokenizer.vocab_size) != int(index["vocab_size"]):
         raise LaminaError(f"{d / 'tokenizer.json'} does not match the index's vocabulary size")
+    recorded = index.get("tokenizer_sha256")  # absent in folders of an older lamina
+    if recorded is not None and recorded != tokenizer_hash(tokenizer):
+        raise LaminaError(
+            f"{d / 'tokenizer.json'} is not the tokenizer these shards were written with "
+            "(its hash differs from index.json's); run `lamina prepare` again"
+        )
     dtype = np.dtype(index["dtype"]).newbyteorder("<")
     streams: dict[str, list[np.ndarray]] = {}
     for shard in index["shards"]:
