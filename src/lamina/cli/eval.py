@@ -65,11 +65,12 @@ def run(args: argparse.Namespace) -> int:
     from lamina.data.shards import is_prepared, open_prepared
     from lamina.data.text_splits import scored_chars, split_text
     from lamina.errors import LaminaError
-    from lamina.files import read_json
     from lamina.models.encoder import SequenceClassifier
     from lamina.models.gpt import GPT
     from lamina.modes import check_finite
     from lamina.training.build import text_fingerprint
+    from lamina.training.config import TrainConfig
+    from lamina.training.run_dir import RunDir
     from lamina.training.tasks import split_loss, summary, val_line
 
     if args.batch_size < 1:
@@ -87,11 +88,11 @@ def run(args: argparse.Namespace) -> int:
     val_fraction, data, recorded = 0.1, args.data, None
     train_cfg = Path(args.run) / "train_config.json"
     if train_cfg.is_file():
-        whole = read_json(train_cfg)
-        saved = whole.get("train", {})
-        val_fraction = saved.get("val_fraction", 0.1)
+        whole = RunDir(args.run).read_train_config()
+        saved = TrainConfig.from_dict(whole["train"])
+        val_fraction = saved.val_fraction
         if data is None:
-            data, recorded = saved.get("data"), whole.get("data_fingerprint")
+            data, recorded = saved.data, whole.get("data_fingerprint")
     if is_prepared(data):  # a `lamina prepare` folder: its own validation split, memory-mapped
         prep = open_prepared(data)
         if prep.tokenizer.to_dict() != tokenizer.to_dict():

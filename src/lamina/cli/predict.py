@@ -140,14 +140,15 @@ def evaluate_classifier(args: argparse.Namespace) -> int:
     """`lamina eval RUN [--data FILE]` for a classifier."""
     from lamina.data.labelled import read_labelled
     from lamina.errors import LaminaError
-    from lamina.files import read_json
     from lamina.training.classify import load_splits, predict_proba
     from lamina.training.classify_metrics import confusion, scores
     from lamina.training.config import TrainConfig
+    from lamina.training.run_dir import RunDir
 
     model, tokenizer, labels = load_classifier(args.run)
     saved = Path(args.run) / "train_config.json"
-    cfg = TrainConfig.from_dict(read_json(saved)["train"]) if saved.is_file() else None
+    whole = RunDir(args.run).read_train_config() if saved.is_file() else None
+    cfg = TrainConfig.from_dict(whole["train"]) if whole is not None else None
     text_col = args.text_column or (cfg.text_column if cfg else "text")
     label_col = args.label_column or (cfg.label_column if cfg else "label")
     if args.data is not None:

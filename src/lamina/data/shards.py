@@ -50,6 +50,7 @@ from lamina.data.batches import WindowSampler, check_int, fixed_batches
 from lamina.data.tokenizers import Tokenizer, load_tokenizer, tokenizer_hash
 from lamina.errors import LaminaError
 from lamina.files import read_json
+from lamina.schema import Arr, FileName, Int, Obj, OneOf, Str, check
 
 INDEX_NAME = "index.json"
 FORMAT = "lamina-prepared"
@@ -101,24 +102,59 @@ def is_prepared(path: str | os.PathLike[str] | None) -> bool:
     return path is not None and (Path(path) / INDEX_NAME).is_file()
 
 
+SHARD = Obj(
+    {
+        "file": FileName(),
+        "stream": Str(nonempty=True),
+        "tokens": Int(0),
+        "bytes": Int(0),
+        "crc32": Int(0, 2**32 - 1),
+    }
+)
+SPLIT = Obj({"stream": Str(nonempty=True), "start": Int(0), "stop": Int(0)})
+INDEX = Obj(
+    {
+        "format": OneOf(FORMAT),
+        "version": Int(1),
+        "dtype": OneOf("uint8", "uint16", "uint32"),
+        "vocab_size": Int(1, 2**32),
+        "shards": Arr(SHARD),
+        "splits": Obj({"train": SPLIT, "val": SPLIT}),
+        "spec": Str(),
+        "fingerprint": Str(),
+        "tokens": Int(0),
+    },
+    optional={"tokenizer_sha256": Str(), "separator": Arr(Int(0))},
+)
+
+
 def read_index(directory: str | os.PathLike[str]) -> dict[str, Any]:
-    """index.json of a prepared folder, with the fields readers rely on checked."""
+    """index.json of a prepared folder, read through its schema (`INDEX`) and checked: each
+    shard's bytes agree with its tokens, each split lies inside its stream."""
     d = Path(directory)
     where = d / INDEX_NAME
     index = read_json(where)
     if not isinstance(index, dict) or index.get("format") != FORMAT:
         raise LaminaError(f"{where} is not a lamina prepared-corpus index")
-    if index.get("version", 0) > VERSION:
+    if isinstance(index.get("version"), int) and index["version"] > VERSION:
         raise LaminaError(f"{where} has version {index['version']}; this lamina reads {VERSION}")
-    for key in ("dtype", "shards", "splits", "vocab_size"):
-        if key not in index:
-            raise LaminaError(f"{where} has no {key!r} field")
-    if index["dtype"] not in ("uint8", "uint16", "uint32"):
-        raise LaminaError(f"{where}: dtype {index['dtype']!r} is not uint8, uint16 or uint32")
-    for shard in index["shards"] if isinstance(index["shards"], list) else ():
-        name = shard.get("file") if isinstance(shard, dict) else None
-        if not isinstance(name, str) or name in ("", ".", "..") or Path(name).name != name:
-            raise LaminaError(f"{where}: shard file {name!r} is not a file name in {d}")
+    index = check(INDEX, index, str(where))
+    size = np.dtype(index["dtype"]).itemsize
+    totals: dict[str, int] = {}
+    for i, shard in enumerate(index["shards"]):
+        if shard["bytes"] != shard["tokens"] * size:
+            raise LaminaError(
+                f"{where}: shards[{i}] has {shard['tokens']} tokens of {index['dtype']} but "
+                f"{shard['bytes']} bytes"
+            )
+        totals[shard["stream"]] = totals.get(shard["stream"], 0) + shard["tokens"]
+    for name, sp in index["splits"].items():
+        total = totals.get(sp["stream"], 0)
+        if not sp["start"] <= sp["stop"] <= total:
+            raise LaminaError(
+                f"{where}: split {name} [{sp['start']}, {sp['stop']}) is outside its stream "
+                f"{sp['stream']!r} of {total} tokens"
+            )
     return index
 
 

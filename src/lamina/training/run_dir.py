@@ -69,6 +69,7 @@ from lamina.files import (
     refuse_overlap,
     write_json,
 )
+from lamina.schema import Any_, Arr, Int, Map, Maybe, Num, Obj, Str, check
 
 STAGE = ".checkpoint-tmp"
 READY = "READY"
@@ -83,6 +84,57 @@ CHECKPOINT_FILES = (
 )
 RUN_FILES = (*CHECKPOINT_FILES, "train_config.json", "metrics.jsonl", "loss.png", "confusion.png")
 LOCK = ".lock"
+# one line of metrics.jsonl: a step, and (what readers use) losses that are finite or null
+METRIC = Obj(
+    {"step": Int(0)},
+    optional={
+        "loss": Maybe(Num()),
+        "val_loss": Maybe(Num()),
+        "val_loss_per_char": Maybe(Num()),
+        "elapsed": Maybe(Num(0)),
+        "lr": Maybe(Num()),
+        "tokens": Maybe(Int(0)),
+    },
+)
+RUN_CONFIG = Obj(
+    {"train": Map(Any_())},
+    optional={
+        "model": Maybe(Map(Any_())),
+        "data_fingerprint": Maybe(Str()),
+        "command": Arr(Str()),
+        "lamina": Str(),
+        "init_from": Map(Any_()),
+    },
+)
+# the shapes of trainer_state.json and optimizer.json as far as this module reads them (which
+# fields a checkpoint must hold is the session's business: it names a missing one)
+TRAINER_STATE = Obj(
+    {"step": Int(0)},
+    optional={
+        "tokens_seen": Int(0),
+        "torch_rng": Str(),
+        "task": Map(Any_()),
+        "seconds_used": Num(0),
+        "cuda_rng": Maybe(Arr(Str())),
+        "data_fingerprint": Maybe(Str()),
+        "lamina": Str(),
+    },
+)
+_GROUP = Obj(
+    {"params": Arr(Int(0)), "lr": Num(0)},
+    optional={
+        "betas": Arr(Num(0, 1), 2, 2),
+        "weight_decay": Num(0),
+        "eps": Num(0),
+        "momentum": Num(0),
+        "ns_steps": Int(0),
+        "lr_scale": Num(0),
+        "kind": Str(),
+    },
+)
+OPTIMIZER_META = Obj(
+    {}, optional={"param_groups": Arr(_GROUP), "scalars": Map(Map(Num()), int_keys=True)}
+)
 PREVIOUS = ".previous-run"  # a run replaced with --force, kept until the first checkpoint
 
 
@@ -310,10 +362,13 @@ class RunDir:
         self._guard(lambda: write_json(self.path / "train_config.json", data), "the run config")
 
     def read_train_config(self) -> dict[str, Any]:
-        data = read_json(self.path / "train_config.json")
+        """train_config.json through `RUN_CONFIG` (the fields of "train" are TrainConfig's to
+        check, those of "model" the model config's)."""
+        where = self.path / "train_config.json"
+        data = read_json(where)
         if not isinstance(data, dict) or "train" not in data:
-            raise LaminaError(f"{self.path / 'train_config.json'} is not a lamina run config")
-        return data
+            raise LaminaError(f"{where} is not a lamina run config")
+        return check(RUN_CONFIG, data, str(where))
 
     def write_checkpoint(
         self,
@@ -378,22 +433,31 @@ class RunDir:
 
     # -- reading -------------------------------------------------------------------------------
     def read_metrics(self, up_to_step: int | None = None) -> list[dict[str, Any]]:
+        """The records of metrics.jsonl, each checked against `METRIC`; a line that is not
+        JSON (a run still writing it) is skipped, a record of the wrong shape is an error."""
         p = self.path / "metrics.jsonl"
         if not p.is_file():
             return []
+        try:
+            text = p.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise LaminaError(f"{p} is not UTF-8 text") from exc
         out = []
-        for line in p.read_text(encoding="utf-8").splitlines():
-            with contextlib.suppress(json.JSONDecodeError):
+        for n, line in enumerate(text.splitlines(), 1):
+            try:
                 rec = json.loads(line)
-                if up_to_step is None or rec.get("step", 0) <= up_to_step:
-                    out.append(rec)
+            except json.JSONDecodeError:
+                continue
+            rec = check(METRIC, rec, f"{p} line {n}")
+            if up_to_step is None or rec["step"] <= up_to_step:
+                out.append(rec)
         return out
 
     def read_checkpoint(self) -> tuple[dict[str, Any], dict[str, Tensor], dict[str, Any]]:
         """(trainer state, optimizer tensors, optimizer metadata); steps must agree."""
-        state = read_json(self.path / "trainer_state.json")
+        where = self.path / "trainer_state.json"
+        state = check(TRAINER_STATE, read_json(where), str(where))
         tensors = load_tensors(self.path / "optimizer.safetensors")
-        meta = read_json(self.path / "optimizer.json")
-        if not isinstance(state, dict) or "step" not in state:
-            raise LaminaError(f"{self.path / 'trainer_state.json'} has no 'step'")
+        where = self.path / "optimizer.json"
+        meta = check(OPTIMIZER_META, read_json(where), str(where))
         return state, tensors, meta
