@@ -89,8 +89,10 @@ def pick(name: str, value: int | None, n: int) -> list[int] | None:
 def load_for_inspection(run_dir: str) -> tuple[Any, Any]:
     """(model, tokenizer) of a run or model directory, or a LaminaError saying what is missing."""
     from lamina.checkpoint import load_model
+    from lamina.cli import need_decoder
 
     model, tokenizer = load_model(run_dir)
+    need_decoder(model, run_dir, "attention")
     if tokenizer is None:
         raise LaminaError(f"{run_dir} has no tokenizer.json: cannot turn text into tokens")
     return model, tokenizer

@@ -18,8 +18,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lamina.cli import check_writable
-from lamina.errors import LaminaError
+from lamina.cli import check_writable, need_decoder
 from lamina.files import build_folder, check_output_folder
 
 
@@ -80,13 +79,9 @@ def _from_hf(source: Path, out: Path, force: bool) -> str:
 def _to_hf(source: Path, out: Path) -> str:
     from lamina.checkpoint import load_model
     from lamina.interop import save_hf
-    from lamina.models.gpt import GPT
 
     model, tokenizer = load_model(source)
-    if not isinstance(model, GPT):
-        raise LaminaError(
-            f"{source} holds a {type(model).__name__}; only a GPT converts to GPT-2 or Llama"
-        )
+    need_decoder(model, source, "convert --to hf")
     save_hf(model, out, tokenizer)
     kind = tokenizer.to_dict()["kind"] if tokenizer is not None else None
     if kind in ("gpt2", "bpe"):

@@ -36,9 +36,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--group-size",
         type=int,
-        default=128,
+        default=None,
         choices=[32, 64, 128, 256],
-        help="int4 only: inputs per scale and zero (default: 128; it must divide the widths)",
+        help="int4 only: inputs per scale and zero (default: the largest that divides every "
+        "layer's width)",
     )
     p.add_argument(
         "--force",
@@ -54,16 +55,15 @@ def _size(path: Path) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from lamina.checkpoint import load_model, save_model
+    from lamina.cli import need_decoder
     from lamina.files import build_folder, check_output_folder
-    from lamina.models.gpt import GPT
     from lamina.quant import quantize, scheme_of
 
     source, out = Path(args.run), Path(args.out)
     inputs = [("RUN", source)]
     check_output_folder(out, force=args.force, inputs=inputs)
     model, tokenizer = load_model(source)
-    if not isinstance(model, GPT):
-        raise LaminaError(f"{source} holds a {type(model).__name__}; only a GPT is quantized")
+    need_decoder(model, source, "quantize")
     if scheme_of(model) is not None:
         raise LaminaError(f"{source} is already quantized ({scheme_of(model)['scheme']})")
     quantize(model, args.scheme, group_size=args.group_size)

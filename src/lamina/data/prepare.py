@@ -276,6 +276,17 @@ def _encode_all(
         docs = np.frombuffer(starts["main"], dtype=np.int64) if starts["main"] else np.zeros(0)
         parts = {"train": docs[docs < cut], "val": docs[docs >= cut] - cut}
     else:
+        if val_fraction > 0 and writers["val"].total == 0:
+            raise LaminaError(
+                f"--val-by documents held out no document: {counts['documents']} document(s) "
+                f"at --val-fraction {val_fraction} leave the validation split empty; use "
+                "--val-by tail, a larger --val-fraction or more documents"
+            )
+        if writers["main"].total == 0:
+            raise LaminaError(
+                f"--val-by documents held out every document ({counts['documents']}); the "
+                "training split is empty: use a smaller --val-fraction or more documents"
+            )
         splits = {"train": {"stream": "main", "start": 0, "stop": main},
                   "val": {"stream": "val", "start": 0, "stop": writers["val"].total}}  # fmt: skip
         parts = {n: np.frombuffer(starts[k], dtype=np.int64) if starts[k] else np.zeros(0)
