@@ -195,3 +195,22 @@ def test_trainer_state_and_train_config(run):
     fuzz(run / "optimizer.json", resume, 20)
     fuzz(run / "train_config.json", resume, 25)
     fuzz(run / "train_config.json", lambda: main(["eval", str(run)]) in (0, 2) or 1 / 0, 20)
+
+
+def test_schema_names_the_file_and_the_field():
+    from lamina.schema import Arr, FileName, Int, Obj, check
+
+    shape = Obj({"shards": Arr(Obj({"file": FileName(), "tokens": Int(0)}))})
+    check(shape, {"shards": [{"file": "a.bin", "tokens": 3}]}, "x.json")
+    for doc, said in (
+        ({}, "x.json: has no 'shards' field"),
+        (
+            {"shards": [{"file": "a.bin", "tokens": -1}]},
+            "x.json: shards[0].tokens: expected an integer >= 0, got int -1",
+        ),
+        ({"shards": [{"file": "../a", "tokens": 1}]}, "shards[0].file: expected a plain file name"),
+        ({"shards": [{"file": "a", "tokens": True}]}, "got a boolean True"),
+    ):
+        with pytest.raises(LaminaError) as e:
+            check(shape, doc, "x.json")
+        assert said in str(e.value), str(e.value)

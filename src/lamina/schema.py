@@ -85,34 +85,33 @@ class Bool(Shape):
         return value
 
 
-class Int(Shape):
+class _Ranged(Shape):
+    """A number of one kind (`floats` too, and then finite), optionally within [lo, hi]."""
+
+    def __init__(self, lo: float | None, hi: float | None, floats: bool, noun: str) -> None:
+        self.lo, self.hi, self.floats = lo, hi, floats
+        rng = [f">= {lo}"] * (lo is not None) + [f"<= {hi}"] * (hi is not None)
+        self.what = noun + (f" {' and '.join(rng)}" if rng else "")
+
+    def __call__(self, value: Any, where: str) -> Any:
+        kinds = (int, float) if self.floats else (int,)
+        if not isinstance(value, kinds) or isinstance(value, bool):
+            raise self.bad(value, where)
+        if self.floats and not math.isfinite(value):
+            raise self.bad(value, where)
+        if (self.lo is not None and value < self.lo) or (self.hi is not None and value > self.hi):
+            raise self.bad(value, where)
+        return value
+
+
+class Int(_Ranged):
     def __init__(self, lo: int | None = None, hi: int | None = None) -> None:
-        self.lo, self.hi = lo, hi
-        rng = [f">= {lo}"] * (lo is not None) + [f"<= {hi}"] * (hi is not None)
-        self.what = "an integer" + (f" {' and '.join(rng)}" if rng else "")
-
-    def __call__(self, value: Any, where: str) -> Any:
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise self.bad(value, where)
-        if (self.lo is not None and value < self.lo) or (self.hi is not None and value > self.hi):
-            raise self.bad(value, where)
-        return value
+        super().__init__(lo, hi, False, "an integer")
 
 
-class Num(Shape):
+class Num(_Ranged):
     def __init__(self, lo: float | None = None, hi: float | None = None) -> None:
-        self.lo, self.hi = lo, hi
-        rng = [f">= {lo}"] * (lo is not None) + [f"<= {hi}"] * (hi is not None)
-        self.what = "a finite number" + (f" {' and '.join(rng)}" if rng else "")
-
-    def __call__(self, value: Any, where: str) -> Any:
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            raise self.bad(value, where)
-        if not math.isfinite(value):
-            raise self.bad(value, where)
-        if (self.lo is not None and value < self.lo) or (self.hi is not None and value > self.hi):
-            raise self.bad(value, where)
-        return value
+        super().__init__(lo, hi, True, "a finite number")
 
 
 class Str(Shape):
@@ -126,8 +125,8 @@ class Str(Shape):
         return value
 
 
-class FileName(Str):
-    what = "a plain file name"
+class FileName(Shape):
+    what = "a plain file name (no folder part)"
 
     def __call__(self, value: Any, where: str) -> Any:
         if (
