@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import stat
 import sys
 from pathlib import Path
 
@@ -81,3 +83,16 @@ def test_prepare_val_by_documents_on_one_document_says_so_at_once(tmp_path, caps
     err = one_line(capsys)
     assert "held out no document" in err and "--val-by tail" in err
     assert not (tmp_path / "p").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root")
+def test_predict_output_to_a_char_device_writes_into_it(classifier, tmp_path, capsys):
+    """The issue's example: `predict RUN text --output dev/mynull` left a regular file."""
+    dev = tmp_path / "mynull"
+    os.mknod(dev, stat.S_IFCHR | 0o666, os.makedev(1, 3))  # what /dev/null is
+    assert main(["predict", str(classifier), "hi", "--output", str(dev)]) == 0
+    assert stat.S_ISCHR(dev.lstat().st_mode)
+    assert (
+        main(["predict", str(classifier), "hi", "--output", str(classifier / "config.json")]) == 2
+    )
+    assert "destroy the input" in capsys.readouterr().err
