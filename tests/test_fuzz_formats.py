@@ -19,6 +19,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tiny_run import tiny_run
 
 import lamina
 from lamina.cli import main
@@ -28,7 +29,6 @@ from lamina.errors import LaminaError
 from lamina.models.config import EncoderConfig
 from lamina.models.encoder import SequenceClassifier
 
-TINY = ["--preset", "tiny", "--block-size", "16", "--batch-size", "4", "--eval-batches", "2"]
 SCALARS = (
     st.none()
     | st.booleans()
@@ -115,12 +115,8 @@ def fuzz(path: Path, use: Callable[[], Any], examples: int, lines: bool = False)
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("fuzz")
-    (d / "c.txt").write_text("to be or not to be, that is the question\n" * 40)
-    assert main(["train", "--data", str(d / "c.txt"), *TINY, "--max-steps", "2", "--quiet",
-                 "--out", str(d / "run")]) == 0  # fmt: skip
-    return d / "run"
+def run() -> Path:
+    return tiny_run()
 
 
 def test_config_json(run):

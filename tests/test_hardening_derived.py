@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import CORPUS_TEXT
+from tiny_run import tiny_run
 
 import lamina
 from lamina.cli import main
@@ -18,16 +19,10 @@ from lamina.data.shards import open_prepared
 from lamina.data.text_splits import text_splits
 from lamina.errors import LaminaError, LaminaWarning
 
-TINY = ["--preset", "tiny", "--block-size", "16", "--batch-size", "4", "--eval-batches", "2"]
-
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("derived")
-    (d / "c.txt").write_text("to be or not to be, that is the question\n" * 40)
-    assert main(["train", "--data", str(d / "c.txt"), *TINY, "--max-steps", "2", "--quiet",
-                 "--out", str(d / "run")]) == 0  # fmt: skip
-    return d / "run"
+def run() -> Path:
+    return tiny_run()
 
 
 def test_a_cache_entry_with_other_bytes_of_the_right_length_is_caught(tmp_path, monkeypatch):

@@ -10,12 +10,11 @@ import threading
 from pathlib import Path
 
 import pytest
+from tiny_run import TINY, tiny_run
 
 from lamina.cli import main
 from lamina.errors import LaminaError
 from lamina.files import MARKER, atomic_write, build_folder
-
-TINY = ["--preset", "tiny", "--block-size", "16", "--batch-size", "4", "--eval-batches", "2"]
 
 
 def listing(d: Path) -> dict[str, bytes]:
@@ -23,13 +22,8 @@ def listing(d: Path) -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("out")
-    (d / "c.txt").write_text("to be or not to be, that is the question\n" * 40)
-    out = d / "run"
-    assert main(["train", "--data", str(d / "c.txt"), *TINY, "--max-steps", "2", "--quiet",
-                 "--out", str(out)]) == 0  # fmt: skip
-    return out
+def run() -> Path:
+    return tiny_run()
 
 
 def test_atomic_write_keeps_a_fifo_and_a_symlink(tmp_path):
