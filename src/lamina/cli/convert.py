@@ -22,12 +22,12 @@ the converter cannot express) is one line on stderr and exit status 2; nothing i
 from __future__ import annotations
 
 import argparse
-import shutil
-import tempfile
 from pathlib import Path
+from typing import Any
 
-from lamina.cli import check_writable
+from lamina.cli import check_writable, need_decoder
 from lamina.errors import LaminaError
+from lamina.files import build_folder, check_output_file, check_output_folder
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -73,104 +73,70 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--force",
         action="store_true",
-        help="write into --out even if it already holds files (default: refuse)",
+        help="replace --out if lamina wrote it, once the new folder is complete (default: refuse)",
     )
     p.set_defaults(func=run)
 
 
-def _check_out(out: Path, force: bool) -> None:
-    if out.exists() and not out.is_dir():
-        raise LaminaError(f"--out {out} is a file, not a folder")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise LaminaError(f"--out {out} already holds files; pick a new folder or pass --force")
+def _check_out(out: Path, force: bool, source: Path) -> None:
+    check_output_folder(out, force=force, inputs=[("SOURCE", source)])
     check_writable(out, "--out")  # a file in the way, a read-only place: refused up front
 
 
-def _check_out_file(out: Path, force: bool) -> None:
-    if out.is_dir():
-        raise LaminaError(f"--out {out} is a folder; with --to gguf it names the file to write")
+def _check_out_file(out: Path, force: bool, source: Path) -> None:
+    check_output_file(out, [("SOURCE", source)], "--out")
     if out.exists() and not force:
         raise LaminaError(f"--out {out} already exists; pick a new name or pass --force")
     check_writable(out.parent, "--out")
 
 
-def _write_model(out: Path, model: object, tokenizer: object) -> None:
+def _opened(source: Path, kind: str) -> Any:
+    """The bundle of a foreign model, refused in one line if it is not of the --from kind."""
+    from lamina.interop.bundle import open_model
+
+    bundle = open_model(source).require("decoder", tokenizer=False, verb="convert")
+    if bundle.origin.kind != kind:
+        what = "a Hugging Face folder" if kind == "hf" else "a .gguf file"
+        raise LaminaError(f"--from {kind} {source}: not {what} (it is a {bundle.origin.kind})")
+    return bundle
+
+
+def _from_foreign(source: Path, out: Path, force: bool, kind: str) -> str:
     from lamina.checkpoint import save_model
 
-    if out.exists():
-        save_model(out, model, tokenizer)
-    else:  # build beside, then rename: a failed write leaves no half folder
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-        try:
-            save_model(tmp, model, tokenizer)
-            tmp.rename(out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+    bundle = _opened(source, kind)
+    model, tokenizer = bundle.model, bundle.tokenizer
+    build = lambda d: save_model(d, model, tokenizer)  # noqa: E731
+    build_folder(out, build, kind="model", force=force, inputs=[("SOURCE", source)])
+    tok = tokenizer.to_dict()["kind"] if tokenizer is not None else "none found"
+    what = f"{model.num_params():,} parameters"
+    if kind == "gguf":
+        from lamina.interop.gguf_write import gguf_arch
 
-
-def _from_hf(source: Path, out: Path) -> str:
-    from lamina.interop import from_hf
-    from lamina.interop.hf_tokenizer import tokenizer_from_hf
-
-    model = from_hf(source)
-    tokenizer = tokenizer_from_hf(source, model.config.vocab_size)
-    _write_model(out, model, tokenizer)
-    kind = tokenizer.to_dict()["kind"] if tokenizer is not None else "none found"
-    if tokenizer is None and (source / "tokenizer.json").is_file():
-        kind = "tokenizer.json not carried (lamina reads byte-level BPE ones only)"
-    return f"{model.num_params():,} parameters; tokenizer: {kind}"
+        what = f"{gguf_arch(model.config)}, {what} in fp32"
+    return f"{what}; tokenizer: {tok}"
 
 
 def _to_hf(source: Path, out: Path) -> str:
     from lamina.checkpoint import load_model
     from lamina.interop import save_hf
-    from lamina.models.gpt import GPT
 
     model, tokenizer = load_model(source)
-    if not isinstance(model, GPT):
-        raise LaminaError(
-            f"{source} holds a {type(model).__name__}; only a GPT converts to GPT-2 or Llama"
-        )
+    need_decoder(model, source, "convert --to hf")
     save_hf(model, out, tokenizer)
     kind = tokenizer.to_dict()["kind"] if tokenizer is not None else None
-    if kind in ("gpt2", "bpe"):
+    if kind in ("gpt2", "bpe", "pretrained"):
         return f"{model.num_params():,} parameters; tokenizer files for {kind}"
     return f"{model.num_params():,} parameters; no Hugging Face tokenizer files (tokenizer: {kind})"
-
-
-def _gguf_tokenizer(metadata: dict) -> tuple[object, str]:
-    """The file's tokenizer as lamina's "pretrained" kind, where that kind exists."""
-    try:
-        from lamina.data.pretrained import PretrainedTokenizer
-    except ImportError:
-        return None, "not carried (this lamina has no pretrained tokenizer kind)"
-    if metadata.get("tokenizer.ggml.model", "none") == "none":  # llama.cpp's "no vocabulary"
-        return None, "none in the file"
-    tokenizer = PretrainedTokenizer.from_gguf_metadata(metadata)
-    return tokenizer, tokenizer.to_dict()["kind"]
-
-
-def _from_gguf(source: Path, out: Path) -> str:
-    from lamina.interop.gguf import load_gguf
-
-    model, metadata = load_gguf(source)
-    tokenizer, kind = _gguf_tokenizer(metadata)
-    _write_model(out, model, tokenizer)
-    arch = metadata["general.architecture"]
-    return f"{arch}, {model.num_params():,} parameters in fp32; tokenizer: {kind}"
 
 
 def _to_gguf(source: Path, out: Path, qtype: str) -> str:
     from lamina.checkpoint import load_model
     from lamina.interop.gguf import read_gguf, save_gguf
     from lamina.interop.gguf_write import gguf_arch
-    from lamina.models.gpt import GPT
 
     model, tokenizer = load_model(source)
-    if not isinstance(model, GPT):
-        raise LaminaError(f"{source} holds a {type(model).__name__}; only a GPT converts to GGUF")
+    need_decoder(model, source, "convert --to gguf")
     save_gguf(model, out, tokenizer, qtype)
     kind = tokenizer.to_dict()["kind"] if tokenizer is not None else None
     carried = read_gguf(out).metadata.get("tokenizer.ggml.model") != "none"
@@ -185,17 +151,15 @@ def run(args: argparse.Namespace) -> int:
     source, out = Path(args.source), Path(args.out)
     if args.gguf_type is not None and args.dst_format != "gguf":
         raise LaminaError("--type applies to --to gguf only")
-    if args.dst_format == "gguf":
-        _check_out_file(out, args.force)
-    else:
-        _check_out(out, args.force)
     if args.src_format == "gguf" and not source.is_file():
         what = "a folder" if source.is_dir() else "not found"
         raise LaminaError(f"--from gguf {source}: {what}; expected a .gguf file")
-    if args.src_format == "hf":
-        note = _from_hf(source, out)
-    elif args.src_format == "gguf":
-        note = _from_gguf(source, out)
+    if args.dst_format == "gguf":
+        _check_out_file(out, args.force, source)
+    else:
+        _check_out(out, args.force, source)
+    if args.src_format in ("hf", "gguf"):
+        note = _from_foreign(source, out, args.force, args.src_format)
     elif args.dst_format == "gguf":
         note = _to_gguf(source, out, args.gguf_type or "f32")
     else:

@@ -111,7 +111,11 @@ class Bundle:
         return self.origin.path.name
 
     def require(
-        self, what: Literal["decoder", "classifier"] = "decoder", *, tokenizer: bool = True, verb: str = ""
+        self,
+        what: Literal["decoder", "classifier"] = "decoder",
+        *,
+        tokenizer: bool = True,
+        verb: str = "",
     ) -> Bundle:
         """This bundle, if it holds what a verb needs; else one LaminaError saying what is not.
         `verb` words the error: "sample" gives "... not a GPT: nothing to sample"."""
