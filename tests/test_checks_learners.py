@@ -344,7 +344,8 @@ def test_greedy_that_drops_the_prompt():
 def test_cached_generation_without_continued_positions():
     """Feeding the new token without the cache restarts at position 0 and changes the tokens."""
     torch.manual_seed(0)
-    model = GPT(GPTConfig.preset("tiny")).eval()
+    # a wider init than the default: near-uniform logits could make both paths repeat one token
+    model = GPT(GPTConfig.preset("tiny", init_std=0.3)).eval()
 
     def forgetful(ids, n):
         for _ in range(n):

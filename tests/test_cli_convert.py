@@ -129,7 +129,7 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, capsys):
     cfg = json.loads((d / "config.json").read_text())
     (d / "config.json").write_text(json.dumps({**cfg, "model_type": "bert"}))
     assert main(["convert", "--from", "hf", str(d), "--out", str(out)]) == 2
-    assert "not a GPT-2 config" in one_error_line(capsys)
+    assert "model_type 'bert' is not one lamina runs" in one_error_line(capsys)
     lamina.save(tmp_path / "postln", GPT(GPTConfig.preset("tiny", norm_first=False)))
     assert main(["convert", "--to", "hf", str(tmp_path / "postln"), "--out", str(out)]) == 2
     assert "norm_first=False (post-LN)" in one_error_line(capsys)

@@ -121,9 +121,13 @@ class Bundle:
         `verb` words the error: "sample" gives "... not a GPT: nothing to sample"."""
         where = self.origin.path
         if what == "decoder" and not isinstance(self.model, GPT):
+            kind = type(self.model).__name__
+            hint = (
+                " (a classifier: use lamina predict or lamina eval)" if "Classifier" in kind else ""
+            )
             raise LaminaError(
-                f"{where} holds a {type(self.model).__name__}, not a GPT: nothing to "
-                f"{verb or 'generate'}"
+                f"{where} holds a {kind}, not a decoder (GPT): nothing to "
+                f"{verb or 'generate'}{hint}"
             )
         if what == "classifier" and not isinstance(self.model, SequenceClassifier):
             raise LaminaError(
@@ -208,8 +212,10 @@ def _open_gguf(path: Path, dev: torch.device, dtype: torch.dtype | None, quantiz
     from lamina.interop.gguf import load_gguf
 
     model, metadata = load_gguf(path, **({"quantized": True} if quantized else {}))
-    tokenizer = PretrainedTokenizer.from_gguf_metadata(metadata)
-    if tokenizer.vocab_size > model.config.vocab_size:
+    tokenizer = None  # llama.cpp's "no vocabulary" (a file lamina wrote without one)
+    if metadata.get("tokenizer.ggml.model", "none") != "none":
+        tokenizer = PretrainedTokenizer.from_gguf_metadata(metadata)
+    if tokenizer is not None and tokenizer.vocab_size > model.config.vocab_size:
         raise LaminaError(
             f"{path}: its vocabulary has {tokenizer.vocab_size:,} tokens, more than the token "
             f"table's {model.config.vocab_size:,} rows"
