@@ -132,9 +132,9 @@ def evaluate_classifier(args: argparse.Namespace) -> int:
     """`lamina eval RUN [--data FILE]` for a classifier."""
     from lamina.data.labelled import read_labelled
     from lamina.errors import LaminaError
+    from lamina.evals.classify import confusion, scores
     from lamina.files import read_json
     from lamina.training.classify import load_splits, predict_proba
-    from lamina.training.classify_metrics import confusion, scores
     from lamina.training.config import TrainConfig
 
     model, tokenizer, labels = load_classifier(args.run)
