@@ -15,7 +15,8 @@ The rules are lm-eval's (lm_eval/api/model.py `_encode_pair`, models/huggingface
   model reads context ids + those tail ids (so a merge across the boundary is resolved as
   lm-eval resolves it);
 - an empty context is the BOS id (else EOS) alone, as lm-eval's `prefix_token_id`;
-- a sequence longer than block_size + 1 tokens loses tokens from the left;
+- a sequence longer than block_size + 1 tokens loses tokens from the left (a choice longer than
+  block_size itself has only its last block_size tokens scored, where lm-eval stops);
 - a choice's log-likelihood is the sum of its tokens' log-probabilities (log_softmax in fp32);
 - `acc`: the arg-max log-likelihood is the gold; `acc_norm`: the arg-max of log-likelihood /
   len(choice) in characters (the choice without the delimiter); ties go to the first;
@@ -180,8 +181,8 @@ def _rows_batch(
     logits = model(ids.to(_device(model)))
     out = []
     for r, (x, cont) in enumerate(zip(inputs, conts, strict=True)):
-        n = len(x)
-        out.append(_gather(logits[r, n - len(cont) : n], cont))
+        n, scored = len(x), cont[-len(x) :]  # a choice longer than the block: its last tokens
+        out.append(_gather(logits[r, n - len(scored) : n], scored))
     return out
 
 
