@@ -89,9 +89,13 @@ def token_nll(
             x = torch.stack([t[s:e] for s, e, _ in group]).to(device)
             y = torch.stack([t[s + 1 : e + 1] for s, e, _ in group]).to(device)
             logits = model(x).float()
-            for r, (_, _, first) in enumerate(group):
-                total += float(F.cross_entropy(logits[r, first:], y[r, first:], reduction="sum"))
-                count += width - first
+            if all(first == 0 for _, _, first in group):  # every prediction counts: one sum
+                total += float(F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="sum"))
+                count += y.numel()
+            else:
+                for r, (_, _, first) in enumerate(group):
+                    part = F.cross_entropy(logits[r, first:], y[r, first:], reduction="sum")
+                    total, count = total + float(part), count + width - first
             i += len(group)
             if progress is not None:
                 progress(len(group))
