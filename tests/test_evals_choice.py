@@ -142,3 +142,11 @@ def test_bad_input_is_one_clear_error(model, bpe):
         score_items(model, bpe, ITEMS, method="fast")  # type: ignore[arg-type]
     with pytest.raises(LaminaError, match="no items"):
         accuracy([])
+
+
+def test_a_choice_with_no_tokens_names_the_item(model, bpe):
+    """The whole encoding is no longer than the context's (a merge across the boundary with
+    an empty delimiter): lm-eval asserts; lamina names the item."""
+    items = [ITEMS[0], ChoiceItem("Speak", ("", "x"), 0)]
+    with pytest.raises(LaminaError, match="item 2: choice 0"):
+        score_items(model, bpe, items, delimiter="")

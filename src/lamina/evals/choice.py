@@ -137,15 +137,10 @@ def encode_item(
 ) -> tuple[list[int], list[list[int]]]:
     """The context's ids and each choice's continuation ids (every choice has at least one)."""
     pairs = [encode_pair(tokenizer, item.context, delimiter + c) for c in item.choices]
-    ctx = pairs[0][0]
-    conts = []
-    for i, (c, cont) in enumerate(pairs):
-        if c != ctx:  # cannot happen: the context is encoded the same way for every choice
-            raise LaminaError(f"choice {i} changed the context's encoding")
+    for i, (_, cont) in enumerate(pairs):
         if not cont:
             raise LaminaError(f"choice {i} ({item.choices[i]!r}) encodes to no tokens")
-        conts.append(cont)
-    return ctx, conts
+    return pairs[0][0], [cont for _, cont in pairs]  # the context encodes alike for every choice
 
 
 # -- running the model -------------------------------------------------------------------------
@@ -225,7 +220,12 @@ def score_items(
     if method not in METHODS:
         raise LaminaError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
     limit = _block_size(model) + 1
-    encoded = [(item, *encode_item(tokenizer, item, delimiter)) for item in items]
+    encoded = []
+    for n, item in enumerate(items, 1):
+        try:
+            encoded.append((item, *encode_item(tokenizer, item, delimiter)))
+        except LaminaError as e:
+            raise LaminaError(f"item {n}: {e}") from None
     out: list[ItemScore] = []
     scored: dict[int, list[float]] = {}
     pending: list[int] = []  # items waiting for one "batch" forward
