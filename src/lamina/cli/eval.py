@@ -17,7 +17,7 @@ file or folder) reports nats per token, perplexity, nats per character, bits per
 `--output FILE` writes one JSON line per item (atomically): a choice item's context, choices,
 gold, pred, pred_norm, logliks, tokens, acc, acc_norm and any other fields its line had.
 
-The model is opened by `open_for_eval` (one place, one line to switch to the bundle opener).
+The model is opened by `open_for_eval`, through `lamina.interop.bundle.open_model`.
 A model whose weights hold NaN or infinity is refused in one line (`lamina.modes.check_finite`).
 """
 
@@ -45,7 +45,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "With --task: a multiple-choice task (acc, acc_norm, scored as lm-evaluation-harness "
         "scores them) or a perplexity task (per token, per character, bits per byte).",
     )
-    p.add_argument("run", metavar="MODEL", help="a run or model directory (or HF folder)")
+    p.add_argument(
+        "run",
+        metavar="MODEL",
+        help="a lamina run or model folder, a Hugging Face folder or a .gguf file",
+    )
     p.add_argument(
         "--data",
         metavar="PATH",
@@ -92,25 +96,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def open_for_eval(source: str) -> tuple[Any, Any]:
-    """(model, tokenizer) for a lamina run/model folder or a Hugging Face folder.
+    """(model, tokenizer) of a lamina run/model folder, a Hugging Face folder or a GGUF file:
+    the one place `lamina eval` opens a model (`lamina.interop.bundle.open_model`)."""
+    from lamina.interop.bundle import open_model
 
-    The one place `lamina eval` opens a model; with `lamina.interop.bundle` it becomes
-    `b = open_model(source); return b.model, b.tokenizer`."""
-    from lamina.checkpoint import load_model
-    from lamina.errors import LaminaError
-    from lamina.files import read_json
-
-    p = Path(source)
-    if p.suffix.lower() == ".gguf":
-        raise LaminaError(f"{p}: GGUF files open once lamina.interop.bundle is in this build")
-    config = p / "config.json"
-    if config.is_file() and "model_type" in (read_json(config) or {}):
-        from lamina.interop import from_hf
-        from lamina.interop.hf_tokenizer import tokenizer_from_hf
-
-        model = from_hf(p).eval()
-        return model, tokenizer_from_hf(p, model.config.vocab_size)
-    return load_model(p)
+    bundle = open_model(source)
+    return bundle.model, bundle.tokenizer
 
 
 def _language_model(source: str) -> tuple[Any, Any]:
