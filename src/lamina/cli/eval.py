@@ -2,11 +2,14 @@
 
 Without --task (today's behaviour): loss per character and per token, perplexity, on the
 validation split. The split is the last val_fraction of the text's characters
-(`data.text_splits`), so nats per character (the split's total next-token loss / the characters
-its scored tokens cover) compares models with different tokenizers. `--json` keys: run, data,
-loss (nats/token), perplexity, bits_per_char or bits_per_token, tokens, and with text data
-loss_per_char, bits_per_char, chars. For a classifier: accuracy, macro-F1 and per-class
-precision/recall on --data (a labelled file) or the run's validation split (`lamina.cli.predict`).
+(`data.text_splits`), so nats per character (the split's total next-token loss / the
+characters its scored tokens cover) compares models with different tokenizers. Windows are
+block_size tokens (at most DEFAULT_WINDOW, 1024, for long-context models), and one forward
+makes at most LOGITS_BUDGET logits (fewer windows per forward for a large vocabulary). `--json`
+keys: run, data, loss (nats/token), perplexity, bits_per_char or bits_per_token, tokens, and
+with text data loss_per_char, bits_per_char, chars. For a classifier: accuracy, macro-F1 and
+per-class precision/recall on --data (a labelled file) or the run's validation split
+(`lamina.cli.predict`).
 
 With --task FILE|NAME: a multiple-choice task (a JSONL file, `lamina.evals.tasks`, or a built-in
 one, `lamina.evals.builtin`) scored as lm-evaluation-harness scores it: acc and acc_norm with
@@ -31,7 +34,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-DEFAULT_WINDOW = 1024  # perplexity window cap (tokens): a long-context model's full block is slow
+DEFAULT_WINDOW = 1024  # window cap (tokens): a long-context model's full block is slow
+LOGITS_BUDGET = 1 << 28  # floats of logits one forward may make (1 GiB in fp32)
+
+
+def rows_per_forward(batch_size: int, window: int, vocab: int) -> int:
+    """--batch-size, fewer where rows x window x vocab logits would pass LOGITS_BUDGET."""
+    return max(1, min(batch_size, LOGITS_BUDGET // (window * vocab)))
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -209,8 +218,9 @@ def _perplexity(args: argparse.Namespace, task: Any, model: Any, tokenizer: Any)
     window = args.window or min(model.config.block_size, DEFAULT_WINDOW)
     started = time.perf_counter()
     with _bar(len(task.texts), "text") as bar:
+        rows = rows_per_forward(args.batch_size, window, model.config.vocab_size)
         res = text_perplexity(model, tokenizer, task.texts, window=window, stride=args.stride,
-                              batch_size=args.batch_size, progress=bar.update)  # fmt: skip
+                              batch_size=rows, progress=bar.update)  # fmt: skip
     stride = args.stride or max(1, window // 2)
     result = {
         "model": str(args.run), "task": task.name, "source": task.source, **res.as_dict(),
@@ -278,7 +288,9 @@ def run_validation(args: argparse.Namespace) -> int:
         _, val_text = split_text(text, val_fraction)  # the same characters for any tokenizer
         val = encode_corpus(tokenizer, val_text)
         chars = scored_chars(tokenizer, val_text, val)
-    loss, n = split_loss(model, val, model.config.block_size, args.batch_size)
+    window = min(model.config.block_size, DEFAULT_WINDOW)
+    rows = rows_per_forward(args.batch_size, window, model.config.vocab_size)
+    loss, n = split_loss(model, val, window, rows)
     unit = "char" if getattr(tokenizer, "kind", "") == "char" else "token"
     result = {"run": str(args.run), "data": name, **summary(loss, n, unit, chars)}
     if args.json:
