@@ -16,7 +16,7 @@ opening costs about the weight bytes once and never makes random weights first.
 (None when the source has none) and its `Origin` (kind, absolute path, the files it came from
 and, computed on first use, their sha256). Its special ids (bos, eos, pad, end of turn) and chat
 template come from the tokenizer when it has them. `require(...)` is how a verb states what it
-needs ("lm" or "classifier", a tokenizer) and gets one line naming what is missing: no verb
+needs ("decoder" or "classifier", a tokenizer) and gets one line naming what is missing: no verb
 checks model kinds itself. `quantized=True` keeps a GGUF file's quantized tensors where lamina
 can run them (lamina's own quantized folders are quantized already).
 
@@ -111,12 +111,16 @@ class Bundle:
         return self.origin.path.name
 
     def require(
-        self, what: Literal["lm", "classifier"] = "lm", *, tokenizer: bool = True, verb: str = ""
+        self,
+        what: Literal["decoder", "classifier"] = "decoder",
+        *,
+        tokenizer: bool = True,
+        verb: str = "",
     ) -> Bundle:
         """This bundle, if it holds what a verb needs; else one LaminaError saying what is not.
         `verb` words the error: "sample" gives "... not a GPT: nothing to sample"."""
         where = self.origin.path
-        if what == "lm" and not isinstance(self.model, GPT):
+        if what == "decoder" and not isinstance(self.model, GPT):
             raise LaminaError(
                 f"{where} holds a {type(self.model).__name__}, not a GPT: nothing to "
                 f"{verb or 'generate'}"
@@ -151,8 +155,8 @@ def open_model(
         raise LaminaError(f"no such model: {p}")
     if not (p / "config.json").is_file():
         raise LaminaError(
-            f"{p} is not a model: it has no config.json (a model is a lamina run or model "
-            "folder, a Hugging Face folder or a .gguf file)"
+            f"{p} is not a model: it has no config.json, so it is not a lamina model or run "
+            "folder nor a Hugging Face folder (a .gguf file is a model too)"
         )
     data = read_json(p / "config.json")
     d = p.resolve()
