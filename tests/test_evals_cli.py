@@ -99,6 +99,12 @@ def test_bad_task_files_are_one_line_exit_2(model_dir, tmp_path, capsys, content
     assert needle in err and len(err.splitlines()) == 1
 
 
+def test_output_may_not_overwrite_the_task(model_dir, capsys):
+    task = str(model_dir / "task.jsonl")
+    assert main(["eval", str(model_dir / "model"), "--task", task, "--output", task]) == 2
+    assert "writing it would destroy the input" in capsys.readouterr().err
+
+
 def test_perplexity_needs_data(model_dir, capsys):
     assert main(["eval", str(model_dir / "model"), "--task", "perplexity"]) == 2
     assert "--task perplexity needs --data FILE" in capsys.readouterr().err

@@ -178,10 +178,13 @@ def run_task(args: argparse.Namespace) -> int:
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise LaminaError(f"--{flag} must be >= 1, got {value}")
-    if args.output:
-        from lamina.cli import check_writable
+    if args.output:  # the one output rule: never an input, checked before any work
+        from lamina.files import check_output_file
 
-        check_writable(Path(args.output).resolve().parent, "--output")
+        inputs = [("--task", args.task), ("--data", args.data), ("MODEL", args.run)]
+        names = ("config.json", "model.safetensors", "tokenizer.json")
+        inputs += [("MODEL", Path(args.run) / n) for n in names]  # a file of the model itself
+        check_output_file(args.output, inputs)
     task = _task(args)  # the task first: a bad file fails before the model is read
     model, tokenizer = _language_model(args.run)
     if task.kind == "perplexity":
