@@ -36,6 +36,7 @@ LAYERS: dict[str, int] = {
     "lamina.checkpoint": 8,
     "lamina.checks": 9,
     "lamina.generation": 9,
+    "lamina.evals": 9,
     "lamina.inspect": 9,
     "lamina.pictures": 9,
     "lamina.interop": 9,

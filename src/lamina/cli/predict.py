@@ -137,8 +137,8 @@ def evaluate_classifier(args: argparse.Namespace) -> int:
     """`lamina eval RUN [--data FILE]` for a classifier."""
     from lamina.data.labelled import read_labelled
     from lamina.errors import LaminaError
+    from lamina.evals.classify import confusion, scores
     from lamina.training.classify import ClassifyOptions, load_splits, predict_proba
-    from lamina.training.classify_metrics import confusion, scores
     from lamina.training.registry import load_config
     from lamina.training.run_dir import RunDir
 
