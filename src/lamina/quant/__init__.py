@@ -10,14 +10,18 @@ scale per row serves both the head's matmul and the lookups (a row's lookup is e
 head multiplies by), so the tie costs no second copy. With int4 the tied head gets its own int4
 copy and the lookups read an int8 table (int4's packed layout cannot be gathered by row).
 
-Kernels (measured in bench/generate.py; see BENCHMARKS.md): on CPUs with native bf16
-(AVX512-BF16 or AMX), ``torch._weight_int8pack_mm`` and ``torch._weight_int4pack_mm_for_cpu``
-with bf16 activations read 1 or 1/2 byte per weight and run several times faster than an fp32
-matmul at batch 1. Elsewhere (AVX2-only CPUs, where bf16 is emulated, and GPUs) the weights are
-dequantized for each call: correct, smaller in memory, not faster. The output is cast back to
-the input's dtype, so the rest of the model runs as before (fp32 norms, softmax, KV cache).
+Kernels (measured in bench/decode_kernels.py; see BENCHMARKS.md): on x86 CPUs with AVX2 or
+better, ``torch._weight_int8pack_mm`` and ``torch._weight_int4pack_mm_for_cpu`` with bf16
+activations read 1 or 1/2 byte per weight; at batch 1 they beat an fp32 matmul even where bf16
+is emulated (AVX2 only: 1.5x and 2.3x at SmolLM2-135M's shapes on one thread), and by several
+times where it is native (AVX512-BF16, AMX). Elsewhere (no AVX2, other architectures, GPUs) the
+weights are dequantized for each call: correct, smaller in memory, not faster. The output is
+cast back to the input's dtype, so the rest of the model runs as before (fp32 norms, softmax,
+KV cache). ``LAMINA_QUANT_KERNEL=dequantize`` forces the fallback (for measuring).
 
-int8: w ~ q * s, q in [-127, 127], one scale per output row (absmax / 127).
+int8: w ~ q * s, q in [-127, 127], one scale per output row (absmax / 127), or one per group of
+``group_size`` inputs (GGUF's Q8_0, kept exact: see quant/ggml.py); the kernel takes a scale per
+row, so a grouped layer gets a per-row requantized copy for it (the saved form stays exact).
 int4: w ~ (q - 8) * s + z per group of ``group_size`` inputs, q in [0, 15] (min/max per group:
 s = (max - min) / 15, z = min + 8 s), PyTorch's convention; stored unpacked (two values per
 byte, low nibble first) and packed for the CPU kernel when loaded, since the packed layout is
@@ -29,6 +33,8 @@ it has no gradients).
 
 from __future__ import annotations
 
+import os
+import platform
 from typing import Any
 
 import torch
@@ -50,7 +56,28 @@ def _cpu_flags() -> set[str]:
         return set()
 
 
-_NATIVE_BF16 = bool({"avx512_bf16", "amx_bf16"} & _cpu_flags())
+_FLAGS = _cpu_flags()
+_NATIVE_BF16 = bool({"avx512_bf16", "amx_bf16"} & _FLAGS)
+KERNELS = ("packed", "dequantize")
+
+
+def choose_kernel(flags: set[str], machine: str) -> str:
+    """ "packed" (the int8/int4 packed kernels, bf16 activations) on x86 with AVX2; else
+    "dequantize". The choice measured fastest at batch 1 (bench/decode_kernels.py)."""
+    x86 = machine.lower() in ("x86_64", "amd64", "i686")
+    return "packed" if x86 and bool({"avx2", "avx512_bf16", "amx_bf16"} & flags) else "dequantize"
+
+
+def _kernel_from_env() -> str:
+    name = os.environ.get("LAMINA_QUANT_KERNEL", "").strip()
+    if not name:
+        return choose_kernel(_FLAGS, platform.machine())
+    if name not in KERNELS:
+        raise LaminaError(f"LAMINA_QUANT_KERNEL must be one of {', '.join(KERNELS)}, got {name!r}")
+    return name
+
+
+_KERNEL = _kernel_from_env()
 
 
 def native_bf16() -> bool:
@@ -58,8 +85,17 @@ def native_bf16() -> bool:
     return _NATIVE_BF16
 
 
+def kernel() -> str:
+    """The CPU kernel quantized layers use here: "packed" or "dequantize" (see the docstring)."""
+    return _KERNEL
+
+
+def _packed_cpu(t: Tensor) -> bool:
+    return t.device.type == "cpu" and _KERNEL == "packed"
+
+
 def _use_kernel(x: Tensor) -> bool:
-    return x.device.type == "cpu" and _NATIVE_BF16
+    return _packed_cpu(x)
 
 
 def quantize_int8(w: Tensor) -> tuple[Tensor, Tensor]:
@@ -108,16 +144,28 @@ def _finish(m: Int8Linear | Int4Linear, x: Tensor, y: Tensor) -> Tensor:
 
 
 class Int8Linear(nn.Module):
-    """y = x @ (q * scale).T + bias, with q int8 (out, in) and one scale per output row."""
+    """y = x @ (q * scale).T + bias, with q int8 (out, in) and a scale per output row (scale
+    (out,)) or per group of ``group_size`` inputs of a row (scale (out, in // group_size))."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, device: Any = None):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool,
+        device: Any = None,
+        group_size: int | None = None,
+    ):
         super().__init__()
-        self.in_features, self.out_features = in_features, out_features
+        self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
         self.register_buffer(
             "qweight", torch.empty(out_features, in_features, dtype=torch.int8, device=device)
         )
-        self.register_buffer("scale", torch.empty(out_features, device=device))
-        self.register_buffer("kernel_scale", None, persistent=False)  # bf16 copy, see prepare
+        groups = () if group_size is None else (in_features // group_size,)
+        self.register_buffer("scale", torch.empty(out_features, *groups, device=device))
+        # the kernel's inputs (see prepare): a per-row int8 weight (qweight itself unless
+        # grouped) and its scales in bf16
+        self.register_buffer("kernel_weight", None, persistent=False)
+        self.register_buffer("kernel_scale", None, persistent=False)
         self.bias = _empty_bias(out_features, bias, device)
 
     @classmethod
@@ -128,25 +176,39 @@ class Int8Linear(nn.Module):
         return m.prepare()
 
     def prepare(self) -> Int8Linear:
-        """Build the kernel's bf16 scales (a stored input, which torch.compile needs)."""
-        self.kernel_scale = self.scale.to(torch.bfloat16)
+        """Build the kernel's inputs (stored, which torch.compile needs) where it runs."""
+        self.kernel_weight = self.kernel_scale = None
+        if not _packed_cpu(self.qweight):
+            return self
+        if self.group_size is None:
+            self.kernel_weight, scale = self.qweight, self.scale
+        else:  # the kernel takes one scale per row: a per-row copy of the exact grouped form
+            self.kernel_weight, scale = quantize_int8(self.dequantized())
+        self.kernel_scale = scale.to(torch.bfloat16)
         return self
 
     def dequantized(self, dtype: torch.dtype = torch.float32) -> Tensor:
-        return self.qweight.to(dtype) * self.scale.to(dtype)[:, None]
+        if self.group_size is None:
+            return self.qweight.to(dtype) * self.scale.to(dtype)[:, None]
+        n, k = self.qweight.shape
+        g = self.qweight.to(dtype).reshape(n, k // self.group_size, self.group_size)
+        return (g * self.scale.to(dtype)[..., None]).reshape(n, k)
 
     def forward(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, self.in_features)
         if _use_kernel(x) and self.kernel_scale is not None:
             y = torch._weight_int8pack_mm(
-                flat.to(torch.bfloat16).contiguous(), self.qweight, self.kernel_scale
+                flat.to(torch.bfloat16).contiguous(), self.kernel_weight, self.kernel_scale
             ).to(x.dtype)
         else:
             y = flat @ self.dequantized(x.dtype).T
         return _finish(self, x, y)
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, int8, bias={self.bias is not None}"
+        g = "" if self.group_size is None else f", group_size={self.group_size}"
+        return (
+            f"in={self.in_features}, out={self.out_features}, int8{g}, bias={self.bias is not None}"
+        )
 
 
 class Int4Linear(nn.Module):
@@ -185,7 +247,8 @@ class Int4Linear(nn.Module):
 
     def prepare(self) -> Int4Linear:
         """Pack the weights for the CPU kernel (where it runs); the saved form stays unpacked."""
-        if not (_NATIVE_BF16 and self.qweight.device.type == "cpu"):
+        self.kernel_weight = self.kernel_sz = None
+        if not _packed_cpu(self.qweight):
             return self
         q = _unpack_nibbles(self.qweight).to(torch.int32)
         sz = self.scales_and_zeros
@@ -216,19 +279,30 @@ class Int4Linear(nn.Module):
 
 
 class Int8Embedding(nn.Module):
-    """A token table stored as int8 rows with one scale each; a lookup dequantizes its rows."""
+    """A token table stored as int8 rows with a scale per row (scale (V,)) or per group of
+    ``group_size`` columns (scale (V, D // group_size)); a lookup dequantizes its rows."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, device: Any = None):
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        device: Any = None,
+        group_size: int | None = None,
+    ):
         super().__init__()
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
-        self.padding_idx = None
+        self.padding_idx, self.group_size = None, group_size
         self.register_buffer(
             "qweight", torch.empty(num_embeddings, embedding_dim, dtype=torch.int8, device=device)
         )
-        self.register_buffer("scale", torch.empty(num_embeddings, device=device))
+        groups = () if group_size is None else (embedding_dim // group_size,)
+        self.register_buffer("scale", torch.empty(num_embeddings, *groups, device=device))
 
     def forward(self, ids: Tensor) -> Tensor:
-        return self.qweight[ids].float() * self.scale[ids].unsqueeze(-1)
+        if self.group_size is None:
+            return self.qweight[ids].float() * self.scale[ids].unsqueeze(-1)
+        rows = self.qweight[ids].float().unflatten(-1, (-1, self.group_size))
+        return (rows * self.scale[ids].unsqueeze(-1)).flatten(-2)
 
 
 def _check_scheme(scheme: str, group_size: int) -> None:
