@@ -7,18 +7,24 @@ Shapes are SmolLM2-135M's (d 576, fused qkv 960 rows, MLP 2 x 1536 gated, 30 lay
 from memory as in a real model. Each variant runs all 30 layers' linears (the "blocks" column)
 and the head separately; rounds alternate the variants, so a shared CPU's noise lands on all of
 them alike, and the best round is reported. Prints the CPU flags that choose kernels.
+OpenMP threads wait passively (set before torch loads), as in bench/generate.py: spinning
+threads on shared cores make every small multi-threaded kernel many times slower.
 """
 
 from __future__ import annotations
 
-import argparse
-import time
-import warnings
-from collections.abc import Callable
+import os
 
-import torch
-import torch.nn.functional as F
-from torch import nn
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import argparse  # noqa: E402
+import time  # noqa: E402
+import warnings  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
 
 warnings.filterwarnings("ignore")
 

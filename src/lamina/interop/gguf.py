@@ -44,6 +44,8 @@ from lamina.interop.gguf_file import DEQUANTIZABLE, GGUFContents, GGUFTensor, re
 from lamina.interop.gguf_write import save_gguf
 from lamina.models.config import GPTConfig
 from lamina.models.gpt import GPT
+from lamina.quant.from_blocks import from_blocks, keepable
+from lamina.quant.ggml import row_bytes
 
 __all__ = ["GGUFContents", "GGUFTensor", "gguf_config", "load_gguf", "read_gguf", "save_gguf"]
 
@@ -202,8 +204,6 @@ def load_gguf(
     path: str | os.PathLike[str], *, quantized: bool = False
 ) -> tuple[GPT, dict[str, Any]]:
     """A lamina GPT (fp32, CPU, eval) from a GGUF file, and the file's metadata."""
-    if quantized:
-        raise LaminaError("load_gguf(quantized=True) is not implemented yet: load fp32")
     contents = read_gguf(path)
     where = str(contents.path)
     tensors = contents.tensors
@@ -218,5 +218,15 @@ def load_gguf(
     for name in present:  # refuse an unreadable type before dequantizing anything
         if tensors[name].qtype not in DEQUANTIZABLE:
             tensors[name].dequantize()  # raises the one-line refusal naming tensor and type
+    if quantized:  # blocks lamina holds exactly stay quantized (lamina.quant.from_blocks)
+        kept = keepable({r.lamina: [tensors[p.foreign] for p in r.parts] for r in table})
+        raw = {p.foreign for r in table if r.lamina in kept for p in r.parts}
+
+        def fetch(n: str) -> Tensor:
+            t = tensors[n]
+            return row_bytes(t.raw, t.qtype, t.shape) if n in raw else t.dequantize()
+
+        state = tensor_map.to_lamina(table, fetch)
+        return from_blocks(model, state, kept), dict(contents.metadata)
     state = tensor_map.to_lamina(table, lambda name: tensors[name].dequantize())
     return assign_weights(model, state, where), dict(contents.metadata)

@@ -143,6 +143,16 @@ def _finish(m: Int8Linear | Int4Linear, x: Tensor, y: Tensor) -> Tensor:
     return y.reshape(*x.shape[:-1], m.out_features)
 
 
+def _dequantize_int8(
+    q: Tensor, scale: Tensor, group_size: int | None, dtype: torch.dtype = torch.float32
+) -> Tensor:
+    if group_size is None:
+        return q.to(dtype) * scale.to(dtype)[:, None]
+    n, k = q.shape
+    g = q.to(dtype).reshape(n, k // group_size, group_size)
+    return (g * scale.to(dtype)[..., None]).reshape(n, k)
+
+
 class Int8Linear(nn.Module):
     """y = x @ (q * scale).T + bias, with q int8 (out, in) and a scale per output row (scale
     (out,)) or per group of ``group_size`` inputs of a row (scale (out, in // group_size))."""
@@ -183,16 +193,20 @@ class Int8Linear(nn.Module):
         if self.group_size is None:
             self.kernel_weight, scale = self.qweight, self.scale
         else:  # the kernel takes one scale per row: a per-row copy of the exact grouped form
-            self.kernel_weight, scale = quantize_int8(self.dequantized())
+            self.kernel_weight, scale = self._per_row_copy()
         self.kernel_scale = scale.to(torch.bfloat16)
         return self
 
     def dequantized(self, dtype: torch.dtype = torch.float32) -> Tensor:
-        if self.group_size is None:
-            return self.qweight.to(dtype) * self.scale.to(dtype)[:, None]
-        n, k = self.qweight.shape
-        g = self.qweight.to(dtype).reshape(n, k // self.group_size, self.group_size)
-        return (g * self.scale.to(dtype)[..., None]).reshape(n, k)
+        return _dequantize_int8(self.qweight, self.scale, self.group_size, dtype)
+
+    def _per_row_copy(self, chunk: int = 4096) -> tuple[Tensor, Tensor]:
+        """Requantize the grouped weights per row, a few rows at a time (no full fp32 copy)."""
+        q, scales = torch.empty_like(self.qweight), torch.empty(self.out_features)
+        for i in range(0, self.out_features, chunk):
+            rows = _dequantize_int8(self.qweight[i : i + chunk], self.scale[i : i + chunk], self.group_size)
+            q[i : i + chunk], scales[i : i + chunk] = quantize_int8(rows)
+        return q, scales
 
     def forward(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, self.in_features)

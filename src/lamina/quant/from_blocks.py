@@ -1,6 +1,7 @@
 """A GPT whose linears keep a GGUF file's quantized blocks: Q4_0/Q4_1 -> int4, Q8_0 -> int8.
 
     from_blocks(model, state, qtypes) -> the GPT, quantized where its weights came as blocks
+    keepable({lamina name: [foreign tensor parts]}) -> {lamina name: qtype} that from_blocks keeps
 
 `model` is a GPT on the meta device; `state` maps lamina tensor names to float tensors, or, for
 the names in `qtypes` (name -> "Q8_0" | "Q4_0" | "Q4_1"), to the rows' raw bytes (see
@@ -15,12 +16,32 @@ Deliberately unaware of files and of GGUF's tensor names: the loader maps names 
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 from torch import Tensor, nn
 
 from lamina.errors import LaminaError
 from lamina.models.gpt import GPT
 from lamina.quant import Int4Linear, Int8Embedding, Int8Linear
-from lamina.quant.ggml import GROUP, blocks_to_int4, blocks_to_int8, dequantize_rows
+from lamina.quant.ggml import (
+    BLOCK_QTYPES,
+    GROUP,
+    blocks_to_int4,
+    blocks_to_int8,
+    dequantize_rows,
+)
+
+
+def keepable(parts: Mapping[str, Sequence[Any]]) -> dict[str, str]:
+    """lamina name -> qtype, for the 2-D weights whose parts (objects with .qtype and .shape,
+    e.g. q, k and v of a fused qkv) all share one block type lamina keeps exactly."""
+    kept = {}
+    for name, group in parts.items():
+        types = {p.qtype for p in group}
+        if len(types) == 1 and types <= set(BLOCK_QTYPES) and all(len(p.shape) == 2 for p in group):
+            kept[name] = types.pop()
+    return kept
 
 
 def _linear(lin: nn.Linear, rows: Tensor, qtype: str) -> Int8Linear | Int4Linear:

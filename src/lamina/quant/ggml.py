@@ -19,6 +19,7 @@ Deliberately unaware of files, tensor names and modules: bytes in, tensors out.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -87,7 +88,10 @@ def row_bytes(raw: Any, qtype: str, shape: tuple[int, int]) -> Tensor:
     loader can apply its row transforms (llama's q/k permutation, fused qkv) before converting.
     """
     n, _ = shape
-    return torch.from_numpy(_blocks(raw, qtype, shape).reshape(n, -1).copy())
+    rows = _blocks(raw, qtype, shape).reshape(n, -1)
+    with warnings.catch_warnings():  # a read-only view (a file's map): no copy, never written
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(rows)
 
 
 def dequantize_rows(rows: Tensor, qtype: str, width: int) -> Tensor:
