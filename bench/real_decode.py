@@ -67,8 +67,14 @@ def reply_llama_cpp(path: Path, threads: int):
     import numpy as np
     from llama_cpp import Llama
 
-    llm = Llama(str(path), n_threads=threads, n_threads_batch=threads, n_ctx=1024, n_batch=512,
-                verbose=False)
+    llm = Llama(
+        str(path),
+        n_threads=threads,
+        n_threads_batch=threads,
+        n_ctx=1024,
+        n_batch=512,
+        verbose=False,
+    )
     vocab = llm.n_vocab()
 
     def reply(ids: list[int], new: int) -> list[float]:
@@ -149,15 +155,19 @@ def worker(a: argparse.Namespace) -> None:
     ids = random.Random(0).choices(range(100, 49000), k=a.prompt)
     cold = reply(ids, a.new)
     warm = reply(ids, a.new)
-    print(json.dumps({
-        "load_s": load,
-        "ttft_cold_s": cold[0],
-        "reply_cold_s": cold[-1],
-        "ttft_s": warm[0],
-        "prefill_tok_s": a.prompt / warm[0],
-        "decode_tok_s": (len(warm) - 1) / (warm[-1] - warm[0]),
-        "rss_mb": peak_rss_mb(),
-    }))
+    print(
+        json.dumps(
+            {
+                "load_s": load,
+                "ttft_cold_s": cold[0],
+                "reply_cold_s": cold[-1],
+                "ttft_s": warm[0],
+                "prefill_tok_s": a.prompt / warm[0],
+                "decode_tok_s": (len(warm) - 1) / (warm[-1] - warm[0]),
+                "rss_mb": peak_rss_mb(),
+            }
+        )
+    )
 
 
 # ---------------------------------------------------------------- the driver
@@ -166,8 +176,20 @@ def worker(a: argparse.Namespace) -> None:
 def run_variant(name: str, a: argparse.Namespace) -> dict[str, float] | None:
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", TORCHINDUCTOR_CACHE_DIR=str(a.cache_dir))
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
-    cmd = [sys.executable, __file__, "--worker", name, "--gguf", str(a.gguf),
-           "--threads", str(a.threads), "--prompt", str(a.prompt), "--new", str(a.new)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--worker",
+        name,
+        "--gguf",
+        str(a.gguf),
+        "--threads",
+        str(a.threads),
+        "--prompt",
+        str(a.prompt),
+        "--new",
+        str(a.new),
+    ]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     if p.returncode:
         print(f"  {name}: failed: {(p.stderr.strip().splitlines() or ['?'])[-1][:200]}")
@@ -190,18 +212,29 @@ def main() -> None:
     if a.worker:
         return worker(a)
     names = a.only.split(",") if a.only else VARIANTS
-    print(f"{a.gguf.name}; {a.threads} threads; prompt {a.prompt}, {a.new} new tokens; "
-          f"cpu flags: {cpu_flags()}; load {os.getloadavg()[0]:.1f}")
+    print(
+        f"{a.gguf.name}; {a.threads} threads; prompt {a.prompt}, {a.new} new tokens; "
+        f"cpu flags: {cpu_flags()}; load {os.getloadavg()[0]:.1f}"
+    )
     results: dict[str, list[dict[str, float]]] = {n: [] for n in names}
     for r in range(a.rounds):
         for n in names:
             res = run_variant(n, a)
             if res:
                 results[n].append(res)
-                print(f"  round {r + 1} {n}: " + ", ".join(f"{k} {v:.3g}" for k, v in res.items()),
-                      flush=True)
-    cols = ["decode_tok_s", "prefill_tok_s", "ttft_s", "ttft_cold_s", "reply_cold_s", "rss_mb",
-            "load_s"]
+                print(
+                    f"  round {r + 1} {n}: " + ", ".join(f"{k} {v:.3g}" for k, v in res.items()),
+                    flush=True,
+                )
+    cols = [
+        "decode_tok_s",
+        "prefill_tok_s",
+        "ttft_s",
+        "ttft_cold_s",
+        "reply_cold_s",
+        "rss_mb",
+        "load_s",
+    ]
     ref = results.get("llama.cpp") or []
     base = statistics.median(x["decode_tok_s"] for x in ref) if ref else None
     print(f"\n| variant | {' | '.join(cols)} | decode vs llama.cpp |")

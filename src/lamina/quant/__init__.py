@@ -13,8 +13,9 @@ copy and the lookups read an int8 table (int4's packed layout cannot be gathered
 Kernels (measured in bench/decode_kernels.py; see BENCHMARKS.md): on x86 CPUs with AVX2 or
 better, ``torch._weight_int8pack_mm`` and ``torch._weight_int4pack_mm_for_cpu`` with bf16
 activations read 1 or 1/2 byte per weight; at batch 1 they beat an fp32 matmul even where bf16
-is emulated (AVX2 only: 1.5x and 2.3x at SmolLM2-135M's shapes on one thread), and by several
-times where it is native (AVX512-BF16, AMX). Elsewhere (no AVX2, other architectures, GPUs) the
+is emulated (AVX2 only: 1.2x and 1.8x at SmolLM2-135M's shapes), and by several times where it
+is native (AVX512-BF16, AMX). Where it is emulated, a call with more than
+``EMULATED_BF16_MAX_ROWS`` rows (a prefill) dequantizes and runs in fp32 instead. Elsewhere (no AVX2, other architectures, GPUs) the
 weights are dequantized for each call: correct, smaller in memory, not faster. The output is
 cast back to the input's dtype, so the rest of the model runs as before (fp32 norms, softmax,
 KV cache). ``LAMINA_QUANT_KERNEL=dequantize`` forces the fallback (for measuring).
@@ -94,8 +95,15 @@ def _packed_cpu(t: Tensor) -> bool:
     return t.device.type == "cpu" and _KERNEL == "packed"
 
 
+# Where bf16 is emulated (AVX2), the packed kernels win at batch 1 but lose to an fp32 matmul
+# on freshly dequantized weights for many rows at once (a prefill): measured crossover 16-64.
+EMULATED_BF16_MAX_ROWS = 32
+
+
 def _use_kernel(x: Tensor) -> bool:
-    return _packed_cpu(x)
+    if not _packed_cpu(x):
+        return False
+    return _NATIVE_BF16 or x.numel() // max(1, x.shape[-1]) <= EMULATED_BF16_MAX_ROWS
 
 
 def quantize_int8(w: Tensor) -> tuple[Tensor, Tensor]:
@@ -204,7 +212,9 @@ class Int8Linear(nn.Module):
         """Requantize the grouped weights per row, a few rows at a time (no full fp32 copy)."""
         q, scales = torch.empty_like(self.qweight), torch.empty(self.out_features)
         for i in range(0, self.out_features, chunk):
-            rows = _dequantize_int8(self.qweight[i : i + chunk], self.scale[i : i + chunk], self.group_size)
+            rows = _dequantize_int8(
+                self.qweight[i : i + chunk], self.scale[i : i + chunk], self.group_size
+            )
             q[i : i + chunk], scales[i : i + chunk] = quantize_int8(rows)
         return q, scales
 
