@@ -424,6 +424,11 @@ def _replace(model: GPT, scheme: str, group_size: int, *, fill: bool) -> GPT:
 
 def quantized_tensors(model: GPT) -> dict[str, Tensor]:
     """The tensors to save: each stored once (a tied int8 head is the token table's)."""
+    if (scheme_of(model) or {}).get("scheme") not in SCHEMES:
+        raise LaminaError(
+            f"a model quantized as {scheme_of(model)} (GGUF blocks kept) cannot be saved as a "
+            "lamina folder yet: open the GGUF file itself, or load it in fp32 and quantize"
+        )
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     if model.config.tie_weights and scheme_of(model) == {"scheme": "int8"}:
         state.pop("head.qweight"), state.pop("head.scale")

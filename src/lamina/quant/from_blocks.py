@@ -9,7 +9,8 @@ the names in `qtypes` (name -> "Q8_0" | "Q4_0" | "Q4_1"), to the rows' raw bytes
 the head take the exact lamina form (group size 32, see quant/ggml.py). The token table: Q8_0
 becomes an int8 table with a scale per 32 (a tied head then *is* that table, stored once), any
 other type is dequantized to fp32 for lookups (a tied head keeps its own int4 copy). Blocks of
-tensors that are not linear weights are dequantized.
+tensors that are not linear weights are dequantized. The model's `quantization` is
+{"scheme": "gguf", "types": [...]}; saving it as a lamina folder is refused (not yet supported).
 
 Deliberately unaware of files and of GGUF's tensor names: the loader maps names first.
 """
