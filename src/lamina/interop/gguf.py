@@ -203,7 +203,8 @@ def assign_weights(model: GPT, state: dict[str, Tensor], where: str) -> GPT:
 def load_gguf(
     path: str | os.PathLike[str], *, quantized: bool = False
 ) -> tuple[GPT, dict[str, Any]]:
-    """A lamina GPT (fp32, CPU, eval) from a GGUF file, and the file's metadata."""
+    """A lamina GPT (fp32, CPU, eval) from a GGUF file, and the file's metadata; with
+    `quantized`, Q4_0/Q4_1/Q8_0 weights stay quantized, exactly (lamina.quant.from_blocks)."""
     contents = read_gguf(path)
     where = str(contents.path)
     tensors = contents.tensors
