@@ -46,6 +46,8 @@ from lamina.interop.gguf_file import DEQUANTIZABLE, GGUFContents, GGUFTensor, re
 from lamina.interop.gguf_write import save_gguf
 from lamina.models.config import GPTConfig
 from lamina.models.gpt import GPT
+from lamina.quant.from_blocks import from_blocks, keepable
+from lamina.quant.ggml import row_bytes
 
 __all__ = [
     "GGUFContents", "GGUFTensor", "gguf_config", "gguf_table", "load_gguf", "read_gguf", "save_gguf",
@@ -217,12 +219,8 @@ def gguf_table(contents: GGUFContents) -> tuple[GPTConfig, list[tensor_map.Row]]
 def load_gguf(
     path: str | os.PathLike[str], *, quantized: bool = False
 ) -> tuple[GPT, dict[str, Any]]:
-    """A lamina GPT (fp32, CPU, eval) from a GGUF file, and the file's metadata.
-
-    quantized=True (weights kept in their GGUF blocks) is not implemented here: it is refused
-    (see `gguf_table` for the rows such a loader starts from)."""
-    if quantized:
-        raise LaminaError("load_gguf(quantized=True) is not implemented yet: load fp32")
+    """A lamina GPT (fp32, CPU, eval) from a GGUF file, and the file's metadata; with
+    `quantized`, Q4_0/Q4_1/Q8_0 weights stay quantized, exactly (lamina.quant.from_blocks)."""
     contents = read_gguf(path)
     tensors = contents.tensors
     config, table = gguf_table(contents)
@@ -231,5 +229,15 @@ def load_gguf(
             if tensors[part.foreign].qtype not in DEQUANTIZABLE:
                 tensors[part.foreign].dequantize()  # the one-line refusal naming tensor and type
     model, _ = _meta_gpt(config)
+    if quantized:  # blocks lamina holds exactly stay quantized (lamina.quant.from_blocks)
+        kept = keepable({r.lamina: [tensors[p.foreign] for p in r.parts] for r in table})
+        raw = {p.foreign for r in table if r.lamina in kept for p in r.parts}
+
+        def fetch(n: str) -> Tensor:
+            t = tensors[n]
+            return row_bytes(t.raw, t.qtype, t.shape) if n in raw else t.dequantize()
+
+        state = tensor_map.to_lamina(table, fetch)
+        return from_blocks(model, state, kept), dict(contents.metadata)
     state = tensor_map.to_lamina(table, lambda name: tensors[name].dequantize())
     return assign_weights(model, state, str(contents.path)), dict(contents.metadata)

