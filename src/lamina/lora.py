@@ -359,7 +359,7 @@ def _segment_inputs(config: GPTConfig) -> list[tuple[str, int, int]]:
     hd, f, d = c.head_dim, c.ff_width, c.d_model
     fc = [("gate", d, f), ("up", d, f)] if c.activation == "swiglu" else [("fc", d, f)]
     layer = [("q", d, c.n_heads * hd), ("k", d, c.kv_heads * hd), ("v", d, c.kv_heads * hd)]
-    layer += [("o", d, d), *fc, ("down", f, d)]
+    layer += [("o", c.n_heads * hd, d), *fc, ("down", f, d)]  # o reads the H hd heads
     return layer * c.n_layers + [("head", d, c.vocab_size)]
 
 
