@@ -7,6 +7,17 @@
                                           peft.PeftModel.from_pretrained(hf_base, folder) loads
     import_peft(model, folder) -> model   the reverse: a PEFT LoRA folder onto a lamina GPT
 
+A LoRA folder (what a LoRA run saves: the adapters and a reference to the base, never the
+base's weights):
+
+    save_lora_folder(folder, model, base)  config.json {"kind": "lora", "lora": {...}, "base":
+                                          {"path", "hash"}} + adapters.safetensors
+    read_lora_folder(folder) -> (LoRAConfig, base record, tensors);  is_lora_folder(path)
+    base_record(path) -> {"path": absolute, "hash": "sha256:..."}
+    check_base(record) -> Path            the base, refused if its bytes changed since
+    content_hash(path)                    sha256 of a file, or of a folder's config.json and
+                                          weight files (names and bytes, sorted by name)
+
 PEFT names come from the one Llama tensor map (hf_llama.tensor_groups): lamina's fused
 `attn.qkv` adapters "q", "k", "v" are PEFT's separate `self_attn.{q,k,v}_proj` adapters, and
 `ff.fc`'s "gate", "up" are `mlp.{gate,up}_proj`; a key reads
@@ -20,6 +31,7 @@ Deliberately unaware of training and of the peft package (never imported).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -206,3 +218,98 @@ def import_peft(model: nn.Module, folder: str | os.PathLike[str]) -> GPT:
     apply_lora(inner, config)
     load_lora_state(inner, {back[k]: v for k, v in tensors.items()}, str(d))
     return inner
+
+
+LORA_KIND = "lora"
+LORA_FORMAT = 1
+ADAPTERS_FILE = "adapters.safetensors"
+_HASHED = ("config.json", "*.safetensors", "*.gguf", "*.bin")
+
+
+def content_hash(path: str | os.PathLike[str]) -> str:
+    """sha256 of a model file, or of a model folder's config and weight files."""
+    p = Path(path)
+    h = hashlib.sha256()
+    if p.is_file():
+        files = [p]
+    elif p.is_dir():
+        files = sorted({f for pat in _HASHED for f in p.glob(pat) if f.is_file()})
+        if not files:
+            raise LaminaError(f"{p} has no config.json or weight files to identify it by")
+    else:
+        raise LaminaError(f"no such model file or folder: {p}")
+    for f in files:
+        h.update(f.name.encode() + b"\0")
+        with open(f, "rb") as fh:
+            while chunk := fh.read(1 << 22):
+                h.update(chunk)
+    return "sha256:" + h.hexdigest()
+
+
+def base_record(path: str | os.PathLike[str]) -> dict[str, str]:
+    """What a LoRA folder stores about its base: where it is, and its content hash."""
+    p = Path(path).resolve()
+    return {"path": str(p), "hash": content_hash(p)}
+
+
+def check_base(record: Any, where: str = "LoRA folder") -> Path:
+    """The base a record names, refused if missing or if its bytes changed since."""
+    if not isinstance(record, dict) or not all(
+        isinstance(record.get(k), str) for k in ("path", "hash")
+    ):
+        raise LaminaError(f"{where}: 'base' must be an object with string 'path' and 'hash'")
+    p = Path(record["path"])
+    if not p.exists():
+        raise LaminaError(f"{where}: its base model {p} is missing")
+    got = content_hash(p)
+    if got != record["hash"]:
+        raise LaminaError(
+            f"{where}: its base model {p} changed since the adapters were trained "
+            f"({got[:19]}... != {record['hash'][:19]}...); the adapters fit only the original"
+        )
+    return p
+
+
+def is_lora_folder(path: str | os.PathLike[str]) -> bool:
+    p = Path(path)
+    if not (p / "config.json").is_file() or not (p / ADAPTERS_FILE).is_file():
+        return False
+    try:
+        data = json.loads((p / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("kind") == LORA_KIND
+
+
+def save_lora_folder(
+    folder: str | os.PathLike[str], model: nn.Module, base: dict[str, str]
+) -> Path:
+    """Write the adapters and the base reference into `folder` (each file atomically)."""
+    inner = _gpt(model, "save_lora_folder")
+    config = lora_config(inner)
+    if config is None:
+        raise LaminaError("this model has no LoRA adapters to save")
+    d = Path(folder)
+    d.mkdir(parents=True, exist_ok=True)
+    save_adapters(inner, d / ADAPTERS_FILE)
+    write_json(
+        d / "config.json",
+        {"format": LORA_FORMAT, "kind": LORA_KIND, "lora": config.to_dict(), "base": base},
+    )
+    return d
+
+
+def read_lora_folder(
+    folder: str | os.PathLike[str],
+) -> tuple[LoRAConfig, dict[str, str], dict[str, Tensor]]:
+    """The adapters' config, the base record (not yet checked: see check_base), the tensors."""
+    d = Path(folder)
+    data = read_json(d / "config.json")
+    if not isinstance(data, dict) or data.get("kind") != LORA_KIND:
+        raise LaminaError(f"{d} is not a LoRA folder (config.json kind is not 'lora')")
+    if data.get("format") != LORA_FORMAT:
+        raise LaminaError(f"{d}: LoRA folder format {data.get('format')!r} is not {LORA_FORMAT}")
+    config, tensors = read_adapters(d / ADAPTERS_FILE)
+    if LoRAConfig.from_dict(data.get("lora"), f"{d / 'config.json'} lora") != config:
+        raise LaminaError(f"{d}: config.json and {ADAPTERS_FILE} disagree about the LoRA config")
+    return config, data.get("base"), tensors
