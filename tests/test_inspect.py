@@ -9,9 +9,9 @@ from lamina import GPT, GPTConfig
 from lamina.attention import MultiHeadAttention
 from lamina.data import CharTokenizer
 from lamina.errors import LaminaError
+from lamina.generation import encode_prompt
 from lamina.inspect import (
     attention_maps,
-    encode_text,
     forward_with_maps,
     head_patterns,
     next_token_table,
@@ -93,7 +93,7 @@ def test_next_token_table_rows_match_softmax_of_logits():
     torch.manual_seed(0)
     model = GPT(GPTConfig.preset("tiny", vocab_size=tok.vocab_size, block_size=64, init_std=0.3))
     text = "ROMEO: what"
-    rows = next_token_table(model, tok, text, k=3)
+    rows = next_token_table(model, tok, encode_prompt(tok, text), k=3)
     assert [r.token for r in rows] == list(text)
     with torch.no_grad():
         probs = torch.softmax(model(torch.tensor([tok.encode(text)]))[0], -1)
@@ -184,7 +184,7 @@ def test_fixed_key_and_line_start_heads_are_named_with_their_key():
 def test_bad_text_is_a_named_error(text, message):
     tok = CharTokenizer.from_text(TEXT + "x")
     with pytest.raises(LaminaError, match=message):
-        encode_text(tok, text, block_size=64)
+        encode_prompt(tok, text, block_size=64, empty="error", what="text")
 
 
 def test_bad_maps_and_ids_are_errors():
@@ -197,4 +197,4 @@ def test_bad_maps_and_ids_are_errors():
     with pytest.raises(LaminaError, match="block_size"):
         attention_maps(tiny(), list(range(30)))
     with pytest.raises(LaminaError, match="k must be"):
-        next_token_table(tiny(), CharTokenizer.from_text(TEXT), "RO", k=0)
+        next_token_table(tiny(), CharTokenizer.from_text(TEXT), [1, 2], k=0)

@@ -143,14 +143,14 @@ def test_config_translation_both_ways():
 @pytest.mark.parametrize(
     "overrides, setting",
     [
-        ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope_scaling type 'llama3'"),
+        ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "llama3' lacks .*low_freq"),
         ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling type 'yarn'"),
-        ({"attention_bias": True}, "attention_bias=True with mlp_bias=False"),
-        ({"sliding_window": 64}, "sliding_window=64"),
-        ({"head_dim": 32, "num_attention_heads": 4}, "head_dim=32"),
+        ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}, "type 'dynamic'"),
+        ({"attention_bias": True}, "a bias on o_proj only"),
+        ({"sliding_window": 64}, "sliding_window=64 shorter than its context"),
         ({"hidden_act": "gelu"}, "hidden_act='gelu'"),
         ({"num_key_value_heads": 3, "num_attention_heads": 4}, "n_kv_heads=3"),
-        ({"model_type": "mistral"}, "not a Llama config"),
+        ({"model_type": "gemma"}, "not a Llama-family config"),
     ],
 )
 def test_import_refuses_what_lamina_cannot_express(tmp_path, overrides, setting):
@@ -199,18 +199,29 @@ def test_tokenizer_json_is_carried_both_ways(tmp_path):
         torch.testing.assert_close(again(ids).logits, model(ids), atol=1e-4, rtol=0)
 
 
-def test_a_tokenizer_json_lamina_cannot_read_is_reported_not_carried(tmp_path, capsys):
-    from tokenizers import Tokenizer, models, pre_tokenizers
+def test_a_sentencepiece_tokenizer_with_its_template_is_carried_both_ways(tmp_path, capsys):
+    """Llama 2 style (byte-fallback BPE, Metaspace, <s> added): once dropped with a note, now
+    carried as kind "pretrained" with its specials, add-bos rule and chat template."""
+    from tiny_tokenizers import CHATML, sentencepiece_bpe
 
     from lamina.cli import main
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Metaspace()  # sentencepiece-style, as Llama 2's
-    hf = make_hf(num_hidden_layers=1, num_attention_heads=2)
-    hf.save_pretrained(tmp_path / "hf")
-    (tmp_path / "hf" / "tokenizer.json").write_text(tok.to_str())
-    assert (
-        main(["convert", "--from", "hf", str(tmp_path / "hf"), "--out", str(tmp_path / "m")]) == 0
+    fast = transformers.LlamaTokenizerFast(
+        tokenizer_object=sentencepiece_bpe(), bos_token="<s>", eos_token="</s>", unk_token="<unk>"
     )
-    assert "tokenizer.json not carried" in capsys.readouterr().out
-    assert not (tmp_path / "m" / "tokenizer.json").exists()
+    fast.chat_template = CHATML
+    hf = make_hf(vocab_size=len(fast), num_hidden_layers=1, num_attention_heads=2)
+    hf.save_pretrained(tmp_path / "hf")
+    fast.save_pretrained(tmp_path / "hf")
+    convert = ["convert", "--from", "hf", str(tmp_path / "hf"), "--out", str(tmp_path / "m")]
+    assert main(convert) == 0 and "tokenizer: pretrained" in capsys.readouterr().out
+    _, carried = lamina.load(tmp_path / "m")
+    text = "The quick brown fox, café 😀"
+    assert carried.encode_prompt(text) == fast.encode(text) and carried.add_bos
+    assert carried.chat_template == CHATML and carried.eos_id == fast.eos_token_id
+    assert main(["convert", "--to", "hf", str(tmp_path / "m"), "--out", str(tmp_path / "o")]) == 0
+    again = transformers.AutoTokenizer.from_pretrained(tmp_path / "o")
+    assert again.encode(text) == fast.encode(text)
+    chat = [{"role": "user", "content": "hi"}]
+    out = again.apply_chat_template(chat, tokenize=True, add_generation_prompt=True)
+    assert list(out["input_ids"]) == carried.render_chat(chat)

@@ -21,6 +21,7 @@ from lamina.checkpoint import save_model as save
 from lamina.errors import CheckFailed, LaminaError, LaminaWarning
 from lamina.generation import generate, stream
 from lamina.interop import from_hf, save_hf
+from lamina.interop.bundle import Bundle, open_model
 from lamina.models import (
     GPT,
     Encoder,
@@ -31,8 +32,12 @@ from lamina.models import (
 )
 from lamina.version import __version__ as __version__
 
+open = open_model  # lamina.open(source): any model lamina reads (not in __all__: a star import
+# must not shadow the built-in open)
+
 __all__ = [
     "GPT",
+    "Bundle",
     "CheckFailed",
     "Encoder",
     "EncoderConfig",
@@ -44,6 +49,7 @@ __all__ = [
     "from_hf",
     "generate",
     "load",
+    "open_model",
     "save",
     "save_hf",
     "stream",

@@ -1,9 +1,10 @@
 """Layer 2, attention: multi-head self-attention with masks, optional weights and a KV cache.
 
     x (B, T, d) -> qkv = x @ W_qkv (one fused projection, [q | k | v] along the output)
-    q (B, H, T, hd), k and v (B, H_kv, T, hd)    hd = d / H, H_kv = n_kv_heads divides H
+    q (B, H, T, hd), k and v (B, H_kv, T, hd)    hd = d / H unless given (Qwen3: d != H hd),
+                                                  H_kv = n_kv_heads divides H
     [qk-norm: q, k <- rms_norm(q), rms_norm(k) per head]  [rotary: q, k <- rotate(q), rotate(k)]
-    softmax(q k^T / sqrt(hd) + mask) v -> (B, T, d) -> output projection
+    softmax(q k^T / sqrt(hd) + mask) v -> (B, T, H hd) -> output projection -> (B, T, d)
 
 Grouped-query attention: query head h reads key/value head h // (H / H_kv) (1 = multi-query;
 H_kv = H is plain multi-head attention, with today's weight layout). The projection stays one
@@ -15,6 +16,12 @@ the pair is rotated by the angle pos * theta^(-2j/hd). This is Hugging Face Llam
 ("interleaved"), and HF's conversion script permutes the rows of W_q and W_k into half-split, so
 HF Llama weights copy into lamina without any permutation. Keys are rotated before they are
 cached, so the cache holds rotated keys and a cached step only rotates its new token.
+`RopeScaling` stretches the frequencies for contexts longer than training: "linear" divides
+every frequency by a factor; "llama3" (Llama 3.1+) divides only the low frequencies (wavelength
+above original_max_positions / low_freq_factor), keeps the high ones (below .../
+high_freq_factor) and blends linearly between, exactly as Hugging Face's `_compute_llama3_parameters`.
+QK-norm (Qwen3, OLMo 2's per-head form) is an RMSNorm over hd with one learned gain (hd,) shared
+by the heads, applied to q and k before the rotation.
 
 Masks:
   * causal (a constructor flag): query i sees keys 0..i (shifted by the cache position);
@@ -37,6 +44,7 @@ attention, integer positions, never token ids.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -128,15 +136,78 @@ def attention_mask(
     return allowed
 
 
+@dataclass(frozen=True)
+class RopeScaling:
+    """How rotary frequencies are stretched for long contexts (None in a config: not at all).
+
+    kind "linear": every frequency / factor. kind "llama3": low frequencies / factor, high ones
+    kept, a linear blend between (wavelengths compared with original_max_positions divided by
+    low_freq_factor and by high_freq_factor).
+    """
+
+    kind: Literal["linear", "llama3"]
+    factor: float
+    low_freq_factor: float = 1.0  # llama3 only
+    high_freq_factor: float = 4.0  # llama3 only
+    original_max_positions: int = 8192  # llama3 only: the context the model was trained at
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("linear", "llama3"):
+            raise LaminaError(f"rope_scaling kind must be 'linear' or 'llama3', got {self.kind!r}")
+        for name in ("factor", "low_freq_factor", "high_freq_factor"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise LaminaError(f"rope_scaling {name} must be a positive number, got {value!r}")
+        if not self.high_freq_factor > self.low_freq_factor:
+            raise LaminaError(
+                f"rope_scaling high_freq_factor={self.high_freq_factor} must exceed "
+                f"low_freq_factor={self.low_freq_factor}"
+            )
+        n = self.original_max_positions
+        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+            raise LaminaError(
+                f"rope_scaling original_max_positions must be a positive integer, got {n!r}"
+            )
+
+
+def rotary_frequencies(
+    head_dim: int,
+    theta: float = 10000.0,
+    scaling: RopeScaling | None = None,
+    device: torch.device | str | None = None,
+) -> Tensor:
+    """The (hd/2,) float32 angular frequencies theta^(-2j/hd), stretched by `scaling`."""
+    exponents = torch.arange(0, head_dim, 2, device=device).float() / head_dim
+    inv_freq = 1.0 / (theta**exponents)  # (hd/2,)
+    if scaling is None:
+        return inv_freq
+    if scaling.kind == "linear":
+        return inv_freq / scaling.factor
+    s = scaling
+    wavelen = 2 * math.pi / inv_freq
+    low_wavelen = s.original_max_positions / s.low_freq_factor  # longer: divide by factor
+    high_wavelen = s.original_max_positions / s.high_freq_factor  # shorter: keep
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
+    smooth = (s.original_max_positions / wavelen - s.low_freq_factor) / (
+        s.high_freq_factor - s.low_freq_factor
+    )
+    blended = (1 - smooth) * scaled / s.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(medium, blended, scaled)
+
+
 def rotary_tables(
-    positions: Tensor, head_dim: int, theta: float = 10000.0
+    positions: Tensor,
+    head_dim: int,
+    theta: float = 10000.0,
+    scaling: RopeScaling | None = None,
 ) -> tuple[Tensor, Tensor]:
     """cos and sin of the rotary angles, each (*positions.shape, head_dim), float32.
 
-    Angle of pair j (dims j and j + hd/2) at position p: p * theta^(-2j/hd), as in Llama.
+    Angle of pair j (dims j and j + hd/2) at position p: p * theta^(-2j/hd), as in Llama
+    (frequencies stretched by `scaling` when given).
     """
-    exponents = torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim
-    inv_freq = 1.0 / (theta**exponents)  # (hd/2,)
+    inv_freq = rotary_frequencies(head_dim, theta, scaling, positions.device)
     angles = positions.float()[..., None] * inv_freq  # (..., hd/2)
     angles = torch.cat([angles, angles], dim=-1)  # (..., hd): the same angle for j and j + hd/2
     return angles.cos(), angles.sin()
@@ -159,8 +230,10 @@ class MultiHeadAttention(nn.Module):
     """Multi-head self-attention with a fused QKV projection.
 
     Args:
-        d_model: width in and out; must be divisible by n_heads.
+        d_model: width in and out; must be divisible by n_heads unless head_dim is given.
         n_heads: number of heads.
+        head_dim: width of each head (None: d_model / n_heads); q, k, v are H hd wide and the
+            output projection maps H hd back to d_model.
         dropout: dropout on the attention weights (training mode only).
         causal: mask future keys.
         qkv_bias: bias on the QKV projection (GPT-2 has one; the seed notebook does not).
@@ -170,6 +243,7 @@ class MultiHeadAttention(nn.Module):
         rope_theta: rotary positions with this base (None: no rotation; positions come from
             elsewhere). forward's `rope` passes precomputed tables; without it the positions
             are 0..T-1, continuing from the cache.
+        rope_scaling: how those tables stretch their frequencies (see `RopeScaling`).
         qk_norm: RMS-normalise q and k per head (over hd) before the rotation and dot product.
         qk_norm_gain: a learnable gain (hd,) for each of the q and k norms.
         eps: the qk norms' epsilon.
@@ -190,14 +264,20 @@ class MultiHeadAttention(nn.Module):
         qk_norm: bool = False,
         qk_norm_gain: bool = True,
         eps: float = 1e-5,
+        head_dim: int | None = None,
+        rope_scaling: RopeScaling | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(n_heads, int) or n_heads <= 0:
             raise LaminaError(f"n_heads must be a positive integer, got {n_heads!r}")
         if not isinstance(d_model, int) or d_model <= 0:
             raise LaminaError(f"d_model must be a positive integer, got {d_model!r}")
-        if d_model % n_heads:
+        if head_dim is None and d_model % n_heads:
             raise LaminaError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+        if head_dim is not None and (
+            isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0
+        ):
+            raise LaminaError(f"head_dim must be a positive integer, got {head_dim!r}")
         if not 0.0 <= dropout < 1.0:
             raise LaminaError(f"dropout must be in [0, 1), got {dropout!r}")
         if impl not in ("sdpa", "reference"):
@@ -207,7 +287,7 @@ class MultiHeadAttention(nn.Module):
             raise LaminaError(f"n_kv_heads must be a positive integer, got {n_kv_heads!r}")
         if n_heads % n_kv_heads:
             raise LaminaError(f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}")
-        hd = d_model // n_heads
+        hd = d_model // n_heads if head_dim is None else head_dim
         if rope_theta is not None:
             if not rope_theta > 0:
                 raise LaminaError(f"rope_theta must be positive, got {rope_theta!r}")
@@ -215,9 +295,10 @@ class MultiHeadAttention(nn.Module):
                 raise LaminaError(f"rotary positions need an even head dimension, got {hd}")
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, hd
         self.n_kv_heads, self.rope_theta, self.eps = n_kv_heads, rope_theta, eps
+        self.rope_scaling = rope_scaling
         self.dropout, self.causal, self.impl = dropout, causal, impl
         self.qkv = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * hd, bias=qkv_bias)
-        self.proj = nn.Linear(d_model, d_model, bias=bias)
+        self.proj = nn.Linear(n_heads * hd, d_model, bias=bias)
         self.qk_norm = qk_norm
         gain = qk_norm and qk_norm_gain
         self.q_gain = nn.Parameter(torch.ones(hd)) if gain else None
@@ -238,7 +319,7 @@ class MultiHeadAttention(nn.Module):
         """
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise LaminaError(f"expected input (B, T, {self.d_model}), got {tuple(x.shape)}")
-        B, T, d = x.shape
+        B, T, _ = x.shape
         H, Hkv, hd = self.n_heads, self.n_kv_heads, self.head_dim
         q, k, v = self.qkv(x).split([H * hd, Hkv * hd, Hkv * hd], dim=-1)
         q = q.view(B, T, H, hd).transpose(1, 2)  # (B, H, T, hd)
@@ -251,7 +332,7 @@ class MultiHeadAttention(nn.Module):
             if rope is None:
                 start = cache.pos if cache is not None else 0
                 positions = torch.arange(start, start + T, device=x.device)
-                rope = rotary_tables(positions, hd, self.rope_theta)
+                rope = rotary_tables(positions, hd, self.rope_theta, self.rope_scaling)
             q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         if cache is not None:
             k, v = cache.append(k, v)  # (B, H_kv, T_keys, hd)
@@ -301,5 +382,5 @@ class MultiHeadAttention(nn.Module):
             )
             if dead is not None:
                 out = out.masked_fill(dead, 0.0)
-        out = out.transpose(1, 2).reshape(B, T, d)  # (B, T, H*hd)
+        out = out.transpose(1, 2).reshape(B, T, H * hd)  # (B, T, H*hd)
         return self.proj(out), (weights if need_weights else None)

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lamina.attention import KVCache, MultiHeadAttention
+from lamina.attention import KVCache, MultiHeadAttention, RopeScaling
 from lamina.errors import LaminaError
 
 Activation = Literal["gelu", "relu", "relu2", "swiglu"]
@@ -157,7 +157,7 @@ class TransformerBlock(nn.Module):
             LayerNorms' shift).
         eps: the norms' epsilon.
         norm: "layer" (LayerNorm) or "rms" (RMSNorm); norm_gain: learnable gains on the norms.
-        n_kv_heads, rope_theta, qk_norm: passed to `MultiHeadAttention`.
+        n_kv_heads, rope_theta, qk_norm, head_dim, rope_scaling: passed to `MultiHeadAttention`.
     """
 
     def __init__(
@@ -178,6 +178,8 @@ class TransformerBlock(nn.Module):
         n_kv_heads: int | None = None,
         rope_theta: float | None = None,
         qk_norm: bool = False,
+        head_dim: int | None = None,
+        rope_scaling: RopeScaling | None = None,
     ) -> None:
         super().__init__()
         self.norm_first = norm_first
@@ -193,6 +195,8 @@ class TransformerBlock(nn.Module):
             qk_norm=qk_norm,
             qk_norm_gain=norm_gain,
             eps=eps,
+            head_dim=head_dim,
+            rope_scaling=rope_scaling,
         )
         self.ff = FeedForward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
         self.norm1 = norm_module(norm, d_model, eps, bias, norm_gain)

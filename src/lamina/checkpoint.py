@@ -1,14 +1,19 @@
 """Model directories: `config.json` + `model.safetensors` (+ `tokenizer.json`), written atomically.
 
     save_model(dir, model, tokenizer=None)   -> dir/config.json, dir/model.safetensors, ...
-    load_model(dir) -> (model, tokenizer or None)        (also exported as `lamina.load`)
+    load_model(dir, device, dtype) -> (model, tokenizer or None)   (also exported as `lamina.load`)
+    assign_state(meta_model, state, where)   the one way a stored model gets its tensors
     check_device(name) -> torch.device                   a device this machine can compute on
 
 A SequenceClassifier's label names (`model.labels`, class id = index) go to `labels.json`
 with the classifier's id convention (`lamina.data.labelled.CLASSIFIER_IDS`) and come back as
 `model.labels` (None where the file is absent).
 
-Tied weights are stored once (the head is re-tied on load); the `_orig_mod.` prefix that
+Loading builds the model on the meta device and assigns the stored tensors (read one by one
+into their own memory, `lamina.tensorfile`): no random weights are made first and no second
+copy is held, so opening a model costs about its weight bytes. Buffers that are computed rather
+than stored (the sinusoidal table) are computed after the assignment. Tied weights are stored
+once (the head is re-tied on load); the `_orig_mod.` prefix that
 `torch.compile` adds is stripped on save and on load. Loading never unpickles: safetensors and
 JSON only. A missing, unexpected or wrongly shaped tensor is an error naming the key. Saving
 onto a file, or a device name this machine cannot use, is a `LaminaError` before anything is
@@ -23,8 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import Tensor, nn
 
@@ -36,6 +39,7 @@ from lamina.files import atomic_write, read_json, write_json
 from lamina.models.config import EncoderConfig, GPTConfig
 from lamina.models.encoder import Encoder, SequenceClassifier
 from lamina.models.gpt import GPT
+from lamina.tensorfile import TensorFile, read_tensors
 
 FORMAT_VERSION = 1
 COMPILED_PREFIX = "_orig_mod."
@@ -75,15 +79,12 @@ def save_tensors(
     atomic_write(path, lambda f: f.write(blob))
 
 
-def load_tensors(path: str | os.PathLike[str]) -> dict[str, Tensor]:
-    """Read a safetensors file; a truncated or corrupt file is a LaminaError naming it."""
-    p = Path(path)
-    if not p.is_file():
-        raise LaminaError(f"missing file: {p}")
-    try:
-        return st_load(p.read_bytes())
-    except (SafetensorError, ValueError, OSError) as exc:
-        raise LaminaError(f"{p} is not a readable safetensors file ({exc})") from exc
+def load_tensors(
+    path: str | os.PathLike[str], dtype: torch.dtype | None = None
+) -> dict[str, Tensor]:
+    """Read a safetensors file (floating tensors cast to `dtype` if given); a truncated or
+    corrupt file is a LaminaError naming it."""
+    return read_tensors(path, dtype)
 
 
 def model_to_json(model: nn.Module) -> dict[str, Any]:
@@ -136,9 +137,7 @@ def model_from_json(data: Any, where: str = "config.json") -> nn.Module:
     return SequenceClassifier(config, data.get("n_classes", 2), data.get("pooling", "first"))
 
 
-def _check_param_count(
-    config: Any, data: dict[str, Any], state: dict[str, Tensor], where: Path
-) -> None:
+def _check_param_count(config: Any, data: dict[str, Any], stored: int, where: Path) -> None:
     """Refuse a config.json that describes far more parameters than the weights hold, before
     building the model: a corrupt or foreign config.json must not allocate terabytes (what is
     built stays within 64x the tensors' bytes). Smaller mismatches are named tensor by tensor by
@@ -152,7 +151,6 @@ def _check_param_count(
     n_classes = data.get("n_classes", 0)
     if isinstance(n_classes, int) and not isinstance(n_classes, bool) and n_classes > 0:
         n += n_classes * (config.d_model + 1)
-    stored = sum(t.numel() * t.element_size() for t in state.values())
     if n > 16 * stored + 4096:  # 16 parameters per byte: room for any packing (int4 is 2)
         raise LaminaError(
             f"{where / 'config.json'} describes a model of {n:,} parameters, but "
@@ -170,8 +168,11 @@ def _quantized_gpt(config: GPTConfig, scheme: Any, where: str) -> GPT:
     return quant.quantize_structure(model, scheme["scheme"], scheme.get("group_size", 128))
 
 
-def load_state(model: nn.Module, state: dict[str, Tensor], where: str = "checkpoint") -> None:
-    """Copy `state` into `model` strictly: missing, unexpected or misshapen keys are errors."""
+def _checked(
+    model: nn.Module, state: dict[str, Tensor], where: str
+) -> tuple[nn.Module, dict[str, Tensor], dict[str, Tensor], bool]:
+    """(plain model, state, expected tensors, quantized): keys and shapes checked strictly, a
+    tied head left out of both."""
     state = strip_compiled_prefix(state)
     model = unwrap(model)
     expected = model.state_dict()
@@ -203,13 +204,39 @@ def load_state(model: nn.Module, state: dict[str, Tensor], where: str = "checkpo
             raise LaminaError(
                 f"{where}: tensor {k} is {v.dtype}, the quantized model expects {expected[k].dtype}"
             )
-    if quantized:  # the model lives on the meta device: take the tensors as they are
-        model.load_state_dict(state, strict=False, assign=True)
-        quant.finish_loading(model)
+    return model, state, expected, quantized
+
+
+def load_state(model: nn.Module, state: dict[str, Tensor], where: str = "checkpoint") -> None:
+    """Copy `state` into `model` strictly: missing, unexpected or misshapen keys are errors.
+    (A model on the meta device, or a quantized one, gets the tensors assigned instead.)"""
+    inner, state, expected, quantized = _checked(model, state, where)
+    if quantized or any(t.is_meta for t in expected.values()):
+        assign_state(inner, state, where)
         return
     with torch.no_grad():
         for name, tensor in expected.items():
             tensor.copy_(state[name])
+
+
+def assign_state(model: nn.Module, state: dict[str, Tensor], where: str = "checkpoint") -> None:
+    """Give a model built on the meta device the tensors of `state`, taken as they are (no
+    copy): keys and shapes checked as `load_state` does, a tied head re-tied, computed buffers
+    (sinusoidal tables, quantized kernels' tensors) computed."""
+    model, state, _, quantized = _checked(model, state, where)
+    model.load_state_dict(state, strict=False, assign=True)
+    config = getattr(model, "config", None)
+    if quantized:
+        quant.finish_loading(model)
+    elif isinstance(config, GPTConfig) and config.tie_weights:
+        model.embed.tie_lm_head(model.head)
+    for module in model.modules():
+        init = getattr(module, "init_buffers", None)
+        if callable(init):
+            init()
+    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if left:
+        raise LaminaError(f"{where} left tensors without data: {', '.join(left[:8])}")
 
 
 def _first_line(e: BaseException) -> str:
@@ -290,9 +317,13 @@ def save_model(
 
 
 def load_model(
-    directory: str | os.PathLike[str], device: str | torch.device = "cpu"
+    directory: str | os.PathLike[str],
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
 ) -> tuple[nn.Module, Tokenizer | None]:
-    """Rebuild the model (and its tokenizer, if saved) from a directory written by `save_model`."""
+    """Rebuild the model (and its tokenizer, if saved) from a directory written by `save_model`:
+    built on the meta device, its tensors assigned as read; a float model's tensors are cast
+    to `dtype` (default float32) as they are read (a quantized model keeps its own)."""
     d = Path(directory)
     device = check_device(device)
     if d.exists() and not d.is_dir():
@@ -303,10 +334,12 @@ def load_model(
         raise LaminaError(f"{d} is not a lamina model or run directory (no config.json)")
     data = read_json(d / "config.json")
     _, config = config_from_json(data, str(d / "config.json"))
-    state = load_tensors(d / "model.safetensors")
-    _check_param_count(config, data, state, d)
-    model = model_from_json(data, str(d / "config.json"))
-    load_state(model, state, str(d / "model.safetensors"))
+    weights = TensorFile(d / "model.safetensors")
+    _check_param_count(config, data, weights.nbytes(), d)
+    with torch.device("meta"):
+        model = model_from_json(data, str(d / "config.json"))
+    cast = None if quant.scheme_of(model) is not None else (dtype or torch.float32)
+    assign_state(model, read_tensors(weights.path, cast), str(weights.path))
     tokenizer = load_tokenizer(d / "tokenizer.json") if (d / "tokenizer.json").is_file() else None
     if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
         raise LaminaError(

@@ -99,9 +99,14 @@ class Embedding(nn.Module):
             )
         self.vocab_size, self.block_size, self.d_model = vocab_size, block_size, d_model
         self.positions, self.scale, self.init_std = positions, scale, init_std
-        self.wte = nn.Embedding(vocab_size, d_model, padding_idx=padding_idx)
+        # tables made empty and drawn by reset_parameters (nn.Embedding's own draw is skipped)
+        self.wte = nn.Embedding(
+            vocab_size, d_model, padding_idx=padding_idx, _weight=torch.empty(vocab_size, d_model)
+        )
         if positions == "learned":
-            self.wpe: nn.Embedding | None = nn.Embedding(block_size, d_model)
+            self.wpe: nn.Embedding | None = nn.Embedding(
+                block_size, d_model, _weight=torch.empty(block_size, d_model)
+            )
         else:
             self.wpe = None
             if positions == "sinusoidal":
@@ -110,7 +115,15 @@ class Embedding(nn.Module):
         self.drop = nn.Dropout(dropout)
         self.reset_parameters()
 
+    def init_buffers(self) -> None:
+        """Compute the buffers that are never stored (the sinusoidal table): a model built on
+        the meta device and given its stored tensors calls this."""
+        if self.positions == "sinusoidal":
+            self.pe = sinusoidal_table(self.block_size, self.d_model)
+
     def reset_parameters(self) -> None:
+        if self.wte.weight.is_meta:  # shapes only (a model about to be given stored tensors)
+            return
         nn.init.normal_(self.wte.weight, mean=0.0, std=self.init_std)
         if self.wte.padding_idx is not None:
             with torch.no_grad():

@@ -1,10 +1,9 @@
 """Look inside a trained model: attention maps, next-token tables and what each head does.
 
-    encode_text(tokenizer, text, block_size=None) -> ids: list[int]   (checked: named errors)
     token_labels(tokenizer, ids) -> list[str]                        (one readable label per id)
     forward_with_maps(model, ids) -> (logits (T, vocab), maps (L, H, T, T))
     attention_maps(model, ids) -> maps (L, H, T, T)                  float32, on the CPU
-    next_token_table(model, tokenizer, text, k=5) -> list[NextToken] (one row per position)
+    next_token_table(model, tokenizer, ids, k=5) -> list[NextToken]  (one row per position)
     head_patterns(maps, ids=None, tokens=None) -> L lists of H HeadPattern (ids, tokens: the
                                                       text's ids and labels, for more patterns)
 
@@ -36,6 +35,9 @@ can only attend to itself), the mean attention mass that a pattern predicts:
     broad            the attention's entropy over keys 0..i divided by log(i + 1)
                      (1 = spread evenly over everything seen, 0 = one key)
 The pattern with the highest score names the head; below 0.3 the head is called "mixed".
+
+Texts become ids through `lamina.generation.encode_prompt` (the one prompt encoder), called by
+whoever holds the text (the attention verb, the playground); here everything is ids.
 
 Deliberately unaware of pictures, files and the command line (`lamina.pictures` draws, the
 `attention` verb writes); knows models only through their public forward and their attention
@@ -122,33 +124,6 @@ class NextToken:
         }
 
 
-def encode_text(tokenizer: Any, text: str, block_size: int | None = None) -> list[int]:
-    """Text -> ids; empty text, characters outside the vocabulary (named, with their position)
-    and texts longer than `block_size` tokens are LaminaErrors."""
-    if not isinstance(text, str):
-        raise LaminaError(f"text must be a string, got {type(text).__name__}")
-    if not text:
-        raise LaminaError("text is empty: give at least one character")
-    chars = getattr(tokenizer, "chars", None)
-    if chars is not None and getattr(tokenizer, "unk", None) is None:
-        known = set(chars)
-        bad = [(i, c) for i, c in enumerate(text) if c not in known]
-        if bad:
-            shown = ", ".join(f"{c!r} at position {i}" for i, c in bad[:5])
-            more = f" (and {len(bad) - 5} more)" if len(bad) > 5 else ""
-            raise LaminaError(
-                f"text has {len(bad)} character(s) outside the vocabulary: {shown}{more}"
-            )
-    ids = list(tokenizer.encode(text))
-    if not ids:
-        raise LaminaError("text encodes to no tokens")
-    if block_size is not None and len(ids) > block_size:
-        raise LaminaError(
-            f"text is {len(ids)} tokens, longer than the model's block_size {block_size}"
-        )
-    return ids
-
-
 def token_labels(tokenizer: Any, ids: Sequence[int]) -> list[str]:
     """Each id decoded alone (a part of a multi-byte character shows as U+FFFD)."""
     return [tokenizer.decode([int(i)]) for i in ids]
@@ -222,12 +197,13 @@ def attention_maps(model: nn.Module, ids: Tensor | Sequence[int]) -> Tensor:
     return forward_with_maps(model, ids)[1]
 
 
-def next_token_table(model: nn.Module, tokenizer: Any, text: str, k: int = 5) -> list[NextToken]:
-    """Per position of `text`: the top-k next tokens and the probability of the one that came."""
+def next_token_table(
+    model: nn.Module, tokenizer: Any, ids: Sequence[int], k: int = 5
+) -> list[NextToken]:
+    """Per position of `ids`: the top-k next tokens and the probability of the one that came."""
     if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
         raise LaminaError(f"k must be a positive integer, got {k!r}")
-    config = getattr(model, "config", None)
-    ids = encode_text(tokenizer, text, getattr(config, "block_size", None))
+    ids = [int(i) for i in ids]
     return table_from_logits(forward_with_maps(model, ids)[0], tokenizer, ids, k)
 
 

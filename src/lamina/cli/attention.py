@@ -29,7 +29,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "every layer and head (query rows, key columns) as one PNG or SVG, each head captioned "
         "with its most typical pattern (previous token, first token, same token, ...).",
     )
-    p.add_argument("run", metavar="RUN", help="run or model directory written by lamina train")
+    p.add_argument(
+        "run",
+        metavar="MODEL",
+        help="a lamina run or model folder, a Hugging Face folder, or a .gguf file",
+    )
     p.add_argument(
         "--text",
         required=True,
@@ -84,27 +88,28 @@ def pick(name: str, value: int | None, n: int) -> list[int] | None:
 
 
 def load_for_inspection(run_dir: str) -> tuple[Any, Any]:
-    """(model, tokenizer) of a run or model directory, or a LaminaError saying what is missing."""
-    from lamina.checkpoint import load_model
+    """(model, tokenizer) of any model `lamina.open` reads, or a LaminaError saying what is
+    missing."""
+    from lamina.interop.bundle import open_model
 
-    model, tokenizer = load_model(run_dir)
-    if tokenizer is None:
-        raise LaminaError(f"{run_dir} has no tokenizer.json: cannot turn text into tokens")
-    return model, tokenizer
+    bundle = open_model(run_dir).require("lm", verb="look at")
+    return bundle.model, bundle.tokenizer
 
 
 def run(args: argparse.Namespace) -> int:
     if args.max_tokens <= 0:
         raise LaminaError(f"--max-tokens must be positive, got {args.max_tokens}")
     out, fmt = out_path(args)
-    from lamina.inspect import attention_maps, encode_text, head_patterns, token_labels
+    from lamina.generation.prompts import encode_prompt
+    from lamina.inspect import attention_maps, head_patterns, token_labels
     from lamina.pictures import attention_grid
 
     model, tokenizer = load_for_inspection(args.run)
     config = model.config
     layers = pick("layer", args.layer, config.n_layers)
     heads = pick("head", args.head, config.n_heads)
-    ids = encode_text(tokenizer, args.text.replace("\\n", "\n").replace("\\t", "\t"))
+    text = args.text.replace("\\n", "\n").replace("\\t", "\t")
+    ids = encode_prompt(tokenizer, text, empty="error", what="text")
     limit = min(args.max_tokens, config.block_size)
     note = ""
     if len(ids) > limit:

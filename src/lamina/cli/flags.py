@@ -7,7 +7,8 @@
 
 Flags default to None, so a command can tell which were typed. A `Literal` field offers exactly
 its choices (argparse refuses anything else), a bool gets `--x` / `--no-x`, and `int | None`
-takes an int (leaving it out keeps the config's value). A field of any other type is a
+takes an int (leaving it out keeps the config's value); a small dataclass (rope_scaling) takes
+a JSON object of its fields, e.g. '{"kind": "linear", "factor": 2}'. A field of any other type is a
 TypeError when the parser is built, so a new config field cannot go without a flag unnoticed.
 
 Deliberately unaware of what the fields mean: the config validates the values.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import types
 import typing
 from typing import Any, Literal
@@ -38,7 +40,19 @@ def field_flag(tp: Any) -> dict[str, Any]:
         return {"type": type(options[0]), "choices": list(options)}
     if tp in (int, float, str):
         return {"type": tp}
+    if dataclasses.is_dataclass(tp):
+        return {"type": _json_object}
     raise TypeError(f"no command-line flag for a field of type {tp}")
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object")
+    return value
 
 
 def add_config_overrides(p: argparse.ArgumentParser) -> None:

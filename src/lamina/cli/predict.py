@@ -45,16 +45,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def load_classifier(run: str) -> tuple[Any, Any, list[str]]:
-    """(model, tokenizer, label names) from a run or model folder; anything else is an error."""
-    from lamina.checkpoint import load_model
-    from lamina.errors import LaminaError
-    from lamina.models.encoder import SequenceClassifier
+    """(model, tokenizer, label names) of a classifier `lamina.open` reads; else an error."""
+    from lamina.interop.bundle import open_model
 
-    model, tokenizer = load_model(run)
-    if not isinstance(model, SequenceClassifier):
-        raise LaminaError(f"{run} does not hold a classifier (train one with --task classify)")
-    if tokenizer is None:
-        raise LaminaError(f"{run} has no tokenizer.json; cannot encode text for it")
+    bundle = open_model(run).require("classifier")
+    model, tokenizer = bundle.model, bundle.tokenizer
     labels = model.labels or [str(i) for i in range(model.classifier.out_features)]
     return model, tokenizer, labels
 

@@ -26,7 +26,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "zero per group of inputs), weight-only, and write a model folder that lamina sample "
         "and lamina eval read without the float weights. Prints the size on disk.",
     )
-    p.add_argument("run", metavar="RUN", help="a lamina run or model folder (float weights)")
+    p.add_argument(
+        "run",
+        metavar="MODEL",
+        help="a lamina run or model folder, a Hugging Face folder or a .gguf file (float weights)",
+    )
     p.add_argument(
         "--to",
         dest="scheme",
@@ -53,8 +57,8 @@ def _size(path: Path) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lamina.checkpoint import load_model, save_model
-    from lamina.models.gpt import GPT
+    from lamina.checkpoint import save_model
+    from lamina.interop.bundle import open_model
     from lamina.quant import quantize, scheme_of
 
     source, out = Path(args.run), Path(args.out)
@@ -64,9 +68,8 @@ def run(args: argparse.Namespace) -> int:
         raise LaminaError(f"--out {out} already exists; pick a new folder or pass --force")
     if out.exists() and not out.is_dir():
         raise LaminaError(f"--out {out} is a file, not a folder")
-    model, tokenizer = load_model(source)
-    if not isinstance(model, GPT):
-        raise LaminaError(f"{source} holds a {type(model).__name__}; only a GPT is quantized")
+    bundle = open_model(source).require("lm", tokenizer=False, verb="quantize")
+    model, tokenizer = bundle.model, bundle.tokenizer
     if scheme_of(model) is not None:
         raise LaminaError(f"{source} is already quantized ({scheme_of(model)['scheme']})")
     quantize(model, args.scheme, group_size=args.group_size)
@@ -80,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    before = (source / "model.safetensors").stat().st_size
+    before = sum(f.stat().st_size for f in bundle.origin.files if f.suffix != ".json")
     after = (out / "model.safetensors").stat().st_size
     print(
         f"wrote {out} ({args.scheme}; weights {after / 2**20:.1f} MiB, "

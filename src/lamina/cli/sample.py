@@ -1,13 +1,19 @@
-"""`lamina sample RUN`: stream text from a trained model (a run or model directory).
+"""`lamina sample MODEL`: stream text from any model lamina opens (`lamina.open`).
 
     lamina sample RUN --prompt "ROMEO:" --max-new-tokens 200 --temperature 0.8 --top-k 50 \
         --top-p 0.95 --seed 1 --num-samples 3 --stop "\n\n"
+    lamina sample SmolLM2-135M-Instruct.Q4_1.gguf --chat --prompt "What is a GGUF file?"
 
-Each sample prints the prompt, then the continuation as it is produced (flushed token by token;
-text is held back only while a multi-byte character is incomplete). A `--stop` string ends a
-sample right after the string. Samples are separated by a line of dashes. An empty prompt is
-allowed only when the tokenizer defines a start token (e.g. "<|endoftext|>"); without any
-prompt option, a tokenizer without one starts from a newline (as nanoGPT does).
+MODEL is a lamina run or model folder, a Hugging Face folder or a .gguf file. Each sample prints
+the prompt, then the continuation as it is produced (flushed token by token; text is held back
+only while a multi-byte character is incomplete: `lamina.generation.TextStream`). A `--stop`
+string ends a sample right after the string; a model whose tokenizer names end-of-turn tokens
+(<|im_end|>, <|eot_id|>, eos) stops at them too, unless --ignore-eot. The prompt is plain text
+by default; --chat wraps it as one user message (after an optional --system message) in the
+model's chat template, with the assistant's turn opened, and prints only the reply. Samples are
+separated by a line of dashes. An empty prompt is allowed only when the tokenizer defines a
+start token (e.g. "<|endoftext|>"); without any prompt option, a tokenizer without one starts
+from a newline (as nanoGPT does).
 """
 
 from __future__ import annotations
@@ -19,9 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from lamina.errors import LaminaError
-from lamina.generation.stops import cut_text
+from lamina.generation.prompts import TextStream, encode_prompt, start_id
 
-START_TOKENS = ("bos", "<|endoftext|>", "<s>", "<bos>")  # special tokens that may start a text
 SEPARATOR = "\n" + "-" * 40 + "\n"
 DTYPES = ("float32", "bfloat16")
 MAX_PROMPT_BYTES = 2**24  # 16 MiB: far beyond any context window, short of filling memory
@@ -30,12 +35,17 @@ MAX_PROMPT_BYTES = 2**24  # 16 MiB: far beyond any context window, short of fill
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "sample",
-        help="generate text from a trained model, streamed as it is produced",
-        description="Load a run or model directory (config.json, model.safetensors, "
-        "tokenizer.json), continue the prompt and stream the text to stdout. Bad input gives "
-        "one line on stderr and exit status 2.",
+        help="generate text from a model, streamed as it is produced",
+        description="Open a model (a lamina run or model folder, a Hugging Face folder or a "
+        ".gguf file), continue the prompt and stream the text to stdout, stopping at the "
+        "model's end-of-turn token if its tokenizer names one. Bad input gives one line on "
+        "stderr and exit status 2.",
     )
-    p.add_argument("run", metavar="RUN", help="run or model directory written by lamina train")
+    p.add_argument(
+        "run",
+        metavar="MODEL",
+        help="a lamina run or model folder, a Hugging Face folder, or a .gguf file",
+    )
     src = p.add_mutually_exclusive_group()
     src.add_argument(
         "--prompt",
@@ -67,6 +77,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="end a sample right after this string (repeatable; '\\n' escapes understood)",
     )
     p.add_argument(
+        "--chat",
+        action="store_true",
+        help="wrap the prompt as a user message in the model's chat template and print only "
+        "the reply (default: the prompt is plain text, continued as it is)",
+    )
+    p.add_argument(
+        "--system", metavar="TEXT", help="with --chat: a system message before the prompt"
+    )
+    p.add_argument(
+        "--ignore-eot",
+        action="store_true",
+        help="keep generating past the tokenizer's end-of-turn tokens (default: stop at them)",
+    )
+    p.add_argument(
         "--dtype", choices=DTYPES, default="float32", help="weights and cache (default: float32)"
     )
     p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
@@ -90,8 +114,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def read_prompt(args: argparse.Namespace, tokenizer: Any) -> str:
     """The prompt text; with neither --prompt nor --prompt-file, "" (start token) or a newline."""
     if args.prompt_file is None and args.prompt is None:
-        special = tokenizer.special_tokens
-        return "" if any(k in special for k in START_TOKENS) else "\n"
+        return "" if start_id(tokenizer) is not None else "\n"
     if args.prompt_file is None:
         return args.prompt
     if args.prompt_file == "-":
@@ -126,35 +149,28 @@ def _bounded_read(stream: Any, what: str) -> str:
         raise LaminaError(f"{what} is not UTF-8 text ({exc.reason})") from None
 
 
-def encode_prompt(tokenizer: Any, text: str, given: bool = True) -> list[int]:
-    """Prompt -> ids; unknown characters or an empty prompt without a start token are errors.
+def prompt_ids(tokenizer: Any, text: str, given: bool = True) -> list[int]:
+    """Prompt -> ids (`encode_prompt`). `given` is False for the default prompt (no --prompt or
+    --prompt-file): then an error says that no prompt was given, rather than blaming characters
+    the user never typed."""
+    try:
+        return encode_prompt(tokenizer, text)
+    except LaminaError:
+        if given:
+            raise
+        raise LaminaError(
+            "no --prompt given, and this tokenizer has no start token and no newline to "
+            "start from: give --prompt with characters from the training text"
+        ) from None
 
-    `given` is False for the default prompt (no --prompt or --prompt-file): then the error
-    says that no prompt was given, rather than blaming characters the user never typed.
-    """
-    chars = getattr(tokenizer, "chars", None)
-    if chars is not None and getattr(tokenizer, "unk", None) is None:
-        unknown = sorted(set(text) - set(chars))
-        if unknown and not given:
-            raise LaminaError(
-                "no --prompt given, and this tokenizer has no start token and no newline to "
-                "start from: give --prompt with characters from the training text"
-            )
-        if unknown:
-            shown = ", ".join(repr(c) for c in unknown[:20])
-            raise LaminaError(
-                f"the prompt has {len(unknown)} character(s) the tokenizer does not know: {shown}"
-            )
-    ids = tokenizer.encode(text) if text else []
-    if not ids:
-        special = tokenizer.special_tokens
-        start = next((special[k] for k in START_TOKENS if k in special), None)
-        if start is None:
-            raise LaminaError(
-                "the prompt is empty and this tokenizer defines no start token: give --prompt"
-            )
-        ids = [start]
-    return ids
+
+def chat_ids(bundle: Any, text: str, system: str | None) -> list[int]:
+    """The chat template's rendering of [system,] user: text, with the assistant turn opened."""
+    if not bundle.is_chat or not callable(getattr(bundle.tokenizer, "render_chat", None)):
+        raise LaminaError(f"--chat: {bundle.origin.path} has no chat template")
+    messages = [{"role": "system", "content": system}] if system is not None else []
+    messages.append({"role": "user", "content": text})
+    return list(bundle.tokenizer.render_chat(messages, add_generation_prompt=True))
 
 
 def unescape(s: str) -> str:
@@ -180,45 +196,32 @@ def check_args(args: argparse.Namespace) -> None:
     check_sampling(args.temperature, args.top_k, args.top_p)
 
 
-def write_stream(out: Any, steps: Any, tokenizer: Any, stops: list[str]) -> None:
-    """Write each step's new text as soon as it is complete; stop right after a stop string."""
-    generated: list[int] = []
-    shown = ""
-    stopped = False
+def write_stream(out: Any, steps: Any, text: TextStream) -> None:
+    """Write each step's new text as soon as it is complete; stop right after a stop."""
     for step in steps:
-        generated.append(int(step.tokens[0]))
-        text, stopped = cut_text(tokenizer.decode(generated), stops)
-        if not stopped:
-            text = text.rstrip("\ufffd")  # an incomplete UTF-8 character: wait for the rest
-        if len(text) > len(shown) and text.startswith(shown):
-            out.write(text[len(shown) :])
+        piece = text.push(int(step.tokens[0]))
+        if piece:
+            out.write(piece)
             out.flush()
-            shown = text
-        if stopped:
+        if text.stopped:
             steps.close()
             return
-    text = tokenizer.decode(generated)  # the end: show whatever was held back
-    if len(text) > len(shown) and text.startswith(shown):
-        out.write(text[len(shown) :])
+    out.write(text.flush())  # the end: show whatever was held back
 
 
 def run(args: argparse.Namespace) -> int:
     check_args(args)
+    if args.system is not None and not args.chat:
+        raise LaminaError("--system needs --chat")
     import torch
 
-    from lamina.checkpoint import load_model
     from lamina.generation import stream
-    from lamina.models.gpt import GPT
+    from lamina.interop.bundle import open_model
     from lamina.modes import check_finite
 
-    model, tokenizer = load_model(args.run, device=args.device)
+    bundle = open_model(args.run, device=args.device).require("lm", verb="sample")
+    model, tokenizer = bundle.model, bundle.tokenizer
     check_finite(model, str(args.run))
-    if not isinstance(model, GPT):
-        raise LaminaError(
-            f"{args.run} holds a {type(model).__name__}, not a GPT: nothing to sample"
-        )
-    if tokenizer is None:
-        raise LaminaError(f"{args.run} has no tokenizer.json: cannot turn text into ids")
     if args.quantize:
         from lamina.quant import quantize
 
@@ -227,17 +230,21 @@ def run(args: argparse.Namespace) -> int:
         model = model.to(torch.bfloat16)
     prompt = read_prompt(args, tokenizer)
     given = args.prompt is not None or args.prompt_file is not None
-    ids = encode_prompt(tokenizer, prompt, given)
+    ids = (
+        chat_ids(bundle, prompt, args.system) if args.chat else prompt_ids(tokenizer, prompt, given)
+    )
     stops = [unescape(s) for s in args.stop or []]
     if any(not s for s in stops):
         raise LaminaError("--stop must not be empty")
+    eot = [] if args.ignore_eot else list(bundle.eot_ids)
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
     generator = torch.Generator(device=args.device).manual_seed(seed)
     out = sys.stdout
     for n in range(args.num_samples):
         if n:
             out.write(SEPARATOR)
-        out.write(prompt)
+        if not args.chat:
+            out.write(prompt)
         out.flush()
         steps = stream(
             model,
@@ -247,12 +254,12 @@ def run(args: argparse.Namespace) -> int:
             top_k=args.top_k,
             top_p=args.top_p,
             generator=generator,
-            stop=stops or None,
+            stop=[*eot, *stops] or None,
             tokenizer=tokenizer,
             use_cache=not args.no_cache,
             compile=args.compile and not args.no_cache,
         )
-        write_stream(out, steps, tokenizer, stops)
+        write_stream(out, steps, TextStream(tokenizer, stops, eot))
         out.write("\n")
         out.flush()
     return 0

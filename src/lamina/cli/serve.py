@@ -1,4 +1,7 @@
-"""`lamina serve RUN [--port 8000]`: the local playground (see `lamina.serve` for the API).
+"""`lamina serve MODEL [--port 8000]`: the local playground (see `lamina.serve` for the API).
+
+MODEL is anything `lamina.open` reads: a lamina run or model folder, a Hugging Face folder, a
+.gguf file.
 
 Binds 127.0.0.1 by default; a host that is not a loopback address is refused unless
 --allow-remote is given (the page has no authentication). Needs the `serve` extra
@@ -23,7 +26,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "sampling controls, text streamed token by token, then click a token to see each "
         "head's attention from it and the top-k alternatives. Stop with Ctrl-C.",
     )
-    p.add_argument("run", metavar="RUN", help="run or model directory written by lamina train")
+    p.add_argument(
+        "run",
+        metavar="MODEL",
+        help="a lamina run or model folder, a Hugging Face folder, or a .gguf file",
+    )
     p.add_argument("--port", type=int, default=8000, help="TCP port (default: 8000; 0 = any free)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     p.add_argument(
@@ -79,15 +86,11 @@ def run(args: argparse.Namespace) -> int:
             f"lamina serve needs the serve extra ({exc.name} is missing): "
             "pip install 'lamina[serve]'"
         ) from exc
-    from lamina.checkpoint import load_model
-    from lamina.models.gpt import GPT
+    from lamina.interop.bundle import open_model
     from lamina.serve import Engine, Limits, server
 
-    model, tokenizer = load_model(args.run)
-    if not isinstance(model, GPT):
-        raise LaminaError(f"{args.run} holds a {type(model).__name__}, not a GPT: nothing to serve")
-    if tokenizer is None:
-        raise LaminaError(f"{args.run} has no tokenizer.json: cannot turn text into tokens")
+    bundle = open_model(args.run).require("lm", verb="serve")
+    model, tokenizer = bundle.model, bundle.tokenizer
     limits = Limits(
         max_tokens=args.max_tokens,
         max_prompt_chars=args.max_prompt,

@@ -7,6 +7,8 @@ tokenized (bpe fit on the training part) and cached on disk (``LAMINA_CACHE``).
 ``batches``: reproducible random windows of a token array as (x, y) batches.
 ``tasks``: synthetic tasks with known answers (first-last, copy, reverse).
 ``labelled``: labelled texts (CSV/TSV/JSONL/folders), stratified splits, classifier ids, padding.
+``pretrained``: the tokenizer of a real model (any ``tokenizers`` JSON, from a Hugging Face
+folder or GGUF metadata) with its special ids and chat template; ``chat``: chat templates.
 ``genre``: the built-in classification task (comedy, history or tragedy?).
 ``sources`` / ``prepare`` / ``shards``: corpora of any size streamed to token shards with a JSON
 index (`lamina prepare`), and read back through memory maps (TokenStream, ShardSampler).
@@ -27,6 +29,7 @@ from lamina.data.corpus import (
     split_tokens,
     token_dtype,
 )
+from lamina.data.pretrained import PretrainedTokenizer
 from lamina.data.tasks import (
     IGNORE_INDEX,
     PAD_ID,
@@ -53,6 +56,7 @@ __all__ = [
     "SEP_ID",
     "TASKS",
     "CharTokenizer",
+    "PretrainedTokenizer",
     "Tokenizer",
     "WindowSampler",
     "atomic_write",

@@ -1,11 +1,15 @@
 """Interop: lamina models and tokenizers to and from other ecosystems' files.
 
+    lamina.open(source) -> Bundle                   any model: lamina run/model folder, Hugging
+                                                    Face folder, GGUF file (``bundle``)
+
     lamina.from_hf(dir) -> GPT                      a Hugging Face checkpoint folder in
     lamina.save_hf(model, dir, tokenizer=None)      and out (with the tokenizer's HF files)
 
 ``hf_gpt2``: GPT-2 checkpoint folders (`load_hf_gpt2`, `save_hf_gpt2`). ``hf_llama``: Llama
-folders (`load_hf_llama`, `save_hf_llama`). `from_hf` reads config.json's `model_type` ("llama"
-goes to the Llama converter, anything else to GPT-2's, which names what it refuses); `save_hf`
+folders and their family: Mistral, Qwen2, Qwen3 (`load_hf_llama`, `save_hf_llama`). `from_hf`
+reads config.json's `model_type` (llama, mistral, qwen2, qwen3 go to the Llama converter,
+anything else to GPT-2's, which names what it refuses); `save_hf`
 writes a rotary model (positions="rope") as a Llama and any other as GPT-2. ``hf_tokenizer``:
 the tokenizer files that go with them. This package sits above the models and data layers and
 uses both; nothing below imports it (so the models carry no `from_hf` method: that would be an
@@ -24,6 +28,7 @@ from lamina.data.tokenizers import Tokenizer
 from lamina.files import read_json
 from lamina.interop.hf_gpt2 import config_from_hf, hf_config, load_hf_gpt2, save_hf_gpt2
 from lamina.interop.hf_llama import (
+    FAMILIES,
     config_from_hf_llama,
     hf_llama_config,
     load_hf_llama,
@@ -53,11 +58,12 @@ def is_llama(model: nn.Module) -> bool:
 
 
 def from_hf(path: str | os.PathLike[str]) -> GPT:
-    """Load a Hugging Face checkpoint folder (config.json + weights) as a lamina model."""
+    """Load a Hugging Face checkpoint folder (config.json + weights) as a lamina model (the
+    model only: `lamina.open` gives it with its tokenizer)."""
     config = Path(path) / "config.json"
     if config.is_file():
         data = read_json(config)
-        if isinstance(data, dict) and data.get("model_type") == "llama":
+        if isinstance(data, dict) and data.get("model_type") in FAMILIES:
             return load_hf_llama(path)
     return load_hf_gpt2(path)
 

@@ -1,8 +1,10 @@
 """Hugging Face GPT-2 checkpoints in and out: one small converter of names, transposes and config.
 
-    load_hf_gpt2(dir) -> GPT               dir: config.json + model.safetensors (or a sharded
+    load_hf_gpt2(dir, dtype=None) -> GPT   dir: config.json + model.safetensors (or a sharded
                                            model.safetensors.index.json, or pytorch_model.bin,
-                                           read with torch.load(weights_only=True) only)
+                                           read with torch.load(weights_only=True) only); built
+                                           on the meta device, tensors read into place
+                                           (`hf_weights`)
     save_hf_gpt2(model, dir)               config.json + model.safetensors that
                                            transformers.GPT2LMHeadModel.from_pretrained loads
     config_from_hf(dict) -> GPTConfig      hf_config(GPTConfig) -> dict
@@ -35,18 +37,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lamina.checkpoint import (
-    load_state,
-    load_tensors,
-    save_tensors,
-    strip_compiled_prefix,
-    torch_load_refusal,
-    unwrap,
-)
+from lamina.checkpoint import save_tensors, strip_compiled_prefix, unwrap
 from lamina.data.tokenizers import Tokenizer
 from lamina.errors import LaminaError
-from lamina.files import read_json, write_json
+from lamina.files import write_json
 from lamina.interop.hf_tokenizer import save_hf_tokenizer
+from lamina.interop.hf_weights import Plan, load_hf_folder
 from lamina.models.config import GPTConfig
 from lamina.models.gpt import GPT
 
@@ -80,7 +76,6 @@ _HF_DEFAULTS: dict[str, Any] = dict(
     initializer_range=0.02, scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False,
     add_cross_attention=False, tie_word_embeddings=True,
 )  # fmt: skip
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
 
 def layer_names(config: GPTConfig) -> list[tuple[str, str, bool]]:
@@ -140,6 +135,10 @@ def hf_config(config: GPTConfig, dtype: torch.dtype = torch.float32) -> dict[str
         ),
         (not config.qk_norm, "qk_norm=True: GPT-2 does not normalise q and k"),
         (
+            config.d_head is None,
+            f"d_head={config.d_head}: GPT-2's heads are d_model / n_heads wide",
+        ),
+        (
             config.logit_softcap is None,
             f"logit_softcap={config.logit_softcap}: GPT-2 does not cap its logits",
         ),
@@ -174,93 +173,28 @@ def hf_config(config: GPTConfig, dtype: torch.dtype = torch.float32) -> dict[str
     }
 
 
-def _read_bin(path: Path) -> dict[str, Tensor]:
-    """torch.load with weights_only=True: tensors and plain containers only, never code."""
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # any failure to read (bad pickle, truncated zip, ...) is a refusal
-        raise LaminaError(torch_load_refusal(path, e)) from None
-    if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
-        raise LaminaError(f"{path} does not hold a flat dict of tensors")
-    return state
+def gpt2_plan(config: GPTConfig) -> Plan:
+    """The tensor plan of a GPT-2 folder (names without `transformer.`, Conv1D transposed)."""
+    return [(ours, [hf], transposed, None) for ours, hf, transposed in layer_names(config)]
 
 
-def read_hf_weights(directory: Path) -> tuple[dict[str, Tensor], Path]:
-    """All tensors of a HF checkpoint directory, and the file they came from."""
-    for name in WEIGHT_FILES:
-        path = directory / name
-        if not path.is_file():
-            continue
-        if name == "pytorch_model.bin":
-            return _read_bin(path), path
-        if name == "model.safetensors":
-            return load_tensors(path), path
-        index = read_json(path)
-        weight_map = index.get("weight_map") if isinstance(index, dict) else None
-        shards = sorted(set(weight_map.values())) if isinstance(weight_map, dict) else []
-        if not shards or not all(isinstance(s, str) and "/" not in s for s in shards):
-            raise LaminaError(f"{path} has no usable weight_map")
-        state: dict[str, Tensor] = {}
-        for shard in shards:
-            state.update(load_tensors(directory / shard))
-        return state, path
-    raise LaminaError(f"{directory} has no weights: expected one of {', '.join(WEIGHT_FILES)}")
+def gpt2_ignored(config: GPTConfig) -> Callable[[str], bool]:
+    """Stored tensors that are not weights: causal-mask buffers, and a tied head."""
+    return lambda key: (
+        bool(_MASK_BUFFER.match(key)) or (key == "lm_head.weight" and config.tie_weights)
+    )
 
 
-def _listed(keys: list[str], limit: int = 8) -> str:
-    more = f" and {len(keys) - limit} more" if len(keys) > limit else ""
-    return ", ".join(keys[:limit]) + more
-
-
-def lamina_state(hf_state: dict[str, Tensor], model: GPT, where: str) -> dict[str, Tensor]:
-    """HF GPT-2 tensors -> lamina names and layouts, checking keys and shapes against `model`."""
-    config = model.config
-    state = {}
-    for key, value in strip_compiled_prefix(hf_state).items():
-        key = key.removeprefix("transformer.")
-        if _MASK_BUFFER.match(key) or (key == "lm_head.weight" and config.tie_weights):
-            continue  # causal-mask buffers; a tied head is the token table
-        state[key] = value
-    names = layer_names(config)
-    missing = [hf for _, hf, _ in names if hf not in state]
-    unexpected = sorted(set(state) - {hf for _, hf, _ in names})
-    if missing or unexpected:
-        parts = [f"missing {_listed(missing)}"] if missing else []
-        parts += [f"unexpected {_listed(unexpected)}"] if unexpected else []
-        raise LaminaError(f"{where} does not match its config.json: {'; '.join(parts)}")
-    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    out = {}
-    for ours, hf, transposed in names:
-        want = shapes[ours][::-1] if transposed else shapes[ours]
-        if tuple(state[hf].shape) != want:
-            raise LaminaError(
-                f"{where}: tensor {hf} has shape {tuple(state[hf].shape)}, "
-                f"config.json implies {want}"
-            )
-        out[ours] = state[hf].t() if transposed else state[hf]
-    return out
-
-
-def load_hf_folder(
-    path: str | os.PathLike[str],
-    read_config: Callable[[Any, str], GPTConfig],
-    to_lamina: Callable[[dict[str, Tensor], GPT, str], dict[str, Tensor]],
-) -> GPT:
-    """A lamina GPT (eval mode, fp32, CPU) from a Hugging Face folder: `read_config` turns its
-    config.json into a GPTConfig, `to_lamina` renames (and checks) its tensors."""
-    d = Path(path)
-    if not d.is_dir():
-        raise LaminaError(f"no such Hugging Face model folder: {d}")
-    config = read_config(read_json(d / "config.json"), str(d / "config.json"))
-    hf, source = read_hf_weights(d)
-    model = GPT(config)
-    load_state(model, to_lamina(hf, model, str(source)), str(source))
-    return model.eval()
-
-
-def load_hf_gpt2(path: str | os.PathLike[str]) -> GPT:
-    """A lamina GPT (eval mode, fp32, CPU) from a Hugging Face GPT-2 directory."""
-    return load_hf_folder(path, config_from_hf, lamina_state)
+def load_hf_gpt2(path: str | os.PathLike[str], dtype: torch.dtype | None = None) -> GPT:
+    """A lamina GPT (eval mode, CPU, fp32 unless `dtype`) from a Hugging Face GPT-2 folder."""
+    return load_hf_folder(
+        path,
+        config_from_hf,
+        gpt2_plan,
+        gpt2_ignored,
+        dtype,
+        lambda k: k.removeprefix("transformer."),
+    )
 
 
 def hf_state(model: nn.Module) -> dict[str, Tensor]:

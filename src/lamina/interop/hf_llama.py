@@ -1,25 +1,30 @@
-"""Hugging Face Llama checkpoints in and out: names, fused projections and config.
+"""Hugging Face Llama-family checkpoints in and out: Llama 1-3.x, SmolLM, Mistral, Qwen2/2.5, Qwen3.
 
-    load_hf_llama(dir) -> GPT              dir: config.json (model_type "llama") + safetensors,
-                                           single (model.safetensors) or sharded (an index)
+    load_hf_llama(dir, dtype=None) -> GPT  dir: config.json (model_type llama, mistral, qwen2 or
+                                           qwen3) + safetensors, single or sharded; built on the
+                                           meta device, tensors read into place (`hf_weights`)
     save_hf_llama(model, dir, tokenizer)   config.json + model.safetensors that
                                            transformers.LlamaForCausalLM.from_pretrained loads
     config_from_hf_llama(dict) -> GPTConfig      hf_llama_config(GPTConfig) -> dict
 
-A Llama is a lamina GPT with positions="rope", norm="rms", activation="swiglu", pre-norm blocks,
-no qk-norm and no soft-cap. Names inside `model.layers.{i}`: input_layernorm = norm1,
-post_attention_layernorm = norm2, o_proj = attn.proj, down_proj = ff.proj. lamina fuses what HF
-keeps apart: `attn.qkv` is [q_proj | k_proj | v_proj] stacked along the output dim (widths
+All four are a lamina GPT with positions="rope", norm="rms", activation="swiglu" and pre-norm
+blocks; `FAMILIES` says where they differ:
+  * llama/mistral: attention_bias covers q, k, v and o (Mistral has none), mlp_bias the MLP;
+  * qwen2: q, k and v have biases, o and the MLP none (lamina's qkv_bias=True, bias=False);
+  * qwen3: QK-norm (an RMSNorm over each head's hd dims with one gain shared by the heads,
+    before RoPE: lamina's qk_norm) and a head_dim that need not be hidden_size / heads (d_head).
+Names inside `model.layers.{i}`: input_layernorm = norm1, post_attention_layernorm = norm2,
+o_proj = attn.proj, down_proj = ff.proj, q_norm/k_norm = attn.q_gain/k_gain. lamina fuses what
+HF keeps apart: `attn.qkv` is [q_proj | k_proj | v_proj] stacked along the output dim (widths
 H hd, H_kv hd, H_kv hd), and `ff.fc` is [gate_proj | up_proj]. No transposes: both sides are
 nn.Linear. Rotary layouts agree (half-split, HF's `rotate_half`), so no rows are permuted. A tied
 head is the token table; an untied one is `lm_head.weight`. `rotary_emb.inv_freq` buffers in
-older checkpoints are ignored.
+older checkpoints are ignored. rope_scaling (rope_parameters in transformers 5) of type
+"linear" or "llama3" is lamina's `RopeScaling`.
 
-Biases: HF's `attention_bias` covers q, k, v and o together and `mlp_bias` the MLP; lamina's
-`qkv_bias` covers q, k, v and `bias` covers o and the MLP, so a folder loads when
-attention_bias == mlp_bias. Refused, in one line naming the setting: rope scaling kinds other
-than "default" (linear, dynamic, yarn, llama3, ...), a partial rotary factor, sliding windows,
-attention bias on some projections only, a head_dim other than hidden_size / heads, an
+lamina's `bias` covers o_proj and the MLP together, so a folder with a bias on one but not the
+other is refused. Refused too, in one line naming the setting: other rope types (dynamic, yarn,
+longrope, ...), a partial rotary factor, a sliding window shorter than the context, an
 activation other than silu; on export, lamina models Llama cannot express.
 Deliberately unaware of training and of the transformers package (never imported).
 """
@@ -27,20 +32,23 @@ Deliberately unaware of training and of the transformers package (never imported
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from lamina.attention import RopeScaling
 from lamina.checkpoint import strip_compiled_prefix, unwrap
 from lamina.data.tokenizers import Tokenizer
 from lamina.errors import LaminaError
-from lamina.interop.hf_gpt2 import _listed, load_hf_folder, write_hf_folder
+from lamina.interop.hf_gpt2 import write_hf_folder
+from lamina.interop.hf_weights import Plan, load_hf_folder
 from lamina.models.config import GPTConfig
 from lamina.models.gpt import GPT
 
-# LlamaConfig's defaults, for fields a config.json leaves out
+# the configs' defaults, for fields a config.json leaves out (LlamaConfig's, then each family's)
 _HF_DEFAULTS: dict[str, Any] = dict(
     vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
     num_attention_heads=32, num_key_value_heads=None, hidden_act="silu",
@@ -48,6 +56,18 @@ _HF_DEFAULTS: dict[str, Any] = dict(
     tie_word_embeddings=False, rope_theta=10000.0, rope_scaling=None, attention_bias=False,
     attention_dropout=0.0, mlp_bias=False, head_dim=None,
 )  # fmt: skip
+# model_type -> (its config class's defaults where they differ from Llama's, its layout: q/k/v
+# bias, o_proj bias and MLP bias as config keys or fixed values, QK-norm)
+FAMILIES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "llama": ({}, dict(qkv_bias="attention_bias", o_bias="attention_bias", mlp_bias="mlp_bias")),
+    "mistral": (dict(sliding_window=4096, max_position_embeddings=4096 * 32),
+                dict(qkv_bias=False, o_bias=False, mlp_bias=False)),
+    "qwen2": (dict(use_sliding_window=False, max_position_embeddings=32768),
+              dict(qkv_bias=True, o_bias=False, mlp_bias=False)),
+    "qwen3": (dict(use_sliding_window=False, head_dim=128, max_position_embeddings=32768),
+              dict(qkv_bias="attention_bias", o_bias="attention_bias", mlp_bias=False,
+                   qk_norm=True)),
+}  # fmt: skip
 
 
 def tensor_groups(config: GPTConfig) -> list[tuple[str, list[str]]]:
@@ -64,6 +84,11 @@ def tensor_groups(config: GPTConfig) -> list[tuple[str, list[str]]]:
             ],
             (f"blocks.{i}.norm2.weight", [hf + "post_attention_layernorm.weight"]),
         ]
+        if config.qk_norm and config.norm_gain:
+            groups += [
+                (f"blocks.{i}.attn.q_gain", [hf + "self_attn.q_norm.weight"]),
+                (f"blocks.{i}.attn.k_gain", [hf + "self_attn.k_norm.weight"]),
+            ]
         for k in ["weight"] + (["bias"] if config.bias else []):
             groups += [
                 (f"blocks.{i}.attn.proj.{k}", [f"{hf}self_attn.o_proj.{k}"]),
@@ -86,64 +111,122 @@ def _split_sizes(config: GPTConfig, name: str) -> list[int]:
     return []
 
 
-def _rope(c: dict[str, Any], where: str) -> float:
-    """rope_theta, refusing every rope setting lamina does not implement."""
+def llama_plan(config: GPTConfig) -> Plan:
+    """The tensor plan of a Llama-family folder (see `hf_weights.gather`)."""
+    return [
+        (ours, names, False, _split_sizes(config, ours) if len(names) > 1 else None)
+        for ours, names in tensor_groups(config)
+    ]
+
+
+def llama_ignored(config: GPTConfig) -> Callable[[str], bool]:
+    """Stored tensors that are not weights: old rotary buffers, and a tied head."""
+    return lambda key: (
+        key.endswith("rotary_emb.inv_freq") or (key == "lm_head.weight" and config.tie_weights)
+    )
+
+
+def _rope(c: dict[str, Any], where: str) -> tuple[float, RopeScaling | None]:
+    """(rope_theta, scaling), refusing every rope setting lamina does not implement."""
     params = c.get("rope_parameters") or c.get("rope_scaling") or {}
     if not isinstance(params, dict):
         raise LaminaError(f"{where}: rope_scaling must be an object or null, got {params!r}")
     kind = params.get("rope_type", params.get("type", "default"))
-    if kind != "default":
-        raise LaminaError(
-            f"{where}: lamina's GPT cannot express rope_scaling type {kind!r} "
-            "(only plain rotary positions, rope_type 'default')"
-        )
     factor = params.get("partial_rotary_factor", c.get("partial_rotary_factor", 1.0))
     if factor != 1.0:
         raise LaminaError(f"{where}: lamina's GPT cannot express partial_rotary_factor={factor}")
-    return float(params.get("rope_theta", c["rope_theta"]))
+    theta = float(params.get("rope_theta", c["rope_theta"]))
+    if kind == "default":
+        return theta, None
+    try:
+        if kind == "linear":
+            return theta, RopeScaling("linear", float(params["factor"]))
+        if kind == "llama3":
+            return theta, RopeScaling(
+                "llama3",
+                float(params["factor"]),
+                float(params["low_freq_factor"]),
+                float(params["high_freq_factor"]),
+                int(params["original_max_position_embeddings"]),
+            )
+    except (KeyError, TypeError, ValueError) as e:
+        raise LaminaError(f"{where}: rope_scaling of type {kind!r} lacks or mangles {e}") from None
+    raise LaminaError(
+        f"{where}: lamina's GPT cannot express rope_scaling type {kind!r} "
+        "(it runs 'default', 'linear' and 'llama3')"
+    )
+
+
+def _window(c: dict[str, Any], model_type: str) -> int | None:
+    """The sliding window the model really uses (None: full attention everywhere)."""
+    if model_type in ("qwen2", "qwen3") and not c.get("use_sliding_window"):
+        return None  # transformers ignores sliding_window then
+    return c.get("sliding_window")
 
 
 def config_from_hf_llama(hf: Any, where: str = "config.json") -> GPTConfig:
-    """A GPTConfig from a Hugging Face Llama config dict; anything lamina cannot run is refused."""
-    if not isinstance(hf, dict) or hf.get("model_type") != "llama":
-        got = hf.get("model_type") if isinstance(hf, dict) else type(hf).__name__
-        raise LaminaError(f"{where} is not a Llama config: model_type is {got!r}, expected 'llama'")
-    c = {**_HF_DEFAULTS, **hf}
-    theta = _rope(c, where)
+    """A GPTConfig from a Llama, Mistral, Qwen2 or Qwen3 config dict; anything lamina cannot run
+    is refused in one line."""
+    model_type = hf.get("model_type") if isinstance(hf, dict) else type(hf).__name__
+    if model_type not in FAMILIES:
+        raise LaminaError(
+            f"{where} is not a Llama-family config: model_type is {model_type!r}, expected one "
+            f"of {', '.join(FAMILIES)}"
+        )
+    defaults, layout = FAMILIES[model_type]
+    c = {**_HF_DEFAULTS, **defaults, **hf}
+    theta, scaling = _rope(c, where)
     heads, width = c["num_attention_heads"], c["hidden_size"]
     natural = (
         width // heads if isinstance(width, int) and isinstance(heads, int) and heads else None
     )
+    qkv_bias, o_bias, mlp_bias = (
+        c[v] if isinstance(v, str) else v
+        for v in map(layout.get, ("qkv_bias", "o_bias", "mlp_bias"))
+    )
+    window = _window(c, model_type)
+    context = c["max_position_embeddings"]
     rules = [
         (c["hidden_act"] == "silu", f"hidden_act={c['hidden_act']!r} (lamina's SwiGLU uses silu)"),
         (
-            c["attention_bias"] == c["mlp_bias"],
-            f"attention_bias={c['attention_bias']} with mlp_bias={c['mlp_bias']} (bias on some "
-            "projections only: lamina's `bias` covers o_proj and the MLP together)",
+            o_bias == mlp_bias,
+            f"a bias on {'o_proj' if o_bias else 'the MLP'} only (lamina's `bias` covers o_proj "
+            "and the MLP together)",
         ),
-        (c.get("sliding_window") is None, f"sliding_window={c.get('sliding_window')}"),
-        (not c.get("use_sliding_window", False), "use_sliding_window=true"),
         (
-            c["head_dim"] in (None, natural),
-            f"head_dim={c['head_dim']} (lamina's heads are hidden_size / "
-            f"num_attention_heads = {natural} wide)",
+            window is None or (isinstance(context, int) and window >= context),
+            f"sliding_window={window} shorter than its context max_position_embeddings="
+            f"{context} (lamina's attention sees the whole context)",
         ),
     ]
     for ok, setting in rules:
         if not ok:
             raise LaminaError(f"{where}: lamina's GPT cannot express {setting}")
+    head_dim = c["head_dim"]
     try:
         return GPTConfig(
-            vocab_size=c["vocab_size"], block_size=c["max_position_embeddings"], d_model=width,
+            vocab_size=c["vocab_size"], block_size=context, d_model=width,
             n_heads=heads, n_layers=c["num_hidden_layers"], n_kv_heads=c["num_key_value_heads"],
             d_ff=c["intermediate_size"], dropout=float(c["attention_dropout"]),
-            tie_weights=bool(c["tie_word_embeddings"]), qkv_bias=bool(c["attention_bias"]),
-            bias=bool(c["mlp_bias"]), activation="swiglu", positions="rope", norm="rms",
-            rope_theta=theta, init_std=float(c["initializer_range"]),
-            layer_norm_eps=float(c["rms_norm_eps"]),
+            tie_weights=bool(c["tie_word_embeddings"]), qkv_bias=bool(qkv_bias),
+            bias=bool(o_bias), activation="swiglu", positions="rope", norm="rms",
+            rope_theta=theta, rope_scaling=scaling, init_std=float(c["initializer_range"]),
+            layer_norm_eps=float(c["rms_norm_eps"]), qk_norm=layout.get("qk_norm", False),
+            d_head=None if head_dim in (None, natural) else head_dim,
         )  # fmt: skip
     except (LaminaError, TypeError, ValueError) as e:
         raise LaminaError(f"{where}: {e}") from e
+
+
+def _rope_parameters(c: GPTConfig) -> dict[str, Any]:
+    s = c.rope_scaling
+    if s is None:
+        return {"rope_type": "default", "rope_theta": c.rope_theta}
+    out = {"rope_type": s.kind, "rope_theta": c.rope_theta, "factor": s.factor}
+    if s.kind == "llama3":
+        out |= dict(low_freq_factor=s.low_freq_factor, high_freq_factor=s.high_freq_factor,
+                    original_max_position_embeddings=s.original_max_positions)  # fmt: skip
+    return out
 
 
 def hf_llama_config(config: GPTConfig, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
@@ -180,7 +263,7 @@ def hf_llama_config(config: GPTConfig, dtype: torch.dtype = torch.float32) -> di
         "max_position_embeddings": c.block_size,
         "rms_norm_eps": c.layer_norm_eps,
         "rope_theta": c.rope_theta,
-        "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_theta},
+        "rope_parameters": _rope_parameters(c),
         "attention_bias": c.qkv_bias,
         "mlp_bias": c.bias,
         "attention_dropout": c.dropout,
@@ -192,40 +275,9 @@ def hf_llama_config(config: GPTConfig, dtype: torch.dtype = torch.float32) -> di
     }
 
 
-def lamina_state_llama(hf_state: dict[str, Tensor], model: GPT, where: str) -> dict[str, Tensor]:
-    """HF Llama tensors -> lamina names (fusing q/k/v and gate/up), checking keys and shapes."""
-    config = model.config
-    state = {}
-    for key, value in strip_compiled_prefix(hf_state).items():
-        if key.endswith("rotary_emb.inv_freq") or (key == "lm_head.weight" and config.tie_weights):
-            continue  # a buffer older checkpoints saved; a tied head is the token table
-        state[key] = value
-    groups = tensor_groups(config)
-    wanted = [hf for _, names in groups for hf in names]
-    missing = [hf for hf in wanted if hf not in state]
-    unexpected = sorted(set(state) - set(wanted))
-    if missing or unexpected:
-        parts = [f"missing {_listed(missing)}"] if missing else []
-        parts += [f"unexpected {_listed(unexpected)}"] if unexpected else []
-        raise LaminaError(f"{where} does not match its config.json: {'; '.join(parts)}")
-    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    out = {}
-    for ours, names in groups:
-        sizes = _split_sizes(config, ours) or [shapes[ours][0]]
-        for hf, rows in zip(names, sizes, strict=True):
-            want = (rows, *shapes[ours][1:])
-            if tuple(state[hf].shape) != want:
-                raise LaminaError(
-                    f"{where}: tensor {hf} has shape {tuple(state[hf].shape)}, "
-                    f"config.json implies {want}"
-                )
-        out[ours] = torch.cat([state[hf] for hf in names]) if len(names) > 1 else state[names[0]]
-    return out
-
-
-def load_hf_llama(path: str | os.PathLike[str]) -> GPT:
-    """A lamina GPT (eval mode, fp32, CPU) from a Hugging Face Llama directory."""
-    return load_hf_folder(path, config_from_hf_llama, lamina_state_llama)
+def load_hf_llama(path: str | os.PathLike[str], dtype: torch.dtype | None = None) -> GPT:
+    """A lamina GPT (eval mode, CPU, fp32 unless `dtype`) from a Llama-family folder."""
+    return load_hf_folder(path, config_from_hf_llama, llama_plan, llama_ignored, dtype)
 
 
 def hf_llama_state(model: nn.Module) -> dict[str, Tensor]:

@@ -1,17 +1,21 @@
-"""Tokenizer files of a Hugging Face model folder <-> lamina's gpt2 and bpe tokenizers.
+"""Tokenizer files of a Hugging Face model folder <-> lamina tokenizers.
 
     tokenizer_from_hf(dir, vocab_size=None) -> Tokenizer | None
         merges.txt with GPT-2's sha256 (and vocab.json, if present, matching it) -> GPT2Tokenizer;
-        else a byte-level BPE tokenizer.json -> BPETokenizer; else None.
+        else any tokenizer.json (byte-level BPE, sentencepiece BPE, Unigram, WordPiece...) with
+        its tokenizer_config.json & co -> PretrainedTokenizer; else None.
     save_hf_tokenizer(tokenizer, dir) -> list of file names written
-        GPT2Tokenizer -> vocab.json + merges.txt + tokenizer_config.json (GPT2Tokenizer class);
-        BPETokenizer  -> tokenizer.json + tokenizer_config.json (PreTrainedTokenizerFast);
-        other kinds   -> nothing (Hugging Face has no equivalent; the caller says so).
+        GPT2Tokenizer       -> vocab.json + merges.txt + tokenizer_config.json (GPT2Tokenizer);
+        BPETokenizer        -> tokenizer.json + tokenizer_config.json (PreTrainedTokenizerFast);
+        PretrainedTokenizer -> tokenizer.json + tokenizer_config.json with its special tokens,
+                               add_bos_token and chat template (+ generation_config.json with
+                               the end-of-turn ids, when there are more than eos);
+        other kinds         -> nothing (Hugging Face has no equivalent; the caller says so).
 
 Nothing is dropped without a word. Tokenizer files that are broken (vocab.json, tokenizer.json
-or merges.txt that is not UTF-8 or not the JSON it should be) are refused with a `LaminaError`
-naming the file. Well-formed files of a kind lamina does not convert (a WordPiece or Unigram
-tokenizer.json, a merges.txt that is not GPT-2's, a vocab.json with no merges.txt) give a
+or merges.txt that is not UTF-8 or not the JSON it should be, a tokenizer.json `tokenizers`
+cannot run) are refused with a `LaminaError` naming the file. Files lamina does not convert (a
+merges.txt that is not GPT-2's with no tokenizer.json, a vocab.json with no merges.txt) give a
 `LaminaWarning` naming the file and why, and the model converts without a tokenizer. With
 `vocab_size` (the model's), a tokenizer with more ids than that is refused: its extra ids
 would have no embedding.
@@ -27,6 +31,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from lamina.data.pretrained import PretrainedTokenizer
 from lamina.data.subword import EOT, GPT2_SHA256, BPETokenizer, GPT2Tokenizer
 from lamina.data.tokenizers import Tokenizer
 from lamina.errors import LaminaError, LaminaWarning
@@ -60,10 +65,6 @@ def _check_vocab_json(path: Path) -> dict[str, Any]:
     return vocab
 
 
-def _type(part: Any) -> str | None:
-    return part.get("type") if isinstance(part, dict) else None
-
-
 def _from_files(d: Path) -> Tokenizer | None:
     merges, vocab, hf_json = d / "merges.txt", d / "vocab.json", d / "tokenizer.json"
     vocab_data = _check_vocab_json(vocab) if vocab.is_file() else None
@@ -80,16 +81,8 @@ def _from_files(d: Path) -> Tokenizer | None:
         layout = _read_json(hf_json)
         if not isinstance(layout, dict) or not isinstance(layout.get("model"), dict):
             raise LaminaError(f"{hf_json} is not a Hugging Face tokenizer (no 'model' object)")
-        parts = [_type(layout.get(k)) for k in ("model", "pre_tokenizer", "decoder")]
-        if parts == ["BPE", "ByteLevel", "ByteLevel"]:
-            return BPETokenizer(_read_text(hf_json))  # a broken one raises, naming `tokenizers`
-        kind = parts[0] or "untyped"
-        _skip(
-            hf_json,
-            f"a {kind} tokenizer (pre-tokenizer {parts[1]}, decoder {parts[2]}); lamina converts "
-            "GPT-2's BPE and byte-level BPE only",
-        )
-    elif merges.is_file():
+        return PretrainedTokenizer.from_hf_folder(d)
+    if merges.is_file():
         _skip(
             merges,
             f"not GPT-2's merges (sha256 {digest[:12]}..., GPT-2's is "
@@ -106,7 +99,7 @@ def _from_files(d: Path) -> Tokenizer | None:
 
 
 def tokenizer_from_hf(directory: str | Path, vocab_size: int | None = None) -> Tokenizer | None:
-    """The tokenizer a Hugging Face folder ships, if it is GPT-2's BPE or byte-level BPE.
+    """The tokenizer a Hugging Face folder ships: GPT-2's BPE, or any tokenizer.json.
 
     None if it ships none we convert (a `LaminaWarning` says which file was left and why);
     `LaminaError` if a tokenizer file is broken, or has more ids than `vocab_size`.
@@ -140,4 +133,26 @@ def save_hf_tokenizer(tokenizer: Tokenizer, directory: str | Path) -> list[str]:
             config.update(bos_token=EOT, eos_token=EOT)
         write_json(d / "tokenizer_config.json", config)
         return ["tokenizer.json", "tokenizer_config.json"]
+    if isinstance(tokenizer, PretrainedTokenizer):
+        return _save_pretrained(tokenizer, d)
     return []
+
+
+def _save_pretrained(tokenizer: PretrainedTokenizer, d: Path) -> list[str]:
+    payload = tokenizer.hf_json.encode("utf-8")
+    atomic_write(d / "tokenizer.json", lambda f: f.write(payload))
+    config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast"}
+    for role in ("bos", "eos", "pad", "unk"):
+        text = tokenizer.token_text(getattr(tokenizer, f"{role}_id"))
+        if text is not None:
+            config[f"{role}_token"] = text
+    config["add_bos_token"] = tokenizer.add_bos
+    if tokenizer.chat_template is not None:
+        config["chat_template"] = tokenizer.chat_template
+    write_json(d / "tokenizer_config.json", config)
+    names = ["tokenizer.json", "tokenizer_config.json"]
+    eos = [] if tokenizer.eos_id is None else [tokenizer.eos_id]
+    if list(tokenizer.eot_ids) != eos:
+        write_json(d / "generation_config.json", {"eos_token_id": list(tokenizer.eot_ids)})
+        names.append("generation_config.json")
+    return names

@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from lamina.attention import RopeScaling
 from lamina.errors import LaminaError
 from lamina.validate import boolean as _bool
 from lamina.validate import choice as _choice
@@ -72,12 +73,24 @@ class GPTConfig(_ConfigMixin):
     qk_norm: bool = False  # RMS-normalise q and k per head before the dot product
     logit_softcap: float | None = None  # logits <- cap * tanh(logits / cap); None: off
     zero_init_proj: bool = False  # residual output projections start at zero
+    d_head: int | None = None  # width of each head; None means d_model / n_heads (Qwen3: set)
+    # rotary frequencies stretched for long contexts ("linear", "llama3"); None: plain RoPE
+    rope_scaling: RopeScaling | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "d_model", "n_heads", "n_layers"):
             _positive_int(name, getattr(self, name))
-        if self.d_model % self.n_heads:
+        if self.d_head is not None:
+            _positive_int("d_head", self.d_head)
+        elif self.d_model % self.n_heads:
             raise LaminaError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
+        if isinstance(self.rope_scaling, dict):  # from JSON: the dataclass's own fields
+            try:
+                object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
+            except TypeError as e:
+                raise LaminaError(f"rope_scaling: {e}") from None
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
+            raise LaminaError(f"rope_scaling must be an object or null, got {self.rope_scaling!r}")
         _dropout("dropout", self.dropout)
         for name in ("tie_weights", "qkv_bias", "bias", "norm_first"):
             _bool(name, getattr(self, name))
@@ -100,16 +113,19 @@ class GPTConfig(_ConfigMixin):
                     f"n_heads={self.n_heads} must be divisible by n_kv_heads={self.n_kv_heads}"
                 )
         if self.positions == "rope" and self.head_dim % 2:
-            raise LaminaError(
-                f"positions='rope' needs an even head dimension: d_model / n_heads = "
-                f"{self.d_model} / {self.n_heads} = {self.head_dim}"
+            how = (
+                f"d_head = {self.d_head}"
+                if self.d_head
+                else f"d_model / n_heads = {self.d_model} / {self.n_heads} = {self.head_dim}"
             )
+            raise LaminaError(f"positions='rope' needs an even head dimension: {how}")
         if self.logit_softcap is not None:
             positive_number("logit_softcap", self.logit_softcap)
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+        """Width of each head: d_head, or d_model / n_heads when that is None."""
+        return self.d_model // self.n_heads if self.d_head is None else self.d_head
 
     @property
     def kv_heads(self) -> int:

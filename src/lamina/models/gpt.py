@@ -63,6 +63,8 @@ class GPT(nn.Module):
                 n_kv_heads=c.n_kv_heads,
                 rope_theta=c.rope_theta if c.positions == "rope" else None,
                 qk_norm=c.qk_norm,
+                head_dim=c.d_head,
+                rope_scaling=c.rope_scaling,
             )
             for _ in range(c.n_layers)
         )
@@ -79,6 +81,8 @@ class GPT(nn.Module):
 
     def reset_parameters(self) -> None:
         c = self.config
+        if self.head.weight.is_meta:  # built on the meta device: shapes only, nothing to draw
+            return
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear):
                 residual = name.endswith(".proj")  # attn.proj and ff.proj write the stream
@@ -179,7 +183,7 @@ class GPT(nn.Module):
         c = self.config
         if c.positions != "rope":
             return None
-        return rotary_tables(positions, c.head_dim, c.rope_theta)
+        return rotary_tables(positions, c.head_dim, c.rope_theta, c.rope_scaling)
 
     @torch.no_grad()
     def attention_weights(self, ids: Tensor, padding_mask: Tensor | None = None) -> list[Tensor]:

@@ -1,10 +1,10 @@
 """Layer 4, parameter counts: by formula, by component, and on the meta device.
 
 The formula for a GPT with width d, feed-forward width f, vocabulary V, context n, L layers,
-H heads of width h = d / H and H_kv key/value heads:
+H heads of width h (d / H unless d_head sets it) and H_kv key/value heads:
 
     embeddings  V d + n d                     (no position parameters when sinusoidal or rope)
-    attention   L (d (H + 2 H_kv) h + [(H + 2 H_kv) h] + d^2 + [d] + <2 h>)
+    attention   L (d (H + 2 H_kv) h + [(H + 2 H_kv) h] + H h d + [d] + <2 h>)
                                               [qkv bias], [bias], <qk-norm gains>
     feed-fwd    L (d g f + [g f] + f d + [d])  g = 2 for SwiGLU (gate and up), else 1
     norms       (2 L + 1)(<d> + [d])           <gain>, [bias] (LayerNorm only; RMSNorm has no
@@ -38,7 +38,8 @@ def gpt_param_table(config: GPTConfig, tied: bool | None = None) -> dict[str, in
     return {
         "token embedding": c.vocab_size * d,
         "position embedding": c.block_size * d if c.positions == "learned" else 0,
-        "attention": L * (d * qkv + int(c.qkv_bias) * qkv + d * d + b * d + qk_norm),
+        "attention": L
+        * (d * qkv + int(c.qkv_bias) * qkv + c.n_heads * c.head_dim * d + b * d + qk_norm),
         "feed-forward": L * (d * g * f + b * g * f + f * d + b * d),
         "norms": (2 * L + int(c.norm_first)) * norm,
         "head": 0 if tied else c.vocab_size * d,

@@ -14,6 +14,9 @@ one at a time, in order, and never on the event loop. At most `limits.queue` job
 token: a client that disconnects stops its generation at the next token, and a job cancelled
 while it waited does no work.
 
+Prompts are encoded and generated text is streamed by `lamina.generation` (`encode_prompt`,
+`TextStream`), as `lamina sample` does; a generation ends at the tokenizer's end-of-turn ids.
+
 Deliberately unaware of HTTP: `app.py` turns requests into calls and events into bytes.
 """
 
@@ -30,16 +33,9 @@ from typing import Any
 import torch
 
 from lamina.errors import LaminaError
-from lamina.generation import check_sampling, stream
-from lamina.inspect import (
-    encode_text,
-    forward_with_maps,
-    head_patterns,
-    table_from_logits,
-    token_labels,
-)
+from lamina.generation import TextStream, check_sampling, encode_prompt, stream
+from lamina.inspect import forward_with_maps, head_patterns, table_from_logits, token_labels
 
-START_TOKENS = ("bos", "<|endoftext|>", "<s>", "<bos>")
 GENERATE_FIELDS = {"prompt", "max_tokens", "temperature", "top_k", "top_p", "seed"}
 
 
@@ -111,13 +107,11 @@ class Engine:
     # -- requests ------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
         """Text -> ids: unknown characters named; an empty text becomes the start token."""
-        if text == "":
-            special = getattr(self.tokenizer, "special_tokens", {}) or {}
-            start = next((special[k] for k in START_TOKENS if k in special), None)
-            if start is None:
-                raise LaminaError("prompt is empty and this tokenizer has no start token")
-            return [start]
-        return encode_text(self.tokenizer, text)
+        return encode_prompt(self.tokenizer, text, what="prompt")
+
+    def encode_text(self, text: str) -> list[int]:
+        """A text to look at (never empty, no start token added) -> ids."""
+        return encode_prompt(self.tokenizer, text, empty="error", what="text")
 
     def generate_request(self, body: Any) -> GenerateRequest:
         if not isinstance(body, dict):
@@ -159,7 +153,7 @@ class Engine:
         limit = self.limits.max_prompt_chars + self.limits.max_tokens * 8
         if len(text) > limit:
             raise LaminaError(f"text is {len(text)} characters; the limit is {limit}")
-        encode_text(self.tokenizer, text)  # named errors for empty text and unknown characters
+        self.encode_text(text)  # named errors for empty text and unknown characters
         return text
 
     # -- the queue -----------------------------------------------------------------------------
@@ -191,6 +185,7 @@ class Engine:
             return
         t0 = time.perf_counter()
         emit("start", {"prompt_tokens": len(req.ids), "seed": req.seed})
+        eot = tuple(getattr(self.tokenizer, "eot_ids", ()) or ())
         steps = stream(
             self.model,
             torch.tensor([req.ids]),
@@ -199,38 +194,40 @@ class Engine:
             top_k=req.top_k,
             top_p=req.top_p,
             seed=req.seed,
+            stop=list(eot) or None,
         )
-        generated: list[int] = []
-        shown, reason = "", "length"
+        text = TextStream(self.tokenizer, stop_ids=eot)
+        reason, index = "length", 0
         try:
             for step in steps:
                 if cancel.is_set():
                     reason = "cancelled"
                     break
                 token = int(step.tokens[0])
-                generated.append(token)
-                text = self.tokenizer.decode(generated).rstrip("\ufffd")
-                delta = text[len(shown) :] if text.startswith(shown) else ""
-                shown = text if text.startswith(shown) else shown
-                emit("token", {"index": len(generated) - 1, "id": token, "text": delta})
+                delta = text.push(token)
+                if text.stopped:
+                    reason = "stop"
+                    break
+                emit("token", {"index": index, "id": token, "text": delta})
+                index += 1
         finally:
             steps.close()
-        text = self.tokenizer.decode(generated)
+        text.flush()
         seconds = time.perf_counter() - t0
         emit(
             "done",
             {
                 "reason": reason,
-                "tokens": len(generated),
-                "text": text,
+                "tokens": index,
+                "text": text.text,
                 "seconds": round(seconds, 4),
-                "tokens_per_s": round(len(generated) / max(seconds, 1e-9), 1),
+                "tokens_per_s": round(index / max(seconds, 1e-9), 1),
             },
         )
 
     def run_attention(self, text: str) -> dict[str, Any]:
         """Maps (L, H, T, T), head patterns and next-token tables of the text's last tokens."""
-        ids = encode_text(self.tokenizer, text)
+        ids = self.encode_text(text)
         keep = min(self.limits.attention_tokens, self.model.config.block_size)
         cut = max(0, len(ids) - keep)
         ids = ids[cut:]

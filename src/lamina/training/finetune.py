@@ -1,10 +1,9 @@
 """`--init-from SOURCE`: the model a fine-tune starts from, and what it may not change.
 
-    load_source(path) -> Source          a lamina run or model folder (config.json with "kind"),
-                                         or a Hugging Face GPT-2 folder (config.json with
-                                         "model_type"; read by `lamina.interop.from_hf`), with
-                                         its tokenizer if it has one and a record of where the
-                                         run started from
+    load_source(path) -> Source          any model `lamina.open` reads (a lamina run or model
+                                         folder, a Hugging Face folder, a GGUF file), with its
+                                         tokenizer if it has one and a record of where the run
+                                         started from (kind, path, sha256 of its files)
     source_config(source, overrides) -> GPTConfig   the source's shape; an override that
                                          disagrees is refused naming the field (only dropout,
                                          which changes no tensor, may differ)
@@ -22,16 +21,14 @@ Deliberately unaware of the loop, the optimizer and run directories.
 from __future__ import annotations
 
 import os
-import zlib
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from lamina.checkpoint import load_model
 from lamina.data.spec import build_tokenizer
 from lamina.data.tokenizers import Tokenizer
 from lamina.errors import LaminaError
 from lamina.files import read_json
+from lamina.interop.bundle import open_model
 from lamina.models.config import GPTConfig
 from lamina.models.gpt import GPT
 from lamina.quant import scheme_of
@@ -47,46 +44,26 @@ class Source:
     record: dict[str, Any]  # written to train_config.json as "init_from"
 
 
-def _crc_of(path: Path) -> str:
-    crc = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            crc = zlib.crc32(chunk, crc)
-    return f"{crc:08x}"
-
-
 def load_source(path: str | os.PathLike[str]) -> Source:
-    """The GPT (and tokenizer) in a lamina or Hugging Face folder; anything else is refused."""
-    d = Path(path)
-    if not d.is_dir():
-        raise LaminaError(f"--init-from {d}: no such folder")
-    if not (d / "config.json").is_file():
-        raise LaminaError(f"--init-from {d} is not a model: it has no config.json")
-    config = read_json(d / "config.json")
-    record: dict[str, Any] = {"source": str(d.resolve())}
-    if isinstance(config, dict) and "model_type" in config:
-        from lamina.interop import from_hf
-        from lamina.interop.hf_tokenizer import tokenizer_from_hf
-
-        model, tokenizer = from_hf(d), tokenizer_from_hf(d)
-        record["format"] = "hf"
-    elif isinstance(config, dict) and "kind" in config:
-        model, tokenizer = load_model(d)
-        record["format"] = "lamina"
-        weights = d / "model.safetensors"
-        record["weights_crc32"] = _crc_of(weights)
-        state = d / "trainer_state.json"
-        if state.is_file():
-            record["step"] = read_json(state).get("step")
-    else:
-        raise LaminaError(
-            f"--init-from {d} is not a model: its config.json is neither lamina's nor a "
-            "Hugging Face one"
-        )
-    if not isinstance(model, GPT):
-        raise LaminaError(f"--init-from {d} holds a {type(model).__name__}, not a GPT")
+    """The GPT (and tokenizer) of any model `lamina.open` reads; a classifier or a quantized
+    model is refused."""
+    try:
+        bundle = open_model(path).require("lm", tokenizer=False, verb="fine-tune")
+    except LaminaError as e:
+        raise LaminaError(f"--init-from {path}: {e}") from None
+    model, origin = bundle.model, bundle.origin
     if scheme_of(model) is not None:
-        raise LaminaError(f"--init-from {d} is quantized; fine-tune the float model instead")
+        raise LaminaError(f"--init-from {path} is quantized; fine-tune the float model instead")
+    record: dict[str, Any] = {
+        "source": str(origin.path),
+        "format": "lamina" if origin.kind in ("run", "model") else origin.kind,
+        "kind": origin.kind,
+        "sha256": origin.content_hash,
+    }
+    state = origin.path / "trainer_state.json"
+    if origin.kind == "run" and state.is_file():
+        record["step"] = read_json(state).get("step")
+    tokenizer = bundle.tokenizer
     record["tokenizer"] = tokenizer.to_dict()["kind"] if tokenizer is not None else None
     return Source(model.float(), tokenizer, record)
 

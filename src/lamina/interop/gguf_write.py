@@ -1,0 +1,203 @@
+"""Lamina GPTs written as GGUF files that llama.cpp loads (re-exported by `lamina.interop.gguf`).
+
+    save_gguf(model, path, tokenizer=None, qtype="f32" | "f16" | "q8_0") -> Path
+    gguf_tokenizer_metadata(tokenizer, vocab_size) -> {"tokenizer.ggml.*": ...} or {}
+
+A rotary lamina GPT (the Llama layout, as `hf_llama_config` accepts it) becomes arch "llama",
+its q/k rows permuted as llama.cpp's converter does; a GPT-2-layout one becomes arch "gpt2",
+its head always stored as `output.weight` (llama.cpp's own converter writes it too). qtype
+"f16" stores 2-D tensors in F16; "q8_0" stores them in Q8_0 where a row divides into blocks of
+32 (else F16); 1-D tensors (norms, biases) stay F32, as llama.cpp expects. Tokenizers: GPT-2's
+BPE (kind "gpt2") and lamina's byte-level BPE (kind "bpe") go in as `tokenizer.ggml.model`
+"gpt2" with pre-tokenizer "gpt-2" (both split text with GPT-2's regex); a tokenizer that
+offers its own `gguf_metadata()` dict (the "pretrained" kind may) is asked for it; other kinds
+and none write `tokenizer.ggml.model` "none". Token lists shorter than the model's vocabulary
+are padded with unused "[PAD{i}]" tokens, as llama.cpp's converter does. The file is written
+beside its final name and renamed into place. Deliberately unaware of reading GGUF.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch import nn
+
+from lamina.checkpoint import strip_compiled_prefix, unwrap
+from lamina.data.tokenizers import Tokenizer
+from lamina.errors import LaminaError
+from lamina.interop import tensor_map
+from lamina.interop.gguf_file import _gguf
+from lamina.interop.hf_gpt2 import hf_config
+from lamina.interop.hf_llama import hf_llama_config
+from lamina.models.config import GPTConfig
+from lamina.models.gpt import GPT
+
+QTYPES = ("f32", "f16", "q8_0")
+NORMAL, CONTROL, UNUSED = 1, 3, 5  # llama.cpp token types
+
+
+def gguf_arch(config: GPTConfig) -> str:
+    """ "llama" or "gpt2" for a GPT GGUF can express; refuses any other, naming the setting."""
+    check = hf_llama_config if config.positions == "rope" else hf_config
+    try:
+        check(config)
+    except LaminaError as e:
+        raise LaminaError(str(e).replace("Hugging Face", "GGUF")) from None
+    if config.positions != "rope" and config.activation != "gelu":
+        raise LaminaError(f"cannot save as GGUF: activation={config.activation!r}: gpt2 is gelu")
+    return "llama" if config.positions == "rope" else "gpt2"
+
+
+def _bpe_vocab(layout: dict[str, Any]) -> tuple[dict[str, int], list[str], set[int]]:
+    model = layout.get("model") or {}
+    vocab = dict(model.get("vocab") or {})
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
+    special = set()
+    for added in layout.get("added_tokens") or []:
+        vocab[added["content"]] = added["id"]
+        if added.get("special"):
+            special.add(added["id"])
+    return vocab, merges, special
+
+
+def gguf_tokenizer_metadata(tokenizer: Tokenizer | None, vocab_size: int) -> dict[str, Any]:
+    """The `tokenizer.ggml.*` keys for a tokenizer ({} where none can be written)."""
+    own = getattr(tokenizer, "gguf_metadata", None)
+    if callable(own):
+        return dict(own())
+    kind = tokenizer.to_dict().get("kind") if tokenizer is not None else None
+    if kind == "gpt2":
+        vocab = tokenizer.encoder()  # type: ignore[union-attr]
+        lines = tokenizer.merges.splitlines()  # type: ignore[union-attr]
+        merges = [ln for ln in lines if ln and not ln.startswith("#version")]
+        special = set(tokenizer.special_tokens.values())
+    elif kind == "bpe":
+        vocab, merges, special = _bpe_vocab(json.loads(tokenizer.hf_json))  # type: ignore[union-attr]
+    else:
+        return {}
+    by_id = {i: t for t, i in vocab.items()}
+    if max(by_id, default=-1) >= vocab_size:
+        raise LaminaError(
+            f"cannot save as GGUF: the tokenizer has ids up to {max(by_id)}, the model's "
+            f"vocab_size is {vocab_size}"
+        )
+    tokens = [by_id.get(i, f"[PAD{i}]") for i in range(vocab_size)]
+    types = [
+        CONTROL if i in special else NORMAL if i in by_id else UNUSED for i in range(vocab_size)
+    ]
+    meta: dict[str, Any] = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "gpt-2",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.add_bos_token": False,
+    }
+    eot = tokenizer.special_tokens.get("<|endoftext|>")  # type: ignore[union-attr]
+    if eot is not None:
+        meta |= {"tokenizer.ggml.bos_token_id": eot, "tokenizer.ggml.eos_token_id": eot}
+    return meta
+
+
+def _metadata(config: GPTConfig, arch: str) -> dict[str, Any]:
+    a = arch + "."
+    meta: dict[str, Any] = {
+        a + "context_length": config.block_size,
+        a + "embedding_length": config.d_model,
+        a + "block_count": config.n_layers,
+        a + "feed_forward_length": config.ff_width,
+        a + "attention.head_count": config.n_heads,
+        a + "vocab_size": config.vocab_size,
+    }
+    if arch == "gpt2":
+        return meta | {a + "attention.layer_norm_epsilon": float(config.layer_norm_eps)}
+    return meta | {
+        a + "attention.head_count_kv": config.kv_heads,
+        a + "rope.freq_base": float(config.rope_theta),
+        a + "rope.dimension_count": config.head_dim,
+        a + "attention.layer_norm_rms_epsilon": float(config.layer_norm_eps),
+    }
+
+
+def _add(writer: Any, key: str, value: Any) -> None:
+    gguf = _gguf()
+    if isinstance(value, bool):
+        writer.add_bool(key, value)
+    elif isinstance(value, int):
+        writer.add_uint32(key, value)
+    elif isinstance(value, float):
+        writer.add_float32(key, value)
+    elif isinstance(value, str):
+        writer.add_string(key, value)
+    elif isinstance(value, list) and value and all(isinstance(v, int) for v in value):
+        writer.add_key_value(key, value, gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.INT32)
+    else:
+        writer.add_array(key, value)
+
+
+def _encode(name: str, array: np.ndarray, qtype: str) -> tuple[np.ndarray, Any]:
+    """(bytes or floats, GGML type) of one tensor at the requested precision."""
+    gguf = _gguf()
+    Q = gguf.GGMLQuantizationType
+    if array.ndim < 2 or qtype == "f32" or name == "position_embd.weight":
+        return array.astype(np.float32), None
+    if qtype == "q8_0" and array.shape[-1] % 32 == 0:
+        return gguf.quants.quantize(array, Q.Q8_0), Q.Q8_0
+    return array.astype(np.float16), None
+
+
+def save_gguf(
+    model: nn.Module,
+    path: str | os.PathLike[str],
+    tokenizer: Tokenizer | None = None,
+    qtype: str = "f32",
+) -> Path:
+    """Write `model` (a lamina GPT) as a GGUF file llama.cpp loads; returns its path."""
+    if qtype not in QTYPES:
+        raise LaminaError(f"GGUF type must be one of {', '.join(QTYPES)}, got {qtype!r}")
+    inner = unwrap(model)
+    if not isinstance(inner, GPT):
+        raise LaminaError(f"save_gguf needs a lamina GPT, got {type(inner).__name__}")
+    config = inner.config
+    arch = gguf_arch(config)
+    tok_meta = gguf_tokenizer_metadata(tokenizer, config.vocab_size)
+    state = {
+        k: v.detach().float().cpu() for k, v in strip_compiled_prefix(inner.state_dict()).items()
+    }
+    shapes = {k: tuple(v.shape) for k, v in state.items()}
+    if arch == "gpt2":  # llama.cpp's gpt2 reads an output.weight: write the tied head too
+        config = config.replace(tie_weights=False)
+    table = tensor_map.rows(config, shapes, f"gguf-{arch}", permute_rope=arch == "llama")
+    tensors = tensor_map.to_foreign(table, state)
+    out = Path(path)
+    if out.is_dir():
+        raise LaminaError(f"cannot write a GGUF file at {out}: it is a folder")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+    os.close(fd)
+    gguf = _gguf()
+    try:
+        writer = gguf.GGUFWriter(tmp, arch)
+        writer.add_name(getattr(model, "name", None) or "lamina GPT")
+        writer.add_file_type({"f32": 0, "f16": 1, "q8_0": 7}[qtype])
+        for key, value in {**_metadata(config, arch), **tok_meta}.items():
+            _add(writer, key, value)
+        if not tok_meta:
+            writer.add_string("tokenizer.ggml.model", "none")
+        for name, t in tensors.items():
+            data, raw = _encode(name, t.numpy(), qtype)
+            writer.add_tensor(name, data, raw_dtype=raw)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return out
