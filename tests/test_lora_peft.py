@@ -17,8 +17,6 @@ import torch
 import lamina
 from lamina import LaminaError
 from lamina.interop.adapters import (
-    base_record,
-    check_base,
     export_peft,
     import_peft,
     is_lora_folder,
@@ -28,7 +26,7 @@ from lamina.interop.adapters import (
     save_adapters,
     save_lora_folder,
 )
-from lamina.lora import apply_lora, load_lora_state, lora_config, lora_state_dict
+from lamina.lora import apply_lora, lora_config, lora_state_dict
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -143,24 +141,26 @@ def test_refusals_are_one_line(base_folder, tmp_path):
 
 
 def test_lora_folder_holds_adapters_and_a_checked_reference_to_its_base(base_folder, tmp_path):
-    """Only adapters and the base's path + hash; a changed base is refused on load."""
+    """Only adapters and the base's path + sha256; lamina.open applies them on the fly; a
+    changed base is refused."""
     base = tmp_path / "base"
     shutil.copytree(base_folder, base)
-    ours = apply_lora(lamina.from_hf(str(base)), r=2, targets="qv")
+    bundle = lamina.open(base)
+    ours = apply_lora(bundle.model, r=2, targets="qv")
     _randomize_b(ours)
-    run = save_lora_folder(tmp_path / "run", ours, base_record(base))
+    run = save_lora_folder(tmp_path / "run", ours, bundle.origin.to_dict())
     assert is_lora_folder(run) and not is_lora_folder(base)
     assert sorted(p.name for p in run.iterdir()) == ["adapters.safetensors", "config.json"]
-    config, record, tensors = read_lora_folder(run)
+    config, record, _ = read_lora_folder(run)
     assert config == lora_config(ours) and record["path"] == str(base.resolve())
-    again = apply_lora(lamina.from_hf(str(check_base(record))), config)
-    load_lora_state(again, tensors)
+    opened = lamina.open(run)
+    assert lora_config(opened.model) == config and opened.origin.kind == "model"
     ids = _ids()
     with torch.no_grad():
-        torch.testing.assert_close(again(ids), ours(ids))
+        torch.testing.assert_close(opened.model(ids), ours(ids))
     weights = base / "model.safetensors"
     blob = bytearray(weights.read_bytes())
     blob[-1] ^= 1
     weights.write_bytes(bytes(blob))
     with pytest.raises(LaminaError, match="changed since the adapters were trained"):
-        check_base(record)
+        lamina.open(run)

@@ -13,10 +13,10 @@ base's weights):
     save_lora_folder(folder, model, base)  config.json {"kind": "lora", "lora": {...}, "base":
                                           {"path", "hash"}} + adapters.safetensors
     read_lora_folder(folder) -> (LoRAConfig, base record, tensors);  is_lora_folder(path)
-    base_record(path) -> {"path": absolute, "hash": "sha256:..."}
-    check_base(record) -> Path            the base, refused if its bytes changed since
-    content_hash(path)                    sha256 of a file, or of a folder's config.json and
-                                          weight files (names and bytes, sorted by name)
+    base_path(record) -> Path;  check_base(record, origin)   the base it names, refused
+                                          where its sha256 (the bundle Origin's) changed since
+The base record is the base bundle's `Origin.to_dict()` ({"kind", "path", "sha256"});
+`lamina.open(folder)` (interop.bundle) opens the base, checks it and applies the adapters.
 
 PEFT names come from the one Llama tensor map (hf_llama.tensor_groups): lamina's fused
 `attn.qkv` adapters "q", "k", "v" are PEFT's separate `self_attn.{q,k,v}_proj` adapters, and
@@ -31,7 +31,6 @@ Deliberately unaware of training and of the peft package (never imported).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -223,50 +222,31 @@ def import_peft(model: nn.Module, folder: str | os.PathLike[str]) -> GPT:
 LORA_KIND = "lora"
 LORA_FORMAT = 1
 ADAPTERS_FILE = "adapters.safetensors"
-_HASHED = ("config.json", "*.safetensors", "*.gguf", "*.bin")
 
 
-def content_hash(path: str | os.PathLike[str]) -> str:
-    """sha256 of a model file, or of a model folder's config and weight files."""
-    p = Path(path)
-    h = hashlib.sha256()
-    if p.is_file():
-        files = [p]
-    elif p.is_dir():
-        files = sorted({f for pat in _HASHED for f in p.glob(pat) if f.is_file()})
-        if not files:
-            raise LaminaError(f"{p} has no config.json or weight files to identify it by")
-    else:
-        raise LaminaError(f"no such model file or folder: {p}")
-    for f in files:
-        h.update(f.name.encode() + b"\0")
-        with open(f, "rb") as fh:
-            while chunk := fh.read(1 << 22):
-                h.update(chunk)
-    return "sha256:" + h.hexdigest()
+def check_base(record: Any, origin: Any, where: str = "LoRA folder") -> None:
+    """Refuse a base whose bytes changed since the adapters were trained.
+
+    record: the folder's "base" ({"kind", "path", "sha256"}: a bundle Origin's to_dict());
+    origin: the Origin of the base as opened now.
+    """
+    if not isinstance(record, dict) or not isinstance(record.get("sha256"), str):
+        raise LaminaError(f"{where}: 'base' must be an object with 'path' and 'sha256'")
+    if origin.content_hash != record["sha256"]:
+        raise LaminaError(
+            f"{where}: its base model {record.get('path')} changed since the adapters were "
+            f"trained (sha256 {origin.content_hash[:12]}... != {record['sha256'][:12]}...); "
+            "the adapters fit only the original"
+        )
 
 
-def base_record(path: str | os.PathLike[str]) -> dict[str, str]:
-    """What a LoRA folder stores about its base: where it is, and its content hash."""
-    p = Path(path).resolve()
-    return {"path": str(p), "hash": content_hash(p)}
-
-
-def check_base(record: Any, where: str = "LoRA folder") -> Path:
-    """The base a record names, refused if missing or if its bytes changed since."""
-    if not isinstance(record, dict) or not all(
-        isinstance(record.get(k), str) for k in ("path", "hash")
-    ):
-        raise LaminaError(f"{where}: 'base' must be an object with string 'path' and 'hash'")
+def base_path(record: Any, where: str = "LoRA folder") -> Path:
+    """The base model a LoRA folder's record names (it must still exist)."""
+    if not isinstance(record, dict) or not isinstance(record.get("path"), str):
+        raise LaminaError(f"{where}: 'base' must be an object with 'path' and 'sha256'")
     p = Path(record["path"])
     if not p.exists():
         raise LaminaError(f"{where}: its base model {p} is missing")
-    got = content_hash(p)
-    if got != record["hash"]:
-        raise LaminaError(
-            f"{where}: its base model {p} changed since the adapters were trained "
-            f"({got[:19]}... != {record['hash'][:19]}...); the adapters fit only the original"
-        )
     return p
 
 
@@ -282,7 +262,7 @@ def is_lora_folder(path: str | os.PathLike[str]) -> bool:
 
 
 def save_lora_folder(
-    folder: str | os.PathLike[str], model: nn.Module, base: dict[str, str]
+    folder: str | os.PathLike[str], model: nn.Module, base: dict[str, Any]
 ) -> Path:
     """Write the adapters and the base reference into `folder` (each file atomically)."""
     inner = _gpt(model, "save_lora_folder")
