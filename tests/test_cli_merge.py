@@ -44,6 +44,20 @@ def test_merge_writes_a_plain_model_with_the_same_logits(lora_run, tmp_path, cap
         torch.testing.assert_close(merged(ids), adapted.eval()(ids), atol=1e-5, rtol=0)
 
 
+def test_the_merged_model_converts_to_gguf(lora_run, tmp_path):
+    """A merged model is an ordinary one: written as GGUF and read back, the same logits."""
+    from lamina.interop.gguf import load_gguf, save_gguf
+
+    run, adapted = lora_run
+    assert main(["merge", str(run), "--out", str(tmp_path / "merged")]) == 0
+    merged, tok = lamina.load(tmp_path / "merged")
+    path = save_gguf(merged, tmp_path / "merged.gguf")
+    again, _ = load_gguf(path)  # (a char tokenizer has no GGUF form; the weights do)
+    ids = torch.randint(0, tok.vocab_size, (1, 12), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(again(ids), adapted.eval()(ids), atol=1e-5, rtol=0)
+
+
 def test_peft_export_and_sampling_on_the_fly(lora_run, tmp_path, capsys):
     run, _ = lora_run
     peft_dir = tmp_path / "peft"
