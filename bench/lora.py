@@ -13,6 +13,8 @@ peak RSS is its own), one after another on the same machine:
   full     every parameter trained, AdamW lr 5e-5;
   scratch  `lamina train --data FILE --max-time S` with no other flag (lamina's defaults: a
            character model trained from random weights);
+           With --gguf, the adapters are then merged, the model written as GGUF (f32) and
+           scored again by llama.cpp (llama-cpp-python) on the same held-out windows;
   chat     chat SFT with LoRA on a chat set built from tinyshakespeare (`shakespeare_chats`:
            each pair of consecutive speeches by two speakers is a conversation, a system line
            naming the answering character, the first speech as the user turn and the reply as
@@ -154,7 +156,41 @@ def finetune(args, mode: str) -> dict:
         adapter = sum(t.numel() * t.element_size() for t in lora_state_dict(model).values())
         base = sum(p.numel() * p.element_size() for p in model.parameters()) - adapter
         result["adapter_share_of_model_bytes"] = adapter / base
+        if args.gguf:
+            result |= merged_gguf(args, model, tok, val_ids, decode)
     return result
+
+
+def merged_gguf(args, model, tok, val_ids: list[int], decode) -> dict:
+    """Merge the adapters, write the model as GGUF (f32) and score it in llama.cpp."""
+    from lamina.interop.gguf import save_gguf
+    from lamina.lora import merge_lora
+
+    merge_lora(model)
+    out = {"merged_nats_per_char": nats_per_char(model, val_ids, decode, args.block)}
+    path = save_gguf(model, Path(args.out) / "merged.gguf", tok)
+    out["gguf_mib"] = path.stat().st_size / 2**20
+    try:
+        import llama_cpp
+    except ImportError:
+        return out | {"llama_cpp": "not installed (make bench-deps)"}
+    try:
+        llm = llama_cpp.Llama(
+            str(path), n_ctx=args.block + 1, logits_all=True, verbose=False, n_threads=args.threads
+        )
+    except Exception as e:  # llama.cpp refusing the file is the finding
+        return out | {"llama_cpp": f"failed to load: {e}"}
+    total, chars = 0.0, 0
+    for start in range(0, len(val_ids) - 1, args.block):
+        window = val_ids[start : start + args.block + 1]
+        if len(window) < 2:
+            break
+        llm.reset()
+        llm.eval(window[:-1])
+        logits = torch.tensor(llm.scores[: len(window) - 1], dtype=torch.float32)
+        total += F.cross_entropy(logits, torch.tensor(window[1:]), reduction="sum").item()
+        chars += len(decode(window[1:]))
+    return out | {"llama_cpp_nats_per_char": total / chars}
 
 
 def scratch(args) -> dict:
@@ -301,6 +337,11 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default="/tmp/lamina-lora-bench")
     p.add_argument("--json", default=None, help="also write the results here")
+    p.add_argument(
+        "--gguf",
+        action="store_true",
+        help="lora mode: merge, write the merged model as GGUF and score it in llama.cpp",
+    )
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
