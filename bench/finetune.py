@@ -38,7 +38,7 @@ def main() -> None:
     for lr, warmup in GRID:
         s = new_session(TrainConfig(**base, lr=lr, warmup=warmup), out=None)
         result = run_training(s, quiet=True, progress_stream=open("/dev/null", "w"))  # noqa: SIM115
-        evals = [m["val_loss"] for m in s.metrics if "val_loss" in m]
+        evals = [m["val_loss"] for m in s.state.metrics if "val_loss" in m]
         print(f"  lr {lr:<7g} warmup {warmup:>3}: {evals[0]:.4f} -> {result.eval['loss']:.4f}")
 
 

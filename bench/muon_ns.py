@@ -22,7 +22,7 @@ import time  # noqa: E402
 
 import torch  # noqa: E402
 
-from lamina.training.build import cpu_has_fast_bf16  # noqa: E402
+from lamina.quant import native_bf16  # noqa: E402
 from lamina.training.muon import orthogonalize  # noqa: E402
 
 
@@ -47,7 +47,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    print(f"torch {torch.__version__}, {a.threads} threads, native bf16: {cpu_has_fast_bf16()}")
+    print(f"torch {torch.__version__}, {a.threads} threads, native bf16: {native_bf16()}")
     print(f"{'width':>5}  {'fp32 ms':>8}  {'bf16 ms':>8}  bf16/fp32")
     for d in (int(w) for w in a.widths.split(",")):
         f32 = block_ms(d, torch.float32, a.repeats)

@@ -31,7 +31,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from lamina import GPT, GPTConfig  # noqa: E402
-from lamina.training.build import use_bf16  # noqa: E402
+from lamina.training.device import use_bf16  # noqa: E402
 from lamina.training.loop import autocast, maybe_compile  # noqa: E402
 from lamina.training.optim import build_optimizer  # noqa: E402
 

@@ -17,6 +17,7 @@ that use it are skipped cleanly where the folder is absent.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -98,6 +99,13 @@ def smollm2_hf(smollm2_gguf, tmp_path_factory) -> Path:
     model = transformers.AutoModelForCausalLM.from_pretrained(
         smollm2_gguf.parent, gguf_file=name, torch_dtype=torch.float32
     )
-    model.save_pretrained(folder)
+    # transformers refuses to save a model it read from GGUF ("not serializable"): write the
+    # config without its quantization entry and the tensors (tied ones once) by hand
+    from safetensors.torch import save_model
+
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    save_model(model, str(folder / "model.safetensors"))
     tok.save_pretrained(folder)
     return folder

@@ -127,7 +127,7 @@ def test_batch_sizes_beyond_memory_are_refused_before_allocating():
 
     from lamina import LaminaError
     from lamina.data.batches import MAX_BATCH_IDS, WindowSampler
-    from lamina.data.tasks import copy_batch, first_last_batch
+    from lamina.data.toy_tasks import copy_batch, first_last_batch
 
     sampler = WindowSampler(np.arange(100), 8)
     with pytest.raises(LaminaError, match="ids in one batch is more than"):

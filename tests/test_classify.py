@@ -19,10 +19,11 @@ from lamina.errors import LaminaError
 from lamina.models.config import EncoderConfig
 from lamina.models.encoder import SequenceClassifier
 from lamina.modes import eval_mode
-from lamina.training.classify import ClassifyTask, predict_proba
+from lamina.training.classify import ClassifyObjective, predict_proba
 from lamina.training.classify_metrics import confusion, majority_baseline, scores
 from lamina.training.config import TrainConfig
 from lamina.training.loop import run_training
+from lamina.training.registry import make_config
 from lamina.training.session import new_session, resume_session
 
 TEXTS = ["a short one", "a much longer text than the others, with padding around it", "mid text"]
@@ -94,7 +95,7 @@ def test_scores_match_a_direct_count():
 def test_balanced_class_weights_weigh_each_text_by_its_label():
     seqs = [np.array([1, 2 + i % 5]) for i in range(8)]
     y = np.array([0] * 6 + [1] * 2)
-    task = ClassifyTask(seqs, y, seqs[:2], y[:2], ["a", "b"], 0, class_weights="balanced")
+    task = ClassifyObjective(seqs, y, seqs[:2], y[:2], ["a", "b"], 0, class_weights="balanced")
     torch.testing.assert_close(task.weights, torch.tensor([8 / 12, 8 / 4]))
     model, _ = _model("mean", False, "sinusoidal")
     batch = task._batch(seqs, torch.as_tensor(y))
@@ -123,7 +124,7 @@ def _cfg(data: str, **kw) -> TrainConfig:
     base = dict(task="classify", data=data, batch_size=8, max_steps=6, eval_every=3,
                 device="cpu", max_len=24, lr=3e-3, val_fraction=0.2,
                 model_overrides={"d_model": 16, "n_heads": 2, "d_ff": 32, "n_layers": 1})  # fmt: skip
-    return TrainConfig(**{**base, **kw})
+    return make_config({**base, **kw})
 
 
 def test_training_writes_metrics_labels_and_confusion_and_resumes_exactly(tmp_path):
@@ -176,13 +177,13 @@ def test_the_built_in_genre_task_beats_the_majority_baseline():
     """Stated: >= 44% validation accuracy (majority baseline 39.1%) in 300 steps of a 1-layer
     encoder on bpe:512 ids; about 15 s here on 2 shared cores, bounded at 60 s."""
     start = time.perf_counter()
-    cfg = TrainConfig(task="classify", tokenizer="bpe:512", max_len=48, batch_size=32,
-                      max_steps=300, eval_every=300, lr=1e-2, device="cpu",
-                      model_overrides={"n_layers": 1})  # fmt: skip
+    cfg = make_config(dict(task="classify", tokenizer="bpe:512", max_len=48, batch_size=32,
+                           max_steps=300, eval_every=300, lr=1e-2, device="cpu",
+                           model_overrides={"n_layers": 1}))  # fmt: skip
     s = new_session(cfg, out=None)
     result = run_training(s, quiet=True)
     elapsed = time.perf_counter() - start
-    assert s.task.baseline == pytest.approx(0.391, abs=0.01)
+    assert s.objective.baseline == pytest.approx(0.391, abs=0.01)
     assert result.eval["accuracy"] >= 0.44, result.eval
     assert result.eval["macro_f1"] >= 0.40, result.eval
     assert elapsed < 60, elapsed

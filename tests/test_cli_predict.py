@@ -37,7 +37,7 @@ def test_train_reports_accuracy_against_the_majority_baseline(run):
     assert "(majority baseline 33.3%), macro-F1" in printed
     assert (run / "confusion.png").is_file() and (run / "labels.json").is_file()
     saved = json.loads((run / "train_config.json").read_text())["train"]
-    assert saved["pooling"] == "first" and saved["class_weights"] == "balanced"
+    assert saved["options"] == {**saved["options"], "pooling": "first", "class_weights": "balanced"}
 
 
 def test_predict_texts_and_files(run, tmp_path, capsys):

@@ -139,6 +139,6 @@ def test_kill_9_loses_only_steps_since_last_checkpoint(corpus, tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=60)
     session = resume_session(run, {"max_steps": 10**6})
-    assert session.step >= 6 and session.step % 3 == 0
-    start = session.step
+    assert session.state.step >= 6 and session.state.step % 3 == 0
+    start = session.state.step
     assert run_training(session, quiet=True, stop_at=start + 2).step == start + 2

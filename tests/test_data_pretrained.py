@@ -91,8 +91,11 @@ def smol(smol_meta) -> PretrainedTokenizer:
 
 @pytest.fixture(scope="module")
 def smol_hf(smollm2_gguf):
-    """transformers' tokenizer from the same GGUF file (loaded once: ~10-20 s)."""
-    return transformers.AutoTokenizer.from_pretrained(
+    """transformers' tokenizer from the same GGUF file, loaded once. AutoTokenizer picks
+    TokenizersBackend for this file and builds the same object (same backend JSON, specials,
+    template and init kwargs), but first reads the whole model config with gguf-py's slow
+    reader: the class itself takes ~9 s instead of ~21 s here."""
+    return transformers.TokenizersBackend.from_pretrained(
         str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name
     )
 
@@ -238,50 +241,98 @@ def test_folder_ids_equal_transformers(folder):
         assert tok.decode(ids, skip_special=True) == ref.decode(ids, skip_special_tokens=True)
     for end in (1, 2, 3):
         assert tok.render_chat(CHAT[:end]) == _hf_chat(ref, CHAT[:end], True), kind
+    ids, mask = tok.chat_with_mask(CHAT)
+    assert ids == tok.render_chat(CHAT, add_generation_prompt=False)
+    marked = tok.decode([i for i, m in zip(ids, mask, strict=True) if m])
+    if kind != "unigram":  # its tiny vocabulary has no "|" or "6": <unk> there
+        assert marked.replace(" ", "") == "4.😀<|im_end|>6,saidthecafé.<|im_end|>", kind
+    assert mask[-1] is False and tok.decode(ids[-1:]).strip() == ""  # the final newline
 
 
-def test_sentencepiece_bpe_from_gguf_metadata_equals_transformers(tmp_path):
-    """tokenizer.ggml.model "llama": merges rebuilt from scores, byte fallback, bos added."""
+def _write_gguf(path: Path, meta: dict, arch: str = "llama") -> Path:
+    """A GGUF file holding `meta` (and one tiny tensor), for transformers' GGUF tokenizer."""
     gguf = pytest.importorskip("gguf")
     import numpy as np
 
+    w = gguf.GGUFWriter(path, arch)
+    for key, value in meta.items():
+        if key == "general.architecture":
+            continue
+        if isinstance(value, str):
+            w.add_string(key, value)
+        elif isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, int):
+            w.add_uint32(key, value)
+        else:
+            w.add_array(key, value)
+    w.add_tensor("token_embd.weight", np.zeros((4, 4), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _gguf_reference(tmp_path: Path, meta: dict, arch: str = "llama"):
+    """transformers' tokenizer for a GGUF file: AutoTokenizer for llama, the class it picks
+    (TokenizersBackend) for the others, whose config would need more keys than a tokenizer."""
+    _write_gguf(tmp_path / "t.gguf", meta, arch)
+    cls = transformers.AutoTokenizer if arch == "llama" else transformers.TokenizersBackend
+    return cls.from_pretrained(tmp_path, gguf_file="t.gguf")
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma", "phi3"])
+def test_sentencepiece_bpe_from_gguf_metadata_equals_transformers(tmp_path, arch):
+    """tokenizer.ggml.model "llama": merges rebuilt from scores (Gemma: from positions, its
+    space runs stored as spaces), byte fallback, bos added."""
     vocab = tt.json_model(tt.sentencepiece_bpe())["vocab"]
     tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
-    types = [2, 3, 3] + [6] * 256 + [1] * (len(tokens) - 259)
-    scores = [0.0] * 259 + [-float(i) for i in range(len(tokens) - 259)]
+    if arch == "gemma":  # Gemma files spell a token of 2+ spaces with spaces
+        tokens += ["  ", "   "]
     meta = {
+        "general.architecture": arch,
         "tokenizer.ggml.model": "llama",
         "tokenizer.ggml.tokens": tokens,
-        "tokenizer.ggml.scores": scores,
-        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.scores": [0.0] * 259 + [-float(i) for i in range(len(tokens) - 259)],
+        "tokenizer.ggml.token_type": [2, 3, 3] + [6] * 256 + [1] * (len(tokens) - 259),
         "tokenizer.ggml.bos_token_id": 1,
         "tokenizer.ggml.eos_token_id": 2,
         "tokenizer.ggml.unknown_token_id": 0,
         "tokenizer.chat_template": tt.CHATML,
     }
-    w = gguf.GGUFWriter(tmp_path / "t.gguf", "llama")
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
-    w.add_chat_template(tt.CHATML)
-    w.add_tensor("token_embd.weight", np.zeros((len(tokens), 4), dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    ref = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="t.gguf")
+    ref = _gguf_reference(tmp_path, meta, arch)
     tok = PretrainedTokenizer.from_gguf_metadata(meta)
     assert tok.add_bos and tok.bos_id == 1 and tok.eot_ids == (2,)
-    for text in TEXTS + [" leading space", "<s>x</s>"]:
-        assert tok.encode_prompt(text) == ref.encode(text), text
+    for text in TEXTS + [" leading space", "<s>x</s>", "a  b   c"]:
+        assert tok.encode_prompt(text) == ref.encode(text), (arch, text)
         assert tok.decode(tok.encode(text)) == ref.decode(
             ref.encode(text, add_special_tokens=False)
         )
     assert tok.render_chat(CHAT) == _hf_chat(ref, CHAT, True)
+
+
+@pytest.mark.parametrize("pre", ["gpt2", "llama-bpe", "qwen2"])
+def test_byte_level_pre_tokenizers_from_gguf_metadata_equal_transformers(tmp_path, pre):
+    model = tt.json_model(tt.byte_level_bpe())
+    tokens = [t for t, _ in sorted(model["vocab"].items(), key=lambda kv: kv[1])]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
+    meta = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": pre,
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.token_type": [3, 3, 3] + [1] * (len(tokens) - 3),
+        "tokenizer.ggml.bos_token_id": 1,
+        "tokenizer.ggml.eos_token_id": 2,
+        "tokenizer.ggml.add_bos_token": pre == "llama-bpe",
+    }
+    ref = _gguf_reference(tmp_path, meta)
+    tok = PretrainedTokenizer.from_gguf_metadata(meta)
+    assert tok.add_bos is (pre == "llama-bpe") and set(tok.eot_ids) == {2, 0}
+    for text in TEXTS + ["And  3+3 1234567 x\n\n\t\r\n  \n"]:
+        assert tok.encode_prompt(text) == ref.encode(text), (pre, text)
+        assert tok.decode(tok.encode(text)) == text
 
 
 def test_generation_config_eos_list_adds_end_of_turn_ids(smol, tmp_path):
@@ -321,6 +372,8 @@ def test_broken_descriptions_and_folders_are_refused(tmp_path, smol):
         PretrainedTokenizer.from_dict({**smol.to_dict(), "extra": 1})
     with pytest.raises(LaminaError, match="outside the vocabulary"):
         smol.decode([49152])
+    with pytest.raises(LaminaError, match="lone surrogate '\\\\ud800' at position 1"):
+        smol.encode("x\ud800")
     with pytest.raises(LaminaError, match="no tokenizer.json"):
         PretrainedTokenizer.from_hf_folder(tmp_path)
     (tmp_path / "tokenizer.json").write_text(smol.hf_json)

@@ -39,14 +39,14 @@ def cfg(tmp_path, src, **kw) -> TrainConfig:
 def test_first_step_is_the_source_and_the_fine_tune_learns(tmp_path):
     src, model = source(tmp_path)
     probe = new_session(cfg(tmp_path, src), out=None)
-    batch = probe.task.draw(8)
+    batch = probe.objective.draw(8)
     with torch.no_grad():
-        want = float(probe.task.loss(model, batch))
+        want = float(probe.objective.loss(model, batch))
     s = new_session(cfg(tmp_path, src), out=tmp_path / "run")
     assert s.cfg.preset is None and s.cfg.warmup == 10
     result = run_training(s, quiet=True)
     assert result.losses[1] == pytest.approx(want, abs=1e-5)  # the weights were loaded
-    evals = [m["val_loss"] for m in s.metrics if "val_loss" in m]
+    evals = [m["val_loss"] for m in s.state.metrics if "val_loss" in m]
     assert evals[-1] < evals[0] - 0.3
     tuned, _ = lamina.load(tmp_path / "run")
     moved = [

@@ -234,23 +234,23 @@ def test_count_of_a_huge_depth_does_not_build_modules(monkeypatch, capsys):
 
 
 def test_task_refuses_a_length_that_cannot_fit(monkeypatch, capsys):
-    import lamina.training.build as build
+    import lamina.training.first_last as first_last
 
     def never(*a, **k):
         raise AssertionError("the model was built")
 
-    monkeypatch.setattr(build, "SequenceClassifier", never)
+    monkeypatch.setattr(first_last, "SequenceClassifier", never)
     err = one_line_error(capsys, ["task", "first-last", "--length", "100000"])
     assert "100000" in err and "GiB" in err
 
 
 def test_train_refuses_a_model_larger_than_memory(corpus, tmp_path, monkeypatch, capsys):
-    import lamina.training.build as build
+    import lamina.training.lm as lm
 
     def never(*a, **k):
         raise AssertionError("the model was built")
 
-    monkeypatch.setattr(build, "GPT", never)
+    monkeypatch.setattr(lm, "GPT", never)
     argv = ["train", "--data", corpus, *TINY, "--n-layers", "100000000", "--max-steps", "1"]
     err = one_line_error(capsys, [*argv, "--out", str(tmp_path / "r")])
     assert "GiB" in err and "n_layers 100000000" in err

@@ -10,6 +10,7 @@ one unit form no cycle.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parent.parent / "src"
@@ -206,3 +207,35 @@ def test_the_readme_map_names_every_unit():
             continue
         short = unit.removeprefix("lamina.")
         assert short in section, f"the README's layer map does not mention {short}"
+
+
+def drawing_ranks(readme: str) -> dict[str, int]:
+    """unit -> the rank the README's layer drawing gives it: each row group ends in "(N)", and
+    names its units as `name/` (a package), `name.py` (a module) or `lamina` (the API)."""
+    start = readme.index("## The layers")
+    first = readme.index("```\n", start) + 4
+    block = readme[first : readme.index("\n```", first)]
+    units = {u.removeprefix("lamina."): u for u in LAYERS}
+    found: dict[str, int] = {}
+    group: list[str] = []
+    for line in block.splitlines():
+        group.append(line)
+        end = re.search(r"\((\d+)\)\s*$", line)
+        if not end:
+            continue
+        text = "\n".join(group)
+        names = set(re.findall(r"(?<![\w./])([a-z_]+)(?:/|\.py)(?![\w.])", text))
+        if text.split()[0] == "lamina":
+            names.add("lamina")
+        for name in names & set(units):
+            assert units[name] not in found, f"the drawing ranks {name} twice"
+            found[units[name]] = int(end.group(1))
+        group = []
+    return found
+
+
+def test_the_readme_drawing_ranks_units_as_the_map_does():
+    readme = (SRC.parent / "README.md").read_text(encoding="utf-8")
+    drawn = drawing_ranks(readme)
+    wanted = {u: r for u, r in LAYERS.items() if u != "lamina.__main__"}
+    assert drawn == wanted

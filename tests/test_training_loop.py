@@ -60,7 +60,7 @@ def test_run_dir_loads_with_lamina_load(corpus, tmp_path):
 
 def test_non_finite_loss_stops_and_keeps_last_checkpoint(corpus, tmp_path, monkeypatch):
     session = new_session(cfg(corpus), out=tmp_path / "r")
-    real = session.task.loss
+    real = session.objective.loss
     calls = {"n": 0}
 
     def loss(model, batch):
@@ -68,7 +68,7 @@ def test_non_finite_loss_stops_and_keeps_last_checkpoint(corpus, tmp_path, monke
         out = real(model, batch)
         return out * float("nan") if calls["n"] == 6 else out
 
-    monkeypatch.setattr(session.task, "loss", loss)
+    monkeypatch.setattr(session.objective, "loss", loss)
     with pytest.raises(NonFiniteLoss, match="step 6.*checkpoint: step 4"):
         run_training(session, quiet=True)
     before = json.loads((tmp_path / "r" / "trainer_state.json").read_text())
@@ -105,7 +105,7 @@ def test_max_time_ends_decayed_within_budget(corpus, tmp_path):
     elapsed = time.perf_counter() - t0
     assert result.stopped == "time" and result.step > 10
     assert elapsed < 4.0 + 0.5
-    last = [r for r in session.metrics if "lr" in r][-1]
+    last = [r for r in session.state.metrics if "lr" in r][-1]
     assert last["step"] == result.step
     assert last["lr"] == pytest.approx(c.lr * session.cfg.min_lr_ratio, rel=1e-6)
 

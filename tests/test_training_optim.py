@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from lamina import GPT, GPTConfig
+from lamina.training.lm import LMObjective
 from lamina.training.loop import train_step
 from lamina.training.optim import (
     build_optimizer,
@@ -13,7 +14,6 @@ from lamina.training.optim import (
     optimizer_tensors,
     param_groups,
 )
-from lamina.training.tasks import LMTask
 
 
 def tiny_model(seed: int = 0, **kw) -> GPT:
@@ -37,7 +37,7 @@ def test_decay_only_on_matrices_and_tied_weight_once():
 def _grads_after(accum: int) -> tuple[float, dict[str, torch.Tensor]]:
     model = tiny_model()
     tokens = np.random.default_rng(0).integers(0, 20, 2000).astype(np.uint8)
-    task = LMTask(tokens[:1800], tokens[1800:], 16, seed=3)
+    task = LMObjective(tokens[:1800], tokens[1800:], 16, seed=3)
     batch = task.draw(8)
     opt = build_optimizer(model, lr=0.0)  # lr 0: the step leaves weights alone
     grads = {}

@@ -26,26 +26,27 @@ def test_prepared_folder_trains_on_the_batches_raw_text_gives(tmp_path):
     prepare_corpus(tmp_path / "a.txt", "char", tmp_path / "p", shard_tokens=3000)
     raw = new_session(tiny(tmp_path / "a.txt"), out=None)
     prep = new_session(tiny(tmp_path / "p"), out=None)
-    assert isinstance(prep.task.sampler, ShardSampler)
-    assert prep.task.train.n_shards > 1
+    assert isinstance(prep.objective.sampler, ShardSampler)
+    assert prep.objective.train.n_shards > 1
     for _ in range(2):
         assert all(
-            torch.equal(a, b) for a, b in zip(raw.task.draw(4), prep.task.draw(4), strict=True)
+            torch.equal(a, b)
+            for a, b in zip(raw.objective.draw(4), prep.objective.draw(4), strict=True)
         )
-    assert torch.equal(raw.task.eval_batches()[0][0], prep.task.eval_batches()[0][0])
+    assert torch.equal(raw.objective.eval_batches()[0][0], prep.objective.eval_batches()[0][0])
 
 
 def test_resume_on_prepared_data_is_exact(tmp_path):
     (tmp_path / "a.txt").write_text(TEXT)
     prepare_corpus(tmp_path / "a.txt", "char", tmp_path / "p", shard_tokens=3000)
     s = new_session(tiny(tmp_path / "p"), out=tmp_path / "r")
-    s.task.draw(4)
+    s.objective.draw(4)
     save_checkpoint(s)
     state = json.loads((tmp_path / "r" / "trainer_state.json").read_text())
     assert {"shard", "offset"} <= set(state["task"]["sampler"])
-    nxt = s.task.draw(4)
+    nxt = s.objective.draw(4)
     back = resume_session(tmp_path / "r", {})
-    assert torch.equal(back.task.draw(4)[0], nxt[0])
+    assert torch.equal(back.objective.draw(4)[0], nxt[0])
 
 
 def test_cli_trains_and_evaluates_on_prepared_data(tmp_path, capsys):

@@ -6,7 +6,7 @@ import pytest
 
 from lamina.errors import LaminaError
 from lamina.training.config import TrainConfig, parse_duration
-from lamina.training.optim import TimeBudget, lr_at
+from lamina.training.schedule import TimeBudget, lr_at
 
 
 def test_warmup_rises_linearly_then_peaks():

@@ -14,7 +14,8 @@ from lamina.errors import LaminaError
 from lamina.training.config import TrainConfig
 from lamina.training.loop import run_training
 from lamina.training.muon import MuonAdamW
-from lamina.training.optim import build_optimizer, lr_at, param_groups
+from lamina.training.optim import build_optimizer, param_groups
+from lamina.training.schedule import lr_at
 from lamina.training.session import new_session, resume_session
 
 
@@ -156,7 +157,8 @@ def test_help_lists_the_new_options_with_their_defaults(capsys):
         "--optimizer {adamw,muon}",
         "--muon-ns-dtype {fp32,bf16}",
         "--decay {cosine,linear,wsd}",
-        "(default: muon on a CPU, adamw on a GPU and for first-last; adamw with --init-from)",
+        "(default: muon on a CPU, adamw on a GPU and for first-last; adamw with --init-from; "
+        "adamw with --fsdp)",
         "(default: bf16 on a GPU and where the CPU has AVX512-BF16 or AMX",
         "--decay-fraction F",
         "(default: 0.2)",

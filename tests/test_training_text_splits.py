@@ -13,6 +13,7 @@ from lamina.cli import main
 from lamina.data import subword
 from lamina.data.spec import build_tokenizer
 from lamina.data.text_splits import cache_root, split_text, text_splits
+from lamina.data.tokenizers import save_tokenizer
 from lamina.errors import LaminaError, LaminaWarning
 from lamina.training.config import TrainConfig
 from lamina.training.loop import run_training
@@ -142,7 +143,7 @@ def test_a_second_bpe_run_on_the_same_file_neither_refits_nor_reencodes(
     s2 = new_session(cfg, out=tmp_path / "r2")
     s2.run.release()
     assert fits["n"] == 1
-    assert np.array_equal(np.asarray(s.task.train), np.asarray(s2.task.train))
+    assert np.array_equal(np.asarray(s.objective.train), np.asarray(s2.objective.train))
 
 
 def test_bpe_larger_than_the_text_supports_is_refused_in_one_line(corpus, tmp_path, capsys):
@@ -161,3 +162,24 @@ def test_an_unwritable_cache_warns_and_the_run_goes_on(tmp_path, monkeypatch):
     with pytest.warns(LaminaWarning, match="cannot write the token cache"):
         s = text_splits("bpe:300", CORPUS_TEXT, 0.1)
     assert s.tokenizer.decode(s.val.tolist()) == split_text(CORPUS_TEXT, 0.1)[1]
+
+
+def test_a_run_folder_as_tokenizer_spec_trains_a_language_model_on_its_vocabulary(
+    corpus, tmp_path, cache, fits
+):
+    """--tokenizer RUN: the one resolver (data.spec) serves LM training as it serves prepare."""
+    saved = build_tokenizer("bpe:300", CORPUS_TEXT)
+    (tmp_path / "run").mkdir()
+    save_tokenizer(saved, tmp_path / "run" / "tokenizer.json")
+    fits["n"] = 0
+    for spec in (tmp_path / "run", tmp_path / "run" / "tokenizer.json"):
+        cfg = TrainConfig(data=corpus, tokenizer=str(spec), preset="tiny", batch_size=2,
+                          max_steps=1, eval_batches=1, model_overrides={"block_size": 16})  # fmt: skip
+        s = new_session(cfg, out=None)
+        assert s.tokenizer.to_dict() == saved.to_dict() and fits["n"] == 0
+        assert s.model.config.vocab_size == saved.vocab_size
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(LaminaError, match="holds no tokenizer.json"):
+        build_tokenizer(str(tmp_path / "empty"))
+    with pytest.raises(LaminaError, match="unknown tokenizer 'nonesuch'"):
+        build_tokenizer("nonesuch")

@@ -30,6 +30,7 @@ from lamina.models import (
     SequenceClassifier,
     count_params,
 )
+from lamina.quant import quantize
 from lamina.version import __version__ as __version__
 
 open = open_model  # lamina.open(source): any model lamina reads (not in __all__: a star import
@@ -50,6 +51,7 @@ __all__ = [
     "generate",
     "load",
     "open_model",
+    "quantize",
     "save",
     "save_hf",
     "stream",

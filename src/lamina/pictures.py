@@ -7,7 +7,8 @@
     loss_curves(runs, *, fmt="png") -> bytes
         runs: [(name, metrics records)]; records with "loss" form a run's training curve,
         those with "val_loss" its validation curve; plotted against "step" (left) and against
-        wall time, "elapsed" seconds (right), one colour per run.
+        wall time, "elapsed" seconds (right), one colour per run; by_time=False: the left panel
+        alone (a run's loss.png, redrawn at every evaluation: half the drawing time).
 
 matplotlib's Agg backend through `Figure` objects, never pyplot: no global state, safe in any
 process (a server, a test). Deliberately unaware of models, files and how the maps or captions
@@ -109,13 +110,18 @@ def attention_grid(
     return _bytes(fig, fmt)
 
 
-def loss_curves(runs: Sequence[tuple[str, Sequence[dict[str, Any]]]], *, fmt: str = "png") -> bytes:
-    """Training (lines) and validation (markers) loss of each run, by step and by wall time."""
+def loss_curves(
+    runs: Sequence[tuple[str, Sequence[dict[str, Any]]]], *, fmt: str = "png", by_time: bool = True
+) -> bytes:
+    """Training (lines) and validation (markers) loss of each run, by step and by wall time
+    (by_time=False: by step only, the one panel a run's own loss.png shows)."""
     if not runs:
         raise LaminaError("no runs to plot")
-    fig = _figure(11.0, 4.4)
-    by_step = fig.add_subplot(1, 2, 1)
-    by_time = fig.add_subplot(1, 2, 2)
+    fig = _figure(11.0, 4.4) if by_time else _figure(7.0, 4.2, dpi=100)
+    by_step = fig.add_subplot(1, 2, 1) if by_time else fig.add_subplot(1, 1, 1)
+    axes = [(by_step, "step")]
+    if by_time:
+        axes.append((fig.add_subplot(1, 2, 2), "wall time (s)"))
     colours = [f"C{i % 10}" for i in range(len(runs))]
     timed = False
     for (name, records), colour in zip(runs, colours, strict=True):
@@ -128,16 +134,17 @@ def loss_curves(runs: Sequence[tuple[str, Sequence[dict[str, Any]]]], *, fmt: st
                 kw["alpha"] = 0.75
             by_step.plot([r["step"] for r in pts], [r[key] for r in pts], style, **kw)
             tpts = [r for r in pts if isinstance(r.get("elapsed"), (int, float))]
-            if tpts:
+            if tpts and by_time:
                 timed = True
-                by_time.plot([r["elapsed"] for r in tpts], [r[key] for r in tpts], style, **kw)
-    for ax, xlabel in ((by_step, "step"), (by_time, "wall time (s)")):
+                axes[1][0].plot([r["elapsed"] for r in tpts], [r[key] for r in tpts], style, **kw)
+    for ax, xlabel in axes:
         ax.set_xlabel(xlabel)
         ax.set_ylabel("loss (nats per token)")
         ax.grid(True, alpha=0.3)
         if ax.lines:
             ax.legend(fontsize=7)
     by_step.set_title("loss by step", fontsize=10)
-    by_time.set_title("loss by wall time" if timed else "no wall time recorded", fontsize=10)
+    if by_time:
+        axes[1][0].set_title("loss by wall time" if timed else "no wall time recorded", fontsize=10)
     fig.tight_layout()
     return _bytes(fig, fmt)

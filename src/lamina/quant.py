@@ -29,6 +29,7 @@ it has no gradients).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -42,24 +43,26 @@ SCHEMES = ("int8", "int4")
 INT4_GROUP_SIZES = (32, 64, 128, 256)
 
 
-def _cpu_flags() -> set[str]:
+@functools.lru_cache(maxsize=1)
+def native_bf16() -> bool:
+    """True where the CPU multiplies bf16 in hardware (AVX512-BF16 or AMX) and torch's oneDNN
+    uses it: the one test for "bf16 is fast here" (quantized kernels, training's --dtype auto,
+    Muon's Newton-Schulz precision)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return set(next((line for line in f if line.startswith("flags")), "").split())
+            flags = set(next((line for line in f if line.startswith("flags")), "").split())
     except OSError:
-        return set()
-
-
-_NATIVE_BF16 = bool({"avx512_bf16", "amx_bf16"} & _cpu_flags())
-
-
-def native_bf16() -> bool:
-    """True where the CPU does bf16 dot products in hardware (AVX512-BF16 or AMX)."""
-    return _NATIVE_BF16
+        flags = set()
+    native = bool({"avx512_bf16", "amx_bf16"} & flags)
+    try:
+        native = native and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        pass
+    return native
 
 
 def _use_kernel(x: Tensor) -> bool:
-    return x.device.type == "cpu" and _NATIVE_BF16
+    return x.device.type == "cpu" and native_bf16()
 
 
 def quantize_int8(w: Tensor) -> tuple[Tensor, Tensor]:
@@ -185,7 +188,7 @@ class Int4Linear(nn.Module):
 
     def prepare(self) -> Int4Linear:
         """Pack the weights for the CPU kernel (where it runs); the saved form stays unpacked."""
-        if not (_NATIVE_BF16 and self.qweight.device.type == "cpu"):
+        if not (native_bf16() and self.qweight.device.type == "cpu"):
             return self
         q = _unpack_nibbles(self.qweight).to(torch.int32)
         sz = self.scales_and_zeros

@@ -31,6 +31,7 @@ VERBS = [
     "train",
     "prepare",
     "sample",
+    "chat",
     "eval",
     "predict",
     "check",

@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from lamina.models.encoder import SequenceClassifier
     from lamina.models.gpt import GPT
     from lamina.modes import check_finite
-    from lamina.training.tasks import split_loss, summary, val_line
+    from lamina.training.split_loss import split_loss, summary, val_line
 
     if args.batch_size < 1:
         raise LaminaError(f"--batch-size must be >= 1, got {args.batch_size}")

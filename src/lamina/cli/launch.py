@@ -42,9 +42,7 @@ def check_launch(args: argparse.Namespace, given: dict[str, Any], nproc: int) ->
     """Refuse what cannot work with `nproc` processes (LaminaError, exit 2); warn on CPU."""
     import torch
 
-    from lamina.training.build import resolve_device
-    from lamina.training.config import TrainConfig, resolve_defaults
-    from lamina.training.distributed import plan_batch
+    from lamina.training.registry import load_config, make_config, resolve
 
     if nproc < 1:
         raise LaminaError(f"--nproc must be >= 1, got {nproc}")
@@ -67,16 +65,17 @@ def check_launch(args: argparse.Namespace, given: dict[str, Any], nproc: int) ->
             "available; processes will share cores and run slower",
             file=sys.stderr,
         )
+    layout = dict(world_size=nproc, fsdp=args.fsdp, micro_given="micro_batch_size" in given)
     if args.resume:
         from lamina.files import read_json
 
         try:
-            cfg = TrainConfig.from_dict(read_json(f"{args.resume}/train_config.json")["train"])
+            cfg = load_config(read_json(f"{args.resume}/train_config.json")["train"])
         except (LaminaError, KeyError, TypeError):
             return  # the children say what is wrong with the run
+        resolve(cfg, fill=False, **layout)  # the same checks the children make
     else:
-        cfg = resolve_defaults(TrainConfig(**given), resolve_device(args.device or "auto").type)
-    plan_batch(cfg, nproc, "micro_batch_size" in given)
+        resolve(make_config(given), **layout)
 
 
 def launch(args: argparse.Namespace, command: list[str], nproc: int) -> int:

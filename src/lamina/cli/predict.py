@@ -128,18 +128,19 @@ def evaluate_classifier(args: argparse.Namespace) -> int:
     from lamina.data.labelled import read_labelled
     from lamina.errors import LaminaError
     from lamina.files import read_json
-    from lamina.training.classify import load_splits, predict_proba
+    from lamina.training.classify import ClassifyOptions, load_splits, predict_proba
     from lamina.training.classify_metrics import confusion, scores
-    from lamina.training.config import TrainConfig
+    from lamina.training.registry import load_config
 
     model, tokenizer, labels = load_classifier(args.run)
     saved = Path(args.run) / "train_config.json"
-    cfg = TrainConfig.from_dict(read_json(saved)["train"]) if saved.is_file() else None
-    text_col = args.text_column or (cfg.text_column if cfg else "text")
-    label_col = args.label_column or (cfg.label_column if cfg else "label")
+    cfg = load_config(read_json(saved)["train"]) if saved.is_file() else None
+    ours = cfg is not None and isinstance(cfg.options, ClassifyOptions)
+    text_col = args.text_column or (cfg.options.text_column if ours else "text")
+    label_col = args.label_column or (cfg.options.label_column if ours else "label")
     if args.data is not None:
         data = read_labelled(args.data, text_col, label_col)
-    elif cfg is not None and cfg.task == "classify":
+    elif ours:
         data = load_splits(cfg)[1]
     else:
         raise LaminaError(f"{args.run} is a model folder without its run: pass --data FILE")

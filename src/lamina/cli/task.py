@@ -2,7 +2,7 @@
 
 The same run as `lamina train --task first-last` (the shared loop, `lamina.training.loop`), with
 nothing written to disk: it prints the loss as it trains and the accuracy on held-out batches.
-A shape whose memory estimate is over `lamina.training.build.MAX_TASK_BYTES` (e.g. --length
+A shape whose memory estimate is over `lamina.training.first_last.MAX_TASK_BYTES` (e.g. --length
 100000) is refused before anything is allocated.
 """
 

@@ -1,14 +1,17 @@
 """`lamina train`: train a GPT on your text (or the encoder classifier on a toy task).
 
-Every flag defaults to None here so the command knows which flags were typed: those become
-the `given` set that `--resume` checks against the run. The rest stay None in TrainConfig and
-are resolved from `lamina.training.config.DEFAULTS`, the same table each option's help reads its
-default from, and recorded in train_config.json. Types and choices come from TrainConfig's and
-GPTConfig's annotations (`lamina.cli.flags`).
+Every flag is read from a config field (`train_flags`): TrainConfig's shared fields and each
+task's own options (`lamina.training.registry`), with the help, argparse extras and default
+written once beside the field (`config.option`); `flags_markdown()` is the README's list of
+them (a test holds the two equal). Every flag defaults to None here so the command knows which
+flags were typed: those become the `given` set that `--resume` checks against the run. The rest
+are resolved by `registry.resolve` (from `config.DEFAULTS`, the table each option's help reads
+its default from) and recorded in train_config.json. Types and choices come from the fields'
+annotations (`lamina.cli.flags`).
 
 Refused up front, in one line: --nproc below 1, --fsdp without --nproc >= 2, an empty --out or
---resume, --data or --tokenizer with --task first-last (it has no corpus), a negative --seed
-(TrainConfig: seeds are >= 0). The run directory is locked while training (a second `lamina
+--resume; by the registry, --data or --tokenizer with --task first-last (it has no corpus) and a
+task's option given to another task; a negative --seed (TrainConfig: seeds are >= 0). The run directory is locked while training (a second `lamina
 train` on it is refused naming the first one's pid). Progress survives a broken stdout (e.g.
 `| head`): output stops, training and checkpoints go on. A run that ends before its first step
 (a --max-time shorter than the setup) exits 1 and says so.
@@ -17,6 +20,7 @@ train` on it is refused naming the first one's pid). Progress survives a broken 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -24,65 +28,45 @@ import typing
 from typing import Any
 
 from lamina.cli.flags import add_config_overrides, config_overrides, field_flag
-from lamina.models.config import GPT_PRESETS
-from lamina.training.config import TrainConfig, default_text, parse_duration, resolve_defaults
+from lamina.training.config import parse_duration
 
-# TrainConfig field -> (what the flag does, argparse keywords beyond what its annotation gives).
-# Each help ends with the default from lamina.training.config.DEFAULTS, the table the run reads.
-TRAIN_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
-    "task": ("lm: next-token prediction on --data; first-last: the encoder classifier's "
-             "synthetic task; classify: the encoder classifier on labelled texts (--data, "
-             "default: the built-in comedy/history/tragedy task; other defaults as first-last)",
-             {}),
-    "data": ("a UTF-8 text file, a folder of .txt files, or a folder written by `lamina "
-             "prepare`; classify: a .csv/.tsv with a header, a .jsonl, or a folder with one "
-             "subfolder of .txt files per label", {"metavar": "PATH"}),
-    "init_from": ("fine-tune: start from the model in this lamina run or model folder, or "
-                  "Hugging Face folder; its shape and tokenizer come with it, the optimizer "
-                  "starts fresh", {"metavar": "SOURCE"}),
-    "tokenizer": ("tokenizer spec (see the README's Tokenizers section)", {"metavar": "SPEC"}),
-    "preset": ("model shape (first-last: the seed encoder's)", {"choices": list(GPT_PRESETS)}),
-    "max_steps": ("optimizer steps", {"metavar": "N"}),
-    "max_time": ("wall-clock budget, e.g. 90s, 5m, 1h; the learning-rate schedule is laid "
-                 "over it", {"metavar": "DURATION", "type": str}),
-    "batch_size": ("sequences per optimizer step, all processes together", {"metavar": "N"}),
-    "micro_batch_size": ("sequences per process per micro-step; accumulation = batch / "
-                         "micro-batch / processes", {"metavar": "N"}),
-    "lr": ("peak learning rate", {}),
-    "min_lr_ratio": ("decay floor as a fraction of --lr", {"metavar": "R"}),
-    "warmup": ("linear warmup steps", {"metavar": "N"}),
-    "decay": ("decay after warmup; wsd: warmup, stable at --lr, then linear to the floor over "
-              "the last --decay-fraction of the steps", {}),
-    "decay_fraction": ("with --decay wsd, the share of the steps spent decaying, in (0, 1]",
-                       {"metavar": "F"}),
-    "weight_decay": ("weight decay on matrices", {}),
-    "optimizer": ("adamw, or muon: Muon for the blocks' 2-D weight matrices and AdamW for "
-                  "embeddings, head, norms and biases", {}),
-    "muon_ns_dtype": ("with --optimizer muon, the precision of its Newton-Schulz iteration", {}),
-    "embed_lr_scale": ("the embedding tables' learning rate as a multiple of --lr",
-                       {"metavar": "X"}),
-    "head_lr_scale": ("an untied head's learning rate as a multiple of --lr", {"metavar": "X"}),
-    "grad_clip": ("max gradient norm, 0 = off", {}),
-    "eval_every": ("steps between evaluations", {"metavar": "N"}),
-    "eval_batches": ("held-out batches per evaluation", {"metavar": "N"}),
-    "checkpoint_every": ("steps between checkpoints", {"metavar": "N"}),
-    "log_every": ("steps between plain progress lines", {"metavar": "N"}),
-    "seed": ("random seed", {}),
-    "device": ("auto: cuda, then mps, then cpu", {}),
-    "dtype": ("auto: bf16 autocast only where measured faster (GPUs; CPUs with "
-              "AMX/AVX512-BF16 at width >= 256)", {}),
-    "compile": ("torch.compile the model, falling back to eager if it fails", {}),
-    "val_fraction": ("classify: the stratified, seeded share of --data held out; lm: the "
-                     "corpus's tail held out", {"metavar": "F"}),
-    "val_data": ("classify: validation texts in a file of their own", {"metavar": "PATH"}),
-    "text_column": ("classify: CSV/TSV column or JSONL field of the text", {"metavar": "NAME"}),
-    "label_column": ("classify: column or field of the label", {"metavar": "NAME"}),
-    "max_len": ("classify: tokens per text (with the classification token); longer texts "
-                "are cut and counted", {"metavar": "N"}),
-    "pooling": ("classify: mean of real tokens, the first ([CLS]) or the last real one", {}),
-    "class_weights": ("classify: balanced weighs texts by n / (K * n_label)", {}),
-    "bucket": ("classify: batches of texts of similar length (less padding)", {}),
-}  # fmt: skip
+
+def train_flags() -> list[tuple[str, str, dict[str, Any], str]]:
+    """(field name, help, argparse keywords, default in words) for every `lamina train` flag:
+    TrainConfig's shared fields, then each task's own (lamina.training.registry), read from the
+    fields themselves (`config.option`: help, argparse extras, what None means)."""
+    from lamina.training.config import TrainConfig, default_text
+    from lamina.training.registry import TASKS, option_fields
+
+    out = []
+    shared = [(f.name, f, TrainConfig) for f in dataclasses.fields(TrainConfig)]
+    for name, f, owner in shared + option_fields():
+        extra = f.metadata.get("flag")
+        if extra is None:
+            continue
+        kw = {**field_flag(typing.get_type_hints(owner)[name]), **extra}
+        text = f.metadata["help"]
+        if name == "task":
+            kw["choices"] = list(TASKS)
+            text += ": " + "; ".join(f"{t}: {e.summary}" for t, e in TASKS.items())
+        out.append((name, text, kw, default_text(name, owner)))
+    return out
+
+
+def flags_markdown() -> str:
+    """The README's list of training flags, generated from the same fields as --help."""
+    rows = ["| flag | what it does | default |", "| --- | --- | --- |"]
+    for name, text, kw, default in train_flags():
+        flag = "--" + name.replace("_", "-")
+        if kw.get("action") is argparse.BooleanOptionalAction:
+            flag += f" / --no-{name.replace('_', '-')}"
+        elif "choices" in kw:
+            flag += " {" + ",".join(str(c) for c in kw["choices"]) + "}"
+        else:
+            flag += " " + kw.get("metavar", name.upper())
+        cell, said = (t.replace("|", "\\|") for t in (text, default))
+        rows.append(f"| `{flag}` | {cell} | {said} |")
+    return "\n".join(rows) + "\n"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -95,14 +79,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "read it. Unset options are chosen for the task, device and budget as each option "
         "says, and recorded in RUN/train_config.json.",
     )
-    hints = typing.get_type_hints(TrainConfig)
-    for name, (text, extra) in TRAIN_FLAGS.items():
+    for name, text, kw, default in train_flags():
         p.add_argument(
             "--" + name.replace("_", "-"),
             dest=name,
             default=None,
-            help=f"{text} (default: {default_text(name)})",
-            **{**field_flag(hints[name]), **extra},
+            help=f"{text} (default: {default})".replace("%", "%%"),
+            **kw,
         )
     a = p.add_argument
     a("--out", metavar="DIR", help="run directory (default: runs/<date-time>)")
@@ -128,7 +111,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def given_flags(args: argparse.Namespace) -> dict[str, Any]:
     """The TrainConfig fields (and model overrides) typed on this command line."""
-    given = {name: getattr(args, name) for name in TRAIN_FLAGS if getattr(args, name) is not None}
+    names = [name for name, *_ in train_flags()]
+    given = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     overrides = config_overrides(args)
     if overrides:
         given["model_overrides"] = overrides
@@ -164,27 +148,12 @@ def check_flags(args: argparse.Namespace, given: dict[str, Any]) -> None:
     for name in ("out", "resume"):
         if getattr(args, name) is not None and not getattr(args, name).strip():
             raise LaminaError(f"--{name} must name a folder, got an empty string")
-    if given.get("optimizer") == "muon" and args.fsdp:
-        raise LaminaError(
-            "--optimizer muon orthogonalizes whole matrices; with --fsdp they are sharded: "
-            "use DDP (drop --fsdp) or --optimizer adamw"
-        )
-    task = given.get("task")
-    if task == "first-last":
-        for name in ("data", "tokenizer"):
-            if name in given:
-                raise LaminaError(
-                    f"--{name} does not apply to --task first-last (its sequences are "
-                    "synthetic); drop it"
-                )
 
 
 def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     given = given_flags(args)
     check_flags(args, given)
-    if args.fsdp and args.resume is None and "optimizer" not in given:
-        given["optimizer"] = "adamw"  # Muon (the CPU default) needs whole matrices: FSDP shards
     if "max_time" in given:
         given["max_time"] = parse_duration(given["max_time"])
     command = command_line(args, given)
@@ -212,26 +181,22 @@ def _train(
     args: argparse.Namespace, given: dict, command: list[str], world: Any, started: float
 ) -> int:
     from lamina.errors import LaminaError
-    from lamina.training.build import resolve_device
-    from lamina.training.distributed import plan_batch
+    from lamina.training.registry import make_config
     from lamina.training.session import new_session, resume_session
 
-    micro_given = "micro_batch_size" in given
+    layout = dict(world_size=world.size, fsdp=world.fsdp, micro_given="micro_batch_size" in given)
     if args.resume:
         if args.out and not _same_folder(args.out, args.resume):
             raise LaminaError("--out and --resume name different folders; a run resumes in place")
         with world.rank0_first():  # rank 0 locks, then finishes or drops a half-written checkpoint
-            session = resume_session(args.resume, given, command, lock=world.writer)
-        session.cfg = plan_batch(session.cfg, world.size, micro_given)
+            session = resume_session(args.resume, given, command, lock=world.writer, **layout)
         out = args.resume
     else:
         out = args.out or time.strftime("runs/%Y%m%d-%H%M%S")
-        cfg = TrainConfig(**given)
-        if world.size > 1:
-            cfg = resolve_defaults(cfg, resolve_device(cfg.device).type)
-            cfg = plan_batch(cfg, world.size, micro_given)
         where = out if world.writer else None  # only rank 0 writes
-        session = new_session(cfg, out=where, force=args.force, command=command)
+        session = new_session(
+            make_config(given), out=where, force=args.force, command=command, **layout
+        )
     try:
         return _run(args, session, world, out, started)
     finally:
@@ -247,9 +212,10 @@ def _same_folder(a: str, b: str) -> bool:
 
 
 def _run(args: argparse.Namespace, session: Any, world: Any, out: str, started: float) -> int:
-    from lamina.training.distributed import prepare
+    from lamina.training.distributed import place
     from lamina.training.loop import run_training
     from lamina.training.progress import safe_print
+    from lamina.training.registry import finished
 
     if world.writer and session.run.stale_pid:
         print(
@@ -257,13 +223,13 @@ def _run(args: argparse.Namespace, session: Any, world: Any, out: str, started: 
             "ended without releasing it (crashed or killed); continuing from what it saved",
             file=sys.stderr,
         )
-    prepare(session, world)
+    placement = place(session, world)
     c = session.cfg
     budget = f"{c.max_time:g} s" if c.max_time else f"{c.max_steps} steps"
     n_params = sum(p.numel() for p in session.model.parameters())
     procs = f" x {world.size} processes ({'FSDP' if world.fsdp else 'DDP'}, {world.backend})"
-    if world.writer and hasattr(session.task, "describe"):
-        safe_print(session.task.describe(c.max_len))
+    if world.writer and hasattr(session.objective, "describe"):
+        safe_print(session.objective.describe())
     if world.writer:
         safe_print(
             f"lamina train: {n_params / 1e6:.2f}M parameters, batch {c.batch_size} "
@@ -275,6 +241,7 @@ def _run(args: argparse.Namespace, session: Any, world: Any, out: str, started: 
     silent = None if world.writer else open(os.devnull, "w")  # noqa: SIM115 - other ranks
     result = run_training(
         session,
+        placement,
         quiet=args.quiet,
         progress_stream=silent,
         started_at=started_at,
@@ -297,22 +264,13 @@ def _run(args: argparse.Namespace, session: Any, world: Any, out: str, started: 
             file=sys.stderr,
         )
         return 1
-    from lamina.training.tasks import val_line
+    from lamina.training.split_loss import val_line
 
     val = val_line(result.eval)
     val = f"loss {val}" if "nats/char" in val else val  # "loss 2.9500" without per-char
     safe_print(
         f"lamina train: done at step {result.step} ({result.tokens:,} tokens, "
-        f"{session.seconds_used:.1f} s); validation {val}; saved to {out}"
+        f"{session.state.seconds_used:.1f} s); validation {val}; saved to {out}"
     )
-    if c.task == "lm":
-        safe_print(f"  sample: lamina sample {out}    evaluate: lamina eval {out}")
-    if c.task == "classify":
-        safe_print(
-            f"  accuracy {result.eval['accuracy']:.1%} (majority baseline "
-            f"{session.task.baseline:.1%}), macro-F1 {result.eval['macro_f1']:.3f}; "
-            f"confusion matrix: {out}/confusion.png\n"
-            f'  predict: lamina predict {out} "some text"    evaluate: lamina eval {out} '
-            "--data FILE"
-        )
+    safe_print(finished(c, out, result.eval, session.objective))
     return 0

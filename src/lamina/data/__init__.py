@@ -5,7 +5,7 @@
 ``text_splits``: a corpus cut into training and validation text by characters, each part
 tokenized (bpe fit on the training part) and cached on disk (``LAMINA_CACHE``).
 ``batches``: reproducible random windows of a token array as (x, y) batches.
-``tasks``: synthetic tasks with known answers (first-last, copy, reverse).
+``toy_tasks``: synthetic tasks with known answers (first-last, copy, reverse).
 ``labelled``: labelled texts (CSV/TSV/JSONL/folders), stratified splits, classifier ids, padding.
 ``pretrained``: the tokenizer of a real model (any ``tokenizers`` JSON, from a Hugging Face
 folder or GGUF metadata) with its special ids and chat template; ``chat``: chat templates.
@@ -30,15 +30,6 @@ from lamina.data.corpus import (
     token_dtype,
 )
 from lamina.data.pretrained import PretrainedTokenizer
-from lamina.data.tasks import (
-    IGNORE_INDEX,
-    PAD_ID,
-    SEP_ID,
-    TASKS,
-    copy_batch,
-    first_last_batch,
-    reverse_batch,
-)
 from lamina.data.tokenizers import (
     CharTokenizer,
     Tokenizer,
@@ -48,13 +39,22 @@ from lamina.data.tokenizers import (
     save_tokenizer,
     tokenizer_from_dict,
 )
+from lamina.data.toy_tasks import (
+    IGNORE_INDEX,
+    PAD_ID,
+    SEP_ID,
+    TOY_TASKS,
+    copy_batch,
+    first_last_batch,
+    reverse_batch,
+)
 from lamina.files import atomic_write
 
 __all__ = [
     "IGNORE_INDEX",
     "PAD_ID",
     "SEP_ID",
-    "TASKS",
+    "TOY_TASKS",
     "CharTokenizer",
     "PretrainedTokenizer",
     "Tokenizer",

@@ -8,10 +8,10 @@
 Rendering follows Hugging Face transformers' ``apply_chat_template``: jinja2's
 ``ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)`` with the loop-control
 extension, ``raise_exception(msg)``, ``strftime_now(fmt)``, a ``tojson`` filter that does not
-escape HTML, and the variables ``messages`` and ``add_generation_prompt`` (plus what the caller
-passes: ``bos_token``, ``eos_token``...). Messages are dicts with a string ``role``; keys whose
-value is None are dropped, as transformers does. A template that fails, or that tries to leave
-the sandbox, is one LaminaError line.
+escape HTML, and the variables ``messages``, ``add_generation_prompt``, ``tools`` and
+``documents`` (None) plus what the caller passes (``bos_token``, ``eos_token``...). Messages
+are dicts with a string ``role``; keys whose value is None are dropped, as transformers does.
+A template that fails, or that tries to leave the sandbox, is one LaminaError line.
 
 What this module deliberately does not know: tokens. It renders text; the tokenizer
 (lamina.data.pretrained) encodes it and maps spans to tokens.
@@ -131,7 +131,9 @@ def render_chat_template(
     msgs = check_messages(messages)
     try:
         return compiled.render(
-            messages=msgs, add_generation_prompt=bool(add_generation_prompt), **variables
+            **{"tools": None, "documents": None, **variables},  # as transformers passes them
+            messages=msgs,
+            add_generation_prompt=bool(add_generation_prompt),
         )
     except Exception as e:  # TemplateError, SecurityError, and whatever the template trips on
         raise LaminaError(f"chat template failed: {_one_line(e)}") from None

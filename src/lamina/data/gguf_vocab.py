@@ -8,7 +8,9 @@ Two vocabulary kinds, as llama.cpp names them in ``tokenizer.ggml.model``:
 - ``gpt2``: byte-level BPE from ``tokens`` + ``merges``, split first by the pre-tokenizer that
   ``tokenizer.ggml.pre`` names (PRE_TOKENIZERS; an unknown name is refused in one line);
 - ``llama``: sentencepiece-style BPE with byte fallback, merges rebuilt from ``scores`` (a
-  merge that makes a higher-scoring piece comes first), Metaspace ("\u2581") for spaces.
+  merge that makes a higher-scoring piece comes first), Metaspace ("\u2581") for spaces, the
+  prefix space as ``tokenizer.ggml.add_space_prefix`` says; Gemma and Phi-3 files (by
+  ``general.architecture``) as transformers reads them.
 Tokens typed control (3) become special added tokens and user-defined ones (4) plain added
 tokens, so neither is ever split.
 
@@ -18,10 +20,12 @@ the metadata), chat templates, and models. It imports only ``tokenizers``.
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 from lamina.errors import LaminaError
 
+GEMMA = ("gemma", "gemma2", "gemma3")  # general.architecture values with Gemma's vocabulary
 CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types (1 normal, 2 unknown, 5 unused, 6 byte)
 GPT2_SPLIT = None  # the ByteLevel pre-tokenizer's own GPT-2 regex
 LLAMA3_SPLIT = (
@@ -67,11 +71,15 @@ def _special_ids(meta: dict[str, Any], n: int) -> dict[str, int]:
         value = meta.get(f"tokenizer.ggml.{key}")
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < n:
+        try:
+            i = None if isinstance(value, bool) else operator.index(value)  # numpy ints too
+        except TypeError:
+            i = None
+        if i is None or not 0 <= i < n:
             raise LaminaError(
                 f"GGUF metadata tokenizer.ggml.{key} = {value!r} is not a token id in [0, {n})"
             )
-        out[role] = value
+        out[role] = i
     return out
 
 
@@ -114,10 +122,10 @@ def _byte_level(meta: dict[str, Any], tokens: list[str]) -> Any:
         pairs.append((parts[0], parts[1]))
     alphabet = _byte_chars()
     letters = set(alphabet.values())
-    vocab = {}
+    vocab = {}  # a repeated token: the last id, as llama.cpp
     for i, t in enumerate(tokens):
         spelled = t if set(t) <= letters else "".join(alphabet[b] for b in t.encode("utf-8"))
-        vocab.setdefault(spelled, i)
+        vocab[spelled] = i
     try:
         bpe = models.BPE(vocab=vocab, merges=pairs, fuse_unk=False)
     except Exception as e:  # tokenizers raises a bare Exception for a merge of unknown tokens
@@ -146,16 +154,20 @@ def _score_merges(tokens: list[str], scores: list[float]) -> list[tuple[str, str
 
 
 def _sentencepiece(meta: dict[str, Any], tokens: list[str], specials: dict[str, int]) -> Any:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    """Sentencepiece BPE; Gemma files store runs of spaces as spaces and rank merges by
+    position, and Phi-3 prefixes its space by a normalizer (as transformers reads them)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
     scores = _list(meta, "tokenizer.ggml.scores")
     if len(scores) != len(tokens):
         raise LaminaError(
             f"GGUF tokenizer.ggml.scores has {len(scores)} entries for {len(tokens)} tokens"
         )
-    vocab = {}
-    for i, t in enumerate(tokens):
-        vocab.setdefault(t, i)
+    arch = meta.get("general.architecture")
+    if arch in GEMMA:
+        tokens = ["\u2581" * len(t) if " " in t and not t.strip() else t for t in tokens]
+        scores = [-float(i) for i in range(len(tokens))]
+    vocab = {t: i for i, t in enumerate(tokens)}  # a repeated token: the last id, as llama.cpp
     merges = _list(meta, "tokenizer.ggml.merges", required=False)
     if merges is not None:
         pairs = [tuple(m.split(" ", 1)) for m in merges]
@@ -165,10 +177,18 @@ def _sentencepiece(meta: dict[str, Any], tokens: list[str], specials: dict[str, 
     tok = Tokenizer(
         models.BPE(vocab=vocab, merges=pairs, unk_token=unk, fuse_unk=True, byte_fallback=True)
     )
-    prefix = meta.get("tokenizer.ggml.add_space_prefix", True)
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(
-        replacement="\u2581", prepend_scheme="first" if prefix else "never", split=False
-    )
+    prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True)) and arch not in GEMMA
+    if arch in GEMMA:
+        tok.normalizer = normalizers.Replace(" ", "\u2581")
+        tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
+    elif arch == "phi3":
+        tok.normalizer = normalizers.Sequence(
+            [normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")]
+        )
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(
+            replacement="\u2581", prepend_scheme="first" if prefix else "never", split=False
+        )
     steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
     if prefix:
         steps.append(decoders.Strip(content=" ", left=1, right=0))

@@ -14,6 +14,12 @@ Read, in this order of precedence (each optional but tokenizer.json):
 Without add_bos_token, the rule is read from the pipeline's post-processor (does it put bos
 before a text?). A broken file is one LaminaError line naming it.
 
+tokenizer.json is run as written. transformers 5 instead rebuilds the pipeline of a folder
+whose tokenizer_class has its own design (LlamaTokenizer, GPT2Tokenizer...) from the vocabulary
+and that class; where the file says otherwise (Llama 2's legacy Prepend/Replace normalizer,
+SmolLM2's digit splitting) ids can differ at a leading space or a digit after spaces. Folders
+transformers 5 itself saves agree exactly.
+
 What this module deliberately does not know: model weights and config.json.
 """
 

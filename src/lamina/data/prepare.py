@@ -41,9 +41,9 @@ import numpy as np
 from lamina.data.corpus import token_dtype
 from lamina.data.shards import FORMAT, INDEX_NAME, VERSION, ShardWriter
 from lamina.data.sources import Progress, corpus_files, read_pieces, total_bytes
-from lamina.data.spec import build_tokenizer
+from lamina.data.spec import build_tokenizer, saved_tokenizer
 from lamina.data.subword import EOT, BPETokenizer, GPT2Tokenizer
-from lamina.data.tokenizers import CharTokenizer, Tokenizer, load_tokenizer, save_tokenizer
+from lamina.data.tokenizers import CharTokenizer, Tokenizer, save_tokenizer
 from lamina.errors import LaminaError
 from lamina.files import write_json
 
@@ -72,11 +72,9 @@ def fit_tokenizer(
 
     `spec` may also be a tokenizer.json file or a model/run folder holding one.
     """
-    p = Path(spec)
-    if p.is_file() or (p.is_dir() and (p / "tokenizer.json").is_file()):
-        return load_tokenizer(p / "tokenizer.json" if p.is_dir() else p)
-    if p.is_dir():
-        raise LaminaError(f"--tokenizer {spec}: that folder holds no tokenizer.json")
+    saved = saved_tokenizer(spec)
+    if saved is not None:
+        return saved
     if spec == "char":
         chars = _char_set(files, skip_bad, progress) | {"\n"}
         return CharTokenizer(sorted(chars))

@@ -31,6 +31,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from lamina.data.chat import assistant_spans, render_chat_template
 from lamina.data.gguf_vocab import gguf_tokenizer_json
 from lamina.data.tokenizers import check_token_ids, register_tokenizer
@@ -94,7 +96,8 @@ class PretrainedTokenizer:
             msg = " ".join(str(e).split())
             raise LaminaError(f"tokenizer JSON is not readable by `tokenizers`: {msg}") from None
         self._json = hf_json
-        n = self._size = self._tok.get_vocab_size(with_added_tokens=True)
+        # One past the largest id (a vocabulary with holes has more ids than entries).
+        n = self._size = max(self._tok.get_vocab(with_added_tokens=True).values(), default=-1) + 1
         self.bos_id = _id_or_none(bos_id, "bos_id", n)
         self.eos_id = _id_or_none(eos_id, "eos_id", n)
         self.pad_id = _id_or_none(pad_id, "pad_id", n)
@@ -137,11 +140,25 @@ class PretrainedTokenizer:
         """The text of token ``i`` (None for None)."""
         return None if i is None else self._tok.id_to_token(i)
 
-    def encode(self, text: str) -> list[int]:
-        """Text -> ids; special-token text becomes the special id; no bos."""
+    def _encoding(self, text: str) -> Any:
         if not isinstance(text, str):
             raise LaminaError(f"text must be a str, got {type(text).__name__}")
-        return self._tok.encode(text, add_special_tokens=False).ids
+        try:
+            return self._tok.encode(text, add_special_tokens=False)
+        except TypeError:  # what `tokenizers` raises for a str that is not valid Unicode
+            where = next(i for i, c in enumerate(text) if 0xD800 <= ord(c) <= 0xDFFF)
+            raise LaminaError(
+                f"text has a lone surrogate {text[where]!r} at position {where}: not valid "
+                "Unicode, so it has no UTF-8 bytes to tokenize"
+            ) from None
+
+    def encode(self, text: str) -> list[int]:
+        """Text -> ids; special-token text becomes the special id; no bos."""
+        return self._encoding(text).ids
+
+    def encode_array(self, text: str) -> np.ndarray:
+        """``encode(text)`` as int64, shape ``(n_tokens,)`` (what corpus code asks for)."""
+        return np.asarray(self.encode(text), dtype=np.int64)
 
     def encode_prompt(self, text: str) -> list[int]:
         """What a plain prompt gets: ``encode(text)``, with bos first when ``add_bos``."""
@@ -169,22 +186,24 @@ class PretrainedTokenizer:
 
     def chat_with_mask(self, messages: list[dict]) -> tuple[list[int], list[bool]]:
         """Ids of the conversation, and True on each token of an assistant turn's text up to and
-        including the end-of-turn token that closes it (what completion-only SFT trains on)."""
+        including the end-of-turn text that closes it (what completion-only SFT trains on).
+
+        A turn's span (chat.assistant_spans) is cut after the last end-of-turn text in it (the
+        eot_ids' texts and END_OF_TURN), so a newline the template writes after it is not
+        trained on; a token that straddles a span's edge counts as inside."""
         text, spans = assistant_spans(self.chat_template, messages, **self._variables())
-        enc = self._tok.encode(text, add_special_tokens=False)
-        ids, mask = enc.ids, [False] * len(enc.ids)
-        ends = set(self.eot_ids) | ({self.eos_id} if self.eos_id is not None else set())
+        enc = self._encoding(text)
+        ids, offsets, mask = enc.ids, enc.offsets, [False] * len(enc.ids)
+        ends = {self.token_text(i) for i in self.eot_ids} | set(END_OF_TURN)
         k = 0
         for start, end in spans:
-            inside = []
-            while k < len(ids) and enc.offsets[k][0] < end:
-                s, e = enc.offsets[k]
-                if max(e, s + 1) > start:
-                    inside.append(k)
+            piece = text[start:end]
+            cuts = [piece.rfind(e) + len(e) for e in ends if e and e in piece]
+            end = start + max(cuts, default=len(piece))
+            while k < len(ids) and offsets[k][0] < end:
+                s, e = offsets[k]
+                mask[k] = max(e, s + 1) > start
                 k += 1
-            closing = [j for j in inside if ids[j] in ends]
-            for j in inside[: inside.index(closing[-1]) + 1] if closing else inside:
-                mask[j] = True
         return ids, mask
 
     # -- building ------------------------------------------------------------------------------
@@ -254,7 +273,7 @@ class PretrainedTokenizer:
             return NotImplemented
         return self.to_dict() == other.to_dict()
 
-    __hash__ = None  # type: ignore[assignment]  # mutable-free but large: compare, do not hash
+    __hash__ = None  # type: ignore[assignment]  # compared by content, which may change
 
     def __repr__(self) -> str:
         return (

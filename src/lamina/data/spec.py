@@ -4,28 +4,57 @@
     "byte"       a ByteTokenizer: the 256 UTF-8 byte values, any text round-trips
     "bpe:N"      byte-level BPE with at most N ids (N >= 257) trained on the corpus text
     "gpt2:DIR"   GPT-2's BPE (50,257 ids) from encoder.json + vocab.bpe in DIR, sha256 checked
+    PATH         a tokenizer.json file, or a run / model folder holding one: that tokenizer as
+                 saved (so `--tokenizer RUN` reuses a run's vocabulary)
+
+`build_tokenizer` is the one resolver of a spec: `lamina train` (language models and
+classifiers), `lamina prepare` and the token cache all go through it. `saved_tokenizer(spec)`
+is its PATH half, for callers that fit a kind their own way (prepare streams char and bpe:N).
 
 Training "bpe:N" on a corpus of 1 MB or more prints a few progress lines to stderr ("bpe: ...")
 unless a `progress` callable is given (`progress=lambda line: None` silences it).
 
-Deliberately unaware of models and training; reads no file other than a gpt2 DIR's two files.
+Deliberately unaware of models and training; reads no file other than a gpt2 DIR's two files
+and a PATH spec's tokenizer.json.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from lamina.data.subword import BPETokenizer, ByteTokenizer, GPT2Tokenizer
-from lamina.data.tokenizers import CharTokenizer, Tokenizer
+from lamina.data.tokenizers import CharTokenizer, Tokenizer, load_tokenizer
 from lamina.errors import LaminaError
 
-TOKENIZER_SPECS = ("char", "byte", "bpe:N", "gpt2:DIR")
+TOKENIZER_SPECS = ("char", "byte", "bpe:N", "gpt2:DIR", "a tokenizer.json or run folder")
 PROGRESS_FROM_CHARS = 1_000_000  # below this, training bpe takes under a second: no progress
 
 
 def _to_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
+
+
+def is_kind(spec: str) -> bool:
+    """Whether `spec` names a kind (char, byte, bpe:N, gpt2:DIR) rather than a saved file."""
+    kind, sep, _ = spec.partition(":")
+    return spec in ("char", "byte") or (bool(sep) and kind in ("bpe", "gpt2"))
+
+
+def saved_tokenizer(spec: str) -> Tokenizer | None:
+    """The tokenizer a PATH spec names (a tokenizer.json, or a folder holding one); None for a
+    kind spec or a path that does not exist (then `build_tokenizer` names the spec as unknown)."""
+    if not isinstance(spec, str) or is_kind(spec):
+        return None
+    p = Path(spec).expanduser()
+    if p.is_dir():
+        if not (p / "tokenizer.json").is_file():
+            raise LaminaError(f"--tokenizer {spec}: that folder holds no tokenizer.json")
+        return load_tokenizer(p / "tokenizer.json")
+    if p.is_file():
+        return load_tokenizer(p)
+    return None
 
 
 def build_tokenizer(
@@ -38,6 +67,9 @@ def build_tokenizer(
     """
     if not isinstance(spec, str):
         raise LaminaError(f"tokenizer spec must be a string, got {type(spec).__name__}")
+    saved = saved_tokenizer(spec)
+    if saved is not None:
+        return saved
     kind, sep, arg = spec.partition(":")
     if spec == "char":
         if text is None:

@@ -4,8 +4,9 @@
         the last val_fraction of the characters is validation: n = int(len(text) * (1 - f)),
         the rounding `corpus.split_tokens` uses, so a char tokenizer splits as it always did
     text_splits(spec, text, val_fraction, tokenizer=None) -> TextSplits
-        the tokenizer (given, or built from `spec`: "char" from the whole text so every
-        character has an id; "bpe:N" fit on the training text only; "byte" / "gpt2:DIR" fixed),
+        the tokenizer (given, or built from `spec` by `spec.build_tokenizer`: "char" from the
+        whole text so every character has an id; "bpe:N" fit on the training text only;
+        "byte" / "gpt2:DIR" / a saved tokenizer.json or run folder fixed),
         the token arrays of both parts, and the validation characters the model is scored on
     cache_root() -> Path | None      $LAMINA_CACHE, else ~/.cache/lamina (XDG_CACHE_HOME); None
                                      when LAMINA_CACHE is "off"
@@ -40,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from lamina.data.corpus import encode_corpus, load_tokens, save_tokens
-from lamina.data.spec import build_tokenizer
+from lamina.data.spec import build_tokenizer, saved_tokenizer
 from lamina.data.tokenizers import Tokenizer, load_tokenizer, save_tokenizer
 from lamina.errors import LaminaError, LaminaWarning
 from lamina.files import write_json
@@ -161,6 +162,7 @@ def text_splits(
 ) -> TextSplits:
     """Tokenizer and (train, val) tokens of `text` cut by characters; cached unless char."""
     train_text, val_text = split_text(text, val_fraction)
+    tokenizer = tokenizer or saved_tokenizer(spec)  # a PATH spec: cached by its JSON, not its name
     if (tokenizer is None and spec == "char") or getattr(tokenizer, "kind", "") == "char":
         # one id per character: encoding the whole text and cutting at the same index is the
         # same split, and an unknown character is named by its position in the corpus

@@ -153,8 +153,8 @@ def open_model(
         raise LaminaError(f"no such model: {p}")
     if not (p / "config.json").is_file():
         raise LaminaError(
-            f"{p} is not a model: it has no config.json (a model is a lamina run or model "
-            "folder, a Hugging Face folder or a .gguf file)"
+            f"{p} is not a model: it has no config.json, so it is not a lamina model or run "
+            "folder nor a Hugging Face folder (a .gguf file is a model too)"
         )
     data = read_json(p / "config.json")
     d = p.resolve()

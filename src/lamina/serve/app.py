@@ -4,7 +4,8 @@
 
 Routes (the API is documented in `lamina.serve`): GET / (the page), GET /static/* (its JS and
 CSS, shipped as package data), GET /api/info, POST /api/generate (text/event-stream),
-POST /api/attention (JSON). Every error is a JSON object {"error": "..."} with a 4xx/5xx
+POST /api/attention (JSON), GET /chat (the chat page), and the OpenAI-compatible /v1 API
+(`openai_api.py`). Every error is a JSON object {"error": "..."} with a 4xx/5xx
 status; an unexpected exception in an endpoint is logged as one line (no traceback) and
 answered with 500,
 and the server keeps serving.
@@ -33,7 +34,9 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from lamina.errors import LaminaError
+from lamina.serve.chat import ChatService
 from lamina.serve.engine import Busy, Engine
+from lamina.serve.openai_api import openai_routes
 
 log = logging.getLogger("lamina.serve")
 MAX_BODY = 64 * 1024  # bytes of JSON a request may send
@@ -76,12 +79,17 @@ def guarded(endpoint: Any) -> Any:
     return run
 
 
-def create_app(engine: Engine) -> Starlette:
+def create_app(engine: Engine, model_name: str = "lamina") -> Starlette:
     static = resources.files("lamina.serve") / "static"
     index_html = (static / "index.html").read_bytes()
 
     async def index(request: Request) -> Response:
         return Response(index_html, media_type="text/html; charset=utf-8")
+
+    chat_html = (static / "chat.html").read_bytes()
+
+    async def chat_page(request: Request) -> Response:
+        return Response(chat_html, media_type="text/html; charset=utf-8")
 
     async def info(request: Request) -> Response:
         return JSONResponse(engine.info)
@@ -147,6 +155,8 @@ def create_app(engine: Engine) -> Starlette:
         Route("/api/info", guarded(info)),
         Route("/api/generate", guarded(generate), methods=["POST"]),
         Route("/api/attention", guarded(attention), methods=["POST"]),
+        Route("/chat", guarded(chat_page)),
+        *openai_routes(ChatService(engine, model_name), read_json, guarded),
         Mount("/static", StaticFiles(directory=str(static)), name="static"),
     ]
     handlers = {HTTPException: http_error}
@@ -155,12 +165,14 @@ def create_app(engine: Engine) -> Starlette:
     return app
 
 
-def server(engine: Engine, host: str, port: int, *, log_level: str = "warning") -> Any:
+def server(
+    engine: Engine, host: str, port: int, *, log_level: str = "warning", model_name: str = "lamina"
+) -> Any:
     """A uvicorn Server for the app (call `.run()`; set `.should_exit` to stop it)."""
     import uvicorn
 
     config = uvicorn.Config(
-        create_app(engine),
+        create_app(engine, model_name),
         host=host,
         port=port,
         log_level=log_level,

@@ -7,9 +7,10 @@
         "char" (with U+FFFD for characters never seen in training), "bpe:N" fit on the
         training texts, or a run/model folder or tokenizer.json to reuse
     encoder_config(cfg, vocab_size) -> EncoderConfig    --d-model etc. mapped onto the encoder
-    build_classify(cfg, run_path, model_config) -> (ClassifyTask, SequenceClassifier,
-        Tokenizer, fingerprint)
-    ClassifyTask    the loop's task interface (see `tasks.TrainTask`) over encoded texts
+    ClassifyOptions   this task's own fields (--val-data, --text-column, --max-len, ...)
+    build(cfg, run_path, model_cfg) -> Built     the objective, a seeded classifier, tokenizer
+    ClassifyObjective the loop's objective (see `objectives.Objective`) over encoded texts
+    finished(out, result, objective) -> str      what `lamina train` prints after a run
     predict_proba(model, tokenizer, texts, batch_size) -> (probabilities (N, K), number cut)
         batched in length order (little padding), answers in the input order
 
@@ -30,8 +31,9 @@ Deliberately unaware of optimizers, run directories and the command line.
 from __future__ import annotations
 
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -56,15 +58,55 @@ from lamina.models.encoder import SequenceClassifier
 from lamina.modes import eval_mode
 from lamina.training.classify_metrics import confusion, confusion_png, majority_baseline, scores
 from lamina.training.config import TrainConfig
-from lamina.training.tasks import Batch, rng_state, rng_text
+from lamina.training.defaults import option
+from lamina.training.objectives import Batch, Built, rng_state, rng_text
+from lamina.validate import boolean, choice
 
 UNK = "\ufffd"
 EVAL_BATCH = 64
 BUCKET_WINDOW = 8
 # EncoderConfig fields a --flag may set (max_len comes from --max-len, the vocabulary from the
 # tokenizer, the padding id from lamina.data.labelled)
+PoolingName = Literal["mean", "first", "last"]
+ClassWeights = Literal["none", "balanced"]
 ENCODER_FLAGS = ("d_model", "n_heads", "d_ff", "n_layers", "dropout", "norm_first",
                  "activation", "positions")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ClassifyOptions:
+    """--task classify's own fields (each flag's help beside it)."""
+
+    val_data: str | None = option(
+        None, "classify: validation texts in a file of their own", metavar="PATH"
+    )
+    text_column: str = option(
+        "text", "classify: CSV/TSV column or JSONL field of the text", metavar="NAME"
+    )
+    label_column: str = option("label", "classify: column or field of the label", metavar="NAME")
+    max_len: int = option(
+        256,
+        "classify: tokens per text (with the classification token); longer texts are cut and "
+        "counted",
+        metavar="N",
+    )
+    pooling: PoolingName = option(
+        "mean", "classify: mean of real tokens, the first ([CLS]) or the last real one"
+    )
+    class_weights: ClassWeights = option(
+        "none", "classify: balanced weighs texts by n / (K * n_label)"
+    )
+    bucket: bool = option(False, "classify: batches of texts of similar length (less padding)")
+
+    def __post_init__(self) -> None:
+        choice("pooling", self.pooling, ("mean", "first", "last"))
+        choice("class_weights", self.class_weights, ("none", "balanced"))
+        boolean("bucket", self.bucket)
+        if isinstance(self.max_len, bool) or not isinstance(self.max_len, int) or self.max_len < 2:
+            raise LaminaError(f"max_len must be an integer >= 2, got {self.max_len!r}")
+        for name in ("text_column", "label_column"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise LaminaError(f"{name} must be a non-empty string, got {getattr(self, name)!r}")
 
 
 def _subset(data: LabelledTexts, idx: np.ndarray, source: str) -> LabelledTexts:
@@ -73,11 +115,12 @@ def _subset(data: LabelledTexts, idx: np.ndarray, source: str) -> LabelledTexts:
 
 def load_splits(cfg: TrainConfig) -> tuple[LabelledTexts, LabelledTexts]:
     """The training and validation texts a config names."""
-    cols = (cfg.text_column, cfg.label_column)
+    o: ClassifyOptions = cfg.options
+    cols = (o.text_column, o.label_column)
     data = genre_task() if cfg.data is None else read_labelled(cfg.data, *cols)
     label_names(data.labels, data.source)
-    if cfg.val_data is not None:
-        val = read_labelled(cfg.val_data, *cols)
+    if o.val_data is not None:
+        val = read_labelled(o.val_data, *cols)
         known = set(data.labels)
         for i, lab in enumerate(val.labels):
             if lab not in known:
@@ -97,11 +140,8 @@ def classify_tokenizer(spec: str, texts: list[str], run_path: Path | None = None
     """The tokenizer a spec names, fit on the training texts (see the module docstring)."""
     if run_path is not None and (run_path / "tokenizer.json").is_file():
         return load_tokenizer(run_path / "tokenizer.json")
-    if spec == "char":
+    if spec == "char":  # the one kind a classifier builds its own way: unseen characters map to UNK
         return CharTokenizer.from_text("".join(texts), unk=UNK)
-    p = Path(spec)
-    if p.is_dir() or (p.suffix == ".json" and p.is_file()):
-        return load_tokenizer(p / "tokenizer.json" if p.is_dir() else p)
     return build_tokenizer(spec, "\n".join(texts))
 
 
@@ -116,7 +156,7 @@ def encoder_config(cfg: TrainConfig, vocab_size: int) -> EncoderConfig:
     fields = {"dropout": 0.0, **cfg.model_overrides}
     if fields.get("d_ff") is None:
         fields.pop("d_ff", None)
-    return EncoderConfig(vocab_size=vocab_size + OFFSET, max_len=cfg.max_len, **fields)
+    return EncoderConfig(vocab_size=vocab_size + OFFSET, max_len=cfg.options.max_len, **fields)
 
 
 def fingerprint(train: LabelledTexts, val: LabelledTexts) -> str:
@@ -128,10 +168,8 @@ def fingerprint(train: LabelledTexts, val: LabelledTexts) -> str:
     return f"classify:{len(train)}+{len(val)}:{crc:08x}"
 
 
-class ClassifyTask:
+class ClassifyObjective:
     """Encoded training and validation texts with integer labels; see the module docstring."""
-
-    kind = "classify"
 
     def __init__(
         self,
@@ -162,7 +200,7 @@ class ClassifyTask:
         self.baseline = majority_baseline(train_y, val_y)
         self.last_confusion: np.ndarray | None = None
         self._eval: list[Batch] | None = None
-        self.truncated = 0  # set by build_classify
+        self.truncated, self.max_len = 0, 0  # set by build
 
     def _batch(self, seqs: list[np.ndarray], labels: Tensor) -> Batch:
         ids, mask = pad_batch(seqs)
@@ -230,8 +268,8 @@ class ClassifyTask:
     def load_state_dict(self, d: dict[str, Any]) -> None:
         self.gen.set_state(rng_state(d["generator"]))
 
-    def describe(self, max_len: int) -> str:
-        cut = f"; {self.truncated:,} cut to --max-len {max_len}" if self.truncated else ""
+    def describe(self) -> str:
+        cut = f"; {self.truncated:,} cut to --max-len {self.max_len}" if self.truncated else ""
         return (
             f"classify: {len(self.train):,} training / {len(self.val):,} validation texts, "
             f"{len(self.names)} labels ({', '.join(self.names[:8])}"
@@ -240,15 +278,9 @@ class ClassifyTask:
         )
 
 
-def build_classify(
-    cfg: TrainConfig, run_path: Path | None, model_config: EncoderConfig | None = None
-) -> tuple[ClassifyTask, SequenceClassifier, Tokenizer, str]:
-    """Read, split and encode the texts; build the task and a seeded classifier."""
-    if cfg.init_from is not None:
-        raise LaminaError(
-            "--init-from starts a language model from another; a classifier starts fresh "
-            "(give its shape with --d-model, --n-layers, ...)"
-        )
+def build(cfg: TrainConfig, run_path: Path | None, model_cfg: dict[str, Any] | None) -> Built:
+    """Read, split and encode the texts; build the objective and a seeded classifier."""
+    o: ClassifyOptions = cfg.options
     if cfg.preset is not None:
         raise LaminaError(
             f"--preset {cfg.preset} names a GPT shape; the classifier's encoder is shaped with "
@@ -257,7 +289,7 @@ def build_classify(
     train, val = load_splits(cfg)
     names = label_names(train.labels, train.source)
     tok = classify_tokenizer(cfg.tokenizer, train.texts, run_path)
-    ec = model_config or encoder_config(cfg, tok.vocab_size)
+    ec = EncoderConfig.from_dict(model_cfg) if model_cfg else encoder_config(cfg, tok.vocab_size)
     if ec.vocab_size != tok.vocab_size + OFFSET:
         raise LaminaError(
             f"the encoder's vocabulary ({ec.vocab_size}) does not fit the tokenizer's "
@@ -266,21 +298,30 @@ def build_classify(
     index = {name: i for i, name in enumerate(names)}
     train_seqs, cut = encode_texts(tok, train.texts, ec.max_len)
     val_seqs, cut_val = encode_texts(tok, val.texts, ec.max_len)
-    task = ClassifyTask(
+    objective = ClassifyObjective(
         train_seqs,
         np.array([index[lab] for lab in train.labels]),
         val_seqs,
         np.array([index[lab] for lab in val.labels]),
         names,
         cfg.seed,
-        class_weights=cfg.class_weights,
-        bucket=cfg.bucket,
+        class_weights=o.class_weights,
+        bucket=o.bucket,
     )
-    task.truncated = cut + cut_val
+    objective.truncated, objective.max_len = cut + cut_val, ec.max_len
     torch.manual_seed(cfg.seed)
-    model = SequenceClassifier(ec, n_classes=len(names), pooling=cfg.pooling)
+    model = SequenceClassifier(ec, n_classes=len(names), pooling=o.pooling)
     model.labels = list(names)
-    return task, model, tok, fingerprint(train, val)
+    return Built(objective, model, tok, fingerprint(train, val), ec.d_model)
+
+
+def finished(out: str, result: dict[str, float], objective: ClassifyObjective) -> str:
+    """What `lamina train` prints after a classifier's run, beside the validation line."""
+    return (
+        f"  accuracy {result['accuracy']:.1%} (majority baseline {objective.baseline:.1%}), "
+        f"macro-F1 {result['macro_f1']:.3f}; confusion matrix: {out}/confusion.png\n"
+        f'  predict: lamina predict {out} "some text"    evaluate: lamina eval {out} --data FILE'
+    )
 
 
 @torch.inference_mode()

@@ -9,7 +9,7 @@
 Precision of a class no text was predicted as, and recall of a class absent from the data, are
 0 (scikit-learn's `zero_division=0`); macro-F1 is the unweighted mean of the per-class F1 over
 all K classes. The PNG uses matplotlib's Agg backend without pyplot's global state, as
-`progress.loss_plot` does.
+`lamina.pictures` does.
 
 Deliberately unaware of models, tensors and files.
 """

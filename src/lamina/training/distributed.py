@@ -3,12 +3,15 @@
     start(device, fsdp) -> World       joins the process group torchrun describes in the
                                        environment (gloo on CPU, nccl on CUDA); one process
                                        without torchrun
-    prepare(session, world)            records rank and size on the session; DDP wrapper, or
-                                       FSDP2 `fully_shard` per block + root with a fresh
-                                       optimizer over the shards and a `session.gather` that
-                                       collects the full state for `session.save_checkpoint`
+    place(session, world) -> Placement the model and optimizer that train here: the session's
+                                       own (one process), a DDP wrapper, or FSDP2 `fully_shard`
+                                       per block + root with a fresh optimizer over the shards
+                                       and a `gather` that collects the full state for
+                                       `session.save_checkpoint`
     global_mean(t) ; agree(total, stop) the loop's per-step agreements (no-ops in one process)
-    plan_batch(cfg, world_size, given) -> TrainConfig with a micro-batch that divides
+
+The micro-batch for a world size is planned with the config (`config.plan_batch`, called by
+`registry.resolve`); Muon under FSDP is refused there too (`registry.MUON_UNDER_FSDP`).
 
 Batch semantics: every rank draws the same global batch and trains on its contiguous slice
 (see loop.py), gradients are averaged across ranks, and the reported loss is the mean over
@@ -43,9 +46,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from lamina.errors import LaminaError
-from lamina.training.build import make_optimizer
-from lamina.training.config import TrainConfig
-from lamina.training.session import Session
+from lamina.training.optim import make_optimizer
+from lamina.training.session import Placement, Session
 
 TIMEOUT_ENV = "LAMINA_DIST_TIMEOUT"
 
@@ -167,68 +169,28 @@ def agree(total: int, stop: bool) -> tuple[int, bool]:
     return int(-t[0]), bool(t[1])
 
 
-# -- batch -------------------------------------------------------------------------------------
-def _nearby(batch: int, unit: int) -> str:
-    low = max(unit, batch // unit * unit)
-    sizes = sorted({low, low + unit} - {batch})
-    return ", ".join(str(s) for s in sizes)
-
-
-def plan_batch(cfg: TrainConfig, world_size: int, micro_given: bool) -> TrainConfig:
-    """`cfg` (batch_size resolved) with a micro-batch such that batch = micro x ranks x accum.
-
-    A micro-batch the user typed must divide; one left to the default becomes the largest
-    that fits (at most the recorded one).
-    """
-    batch = cfg.batch_size or 1
-    micro = cfg.micro_batch_size or batch
-    if batch % (micro * world_size) == 0:
-        return cfg
-    if micro_given:
-        unit = micro * world_size
-        raise LaminaError(
-            f"--batch-size {batch} is not divisible by {world_size} processes x micro-batch "
-            f"{micro} = {unit}; valid batch sizes nearby: {_nearby(batch, unit)}"
-        )
-    if batch % world_size:
-        raise LaminaError(
-            f"--batch-size {batch} is not divisible by {world_size} processes; valid batch sizes "
-            f"nearby: {_nearby(batch, world_size)}"
-        )
-    per_rank = batch // world_size
-    fit = max(m for m in range(1, min(micro, per_rank) + 1) if per_rank % m == 0)
-    return cfg.replace(micro_batch_size=fit)
-
-
 # -- wrapping ----------------------------------------------------------------------------------
 def _opt_params(opt: torch.optim.Optimizer) -> list[nn.Parameter]:
     return [p for g in opt.param_groups for p in g["params"]]
 
 
-def _adamw(model: nn.Module, cfg: TrainConfig, fused: bool | None = None) -> torch.optim.Optimizer:
-    return make_optimizer(model, cfg, fused=fused)
-
-
-def prepare(s: Session, world: World) -> None:
-    """Place the session in `world`: DDP, or FSDP2 when world.fsdp (nothing in one process)."""
-    s.rank, s.world_size = world.rank, world.size
+def place(s: Session, world: World) -> Placement:
+    """What trains in this process: the session's model and optimizer alone, wrapped in DDP,
+    or sharded with FSDP2 (world.fsdp) with a fresh optimizer over the shards and a gather
+    that collects the full state for `session.save_checkpoint`. The session is not changed,
+    except that under FSDP its plain model moves to the CPU (rank 0) or the meta device."""
     if world.size == 1:
-        return
-    if world.fsdp and s.cfg.optimizer == "muon":
-        raise LaminaError(
-            "this run uses Muon, which orthogonalizes whole matrices; FSDP shards them: "
-            "use DDP (drop --fsdp), or start the run with --optimizer adamw"
-        )
+        return Placement.alone(s)
     if not world.fsdp:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         ids = [world.local_rank] if s.device.type == "cuda" else None
-        s.model = DDP(s.model, device_ids=ids, forward_sync_buffers=False)
-        return
-    _shard(s, world)
+        model = DDP(s.model, device_ids=ids, forward_sync_buffers=False)
+        return Placement(model, s.opt, world.rank, world.size)
+    return _shard(s, world)
 
 
-def _shard(s: Session, world: World) -> None:
+def _shard(s: Session, world: World) -> Placement:
     from torch.distributed.fsdp import fully_shard
 
     from lamina.block import TransformerBlock
@@ -239,7 +201,7 @@ def _shard(s: Session, world: World) -> None:
         if isinstance(m, TransformerBlock):
             fully_shard(m)
     fully_shard(sharded)
-    opt = _adamw(sharded, s.cfg)
+    opt = make_optimizer(sharded, s.cfg)
     # a resumed optimizer: shard each full moment like its parameter
     for p, q in zip(_opt_params(plain_opt), _opt_params(opt), strict=True):
         st = plain_opt.state.get(p)
@@ -249,12 +211,12 @@ def _shard(s: Session, world: World) -> None:
     keep: tuple[nn.Module, torch.optim.Optimizer] | None = None
     if world.writer:  # rank 0 keeps a plain copy to gather checkpoints into
         plain.to("cpu")
-        keep = (plain, _adamw(plain, s.cfg, fused=False))
+        keep = (plain, make_optimizer(plain, s.cfg, fused=False))
     else:
         plain.to("meta")
     plain_opt.state.clear()
-    s.model, s.opt = sharded, opt
-    s.gather = functools.partial(_gather, sharded, opt, keep)
+    gather = functools.partial(_gather, sharded, opt, keep)
+    return Placement(sharded, opt, world.rank, world.size, gather)
 
 
 def _shard_like(q: Tensor, v: Any) -> Any:

@@ -6,10 +6,13 @@
         gradients are synchronised only on the last micro-step. A non-finite loss or gradient
         norm skips the optimizer step (the norm goes to `stats["grad_norm"]`).
     evaluate(forward, task, batches, bf16, device) -> {"loss": ..., ...}
-    run_training(session, ...) -> TrainResult
+    run_training(session, placement, ...) -> TrainResult
+        the run, in steps a reader can follow: `_Run.plan` (how many steps, whether to stop),
+        `_Run.step` (learning rate, batch slice, train_step, divergence checks), `_Run.log`,
+        `_Run.evaluate` and `_Run.save` (each checks the weights first)
 
-Per step the global batch (batch_size items) is drawn once from the task, every process takes
-its contiguous slice (the session's rank of world_size), and splits that into micro-batches:
+Per step the global batch (batch_size items) is drawn once from the objective, every process
+takes its contiguous slice (the placement's rank of world_size), and splits that into micro-batches:
 the data order does not depend on the number of processes. Only rank 0 writes and reports.
 
 The learning rate follows `optim.schedule` over `total` steps; with a time budget `total` is
@@ -40,11 +43,13 @@ from torch import nn
 
 from lamina.errors import LaminaError
 from lamina.modes import eval_mode, non_finite
+from lamina.pictures import loss_curves
 from lamina.training.distributed import agree, global_mean
-from lamina.training.optim import TimeBudget, schedule
-from lamina.training.progress import Progress, loss_plot
-from lamina.training.session import Session, save_checkpoint
-from lamina.training.tasks import Batch, TrainTask, slice_batch, to_device, val_line
+from lamina.training.objectives import Batch, Objective, slice_batch, to_device
+from lamina.training.progress import Progress
+from lamina.training.schedule import TimeBudget, schedule
+from lamina.training.session import Placement, Session, save_checkpoint, writer
+from lamina.training.split_loss import val_line
 
 
 class NonFiniteLoss(LaminaError):
@@ -69,7 +74,7 @@ def autocast(device: torch.device, bf16: bool) -> contextlib.AbstractContextMana
 
 def train_step(
     forward: nn.Module,
-    task: TrainTask,
+    task: Objective,
     opt: torch.optim.Optimizer,
     batch: Batch,
     *,
@@ -125,7 +130,7 @@ def train_step(
 
 
 def evaluate(
-    forward: nn.Module, task: TrainTask, batches: list[Batch], *, bf16: bool, device: torch.device
+    forward: nn.Module, task: Objective, batches: list[Batch], *, bf16: bool, device: torch.device
 ) -> dict[str, float]:
     """Task metrics on fixed batches, in eval mode (no dropout), restoring the mode after."""
     with eval_mode(forward), torch.no_grad(), autocast(device, bf16):
@@ -163,12 +168,172 @@ def maybe_compile(model: nn.Module, enabled: bool, notify: Any) -> nn.Module:
         return model
 
 
-def _eval_now(s: Session, forward: nn.Module) -> dict[str, float]:
-    return evaluate(forward, s.task, s.task.eval_batches(), bf16=s.bf16, device=s.device)
+class _Run:
+    """One call of run_training: the session, its placement, and the loop's own bookkeeping."""
+
+    def __init__(self, s: Session, p: Placement, prog: Progress, clock: Any, start: float):
+        self.s, self.p, self.cfg, self.st = s, p, s.cfg, s.state
+        self.prog, self.clock, self.start = prog, clock, start
+        self.forward = maybe_compile(p.model, self.cfg.compile, prog.message)
+        self.accum = self.cfg.accumulation(p.world_size)
+        self.per_rank = self.cfg.batch_size // p.world_size
+        c = self.cfg
+        self.lr_for = schedule(c.lr, c.warmup, c.min_lr_ratio, c.decay, c.decay_fraction)
+        self.budget: TimeBudget | None = None
+        self.eval_times: list[float] = []  # for a time budget: evaluate at each fifth of it
+        if c.max_time is not None:
+            self.budget = TimeBudget(max(c.max_time - self.st.seconds_used, 1e-3))
+            self.budget.begin(start)
+            if c.eval_every is None:
+                self.eval_times = [self.budget.seconds * k / 5 for k in range(1, 5)]
+        self.result = TrainResult(self.st.step, self.st.tokens, "done")
+        self.last_eval = self.last_ckpt = -1
+        self.good = self.st.step if self.st.step > 0 and s.run is not None else None  # resumed
+        self.eval_cost, self.save_cost = 0.0, 0.5
+        self.steps, self.lr = 0, 0.0  # steps of this call; the last learning rate
+        self.tick, self.tick_tokens = clock(), self.st.tokens  # for tokens/s
+
+    # -- failure ------------------------------------------------------------------------------
+    def diverged(self, what: str) -> NonFiniteLoss:
+        self.prog.close()
+        where = (
+            f"step {self.good} in {self.s.run.path}"
+            if self.good is not None and self.s.run is not None
+            else "none (no checkpoint was written)"
+        )
+        return NonFiniteLoss(f"{what}; stopped. Last good checkpoint: {where}. Try a lower --lr")
+
+    def check_weights(self) -> None:
+        name = non_finite(self.p.model)
+        _, bad = agree(0, name is not None)  # FSDP: each rank sees its shard
+        if bad:
+            raise self.diverged(
+                f"the weights are not finite after step {self.st.step}"
+                + (f" ({name})" if name else "")
+            )
+
+    # -- evaluation and checkpoints -------------------------------------------------------------
+    def evaluate(self) -> None:
+        s, st, t0 = self.s, self.st, self.clock()
+        self.check_weights()
+        res = evaluate(self.forward, s.objective, s.objective.eval_batches(), bf16=s.bf16,
+                       device=s.device)  # fmt: skip
+        self.result.eval, self.eval_cost, self.last_eval = res, self.clock() - t0, st.step
+        bad = [k for k, v in res.items() if not math.isfinite(v)]
+        if bad:
+            raise self.diverged(f"validation {bad[0]} is {res[bad[0]]} at step {st.step}")
+        st.metrics.append(
+            {
+                "step": st.step,
+                **{f"val_{k}": v for k, v in res.items()},
+                "elapsed": round(st.seconds_used + self.clock() - self.start, 3),
+            }
+        )
+        line = val_line(res)
+        self.prog.message(f"eval step {st.step}: {'val ' if 'nats/char' in line else ''}{line}")
+        if writer(s, self.p):
+            s.run.write_metrics(st.metrics)
+            s.run.write_bytes(
+                "loss.png", loss_curves([(s.run.path.name, st.metrics)], by_time=False)
+            )
+            for name, blob in getattr(s.objective, "eval_files", dict)().items():
+                s.run.write_bytes(name, blob)  # e.g. confusion.png
+
+    def save(self) -> None:
+        t0 = self.clock()
+        if self.last_eval != self.st.step:  # an evaluation at this step checked the weights
+            self.check_weights()
+        save_checkpoint(self.s, self.p, seconds_used=self.st.seconds_used + t0 - self.start)
+        self.save_cost, self.last_ckpt = self.clock() - t0, self.st.step
+        self.good = self.st.step
+
+    # -- one pass of the loop -----------------------------------------------------------------
+    def plan(self, requested: bool, stop_at: int | None) -> tuple[int, bool]:
+        """(the run's total steps as now planned, whether to stop), agreed by all ranks."""
+        cfg, st, budget = self.cfg, self.st, self.budget
+        if budget is not None:
+            budget.set_reserve(self.eval_cost + self.save_cost + 0.1)
+            total = budget.plan(self.steps, st.step, self.clock())
+            if total <= st.step and self.steps and self.lr > cfg.lr * cfg.min_lr_ratio:
+                total = st.step + 1  # the estimate fell short: one last step at the floor
+            if cfg.max_steps is not None:  # both limits hold, whichever comes first
+                total = min(total, cfg.max_steps)
+            self.prog.set_total(total)
+        else:
+            total = cfg.max_steps
+        stop = requested or (stop_at is not None and st.step >= stop_at)
+        return agree(total, stop)  # all ranks end at the same step
+
+    def step(self, total: int) -> float:
+        """One optimizer step at the scheduled learning rate; the mean loss."""
+        s, st, p = self.s, self.st, self.p
+        self.lr = self.lr_for(st.step, total)
+        for g in p.opt.param_groups:
+            g["lr"] = self.lr * g.get("lr_scale", 1.0)
+        whole = s.objective.draw(self.cfg.batch_size)
+        batch = slice_batch(whole, p.rank * self.per_rank, (p.rank + 1) * self.per_rank)
+        stats: dict[str, float] = {}
+        args = dict(accum=self.accum, bf16=s.bf16, grad_clip=self.cfg.grad_clip,
+                    device=s.device, stats=stats)  # fmt: skip
+        try:
+            loss = train_step(self.forward, s.objective, p.opt, batch, **args)
+        except Exception as exc:  # noqa: BLE001 - a compiled first step may fail any way
+            if self.forward is p.model or self.steps > 0:
+                raise
+            self.prog.message(f"torch.compile failed ({type(exc).__name__}); running eagerly")
+            self.forward = p.model
+            p.opt.zero_grad(set_to_none=True)
+            loss = train_step(self.forward, s.objective, p.opt, batch, **args)
+        if not math.isfinite(loss):
+            raise self.diverged(f"loss is {loss} at step {st.step + 1}")
+        if not math.isfinite(stats.get("grad_norm", 0.0)):
+            raise self.diverged(f"the gradient norm is {stats['grad_norm']} at step {st.step + 1}")
+        st.step, self.steps = st.step + 1, self.steps + 1
+        st.tokens += self.cfg.batch_size * s.objective.tokens_per_item
+        self.result.losses[st.step] = loss
+        return loss
+
+    def log(self, loss: float, total: int, now: float) -> None:
+        """A metrics record and a progress update, every log_every steps (and the first)."""
+        st = self.st
+        if st.step % self.cfg.log_every and st.step != 1:
+            return
+        rate = (st.tokens - self.tick_tokens) / max(now - self.tick, 1e-9)
+        self.tick, self.tick_tokens = now, st.tokens
+        st.metrics.append({"step": st.step, "loss": loss, "lr": self.lr, "tokens": st.tokens,
+                           "tok_per_s": round(rate, 1),
+                           "elapsed": round(st.seconds_used + now - self.start, 3)})  # fmt: skip
+        if self.budget is not None:
+            eta = self.budget.seconds - self.budget.elapsed(now)
+        else:
+            eta = (now - self.start) / self.steps * (total - st.step)
+        self.prog.update(st.step, loss, self.lr, rate, eta)
+
+    def after_step(self, now: float) -> None:
+        """Evaluate and checkpoint when due."""
+        cfg, step = self.cfg, self.st.step
+        due_eval = bool(cfg.eval_every and step % cfg.eval_every == 0) or bool(
+            self.eval_times and now - self.start >= self.eval_times[0]
+        )
+        if due_eval:
+            self.evaluate()
+            while self.eval_times and self.clock() - self.start >= self.eval_times[0]:
+                self.eval_times.pop(0)
+        every = cfg.checkpoint_every
+        if (every and step % every == 0) or (every is None and due_eval):
+            self.save()
+
+    def stopped(self, total: int) -> str:
+        """Why a run that reached `total` ended: by its time budget or its step count."""
+        by_time = self.budget is not None and (
+            self.cfg.max_steps is None or total < self.cfg.max_steps
+        )
+        return "time" if by_time else "done"
 
 
 def run_training(
     s: Session,
+    placement: Placement | None = None,
     *,
     quiet: bool = False,
     progress_stream: Any = None,
@@ -178,171 +343,40 @@ def run_training(
 ) -> TrainResult:
     """Train `s` until max_steps, the time budget, SIGINT or `stop_at` (a simulated interrupt).
 
-    started_at: a `clock()` reading from before the session was built, so that setup time
-    counts against a time budget (the command line passes its start time). In several
-    processes (`distributed.prepare`), each trains on its slice and only rank 0 reports.
+    placement: what trains in this process (`distributed.place`; None: one process, the
+    session's own model). started_at: a `clock()` reading from before the session was built,
+    so that setup time counts against a time budget (the command line passes its start time).
+    In several processes, each trains on its slice and only rank 0 reports.
     """
-    cfg, rank = s.cfg, s.rank
-    accum = cfg.accumulation(s.world_size)
-    per_rank = cfg.batch_size // s.world_size
-    lr_for = schedule(cfg.lr, cfg.warmup, cfg.min_lr_ratio, cfg.decay, cfg.decay_fraction)
+    p = placement or Placement.alone(s)
     start = clock() if started_at is None else started_at
-    prog = Progress(
-        cfg.max_steps,
-        quiet=quiet or rank != 0,
-        every=cfg.log_every,
-        stream=progress_stream,
-        initial=s.step,
-    )
-    forward = maybe_compile(s.model, cfg.compile, prog.message)
-    budget = None
-    if cfg.max_time is not None:
-        budget = TimeBudget(max(cfg.max_time - s.seconds_used, 1e-3))
-        budget.begin(start)
-    eval_times: list[float] = []  # for a time budget: evaluate at each fifth of it
-    if budget is not None and cfg.eval_every is None:
-        eval_times = [budget.seconds * k / 5 for k in range(1, 5)]
-    result = TrainResult(s.step, s.tokens, "done")
-    last_eval = last_ckpt = -1
-    good = s.step if s.step > 0 and s.run is not None else None  # resumed: its checkpoint
-    eval_cost, save_cost = 0.0, 0.5
-
-    def diverged(what: str) -> NonFiniteLoss:
-        prog.close()
-        where = (
-            f"step {good} in {s.run.path}"
-            if good is not None and s.run is not None
-            else "none (no checkpoint was written)"
-        )
-        return NonFiniteLoss(f"{what}; stopped. Last good checkpoint: {where}. Try a lower --lr")
-
-    def check_weights() -> None:
-        name = non_finite(s.model)
-        _, bad = agree(0, name is not None)  # FSDP: each rank sees its shard
-        if bad:
-            raise diverged(
-                f"the weights are not finite after step {s.step}" + (f" ({name})" if name else "")
-            )
-
-    def do_eval() -> None:
-        nonlocal last_eval, eval_cost
-        t0 = clock()
-        check_weights()
-        result.eval = _eval_now(s, forward)
-        eval_cost = clock() - t0
-        last_eval = s.step
-        bad = [k for k, v in result.eval.items() if not math.isfinite(v)]
-        if bad:
-            raise diverged(f"validation {bad[0]} is {result.eval[bad[0]]} at step {s.step}")
-        rec = {
-            "step": s.step,
-            **{f"val_{k}": v for k, v in result.eval.items()},
-            "elapsed": round(s.seconds_used + clock() - start, 3),
-        }
-        s.metrics.append(rec)
-        line = val_line(result.eval)
-        prog.message(f"eval step {s.step}: {'val ' if 'nats/char' in line else ''}{line}")
-        if s.writer:
-            s.run.write_metrics(s.metrics)
-            s.run.write_bytes("loss.png", loss_plot(s.metrics))
-            for name, blob in getattr(s.task, "eval_files", dict)().items():  # e.g. confusion.png
-                s.run.write_bytes(name, blob)
-
-    def do_save() -> None:
-        nonlocal last_ckpt, save_cost, good
-        t0 = clock()
-        if last_eval != s.step:  # an evaluation at this step has checked the weights already
-            check_weights()
-        save_checkpoint(s, seconds_used=s.seconds_used + t0 - start)
-        save_cost, last_ckpt = clock() - t0, s.step
-        good = s.step
-
-    s.model.train()
-    if s.step == 0:
-        do_eval()
-    steps_this_call, tick, tick_tokens, lr = 0, clock(), s.tokens, 0.0
+    prog = Progress(s.cfg.max_steps, quiet=quiet or p.rank != 0, every=s.cfg.log_every,
+                    stream=progress_stream, initial=s.state.step)  # fmt: skip
+    run = _Run(s, p, prog, clock, start)
+    p.model.train()
+    if s.state.step == 0:
+        run.evaluate()
     with _StopFlag() as flag:
         while True:
-            if budget is not None:
-                budget.set_reserve(eval_cost + save_cost + 0.1)
-                total = budget.plan(steps_this_call, s.step, clock())
-                if total <= s.step and steps_this_call and lr > cfg.lr * cfg.min_lr_ratio:
-                    total = s.step + 1  # the estimate fell short: one last step at the floor
-                if cfg.max_steps is not None:  # both limits hold, whichever comes first
-                    total = min(total, cfg.max_steps)
-                prog.set_total(total)
-            else:
-                total = cfg.max_steps
-            stop = flag.requested or (stop_at is not None and s.step >= stop_at)
-            total, stop = agree(total, stop)  # all ranks end at the same step
-            if s.step >= total:
-                by_time = budget is not None and (cfg.max_steps is None or total < cfg.max_steps)
-                result.stopped = "time" if by_time else "done"
+            total, stop = run.plan(flag.requested, stop_at)
+            if s.state.step >= total:
+                run.result.stopped = run.stopped(total)
                 break
             if stop:
-                result.stopped = "interrupted"
+                run.result.stopped = "interrupted"
                 break
-            lr = lr_for(s.step, total)
-            for g in s.opt.param_groups:
-                g["lr"] = lr * g.get("lr_scale", 1.0)
-            batch = slice_batch(s.task.draw(cfg.batch_size), rank * per_rank, (rank + 1) * per_rank)
-            stats: dict[str, float] = {}
-            step_args = dict(
-                accum=accum, bf16=s.bf16, grad_clip=cfg.grad_clip, device=s.device, stats=stats
-            )
-            try:
-                loss = train_step(forward, s.task, s.opt, batch, **step_args)
-            except Exception as exc:  # noqa: BLE001 - a compiled first step may fail any way
-                if forward is s.model or steps_this_call > 0:
-                    raise
-                prog.message(f"torch.compile failed ({type(exc).__name__}); running eagerly")
-                forward = s.model
-                s.opt.zero_grad(set_to_none=True)
-                loss = train_step(forward, s.task, s.opt, batch, **step_args)
-            if not math.isfinite(loss):
-                raise diverged(f"loss is {loss} at step {s.step + 1}")
-            if not math.isfinite(stats.get("grad_norm", 0.0)):
-                raise diverged(f"the gradient norm is {stats['grad_norm']} at step {s.step + 1}")
-            s.step += 1
-            steps_this_call += 1
-            s.tokens += cfg.batch_size * s.task.tokens_per_item
-            result.losses[s.step] = loss
+            loss = run.step(total)
             now = clock()
-            if budget is not None:
-                budget.observe(steps_this_call, now)
-            if s.step % cfg.log_every == 0 or s.step == 1:
-                rate = (s.tokens - tick_tokens) / max(now - tick, 1e-9)
-                tick, tick_tokens = now, s.tokens
-                s.metrics.append(
-                    {
-                        "step": s.step,
-                        "loss": loss,
-                        "lr": lr,
-                        "tokens": s.tokens,
-                        "tok_per_s": round(rate, 1),
-                        "elapsed": round(s.seconds_used + now - start, 3),
-                    }
-                )
-                if budget is not None:
-                    eta = budget.seconds - budget.elapsed(now)
-                else:
-                    eta = (now - start) / steps_this_call * (total - s.step)
-                prog.update(s.step, loss, lr, rate, eta)
-            due_eval = (cfg.eval_every and s.step % cfg.eval_every == 0) or (
-                eval_times and now - start >= eval_times[0]
-            )
-            if due_eval:
-                do_eval()
-                while eval_times and clock() - start >= eval_times[0]:
-                    eval_times.pop(0)
-            every = cfg.checkpoint_every
-            if (every and s.step % every == 0) or (every is None and due_eval):
-                do_save()
-    if last_eval != s.step:
-        do_eval()
-    if last_ckpt != s.step:
-        do_save()
+            if run.budget is not None:
+                run.budget.observe(run.steps, now)
+            run.log(loss, total, now)
+            run.after_step(now)
+    if run.last_eval != s.state.step:
+        run.evaluate()
+    if run.last_ckpt != s.state.step:
+        run.save()
     prog.close()
-    s.seconds_used += clock() - start
-    result.step, result.tokens, result.seconds = s.step, s.tokens, clock() - start
-    return result
+    s.state.seconds_used += clock() - start
+    run.result.step, run.result.tokens = s.state.step, s.state.tokens
+    run.result.seconds = clock() - start
+    return run.result

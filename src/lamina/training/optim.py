@@ -1,4 +1,4 @@
-"""Optimization: AdamW with decay on matrices only, its pickle-free state, and the lr schedule.
+"""Optimizers: AdamW with decay on matrices only (or Muon for the blocks), their pickle-free state.
 
     param_groups(model, weight_decay, embed_lr_scale, head_lr_scale, muon)
         -> [{"params", "weight_decay", "lr_scale"(, "kind")}]: decay on >= 2-D weights only;
@@ -15,36 +15,22 @@
     ("state.<i>.<name>") and the JSON-able rest (hyperparameters of each group, which state
     entries are tensors). `load_optimizer_tensors(opt, tensors, meta)` inverts it.
 
-    schedule(peak, warmup, floor_ratio, kind, decay_fraction) -> lr(step, total)  checked once
-    lr_at(step, total, peak, warmup, floor_ratio, kind, ...) -> float   the same, in one call
-        step 0 .. warmup-1: linear warmup, peak * (step + 1) / (warmup + 1)   (never 0)
-        then cosine or linear decay from peak, reaching peak * floor_ratio exactly at
-        step total - 1 (the last optimizer step is fully decayed), and staying there;
-        or "wsd" (warmup-stable-decay): flat at peak, then linear to the floor over the last
-        round(decay_fraction * total) steps (never starting before warmup ends), reaching it
-        at step total - 1. A function of (step, total), so TimeBudget's re-estimated total
-        moves the decay's start with it.
+    make_optimizer(model, cfg, fused=None) -> the optimizer a resolved TrainConfig names
 
-    TimeBudget(seconds): given the steps done and the clock, how many steps fit in the rest of
-    the budget? Seconds per step are measured after a few warm-up steps (compilation and
-    first-call costs excluded) as a running average over every step since, so periodic
-    evaluations and checkpoints are amortised; a reserve for the final evaluation and save is
-    kept back. `plan(step, now)` returns the estimated total step count (re-estimated at
-    every step), or `step` itself when no further step fits: the caller stops there.
+The learning-rate schedule and the time budget are in schedule.py.
 
 Deliberately unaware of data, models beyond their parameters, and files.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from lamina.errors import LaminaError
+from lamina.training.config import TrainConfig
 
 OPTIMIZERS = ("adamw", "muon")
 OUTPUT_LAYERS = ("head", "classifier")  # a model's output projection, by attribute name
@@ -191,108 +177,18 @@ def load_optimizer_tensors(
         raise LaminaError(f"cannot restore the optimizer state: {exc}") from exc
 
 
-# -- the learning-rate schedule ------------------------------------------------------------
-DECAYS = ("cosine", "linear", "wsd")
-
-
-def schedule(
-    peak: float,
-    warmup: int = 0,
-    floor_ratio: float = 0.1,
-    kind: str = "cosine",
-    decay_fraction: float = 0.2,
-) -> Callable[[int, int], float]:
-    """`lr(step, total)` for optimizer step `step` (0-based) of a run of `total` steps."""
-    if kind not in DECAYS:
-        raise LaminaError(f"decay must be one of {', '.join(DECAYS)}, got {kind!r}")
-    if kind == "wsd" and not (isinstance(decay_fraction, (int, float)) and 0 < decay_fraction <= 1):
-        raise LaminaError(f"decay_fraction must be in (0, 1], got {decay_fraction!r}")
-    floor, cosine = peak * floor_ratio, kind == "cosine"
-
-    def lr(step: int, total: int) -> float:
-        if step < warmup:
-            return peak * (step + 1) / (warmup + 1)
-        if kind == "wsd":
-            # stable at the peak, then linear to the floor over the last decay_fraction of the
-            # steps, reaching it at step total - 1 (as the other shapes do)
-            length = max(1, round(decay_fraction * total))
-            start = max(warmup, total - length)
-            span = total - 1 - start
-            if step < start:
-                return peak
-            progress = 1.0 if span <= 0 else min(1.0, (step - start) / span)
-            return peak - progress * (peak - floor)
-        span = total - 1 - warmup
-        progress = 1.0 if span <= 0 else min(1.0, max(0.0, (step - warmup) / span))
-        coeff = 0.5 * (1.0 + math.cos(math.pi * progress)) if cosine else 1.0 - progress
-        return floor + coeff * (peak - floor)
-
-    return lr
-
-
-def lr_at(
-    step: int,
-    total: int,
-    peak: float,
-    warmup: int = 0,
-    floor_ratio: float = 0.1,
-    kind: str = "cosine",
-    decay_fraction: float = 0.2,
-) -> float:
-    """Learning rate for optimizer step `step` (0-based) of a run of `total` steps."""
-    return schedule(peak, warmup, floor_ratio, kind, decay_fraction)(step, total)
-
-
-class TimeBudget:
-    """Estimates how many optimizer steps fit in a wall-clock budget.
-
-    seconds: the budget for the steps still to run (a resumed run passes what is left).
-    settle: steps excluded from the rate measurement (first-call and compile costs).
-    """
-
-    def __init__(self, seconds: float, *, settle: int = 3, first_guess: float = 1.0) -> None:
-        if not seconds > 0:
-            raise LaminaError(f"time budget must be positive, got {seconds!r}")
-        self.seconds = float(seconds)
-        self.settle = settle
-        self.first_guess = first_guess  # seconds per step before any is measured
-        self.start: float | None = None
-        self.reserve = 0.0  # seconds kept back for the final evaluation and save
-        self._mark: tuple[int, float] | None = None  # (steps done, time) once settled
-        self._first_step: float | None = None
-
-    def begin(self, now: float) -> None:
-        self.start = now
-
-    def set_reserve(self, seconds: float) -> None:
-        """Time needed after the last step (final evaluation, plot and checkpoint)."""
-        self.reserve = max(0.0, float(seconds))
-
-    def seconds_per_step(self, steps_done: int, now: float) -> float:
-        if self._mark is None:
-            return self._first_step or self.first_guess
-        mark_steps, mark_time = self._mark
-        if steps_done <= mark_steps:
-            return self._first_step or self.first_guess
-        return (now - mark_time) / (steps_done - mark_steps)
-
-    def observe(self, steps_done: int, now: float) -> None:
-        """Call after each step with the number of steps done in this budget and the clock."""
-        if self.start is None:
-            raise LaminaError("TimeBudget.begin() must be called first")
-        if steps_done == 1:
-            self._first_step = now - self.start
-        if steps_done == self.settle and self._mark is None:
-            self._mark = (steps_done, now)
-
-    def plan(self, steps_done: int, step: int, now: float) -> int:
-        """Estimated total steps of the run (`step` = global steps so far; `step` = stop now)."""
-        if self.start is None:
-            raise LaminaError("TimeBudget.begin() must be called first")
-        left = self.seconds - (now - self.start) - self.reserve
-        rate = max(self.seconds_per_step(steps_done, now), 1e-6)
-        more = int(left // rate)
-        return step + max(0, more)
-
-    def elapsed(self, now: float) -> float:
-        return 0.0 if self.start is None else now - self.start
+def make_optimizer(
+    model: nn.Module, cfg: TrainConfig, fused: bool | None = None
+) -> torch.optim.Optimizer:
+    """AdamW or MuonAdamW as `cfg` (resolved) says, with its per-group lr multipliers."""
+    return build_optimizer(
+        model,
+        cfg.lr,
+        cfg.weight_decay,
+        (cfg.beta1, cfg.beta2),
+        fused=fused,
+        optimizer=cfg.optimizer or "adamw",
+        embed_lr_scale=1.0 if cfg.embed_lr_scale is None else cfg.embed_lr_scale,
+        head_lr_scale=1.0 if cfg.head_lr_scale is None else cfg.head_lr_scale,
+        ns_dtype=cfg.muon_ns_dtype,
+    )

@@ -1,10 +1,7 @@
-"""What a run shows: a tqdm bar on a terminal or plain lines, and loss.png.
+"""What a run shows: a tqdm bar on a terminal or plain lines (loss.png: `pictures.loss_curves`).
 
     Progress(total, quiet, every, stream) ; update(step, loss, lr, tok_per_s, eta_s) ;
     message(text) ; close()
-    loss_plot(records) -> PNG bytes
-        records: metrics.jsonl entries; those with "loss" form the training curve, those with
-        "val_loss" the validation curve (markers).
 
 On a TTY (and not quiet) a tqdm bar shows step, loss, learning rate, tokens/s and ETA. When
 stdout is not a terminal, or with quiet, a plain line is printed every `every` steps instead
@@ -13,18 +10,14 @@ above the bar. This is the one training module that writes to the terminal. If t
 breaks (stdout closed, or piped into `head` that has exited), output is switched off and
 training carries on: `safe_print` never raises for a broken stream.
 
-The plot uses matplotlib's Agg backend without touching pyplot's global state, so it is safe in
-any process; the caller writes the bytes atomically.
-
 Deliberately unaware of models, optimizers, files and what a step computes.
 """
 
 from __future__ import annotations
 
-import io
 import os
 import sys
-from typing import Any, TextIO
+from typing import TextIO
 
 from lamina.files import mute_stream
 
@@ -134,28 +127,3 @@ class Progress:
             except (OSError, ValueError):
                 self._broken()
             self.bar = None
-
-
-def loss_plot(records: list[dict[str, Any]], title: str = "lamina training") -> bytes:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    train = [(r["step"], r["loss"]) for r in records if r.get("loss") is not None]
-    val = [(r["step"], r["val_loss"]) for r in records if r.get("val_loss") is not None]
-    fig = Figure(figsize=(7, 4.2), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
-    if train:
-        ax.plot(*zip(*train, strict=True), label="train", linewidth=1.0, alpha=0.8)
-    if val:
-        ax.plot(*zip(*val, strict=True), "o-", label="validation", markersize=3)
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss (nats per token)")
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    if train or val:
-        ax.legend()
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()

@@ -1,13 +1,19 @@
-"""A training session: one run's model, optimizer, task and run directory, and how it is saved.
+"""A training session: one run's model, optimizer, objective and run directory, and how it is
+saved.
 
-    new_session(cfg, out, force, command) -> Session        defaults resolved, model seeded,
-                                                             train_config.json written
+    new_session(cfg, out, force, command, world_size, fsdp, micro_given) -> Session
+                                                             defaults resolved (registry.resolve),
+                                                             model seeded, train_config.json
+                                                             written
     resume_session(run_dir, given, command) -> Session      the run read back at its last
                                                              checkpoint; `given` holds the flags
                                                              typed on this command line, and any
                                                              that conflict with the run are named
                                                              (a config.json edited by hand too)
-    save_checkpoint(session, seconds_used)                  the one way a run is saved
+    save_checkpoint(session, placement, seconds_used)       the one way a run is saved
+    Session (built once, frozen) + RunState (step, tokens, seconds, metrics: what advances)
+    Placement(model, opt, rank, world_size, gather)         what trains in this process
+                                                             (`distributed.place` makes it)
 
 A checkpoint holds the model, the optimizer moments (safetensors) and hyperparameters (JSON),
 and trainer_state.json: step, tokens seen, torch RNG state, the task's RNG/sampler state, the
@@ -15,8 +21,8 @@ training seconds used and a fingerprint of the corpus. Nothing is pickled. Resum
 all of it before the model is wrapped for several processes, so a run saved under any number of
 processes resumes under any other.
 
-Every process calls `save_checkpoint`: where the model is sharded, `session.gather` (set by
-`distributed.prepare`) first collects the full model and optimizer from all processes; then the
+Every process calls `save_checkpoint`: where the model is sharded, `placement.gather` (made by
+`distributed.place`) first collects the full model and optimizer from all processes; then the
 process of rank 0 writes, through `RunDir.write_checkpoint` (staged, atomic).
 
 Paths are recorded absolute and resolved (`data`, `out`), so a run can be evaluated or resumed
@@ -29,6 +35,7 @@ Deliberately unaware of how steps are computed, of process groups and of progres
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import sys
@@ -41,22 +48,17 @@ import torch
 from torch import nn
 
 from lamina.checkpoint import load_state, load_tensors, save_model
+from lamina.data.spec import is_kind
 from lamina.data.tokenizers import Tokenizer
 from lamina.errors import LaminaError
 from lamina.files import read_json
-from lamina.models.config import EncoderConfig
 from lamina.modes import check_finite
-from lamina.training.build import (
-    build_first_last,
-    make_optimizer,
-    resolve_device,
-    use_bf16,
-)
-from lamina.training.config import BEFORE_RECORDED, TrainConfig, resolve_defaults
-from lamina.training.inputs import lm_inputs
-from lamina.training.optim import load_optimizer_tensors, optimizer_tensors
+from lamina.training.config import TrainConfig
+from lamina.training.device import resolve_device, use_bf16
+from lamina.training.objectives import Objective, rng_state, rng_text
+from lamina.training.optim import load_optimizer_tensors, make_optimizer, optimizer_tensors
+from lamina.training.registry import build, load_config, resolve
 from lamina.training.run_dir import RunDir
-from lamina.training.tasks import TrainTask, rng_state, rng_text
 from lamina.version import __version__
 
 # flags that may differ on --resume (they do not change what the next steps compute)
@@ -76,55 +78,64 @@ Gather = Callable[[], "tuple[nn.Module, torch.optim.Optimizer] | None"]
 
 
 @dataclass
-class Session:
-    cfg: TrainConfig  # resolved: no None left that the loop reads
-    model: nn.Module  # what trains (wrapped for DDP or sharded for FSDP by distributed.prepare)
-    task: TrainTask
-    opt: torch.optim.Optimizer
-    device: torch.device
-    bf16: bool
-    run: RunDir | None  # None: nothing is written (e.g. `lamina task`, or ranks other than 0)
-    tokenizer: Tokenizer | None = None  # saved beside a language model
-    fingerprint: str = ""
+class RunState:
+    """Where a run stands: what the loop advances and a checkpoint records."""
+
     step: int = 0
     tokens: int = 0
     seconds_used: float = 0.0  # training wall time of earlier invocations
     metrics: list[dict[str, Any]] = field(default_factory=list)
-    rank: int = 0  # this process among `world_size` (set by distributed.prepare)
-    world_size: int = 1
-    gather: Gather | None = None  # sharded runs: the full (model, optimizer) on rank 0, else None
-    origin: dict[str, Any] | None = None  # --init-from: the model the run started from
 
-    @property
-    def writer(self) -> bool:
-        """Whether this process writes the run directory, metrics and plots."""
-        return self.rank == 0 and self.run is not None
+
+@dataclass(frozen=True)
+class Session:
+    """One run's parts, built once: nothing here is swapped while it trains (the placement
+    among processes comes back from `distributed.place` as a `Placement`)."""
+
+    cfg: TrainConfig  # resolved: no None left that the loop reads
+    model: nn.Module  # the plain model (checkpoints restore into it)
+    objective: Objective
+    opt: torch.optim.Optimizer
+    device: torch.device
+    bf16: bool
+    run: RunDir | None  # None: nothing is written (e.g. `lamina task`, or ranks other than 0)
+    tokenizer: Tokenizer | None = None  # saved beside the model
+    fingerprint: str = ""
+    origin: dict[str, Any] | None = None  # --init-from: the model the run started from
+    state: RunState = field(default_factory=RunState)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A session placed among processes: what trains, and how a checkpoint collects it."""
+
+    model: nn.Module  # the session's model, or its DDP / FSDP2 wrapper
+    opt: torch.optim.Optimizer  # the optimizer over `model`'s parameters
+    rank: int = 0  # this process among `world_size`
+    world_size: int = 1
+    gather: Gather | None = None  # sharded: the full (model, optimizer) on rank 0, else None
+
+    @classmethod
+    def alone(cls, s: Session) -> Placement:
+        """One process: the session's own model and optimizer."""
+        return cls(s.model, s.opt)
+
+
+def writer(s: Session, p: Placement) -> bool:
+    """Whether this process writes the run directory, metrics and plots."""
+    return p.rank == 0 and s.run is not None
 
 
 def _build(cfg: TrainConfig, run: RunDir | None, model_cfg: dict[str, Any] | None) -> Session:
     device = resolve_device(cfg.device)
-    tok: Tokenizer | None = None
-    origin = None
-    if cfg.task == "first-last":
-        ec = EncoderConfig.from_dict(model_cfg) if model_cfg else None
-        task, model, ec = build_first_last(cfg, ec)
-        fp, width = "first-last", ec.d_model
-    elif cfg.task == "classify":
-        from lamina.training.classify import build_classify
-
-        ec = EncoderConfig.from_dict(model_cfg) if model_cfg else None
-        task, model, tok, fp = build_classify(cfg, run.path if run else None, ec)
-        width = model.config.d_model
-    else:
-        lm = lm_inputs(cfg, run.path if run is not None else None, model_cfg)
-        task, model, tok, origin = lm.task, lm.model, lm.tokenizer, lm.origin
-        fp, width = lm.fingerprint, lm.config.d_model
-        if lm.spec is not None:
-            cfg = cfg.replace(tokenizer=lm.spec)  # record what the prepared folder used
-    model.to(device)
-    opt = make_optimizer(model, cfg)
-    bf16 = use_bf16(cfg.dtype, device, width)
-    return Session(cfg, model, task, opt, device, bf16, run, tok, fp, origin=origin)
+    built = build(cfg, run.path if run is not None else None, model_cfg)
+    if built.recorded:
+        cfg = cfg.replace(**built.recorded)  # e.g. the tokenizer a prepared folder used
+    built.model.to(device)
+    opt = make_optimizer(built.model, cfg)
+    bf16 = use_bf16(cfg.dtype, device, built.width)
+    return Session(cfg, built.model, built.objective, opt, device, bf16, run, built.tokenizer,
+                   built.fingerprint, built.origin)  # fmt: skip
 
 
 def new_session(
@@ -133,15 +144,13 @@ def new_session(
     out: str | Path | None,
     force: bool = False,
     command: list[str] | None = None,
+    world_size: int = 1,
+    fsdp: bool = False,
+    micro_given: bool = False,
 ) -> Session:
-    """A fresh run: defaults resolved, model seeded, run directory created (unless out=None)."""
-    cfg = resolve_defaults(cfg, resolve_device(cfg.device).type)
-    if cfg.data is not None:
-        cfg = cfg.replace(data=absolute(cfg.data))
-    if cfg.init_from is not None:
-        cfg = cfg.replace(init_from=absolute(cfg.init_from))
-    if cfg.val_data is not None:
-        cfg = cfg.replace(val_data=absolute(cfg.val_data))
+    """A fresh run: defaults resolved (`registry.resolve` for `world_size` processes), model
+    seeded, run directory created (unless out=None)."""
+    cfg = _absolute_paths(resolve(cfg, world_size=world_size, fsdp=fsdp, micro_given=micro_given))
     fresh = out is not None and not Path(out).exists()
     run = RunDir.create(out, force=force) if out is not None else None
     try:
@@ -172,6 +181,9 @@ def resume_session(
     command: list[str] | None = None,
     *,
     lock: bool = True,
+    world_size: int = 1,
+    fsdp: bool = False,
+    micro_given: bool = False,
 ) -> Session:
     """Reopen a run at its last checkpoint; flags in `given` must agree with the run.
 
@@ -179,10 +191,32 @@ def resume_session(
     """
     run = RunDir.open(run_dir, lock=lock)
     try:
-        return _resume(run, given)
+        cfg, model_cfg = _resumed_config(run, given)
+        cfg = resolve(cfg, world_size=world_size, fsdp=fsdp, micro_given=micro_given, fill=False)
+        session = _build(cfg, run, model_cfg)
+        _restore(session, run)
+        session.state.metrics = run.read_metrics(up_to_step=session.state.step)
+        return session
     except BaseException:
         run.release()
         raise
+
+
+def _absolute_paths(cfg: TrainConfig) -> TrainConfig:
+    """Paths recorded absolute and resolved: data, init_from, a path tokenizer spec, and the
+    task's own path options (any option named *_data)."""
+    changes: dict[str, Any] = {}
+    for name in ("data", "init_from"):
+        if getattr(cfg, name) is not None:
+            changes[name] = absolute(getattr(cfg, name))
+    if not is_kind(cfg.tokenizer) and Path(cfg.tokenizer).expanduser().exists():
+        changes["tokenizer"] = absolute(cfg.tokenizer)
+    extra = {f.name: absolute(getattr(cfg.options, f.name))
+             for f in dataclasses.fields(cfg.options)
+             if f.name.endswith("_data") and getattr(cfg.options, f.name) is not None}  # fmt: skip
+    if extra:
+        changes["options"] = dataclasses.replace(cfg.options, **extra)
+    return cfg.replace(**changes)
 
 
 def absolute(path: str | os.PathLike[str]) -> str:
@@ -218,11 +252,10 @@ def _edited_model_fields(run: RunDir, model_cfg: dict[str, Any]) -> list[str]:
     ]
 
 
-def _resume(run: RunDir, given: dict[str, Any]) -> Session:
+def _resumed_config(run: RunDir, given: dict[str, Any]) -> tuple[TrainConfig, dict[str, Any]]:
+    """The run's config with the resumable flags of `given` applied; conflicts are refused."""
     saved = run.read_train_config()
-    cfg = TrainConfig.from_dict(saved["train"])
-    older = {k: v for k, v in BEFORE_RECORDED.items() if getattr(cfg, k) is None}
-    cfg = cfg.replace(**older)  # a run recorded before these fields existed
+    cfg = load_config(saved["train"])
     model_cfg = dict(saved.get("model") or {})
     conflicts, changes = [], {}
     for name, value in given.items():
@@ -234,8 +267,8 @@ def _resume(run: RunDir, given: dict[str, Any]) -> Session:
             changes[name] = value
         elif name == "data" and _same_file(cfg.data, value, Path.cwd()):
             continue
-        elif getattr(cfg, name, None) != value:
-            conflicts.append(f"{name} (run: {getattr(cfg, name, None)!r}, given: {value!r})")
+        elif cfg.get(name) != value:
+            conflicts.append(f"{name} (run: {cfg.get(name)!r}, given: {value!r})")
     if conflicts:
         raise LaminaError(
             f"--resume {run.path}: flags conflict with the run: {'; '.join(conflicts)}"
@@ -249,42 +282,44 @@ def _resume(run: RunDir, given: dict[str, Any]) -> Session:
     if cfg.data is not None and not Path(cfg.data).exists():
         raise LaminaError(f"--resume {run.path}: the run's data {cfg.data} no longer exists")
     changes.pop("out", None)
-    session = _build(cfg.replace(**changes), run, model_cfg)
-    _restore(session, run)
-    session.metrics = run.read_metrics(up_to_step=session.step)
-    return session
+    return cfg.replace(**changes), model_cfg
 
 
-def save_checkpoint(s: Session, seconds_used: float | None = None) -> None:
+def save_checkpoint(
+    s: Session, placement: Placement | None = None, seconds_used: float | None = None
+) -> None:
     """Write model, optimizer and trainer state (and the metrics so far) to the run directory.
 
-    Every process calls this; only rank 0 of a session with a run directory writes.
-    seconds_used: the training time to record (default: `s.seconds_used`).
+    Every process calls this (with its placement; None: one process); only rank 0 of a session
+    with a run directory writes. seconds_used: the training time to record (default:
+    `s.state.seconds_used`).
     """
-    model, opt = s.model, s.opt
-    if s.gather is not None:
-        full = s.gather()  # collective: every process takes part
+    p = placement or Placement.alone(s)
+    model, opt = p.model, p.opt
+    if p.gather is not None:
+        full = p.gather()  # collective: every process takes part
         if full is None:
             return
         model, opt = full
-    if not s.writer:
+    if not writer(s, p):
         return
+    st = s.state
     state = {
-        "step": s.step,
-        "tokens_seen": s.tokens,
-        "seconds_used": s.seconds_used if seconds_used is None else seconds_used,
+        "step": st.step,
+        "tokens_seen": st.tokens,
+        "seconds_used": st.seconds_used if seconds_used is None else seconds_used,
         "torch_rng": rng_text(torch.get_rng_state()),
         "cuda_rng": [rng_text(t) for t in torch.cuda.get_rng_state_all()]
         if torch.cuda.is_available()
         else [],
-        "task": s.task.state_dict(),
+        "task": s.objective.state_dict(),
         "data_fingerprint": s.fingerprint,
         "lamina": __version__,
     }
     s.run.write_checkpoint(
         lambda d: save_model(d, model, s.tokenizer), optimizer_tensors(opt), state
     )
-    s.run.write_metrics(s.metrics)
+    s.run.write_metrics(st.metrics)
 
 
 def _restore(s: Session, run: RunDir) -> None:
@@ -302,8 +337,8 @@ def _restore(s: Session, run: RunDir) -> None:
         torch.set_rng_state(rng_state(state["torch_rng"]))
         if state.get("cuda_rng") and torch.cuda.is_available():
             torch.cuda.set_rng_state_all([rng_state(t) for t in state["cuda_rng"]])
-        s.task.load_state_dict(state["task"])
-        s.step, s.tokens = int(state["step"]), int(state["tokens_seen"])
-        s.seconds_used = float(state.get("seconds_used", 0.0))
+        s.objective.load_state_dict(state["task"])
+        s.state.step, s.state.tokens = int(state["step"]), int(state["tokens_seen"])
+        s.state.seconds_used = float(state.get("seconds_used", 0.0))
     except (KeyError, ValueError, TypeError, RuntimeError) as exc:
         raise LaminaError(f"{run.path / 'trainer_state.json'} is damaged: {exc}") from exc

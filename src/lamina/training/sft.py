@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from lamina.data.instruct import IGNORE, Example, encode_example, pad_rows
 from lamina.errors import LaminaError
 from lamina.modes import eval_mode
-from lamina.training.tasks import rng_state, rng_text
+from lamina.training.objectives import rng_state, rng_text
 
 Row = tuple[list[int], list[bool]]
 

@@ -1,11 +1,11 @@
-"""Specification of lamina.data.tasks: first-last, copy and reverse synthetic tasks."""
+"""Specification of lamina.data.toy_tasks: first-last, copy and reverse synthetic tasks."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from lamina.data import IGNORE_INDEX, SEP_ID, TASKS, copy_batch, first_last_batch, reverse_batch
+from lamina.data import IGNORE_INDEX, SEP_ID, TOY_TASKS, copy_batch, first_last_batch, reverse_batch
 from lamina.errors import LaminaError
 
 
@@ -54,19 +54,19 @@ def test_copy_and_reverse_targets_and_ignore_index(fn, reverse):
     assert torch.equal(x[:, length + 1 :], expected[:, :-1])
 
 
-@pytest.mark.parametrize("name", sorted(TASKS))
+@pytest.mark.parametrize("name", sorted(TOY_TASKS))
 def test_tasks_are_deterministic_given_a_seeded_generator(name):
     """The same seed gives the same batch; another seed gives another."""
-    fn = TASKS[name]
+    fn = TOY_TASKS[name]
     a, b, c = fn(16, generator=gen(7)), fn(16, generator=gen(7)), fn(16, generator=gen(8))
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     assert not torch.equal(a[0], c[0])
 
 
 def test_tasks_registry_names():
-    """TASKS maps the three task names to their functions."""
+    """TOY_TASKS maps the three task names to their functions."""
     expected = {"first-last": first_last_batch, "copy": copy_batch, "reverse": reverse_batch}
-    assert expected == TASKS
+    assert expected == TOY_TASKS
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ generator) and returns int64 CPU tensors.
     ``src`` or ``src`` reversed), ``x = s[:-1]`` and ``y = s[1:]``, except that ``y`` is
     ``IGNORE_INDEX`` (-100) at the first ``L`` positions: only the ``L`` positions whose next
     token is a ``tgt`` token are scored.
-    ``TASKS``: name -> function.
+    ``TOY_TASKS``: name -> function.
 
 What this module deliberately does not know: models, losses, devices, and the corpus code.
 """
@@ -32,7 +32,7 @@ __all__ = [
     "IGNORE_INDEX",
     "PAD_ID",
     "SEP_ID",
-    "TASKS",
+    "TOY_TASKS",
     "copy_batch",
     "first_last_batch",
     "reverse_batch",
@@ -122,7 +122,7 @@ def reverse_batch(
     return _seq_batch(batch_size, length, vocab_size, generator, reverse=True)
 
 
-TASKS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
+TOY_TASKS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
     "first-last": first_last_batch,
     "copy": copy_batch,
     "reverse": reverse_batch,

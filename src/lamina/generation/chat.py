@@ -1,0 +1,305 @@
+"""A conversation with a KV cache that lives across turns.
+
+    Conversation(model, tokenizer, system=None, context=None)
+        .reply(text, options) -> Iterator[Reply]     streams the assistant's answer to `text`
+        .messages                                    the history (system first, if any)
+        .clear() / .set_system(text)
+    ChatOptions(max_new_tokens, temperature, top_k, top_p, seed, stop)
+
+Each turn renders the *whole* conversation with the tokenizer's chat template
+(`render_chat(messages, add_generation_prompt=True) -> ids`) and compares it with the tokens
+whose keys and values are already in the cache: only the tokens after their common prefix are
+prefilled. So a reply is computed from exactly what a fresh render of the conversation gives
+(a test holds the two equal token for token), yet turn n costs only its own new tokens. The
+reply's own tokens are usually part of that prefix at the next turn; where the template
+renders the reply differently from how it was sampled (a re-tokenized word), the cache is cut
+back at the first difference.
+
+When the conversation no longer fits `context` (minus room for a reply), the oldest turns go
+first (a user message with the answer that followed it); the system message and the current
+message always stay, and each `Reply` says how many messages were dropped. A current message
+that does not fit even alone is refused with a `LaminaError`, never cut silently.
+
+A reply ends at one of the tokenizer's end-of-turn ids (`eot_ids`; not shown), at a stop
+string, after `max_new_tokens`, or when the context is full. Closing the iterator (Ctrl-C in
+`lamina chat`, a client gone in `lamina serve`) keeps what was said so far as the answer.
+
+Deliberately unaware of terminals and HTTP: text in, `Reply` events out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lamina.errors import LaminaError
+from lamina.generation.sampling import check_sampling, sample
+from lamina.models.gpt import GPT
+from lamina.modes import eval_mode
+
+DEFAULT_CONTEXT = 4096  # tokens of KV cache a conversation gets when the model allows more
+MIN_REPLY_ROOM = 64  # tokens kept free for the reply when old turns must go
+
+
+@dataclass(frozen=True)
+class ChatOptions:
+    """How one reply is sampled (the same meanings as `lamina.generate`)."""
+
+    max_new_tokens: int = 512
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        n = self.max_new_tokens
+        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+            raise LaminaError(f"max_new_tokens must be a positive integer, got {n!r}")
+        check_sampling(self.temperature, self.top_k, self.top_p)
+        s = self.seed
+        if s is not None and (isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < 2**64):
+            raise LaminaError(f"seed must be an integer in [0, 2**64), got {s!r}")
+        if any(not isinstance(x, str) or not x for x in self.stop):
+            raise LaminaError("stop strings must be non-empty strings")
+
+
+@dataclass
+class Reply:
+    """One event of a streamed reply: new text, then a last event with `finish` set."""
+
+    text: str  # text new since the previous event ("" on the last one, possibly)
+    finish: str | None = None  # "stop" (end of turn or stop string), "length", "cancelled"
+    prompt_tokens: int = 0  # tokens of the rendered conversation this reply answers
+    cached_tokens: int = 0  # of which were reused from the cache (not prefilled again)
+    completion_tokens: int = 0  # tokens sampled so far
+    dropped: int = 0  # old messages left out to fit the context
+
+
+class PrefixCache:
+    """KV caches of one sequence plus the ids they hold: a new prompt reuses their common
+    prefix and computes only the rest."""
+
+    def __init__(self, model: GPT, capacity: int, dtype: torch.dtype | None = None) -> None:
+        self.model, self.capacity = model, capacity
+        self.caches = model.make_caches(1, capacity, dtype=dtype)
+        self.ids: list[int] = []  # tokens whose keys and values are in `caches`, in order
+
+    def prefill(self, ids: list[int]) -> tuple[Tensor, int]:
+        """Logits (1, V) after `ids`, computing only what the cache lacks; and how many of
+        `ids` were reused."""
+        if not 0 < len(ids) <= self.capacity:
+            raise LaminaError(f"a prompt of {len(ids)} tokens does not fit {self.capacity}")
+        reused = min(common_prefix(self.ids, ids), len(ids) - 1)
+        del self.ids[reused:]
+        for c in self.caches:
+            c.pos = reused
+        device = self.model.reference_tensor().device
+        new = torch.tensor([ids[reused:]], device=device)
+        logits = self.model(new, caches=self.caches, last_only=True)[:, -1]
+        self.ids.extend(ids[reused:])
+        return logits, reused
+
+    def step(self, token: int) -> Tensor:
+        """Append one token; logits (1, V) for the next."""
+        device = self.model.reference_tensor().device
+        logits = self.model(torch.tensor([[token]], device=device), caches=self.caches)[:, -1]
+        self.ids.append(token)
+        return logits
+
+    @property
+    def full(self) -> bool:
+        return len(self.ids) >= self.capacity
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two id lists."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def fit_messages(
+    render: Callable[[list[dict[str, str]]], list[int]],
+    messages: list[dict[str, str]],
+    context: int,
+    room: int,
+) -> tuple[list[int], int]:
+    """Render `messages`, dropping the oldest turns (a user message and the answers up to the
+    next one) until `room` tokens are left for the reply: (ids, messages dropped). A leading
+    system message and the last message always stay; if they alone do not fit, LaminaError."""
+    head = messages[:1] if messages and messages[0].get("role") == "system" else []
+    turns = messages[len(head) :]
+    dropped = 0
+    while True:
+        ids = render([*head, *turns])
+        if len(ids) + room <= context:
+            return ids, dropped
+        if len(turns) <= 1:
+            raise LaminaError(
+                f"the message is too long for the context: with the system message it is "
+                f"{len(ids):,} tokens, and the context holds {context:,} (with {room} kept "
+                "for the reply)"
+            )
+        cut = next((i for i in range(1, len(turns)) if turns[i].get("role") == "user"), None)
+        cut = len(turns) - 1 if cut is None else cut
+        dropped += cut
+        turns = turns[cut:]
+
+
+def reply_room(options: ChatOptions, context: int) -> int:
+    """Tokens kept free for a reply when old turns must go."""
+    room = min(options.max_new_tokens, max(MIN_REPLY_ROOM, context // 4))
+    return max(1, min(room, context - 2))
+
+
+def stream_reply(
+    cache: PrefixCache,
+    tokenizer: Any,
+    ids: list[int],
+    options: ChatOptions,
+    *,
+    dropped: int = 0,
+    said: list[str] | None = None,
+) -> Iterator[Reply]:
+    """Answer the rendered conversation `ids` token by token through `cache`; see the module
+    docstring. `said`, if given, receives the text shown so far (kept when the caller stops
+    listening)."""
+    o, model = options, cache.model
+    eot = set(getattr(tokenizer, "eot_ids", ()) or ())
+    generator = None
+    if o.seed is not None:
+        generator = torch.Generator(device=model.reference_tensor().device).manual_seed(o.seed)
+    hold = max((len(s) for s in o.stop), default=1) - 1  # a stop string may be starting
+    out: list[int] = []
+    shown, answer, reused, finish = "", "", 0, None
+
+    def event(new: str, end: str | None = None) -> Reply:
+        if said is not None:
+            said[:] = [shown]
+        return Reply(new, end, len(ids), reused, len(out), dropped)
+
+    with eval_mode(model), torch.no_grad():
+        logits, reused = cache.prefill(ids)
+        while finish is None:
+            token = int(sample(logits, o.temperature, o.top_k, o.top_p, generator))
+            if token in eot:
+                finish = "stop"
+                break
+            out.append(token)
+            answer, stopped = until_stop(tokenizer.decode(out), o.stop)
+            if stopped:
+                finish = "stop"
+            elif len(out) >= o.max_new_tokens or cache.full:
+                finish = "length"
+            # an incomplete character, or the start of a stop string, waits
+            ready = answer if finish else answer.rstrip("\ufffd")
+            ready = ready if finish or not hold else ready[: max(0, len(ready) - hold)]
+            if len(ready) > len(shown) and ready.startswith(shown):
+                new, shown = ready[len(shown) :], ready
+                yield event(new)
+            if finish is None:
+                logits = cache.step(token)
+    if len(answer) > len(shown) and answer.startswith(shown):
+        new, shown = answer[len(shown) :], answer
+        yield event(new)
+    yield event("", finish)
+
+
+class Conversation:
+    """A chat history plus the KV cache of its rendered tokens; see the module docstring."""
+
+    def __init__(
+        self,
+        model: GPT,
+        tokenizer: Any,
+        *,
+        system: str | None = None,
+        context: int | None = None,
+        cache_dtype: torch.dtype | None = None,
+    ) -> None:
+        check_chat_model(model, tokenizer)
+        block = model.config.block_size
+        context = min(block, DEFAULT_CONTEXT) if context is None else context
+        if isinstance(context, bool) or not isinstance(context, int) or not 2 <= context <= block:
+            raise LaminaError(
+                f"context must be an integer in [2, block_size={block}], got {context}"
+            )
+        self.tokenizer, self.context, self.system = tokenizer, context, system
+        self.turns: list[dict[str, str]] = []  # user and assistant messages, oldest first
+        self.cache = PrefixCache(model, context, cache_dtype)
+
+    @property
+    def messages(self) -> list[dict[str, str]]:
+        """The conversation as chat-template messages (the system message first, if set)."""
+        head = [] if self.system is None else [{"role": "system", "content": self.system}]
+        return head + [dict(m) for m in self.turns]
+
+    def clear(self) -> None:
+        """Forget the turns (the system message stays); the cache is reused where it matches."""
+        self.turns.clear()
+
+    def set_system(self, text: str | None) -> None:
+        """A new system message (None: the template's default) for the next turns."""
+        self.system = text
+
+    def reply(self, text: str, options: ChatOptions | None = None) -> Iterator[Reply]:
+        """Stream the assistant's answer to the user's `text`.
+
+        The message is checked and old turns dropped before this returns; the model runs as
+        the iterator is consumed; closing it early keeps what was said as the answer."""
+        if not isinstance(text, str):
+            raise LaminaError(f"a message must be text, got {type(text).__name__}")
+        options = options or ChatOptions()
+        messages = [*self.messages, {"role": "user", "content": text}]
+        ids, dropped = fit_messages(
+            self.render, messages, self.context, reply_room(options, self.context)
+        )
+        del self.turns[:dropped]
+        self.turns.append({"role": "user", "content": text})
+        return self._answer(ids, dropped, options)
+
+    def render(self, messages: list[dict[str, str]]) -> list[int]:
+        return render_prompt(self.tokenizer, messages)
+
+    def _answer(self, ids: list[int], dropped: int, options: ChatOptions) -> Iterator[Reply]:
+        said = [""]
+        try:
+            yield from stream_reply(
+                self.cache, self.tokenizer, ids, options, dropped=dropped, said=said
+            )
+        finally:
+            self.turns.append({"role": "assistant", "content": said[0]})
+
+
+def check_chat_model(model: Any, tokenizer: Any) -> None:
+    """A lamina GPT with a tokenizer that renders chats, or a LaminaError saying what is not."""
+    if not isinstance(model, GPT):
+        raise LaminaError(f"chat needs a lamina GPT, got {type(model).__name__}")
+    if not callable(getattr(tokenizer, "render_chat", None)) or not getattr(
+        tokenizer, "chat_template", None
+    ):
+        raise LaminaError(
+            "this model has no chat template (not a chat model): use `lamina sample` to "
+            "continue plain text"
+        )
+
+
+def render_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """Ids of the conversation with the assistant's turn opened."""
+    ids = list(tokenizer.render_chat(messages, add_generation_prompt=True))
+    if not ids:
+        raise LaminaError("the chat template rendered an empty conversation")
+    return ids
+
+
+def until_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
+    """`text` cut just before the earliest stop string: (text, whether one was found)."""
+    starts = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return (text[: min(starts)], True) if starts else (text, False)

@@ -1,0 +1,83 @@
+"""Where and in what precision a run computes, and whether its model fits there.
+
+    resolve_device("auto") -> torch.device        cuda, then mps, then cpu
+    use_bf16(dtype, device, d_model) -> bool      what --dtype auto means (see BF16_MIN_WIDTH)
+    memory_bytes(device) -> int | None            a GPU's memory, else this machine's RAM
+    check_model_fits(config, device)              a GPT whose weights + AdamW state (16 bytes a
+        parameter, counted by formula) exceed the memory of this machine (or of the GPU) is
+        refused before it is built
+
+The measured reasons for the bf16 rule are in BENCHMARKS.md ("Training"); whether a CPU has
+native bf16 is `lamina.quant.native_bf16`, the one test for it.
+
+Deliberately unaware of tasks, the loop, checkpoints and the command line.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from lamina.errors import LaminaError
+from lamina.models.config import GPTConfig
+from lamina.models.params import count_params
+from lamina.quant import native_bf16
+
+# bf16 autocast pays off on CPUs only with native bf16 matrix units (AMX / AVX512-BF16) and
+# only for wide enough matrices: measured slower than fp32 at 128 wide, faster at 384.
+BF16_MIN_WIDTH = 256
+
+
+def _mps_available() -> bool:
+    return bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        return torch.device("mps" if _mps_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise LaminaError("--device cuda: no CUDA device is available")
+    if name == "mps" and not _mps_available():
+        raise LaminaError("--device mps: the MPS backend is not available")
+    return torch.device(name)
+
+
+def use_bf16(dtype: str, device: torch.device, d_model: int) -> bool:
+    """Whether to train under bf16 autocast: explicit, or by `auto`'s measured rule."""
+    if dtype == "fp32":
+        return False
+    if dtype == "bf16":
+        if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise LaminaError("--dtype bf16: this CUDA device does not support bf16")
+        return True
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type == "cpu":
+        return native_bf16() and d_model >= BF16_MIN_WIDTH
+    return False
+
+
+def memory_bytes(device: torch.device) -> int | None:
+    """Total memory of `device` (a CUDA GPU's, else this machine's RAM); None if unknown."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def check_model_fits(config: GPTConfig, device: torch.device) -> None:
+    """Refuse a GPT whose fp32 weights, gradients and AdamW moments exceed `device`'s memory."""
+    n = count_params(config)
+    need, have = n * 16, memory_bytes(device)
+    if have is not None and need > have:
+        raise LaminaError(
+            f"a GPT of {n:,} parameters (d_model {config.d_model}, n_layers {config.n_layers}, "
+            f"vocab_size {config.vocab_size}, block_size {config.block_size}) needs about "
+            f"{need / 2**30:,.1f} GiB to train (weights, gradients, AdamW) but {device} has "
+            f"{have / 2**30:,.1f} GiB; choose a smaller shape"
+        )
