@@ -46,13 +46,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lamina.checkpoint import load_model
     from lamina.data.builtin import corpus_text
     from lamina.data.corpus import encode_corpus
     from lamina.data.shards import is_prepared, open_prepared
     from lamina.data.text_splits import scored_chars, split_text
     from lamina.errors import LaminaError
     from lamina.files import read_json
+    from lamina.interop.bundle import open_model
     from lamina.models.encoder import SequenceClassifier
     from lamina.models.gpt import GPT
     from lamina.modes import check_finite
@@ -60,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.batch_size < 1:
         raise LaminaError(f"--batch-size must be >= 1, got {args.batch_size}")
-    model, tokenizer = load_model(args.run)
+    bundle = open_model(args.run)  # any model, a LoRA run's adapters applied on the fly
+    model, tokenizer = bundle.model, bundle.tokenizer
     if isinstance(model, SequenceClassifier):
         from lamina.cli.predict import evaluate_classifier
 

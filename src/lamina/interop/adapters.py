@@ -11,7 +11,8 @@ A LoRA folder (what a LoRA run saves: the adapters and a reference to the base, 
 base's weights):
 
     save_lora_folder(folder, model, base)  config.json {"kind": "lora", "lora": {...}, "base":
-                                          {"path", "hash"}} + adapters.safetensors
+                                          {"kind", "path", "sha256"}, "model": the base's
+                                          config} + adapters.safetensors
     read_lora_folder(folder) -> (LoRAConfig, base record, tensors);  is_lora_folder(path)
     base_path(record) -> Path;  check_base(record, origin)   the base it names, refused
                                           where its sha256 (the bundle Origin's) changed since
@@ -274,7 +275,13 @@ def save_lora_folder(
     save_adapters(inner, d / ADAPTERS_FILE)
     write_json(
         d / "config.json",
-        {"format": LORA_FORMAT, "kind": LORA_KIND, "lora": config.to_dict(), "base": base},
+        {
+            "format": LORA_FORMAT,
+            "kind": LORA_KIND,
+            "lora": config.to_dict(),
+            "base": base,
+            "model": inner.config.to_dict(),  # the base's shape, for reading (and resumes)
+        },
     )
     return d
 

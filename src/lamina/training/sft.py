@@ -4,6 +4,12 @@
         each example encoded (lamina.data.instruct.encode_example) and cut to block_size + 1
         tokens; an example left with no target inside the block is dropped (counted)
     SFTObjective(train_rows, val_rows, block_size, seed, n_eval, eval_batch_size, pad_id)
+    SFTOptions (LoRA's fields + train_on_prompt); build(cfg, run_path, model_cfg) -> Built;
+    finished(...)   the "sft" task of the registry: --init-from MODEL --data FILE
+
+--data is a chat / instruction file (lamina.data.instruct: {"messages"} or {"prompt",
+"completion"} JSONL, Alpaca JSON); the last --val-fraction of its examples are held out. The
+tokenizer (and its chat template) and the model come from --init-from.
 
 One example per row, right-padded (data.instruct.pad_rows): under causal attention no token
 sees another example or a pad, so nothing needs an attention mask. `loss` is each row's mean
@@ -18,16 +24,28 @@ Deliberately unaware of files, optimizers, the loop and how the model was made (
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lamina.data.instruct import IGNORE, Example, encode_example, pad_rows
+from lamina.checkpoint import load_state
+from lamina.data.instruct import IGNORE, Example, encode_example, pad_rows, read_examples
 from lamina.errors import LaminaError
+from lamina.models.config import GPTConfig
+from lamina.models.gpt import GPT
 from lamina.modes import eval_mode
-from lamina.training.objectives import rng_state, rng_text
+from lamina.training.config import TrainConfig
+from lamina.training.defaults import option
+from lamina.training.device import check_model_fits, resolve_device
+from lamina.training.finetune import load_source, source_config, source_tokenizer
+from lamina.training.lm import text_fingerprint
+from lamina.training.lora_option import LoRAFields, adapt, lora_of
+from lamina.training.objectives import Built, rng_state, rng_text
+from lamina.validate import boolean
 
 Row = tuple[list[int], list[bool]]
 
@@ -121,3 +139,62 @@ class SFTObjective:
         if not isinstance(d, dict) or d.get("kind") != self.kind or "rng" not in d:
             raise LaminaError(f"the saved task state is not an sft objective's: {d!r:.80}")
         self.gen.set_state(rng_state(d["rng"]))
+
+
+@dataclass(frozen=True)
+class SFTOptions(LoRAFields):
+    """--task sft's own fields: LoRA's, and whether the prompt is trained on too."""
+
+    train_on_prompt: bool = option(
+        False, "sft: the loss covers every token, not only the assistant / completion tokens"
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        boolean("train_on_prompt", self.train_on_prompt)
+
+
+def _examples(cfg: TrainConfig) -> list[Example]:
+    if cfg.init_from is None:
+        raise LaminaError("--task sft fine-tunes a pretrained model: give --init-from MODEL")
+    if cfg.data is None or not Path(cfg.data).is_file():
+        raise LaminaError(
+            "--task sft needs --data FILE (chat / prompt-completion JSONL or Alpaca JSON)"
+        )
+    examples = read_examples(cfg.data)
+    if examples is None:
+        raise LaminaError(
+            f"--data {cfg.data} is plain text, not chat or instruction records; train on it "
+            "with --task lm"
+        )
+    if len(examples) < 2:
+        raise LaminaError(f"--data {cfg.data} holds {len(examples)} example; give at least 2")
+    return examples
+
+
+def build(cfg: TrainConfig, run_path: Path | None, model_cfg: dict[str, Any] | None) -> Built:
+    """The SFT objective over --data's examples and --init-from's model (adapted with --lora)."""
+    examples = _examples(cfg)
+    source = load_source(cfg.init_from)
+    mc = GPTConfig.from_dict(model_cfg) if model_cfg else source_config(source, cfg.model_overrides)
+    tok = source_tokenizer(source, cfg.tokenizer)
+    check_model_fits(mc, resolve_device(cfg.device), lora_of(cfg.options))
+    n_val = max(1, round(len(examples) * cfg.val_fraction))
+    prompt = cfg.options.train_on_prompt
+    train, _ = sft_rows(tok, examples[:-n_val], mc.block_size, prompt)
+    val, _ = sft_rows(tok, examples[-n_val:], mc.block_size, prompt)
+    objective = SFTObjective(
+        train, val, mc.block_size, cfg.seed, n_eval=cfg.eval_batches,
+        eval_batch_size=min(cfg.batch_size, 16), pad_id=getattr(tok, "pad_id", None) or 0,
+    )  # fmt: skip
+    torch.manual_seed(cfg.seed)
+    model = GPT(mc)
+    load_state(model, source.model.state_dict(), f"--init-from {cfg.init_from}")
+    adapt(model, cfg.options)
+    fingerprint = text_fingerprint(Path(cfg.data).read_text(encoding="utf-8"))
+    return Built(objective, model, tok, fingerprint, mc.d_model, origin=source.record)
+
+
+def finished(out: str, result: dict[str, float], objective: Any) -> str:
+    """What `lamina train` prints after an SFT run."""
+    return f"  chat: lamina chat {out}    sample: lamina sample {out} --chat --prompt ..."
