@@ -27,14 +27,15 @@ def tiny_model() -> tuple[GPT, CharTokenizer]:
 
 
 @contextlib.contextmanager
-def live_server(engine: Any) -> Iterator[tuple[str, int]]:
-    """Serve `engine` on 127.0.0.1 at a free port; always shut down (and the engine closed)."""
+def live_server(engine: Any, **options: Any) -> Iterator[tuple[str, int]]:
+    """Serve `engine` on 127.0.0.1 at a free port; always shut down (and the engine closed).
+    `options` go to `lamina.serve.server` (e.g. origins=...)."""
     from lamina.serve import server
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    srv = server(engine, "127.0.0.1", port)
+    srv = server(engine, "127.0.0.1", port, **options)
     thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:

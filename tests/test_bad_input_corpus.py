@@ -23,7 +23,7 @@ def make_folder(d):
     (d / ".hidden.txt").write_text("secret")
     (d / "notes.md").write_text("not text for training")
     (d / "sub").mkdir()
-    (d / "sub" / "deep.txt").write_text("not recursive")
+    (d / "sub" / "deep.txt").write_text("in a subfolder")
     (d / "dir.txt").mkdir()
     os.symlink("nowhere", d / ".#lock.txt")  # how emacs marks a file being edited
     os.symlink("gone.txt", d / "broken.txt")
@@ -35,7 +35,7 @@ def test_folder_rule_reads_txt_in_any_case_and_skips_hidden_and_lock_files(tmp_p
     d = make_folder(tmp_path / "corpus")
     with pytest.warns(LaminaWarning) as caught:
         text = load_corpus(d)
-    assert text == "bravo\nalpha\nalpha"  # B.TXT, a.txt, c.txt (sorted by name)
+    assert text == "bravo\nalpha\nalpha\nin a subfolder"  # B.TXT, a.txt, c.txt, sub/deep.txt
     assert len(caught) == 1
     line = str(caught[0].message)
     assert "\n" not in line
@@ -46,10 +46,10 @@ def test_folder_rule_reads_txt_in_any_case_and_skips_hidden_and_lock_files(tmp_p
         ("dir.txt", "a folder"),
     ]:
         assert f"{entry} ({why})" in line, line
-    assert "2 entries not named *.txt" in line
+    assert "1 other file (notes.md)" in line
     files, skipped = corpus_files(d)
-    assert [f.name for f in files] == ["B.TXT", "a.txt", "c.txt"]
-    assert dict((e.name, why) for e, why in skipped)["notes.md"] == "not *.txt"
+    assert [f.name for f in files] == ["B.TXT", "a.txt", "c.txt", "deep.txt"]
+    assert dict((e.name, why) for e, why in skipped)["notes.md"] == "not a corpus file"
 
 
 def test_clean_folder_warns_nothing_and_empty_of_text_says_what_it_saw(tmp_path):
@@ -62,7 +62,7 @@ def test_clean_folder_warns_nothing_and_empty_of_text_says_what_it_saw(tmp_path)
     only_hidden = tmp_path / "hidden"
     only_hidden.mkdir()
     (only_hidden / ".a.txt").write_text("x")
-    with pytest.raises(LaminaError, match=r"no \.txt files.*\.a\.txt \(hidden file\)"):
+    with pytest.raises(LaminaError, match=r"no \.txt.*\.a\.txt \(hidden file\)"):
         load_corpus(only_hidden)
 
 

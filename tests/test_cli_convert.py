@@ -107,6 +107,7 @@ def test_byte_tokenizer_run_exports_weights_only(tmp_path, capsys):
     )
     assert "no Hugging Face tokenizer files (tokenizer: byte)" in capsys.readouterr().out
     assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == [
+        ".lamina",
         "config.json",
         "model.safetensors",
     ]
@@ -138,13 +139,14 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, capsys):
 
 
 def test_out_must_be_new_or_empty_unless_forced(tmp_path, capsys):
-    """--out holding files is refused (exit 2) unless --force; an empty folder is fine."""
+    """--out holding files is refused (exit 2) unless --force (and lamina wrote it); an empty
+    folder is fine."""
     d, _ = hf_model(tmp_path)
     out = tmp_path / "out"
     out.mkdir()
     assert main(["convert", "--from", "hf", str(d), "--out", str(out)]) == 0
     assert main(["convert", "--from", "hf", str(d), "--out", str(out)]) == 2
-    assert "already holds files" in one_error_line(capsys)
+    assert "already exists" in one_error_line(capsys)
     assert main(["convert", "--from", "hf", str(d), "--out", str(out), "--force"]) == 0
     shutil.rmtree(out)
 

@@ -74,7 +74,8 @@ def test_out_with_files_is_refused(tmp_path, capsys):
     (tmp_path / "p").mkdir()
     (tmp_path / "p" / "keep").write_text("x")
     assert main(["prepare", str(tmp_path / "a.txt"), "--out", str(tmp_path / "p")]) == 2
-    assert "already holds files" in capsys.readouterr().err
+    assert "holds files lamina did not write" in capsys.readouterr().err
+    assert main(["prepare", str(tmp_path / "a.txt"), "--out", str(tmp_path / "p"), "--force"]) == 2
     assert (tmp_path / "p" / "keep").exists()
 
 

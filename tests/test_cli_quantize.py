@@ -56,9 +56,10 @@ def test_refusals_write_nothing(model_dir, tmp_path, capsys):
     assert main(["quantize", str(model_dir), "--to", "int8", "--out", str(out)]) == 2
     assert "already exists" in capsys.readouterr().err
     assert main(["quantize", str(model_dir), "--to", "int8", "--out", str(model_dir)]) == 2
-    assert "--out must differ" in capsys.readouterr().err
-    # the widths (64) are not divisible by 128, int4's default group size
+    assert "would destroy the input" in capsys.readouterr().err
+    # the widths (64) are not divisible by 128
     bad = tmp_path / "b"
-    assert main(["quantize", str(model_dir), "--to", "int4", "--out", str(bad)]) == 2
+    argv = ["quantize", str(model_dir), "--to", "int4", "--out", str(bad), "--group-size", "128"]
+    assert main(argv) == 2
     assert "group_size 128 does not divide" in capsys.readouterr().err and not bad.exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no half folders

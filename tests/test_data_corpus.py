@@ -24,15 +24,16 @@ def test_load_corpus_reads_a_file_exactly(tmp_path):
     assert load_corpus(p) == "Hello,\r\nwörld\n"
 
 
-def test_load_corpus_joins_folder_txt_files_by_name(tmp_path):
-    """A folder's *.txt files are joined with one newline, in file-name order."""
+def test_load_corpus_joins_folder_txt_files_by_path(tmp_path):
+    """A folder's *.txt files, subfolders included (the one folder rule of data.sources), are
+    joined with one newline, in path order."""
     (tmp_path / "b.txt").write_text("second", encoding="utf-8")
     (tmp_path / "a.txt").write_text("first", encoding="utf-8")
     (tmp_path / "c.md").write_text("ignored", encoding="utf-8")
     (tmp_path / "sub").mkdir()
-    (tmp_path / "sub" / "0.txt").write_text("not recursive", encoding="utf-8")
-    with pytest.warns(LaminaWarning, match=r"skipped 2 entries not named \*\.txt \(c\.md, sub\)"):
-        assert load_corpus(tmp_path) == "first\nsecond"
+    (tmp_path / "sub" / "0.txt").write_text("in a subfolder", encoding="utf-8")
+    with pytest.warns(LaminaWarning, match=r"skipped 1 other file \(c\.md\)"):
+        assert load_corpus(tmp_path) == "first\nsecond\nin a subfolder"
 
 
 def test_load_corpus_missing_path(tmp_path):
@@ -44,7 +45,7 @@ def test_load_corpus_missing_path(tmp_path):
 def test_load_corpus_folder_without_txt_files(tmp_path):
     """A folder with no .txt files is refused."""
     (tmp_path / "x.csv").write_text("1,2", encoding="utf-8")
-    with pytest.raises(LaminaError, match=r"no \.txt files"):
+    with pytest.raises(LaminaError, match=r"no \.txt, \.jsonl"):
         load_corpus(tmp_path)
 
 

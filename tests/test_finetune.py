@@ -82,7 +82,8 @@ def test_unk_maps_unknown_characters(tmp_path):
 def test_bad_sources_exit_2(tmp_path, capsys):
     src, _ = source(tmp_path)
     base = ["train", "--data", str(tmp_path / "new.txt"), "--max-steps", "1", "--quiet"]
-    assert main([*base, "--init-from", str(tmp_path), "--out", str(tmp_path / "a")]) == 2
+    (tmp_path / "empty").mkdir()
+    assert main([*base, "--init-from", str(tmp_path / "empty"), "--out", str(tmp_path / "a")]) == 2
     assert "is not a model: it has no config.json" in capsys.readouterr().err
     conf = json.loads((src / "config.json").read_text())
     conf["model"]["n_layers"] = 3

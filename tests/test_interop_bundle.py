@@ -119,9 +119,9 @@ def _config(p: Path, data: dict) -> Path:
 
 def test_require_names_what_a_verb_misses(folders):
     b = lamina.open(folders[0] / "hf")
-    assert b.require("lm", tokenizer=False) is b
+    assert b.require("decoder", tokenizer=False) is b
     with pytest.raises(LaminaError, match="has no tokenizer"):
-        b.require("lm")
+        b.require("decoder")
     with pytest.raises(LaminaError, match="does not hold a classifier"):
         b.require("classifier")
 

@@ -15,7 +15,7 @@ import torch
 
 from lamina import GPT, GPTConfig, LaminaError
 from lamina.interop import tensor_map
-from lamina.interop.gguf import gguf_config, load_gguf, read_gguf, save_gguf
+from lamina.interop.gguf import gguf_config, gguf_table, load_gguf, read_gguf, save_gguf
 
 gguf = pytest.importorskip("gguf")
 Q = gguf.GGMLQuantizationType
@@ -53,15 +53,23 @@ def smollm2(smollm2_gguf):
 
 
 @pytest.fixture(scope="module")
-def hf_smollm2(smollm2_gguf):
+def hf_smollm2(request, smollm2_gguf):
+    """transformers' model from the same GGUF: through the session's `smollm2_hf` folder where
+    conftest has it (transformers' own reading of the file, saved once), else read here."""
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    folder, name = smollm2_gguf.parent, smollm2_gguf.name
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        folder, gguf_file=name, dtype=torch.float32
-    )
+    try:
+        folder = request.getfixturevalue("smollm2_hf")
+    except pytest.FixtureLookupError:
+        folder = None
+    if folder is not None:
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    else:
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            smollm2_gguf.parent, gguf_file=smollm2_gguf.name, dtype=torch.float32
+        )
     return model.eval()
 
 
@@ -93,6 +101,16 @@ def test_real_gguf_config_and_metadata(smollm2, smollm2_gguf):
     assert kinds == {"Q4_1", "Q8_0", "F32"}
     q = contents.tensors["blk.0.attn_q.weight"]  # raw blocks: 576 rows of 18 x 20 bytes
     assert q.shape == (576, 576) and q.raw.shape == (576, 360) and q.raw.dtype == np.uint8
+    # the table's row transforms apply to raw blocks as to values (a quantized loader's path)
+    config, table = gguf_table(contents)
+    assert config == model.config
+    row = next(r for r in table if r.lamina == "blocks.0.attn.qkv.weight")
+    part = row.parts[0]
+    assert part.foreign == "blk.0.attn_q.weight" and part.rows == 576
+    blocks = part.transform.to_lamina(torch.from_numpy(q.raw.copy())).numpy()
+    from_blocks = gguf.quants.dequantize(blocks, Q.Q4_1)
+    assert np.array_equal(from_blocks, part.transform.to_lamina(q.dequantize()).numpy())
+    assert torch.equal(torch.from_numpy(from_blocks), model.blocks[0].attn.qkv.weight[:576])
 
 
 def _write(path, tensors: dict[str, tuple[np.ndarray, object]], arch="llama", **kv) -> None:
@@ -207,6 +225,28 @@ def test_round_trip_f32_is_exact(tmp_path, layout, tie):
         assert torch.equal(back(ids), model(ids))
 
 
+def test_qwen2_layout_round_trip(tmp_path):
+    """q/k/v biases without the others: written as qwen2 (no row permutation), read back."""
+    model = _tiny("llama-tiny", True)
+    model = GPT(model.config.replace(qkv_bias=True)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.5)
+    contents = read_gguf(save_gguf(model, tmp_path / "m.gguf"))
+    assert contents.metadata["general.architecture"] == "qwen2"
+    q = model.blocks[0].attn.qkv.weight[: model.config.d_model]
+    assert torch.equal(contents.tensors["blk.0.attn_q.weight"].dequantize(), q.detach())
+    assert (
+        "blk.0.attn_q.bias" in contents.tensors and "blk.0.attn_output.bias" not in contents.tensors
+    )
+    back, _ = load_gguf(tmp_path / "m.gguf")
+    assert back.config.qkv_bias and not back.config.bias
+    ids = torch.randint(0, model.config.vocab_size, (2, 16))
+    with torch.no_grad():
+        assert torch.equal(back(ids), model(ids))
+
+
 @pytest.mark.parametrize("qtype,tol", [("f16", 2e-3), ("q8_0", 3e-2)])
 def test_round_trip_f16_q8_0_are_close(tmp_path, qtype, tol):
     model = _tiny("llama-tiny", False)
@@ -240,6 +280,10 @@ def test_bad_save_requests_are_refused(tmp_path):
     post_ln = GPT(GPTConfig.preset("tiny", norm_first=False))
     with pytest.raises(LaminaError, match="cannot save as GGUF.*post-LN"):
         save_gguf(post_ln, tmp_path / "m.gguf")
+    from lamina.quant import quantize
+
+    with pytest.raises(LaminaError, match=r"needs a float model; this one is quantized \(int8\)"):
+        save_gguf(quantize(_tiny("llama-tiny", False), "int8"), tmp_path / "m.gguf")
     assert not list(tmp_path.iterdir())  # nothing left behind
 
 
@@ -313,7 +357,7 @@ def test_missing_unexpected_and_misshapen_tensors_are_named(small_file, tmp_path
     cases = {
         "missing blk.1.ffn_up.weight": {k: v for k, v in tensors.items() if k != "blk.1.ffn_up.weight"},
         "unexpected rope_freqs.weight": {**tensors, "rope_freqs.weight": (np.ones(8, np.float32), None)},
-        r"blk.0.attn_k.weight has shape \(16, 64\), its metadata implies \(32, 64\)": {
+        r"blk.0.attn_k.weight has shape \(16, 64\), metadata implies \(32, 64\)": {
             **tensors, "blk.0.attn_k.weight": (np.zeros((16, 64), np.float32), None)},
     }  # fmt: skip
     for message, ts in cases.items():
@@ -354,3 +398,20 @@ def test_a_copy_of_the_real_file_refuses_truncation(smollm2_gguf, tmp_path):
         f.truncate(smollm2_gguf.stat().st_size - 1)
     with pytest.raises(LaminaError, match="output_norm.weight needs bytes up to"):
         read_gguf(cut)
+
+
+def test_transformers_reads_lamina_llama_gguf(tmp_path):
+    """An independent reader of the written file: transformers' GGUF loader (which undoes
+    llama.cpp's q/k permutation itself) gives lamina's logits."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    model = _tiny("llama-tiny", False)
+    save_gguf(model, tmp_path / "m.gguf")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path, gguf_file="m.gguf", dtype=torch.float32
+    ).eval()
+    ids = torch.randint(0, model.config.vocab_size, (2, 32))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, model(ids), atol=1e-5, rtol=0)

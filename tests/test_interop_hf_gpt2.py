@@ -243,4 +243,5 @@ def test_export_into_an_existing_folder_replaces_files(tmp_path):
     lamina.save_hf(a, str(tmp_path))
     lamina.save_hf(b, str(tmp_path))
     assert load_hf_gpt2(tmp_path).config.n_layers == 3
-    assert sorted(p.name for p in Path(tmp_path).iterdir()) == ["config.json", "model.safetensors"]
+    names = sorted(p.name for p in Path(tmp_path).iterdir())
+    assert names == [".lamina", "config.json", "model.safetensors"]

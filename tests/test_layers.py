@@ -22,6 +22,7 @@ LAYERS: dict[str, int] = {
     "lamina.version": 0,
     "lamina.files": 1,
     "lamina.modes": 1,
+    "lamina.schema": 1,
     "lamina.validate": 1,
     "lamina.tensorfile": 1,
     # layers 0-4 of the README's map

@@ -8,18 +8,27 @@ import pytest
 import torch
 
 from lamina.errors import LaminaError
-from lamina.training.run_dir import STAGE, RunDir
+from lamina.training.run_dir import PREVIOUS, STAGE, RunDir
 
 
-def test_create_refuses_other_files_and_force_clears_only_its_own(tmp_path):
+def test_create_refuses_other_files_and_force_replaces_only_a_run(tmp_path):
+    """Files lamina did not write are never touched, --force or not; a run replaced with
+    --force waits in .previous-run until the new run's first checkpoint, and comes back if
+    the new run ends before it."""
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / "notes.txt").write_text("mine")
-    with pytest.raises(LaminaError, match="other files.*--force"):
-        RunDir.create(tmp_path / "r")
-    (tmp_path / "r" / "metrics.jsonl").write_text("{}\n")
-    (tmp_path / "r" / STAGE).mkdir()
-    RunDir.create(tmp_path / "r", force=True)
+    for force in (False, True):
+        with pytest.raises(LaminaError, match="did not write"):
+            RunDir.create(tmp_path / "r", force=force)
     assert sorted(p.name for p in (tmp_path / "r").iterdir()) == [".lock", "notes.txt"]
+    RunDir.create(tmp_path / "s").write_train_config({"train": {}})
+    (tmp_path / "s" / "trainer_state.json").write_text('{"step": 3}')
+    with pytest.raises(LaminaError, match="already holds a training run"):
+        RunDir.create(tmp_path / "s")
+    run = RunDir.create(tmp_path / "s", force=True)
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == [".lamina", ".lock", PREVIOUS]
+    run.release()  # no checkpoint written: the old run is back
+    assert (tmp_path / "s" / "trainer_state.json").read_text() == '{"step": 3}'
     (tmp_path / "f").write_text("x")
     with pytest.raises(LaminaError, match="not a folder"):
         RunDir.create(tmp_path / "f")

@@ -114,7 +114,8 @@ def test_a_second_run_reads_the_cache_and_a_corrupt_entry_is_rewritten(cache, fi
     assert np.array_equal(a.train, b.train) and np.array_equal(a.val, b.val)
     assert b.val_chars == a.val_chars and b.tokenizer.to_dict() == a.tokenizer.to_dict()
     (entries[0] / "val.npy").write_bytes(b"not an array")
-    c = text_splits("bpe:300", CORPUS_TEXT, 0.1)
+    with pytest.warns(LaminaWarning, match="damaged"):
+        c = text_splits("bpe:300", CORPUS_TEXT, 0.1)
     assert fits["n"] == 2 and not c.cached and np.array_equal(c.val, a.val)
     assert text_splits("bpe:300", CORPUS_TEXT, 0.1).cached  # rewritten
     text_splits("bpe:300", CORPUS_TEXT, 0.2)  # another split: another entry

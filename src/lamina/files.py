@@ -1,11 +1,25 @@
-"""File helpers every layer may import: atomic writes, JSON in and out, folder fsync.
+"""File helpers every layer may import: the one output rule, atomic writes, JSON, folder fsync.
 
 The leaf at the bottom of the layer map: it imports only the standard library and
 ``lamina.errors``, so the data layer, checkpoints and training runs share one way of writing a
 file that readers see either whole or not at all.
 
+The output rule, for every verb that writes (a file or a folder):
+    1. every input is validated first (the verb's business; nothing here touches an output
+       before ``write`` / ``build`` has run to its end);
+    2. an output that is, holds or sits inside an input is refused (``refuse_overlap``);
+    3. a file: a symlink is written through to its target; a character device or a FIFO is
+       written directly (there is nothing to rename over); a block device or a socket is
+       refused (``atomic_write``);
+    4. a folder is built beside its final name and swapped in only once complete; an existing
+       one is replaced only with ``force`` and only when lamina wrote it (the ``MARKER`` file
+       it leaves in every folder it builds), or when it is empty (``build_folder``).
+
     ``atomic_write(path, write)``: call ``write(f)`` on a temp file beside ``path``, fsync it,
-    ``os.replace`` it into place and fsync the folder.
+    ``os.replace`` it into place and fsync the folder (see rule 3 for links and devices).
+    ``build_folder(out, build, force=, inputs=)``: rule 4; ``check_output_folder`` says up
+    front whether it would refuse; ``mark_folder`` / ``is_lamina_folder`` for the marker.
+    ``refuse_overlap(out, inputs)``: rule 2.
     ``write_json(path, data)`` / ``read_json(path)``: UTF-8 JSON, written atomically; reading
     errors name the file.
     ``fsync_dir(folder)``: make renames inside ``folder`` durable where the platform allows.
@@ -19,14 +33,32 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
+import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any
 
 from lamina.errors import LaminaError
 
-__all__ = ["atomic_write", "fsync_dir", "mute_stream", "read_json", "write_json"]
+__all__ = [
+    "MARKER",
+    "atomic_write",
+    "build_folder",
+    "check_output_file",
+    "check_output_folder",
+    "fsync_dir",
+    "is_lamina_folder",
+    "mark_folder",
+    "mute_stream",
+    "read_json",
+    "refuse_overlap",
+    "write_json",
+]
+
+MARKER = ".lamina"  # left in every folder lamina builds: `--force` replaces only those
+Inputs = Iterable[tuple[str, "str | os.PathLike[str] | None"]]  # (flag or name, path)
 
 
 def mute_stream(stream: Any) -> None:
@@ -54,30 +86,177 @@ def fsync_dir(folder: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+def _real(path: str | os.PathLike[str]) -> Path:
+    """`path` absolute, symlinks followed as far as they lead (the target may not exist)."""
+    return Path(os.path.realpath(Path(path).expanduser()))
+
+
+def _inside(a: Path, b: Path) -> bool:
+    return a == b or b in a.parents
+
+
+def refuse_overlap(
+    out: str | os.PathLike[str], inputs: Inputs, flag: str = "--out", *, inside: bool = True
+) -> None:
+    """Refuse an output that is an input, holds one (a folder above it) or sits inside one.
+
+    inside=False (a file output): a file beside an input's files (a picture in its run folder)
+    is fine; only the input itself is refused."""
+    o = _real(out)
+    for name, inp in inputs:
+        if inp is None or str(inp) == "":
+            continue
+        i = _real(inp)
+        if not i.exists():
+            continue
+        if o == i:
+            raise LaminaError(f"{flag} {out} is {name} {inp}: writing it would destroy the input")
+        if _inside(i, o):
+            raise LaminaError(
+                f"{flag} {out} holds {name} {inp}: writing it would destroy the input"
+            )
+        if inside and _inside(o, i):
+            raise LaminaError(f"{flag} {out} sits inside {name} {inp}; write it elsewhere")
+
+
+def check_output_file(
+    path: str | os.PathLike[str], inputs: Inputs = (), flag: str = "--output"
+) -> Path:
+    """Rules 2 and 3 for a file, before any work: the path to write (a symlink's target)."""
+    p = Path(path)
+    if str(path) == "":
+        raise LaminaError(f"{flag} must name a file, got an empty string")
+    refuse_overlap(p, inputs, flag, inside=False)
+    target = _real(p)
+    if target.is_dir():
+        raise LaminaError(f"{flag} {p} is a folder: give a file name")
+    if target.exists():
+        mode = target.stat().st_mode
+        if stat.S_ISBLK(mode) or stat.S_ISSOCK(mode):
+            what = "a block device" if stat.S_ISBLK(mode) else "a socket"
+            raise LaminaError(f"{flag} {p} is {what}; lamina writes files, FIFOs and char devices")
+    elif not target.parent.is_dir():
+        raise LaminaError(f"{flag} {p}: folder {target.parent} does not exist")
+    return target
+
+
 def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], Any]) -> None:
     """Call ``write(f)`` on a temp file beside ``path``, fsync it, then ``os.replace`` it.
 
     Readers see either the old file or the complete new one, never a partial write. The
-    folder must exist already. The temp file is removed if ``write`` raises.
+    folder must exist already. The temp file is removed if ``write`` raises. A symlink at
+    ``path`` is written through (its target is replaced, the link stays); a character device
+    or a FIFO is written directly; a block device or a socket is refused.
     """
     p = Path(path)
-    folder = p.parent
+    target = _real(p)
+    folder = target.parent
+    if target.is_dir():
+        raise LaminaError(f"cannot write {p}: it is a folder")
+    if target.exists() and not target.is_file():
+        check_output_file(p, (), "cannot write")
+        with open(target, "wb") as f:  # a device or FIFO: nothing to swap, write it as is
+            write(f)
+        return
     if not folder.is_dir():
         raise LaminaError(f"cannot write {p}: folder {folder} does not exist")
-    if p.is_dir():
-        raise LaminaError(f"cannot write {p}: it is a folder")
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=folder)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
     try:
+        with contextlib.suppress(OSError):  # keep the mode a plain open() would give
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = target.stat().st_mode & 0o7777 if target.exists() else 0o666 & ~umask
+            os.chmod(tmp_name, mode)
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp_name, p)
+        os.replace(tmp_name, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
         raise
     fsync_dir(folder)
+
+
+def mark_folder(folder: str | os.PathLike[str], kind: str) -> None:
+    """Leave the marker that says lamina wrote `folder` (what `--force` may replace)."""
+    atomic_write(Path(folder) / MARKER, lambda f: f.write(f"written by lamina: {kind}\n".encode()))
+
+
+def is_lamina_folder(folder: str | os.PathLike[str]) -> bool:
+    """Whether `folder` holds the marker lamina leaves in what it builds."""
+    return (Path(folder) / MARKER).is_file()
+
+
+def check_output_folder(
+    out: str | os.PathLike[str], *, force: bool, inputs: Inputs = (), flag: str = "--out"
+) -> Path:
+    """Rules 2 and 4 before any work: refuse what `build_folder` would refuse; the real path."""
+    p = Path(out)
+    if str(out) == "":
+        raise LaminaError(f"{flag} must name a folder, got an empty string")
+    refuse_overlap(p, inputs, flag)
+    target = _real(p)
+    if target.exists() and not target.is_dir():
+        raise LaminaError(f"{flag} {p} exists and is not a folder")
+    if target.is_dir() and any(target.iterdir()):
+        if not is_lamina_folder(target):
+            raise LaminaError(
+                f"{flag} {p} holds files lamina did not write; pick a new folder "
+                "(--force replaces only a folder lamina wrote)"
+            )
+        if not force:
+            raise LaminaError(f"{flag} {p} already exists; pick a new folder or pass --force")
+    base = target
+    while not base.exists() and base.parent != base:
+        base = base.parent
+    if not base.is_dir():
+        raise LaminaError(f"{flag} {p}: {base} is a file, not a folder")
+    return target
+
+
+def build_folder(
+    out: str | os.PathLike[str],
+    build: Callable[[Path], Any],
+    *,
+    kind: str,
+    force: bool = False,
+    inputs: Inputs = (),
+    flag: str = "--out",
+) -> Path:
+    """Call ``build(tmp)`` on a new folder beside `out`, mark it, then swap it into place.
+
+    An existing `out` (a symlink: its target) is replaced only once the new folder is complete,
+    only with `force`, and only if lamina wrote it or it is empty. A failure (an error, a full
+    disk, Ctrl-C) removes the new folder and leaves `out` as it was.
+    """
+    target = check_output_folder(out, force=force, inputs=inputs, flag=flag)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.new-", dir=target.parent))
+    old: Path | None = None
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o777 & ~umask)
+        build(tmp)
+        mark_folder(tmp, kind)
+        check_output_folder(out, force=force, inputs=inputs, flag=flag)  # still ours to replace
+        if target.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+            os.replace(target, old / "previous")
+        os.replace(tmp, target)
+    except BaseException:
+        if old is not None and not target.exists():
+            os.replace(old / "previous", target)
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    fsync_dir(target.parent)
+    return Path(out)
 
 
 def write_json(path: str | os.PathLike[str], data: Any) -> None:

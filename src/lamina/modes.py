@@ -49,11 +49,12 @@ def non_finite(module: nn.Module) -> str | None:
     return None
 
 
-def check_finite(module: nn.Module, where: str) -> None:
-    """Refuse a model whose weights hold NaN or infinity, naming `where` and the tensor."""
+def check_finite(module: nn.Module, where: str, advice: str = "retrain with a lower --lr") -> None:
+    """Refuse a model whose weights hold NaN or infinity, naming `where` and the tensor;
+    `advice` is what the user can do (the default suits a run that diverged)."""
     name = non_finite(module)
     if name is not None:
         raise LaminaError(
             f"{where}: the model's weights are not finite (NaN or infinity in {name}); it was "
-            "saved after training diverged and cannot be used - retrain with a lower --lr"
+            f"saved after training diverged and cannot be used - {advice}"
         )

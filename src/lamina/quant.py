@@ -268,18 +268,35 @@ def quantize_structure(model: GPT, scheme: str, group_size: int = 128) -> GPT:
     return _replace(model, scheme, group_size, fill=False)
 
 
-def quantize(model: GPT, scheme: str = "int8", *, group_size: int = 128) -> GPT:
+def quantize(model: GPT, scheme: str = "int8", *, group_size: int | None = None) -> GPT:
     """Quantize a GPT's linear layers in place (and return it) for inference.
 
     scheme: "int8" (a scale per output row) or "int4" (a scale and zero per ``group_size``
-    inputs; group_size one of 32, 64, 128, 256 and dividing every layer's input width).
+    inputs; group_size one of 32, 64, 128, 256 and dividing every layer's input width; None:
+    the largest of them that divides every width, so a caller without a group-size flag, such
+    as `lamina sample --quantize int4`, never has to ask for one).
     """
     if not isinstance(model, GPT):
         raise LaminaError(f"quantize needs a lamina GPT, got {type(model).__name__}")
     if scheme_of(model) is not None:
         raise LaminaError(f"this model is already quantized ({scheme_of(model)['scheme']})")
+    if group_size is None:
+        group_size = _largest_group(model) if scheme == "int4" else 128
     _check_scheme(scheme, group_size)
     return _replace(model, scheme, group_size, fill=True)
+
+
+def _largest_group(model: GPT) -> int:
+    widths = sorted(
+        {lin.in_features for _, _, lin in _block_linears(model)} | {model.head.in_features}
+    )
+    for g in sorted(INT4_GROUP_SIZES, reverse=True):
+        if all(w % g == 0 for w in widths):
+            return g
+    raise LaminaError(
+        f"no int4 group size ({', '.join(map(str, INT4_GROUP_SIZES))}) divides every input "
+        f"width of this model ({', '.join(map(str, widths))}); use int8"
+    )
 
 
 def _replace(model: GPT, scheme: str, group_size: int, *, fill: bool) -> GPT:

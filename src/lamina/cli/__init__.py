@@ -77,6 +77,19 @@ def check_writable(path: Path, flag: str) -> None:
         raise LaminaError(f"{flag} {path}: cannot write in {base} ({e.strerror or e})") from None
 
 
+def need_decoder(model: Any, source: str | os.PathLike[str], verb: str) -> None:
+    """Refuse, in one line, a model that is not a decoder (a GPT) for a verb that needs one:
+    a classifier run given to `lamina attention`, `quantize`, `convert`, `sample`, `serve`."""
+    from lamina.models.gpt import GPT
+
+    if not isinstance(model, GPT):
+        kind = type(model).__name__
+        hint = " (a classifier: use lamina predict or lamina eval)" if "Classifier" in kind else ""
+        raise LaminaError(
+            f"{source} holds a {kind}, not a decoder (GPT): lamina {verb} needs one{hint}"
+        )
+
+
 class OutputFailed(OSError):
     """Writing to stdout failed: `error` is the OSError (BrokenPipeError for a closed pipe).
 

@@ -72,10 +72,13 @@ def out_path(args: argparse.Namespace) -> tuple[Path, str]:
         out = Path(args.out)
         if fmt is None:
             fmt = out.suffix.lower().lstrip(".") if out.suffix.lower() in (".png", ".svg") else None
+    from lamina.files import check_output_file
+
     if out.is_dir():
         raise LaminaError(f"--out {out} is a folder: give a file name, e.g. {out / 'maps.png'}")
-    if not out.parent.is_dir():
-        raise LaminaError(f"--out folder {out.parent} does not exist")
+    run = Path(args.run)
+    inputs = [("RUN", run / n) for n in ("model.safetensors", "config.json", "tokenizer.json")]
+    check_output_file(out, inputs, "--out")
     return out, fmt or "png"
 
 
@@ -92,7 +95,7 @@ def load_for_inspection(run_dir: str) -> tuple[Any, Any]:
     missing."""
     from lamina.interop.bundle import open_model
 
-    bundle = open_model(run_dir).require("lm", verb="look at")
+    bundle = open_model(run_dir).require("decoder", verb="look at")
     return bundle.model, bundle.tokenizer
 
 

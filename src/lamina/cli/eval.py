@@ -45,17 +45,32 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _unchanged(run: str, data: str | None, recorded: str | None, now: str) -> None:
+    """Refuse to score a run on its training data when that data changed after training (its
+    validation split would hold other text, maybe text it trained on)."""
+    from lamina.errors import LaminaError
+
+    if recorded is not None and recorded != now:
+        where = data or "the built-in corpus"
+        raise LaminaError(
+            f"{where} has changed since {run} trained on it (fingerprint {recorded}, now {now}); "
+            f"pass --data {data or 'PATH'} to score it as it is now"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     from lamina.data.builtin import corpus_text
     from lamina.data.corpus import encode_corpus
     from lamina.data.shards import is_prepared, open_prepared
     from lamina.data.text_splits import scored_chars, split_text
     from lamina.errors import LaminaError
-    from lamina.files import read_json
     from lamina.interop.bundle import open_model
     from lamina.models.encoder import SequenceClassifier
     from lamina.models.gpt import GPT
     from lamina.modes import check_finite
+    from lamina.training.lm import text_fingerprint
+    from lamina.training.registry import load_config
+    from lamina.training.run_dir import RunDir
     from lamina.training.split_loss import split_loss, summary, val_line
 
     if args.batch_size < 1:
@@ -71,13 +86,14 @@ def run(args: argparse.Namespace) -> int:
     check_finite(model, str(args.run))
     if tokenizer is None:
         raise LaminaError(f"{args.run} has no tokenizer.json; cannot encode text for it")
-    val_fraction, data = 0.1, args.data
+    val_fraction, data, recorded = 0.1, args.data, None
     train_cfg = Path(args.run) / "train_config.json"
     if train_cfg.is_file():
-        saved = read_json(train_cfg).get("train", {})
-        val_fraction = saved.get("val_fraction", 0.1)
+        whole = RunDir(args.run).read_train_config()
+        saved = load_config(whole["train"])
+        val_fraction = saved.val_fraction
         if data is None:
-            data = saved.get("data")
+            data, recorded = saved.data, whole.get("data_fingerprint")
     if is_prepared(data):  # a `lamina prepare` folder: its own validation split, memory-mapped
         prep = open_prepared(data)
         if prep.tokenizer.to_dict() != tokenizer.to_dict():
@@ -85,8 +101,10 @@ def run(args: argparse.Namespace) -> int:
                 f"--data {data} was prepared with another tokenizer than {args.run}'s"
             )
         val, name, chars = prep.val[:], str(data), None  # the index has no val characters
+        _unchanged(args.run, data, recorded, prep.fingerprint)
     else:
         text, name = corpus_text(data)
+        _unchanged(args.run, data, recorded, text_fingerprint(text))
         _, val_text = split_text(text, val_fraction)  # the same characters for any tokenizer
         val = encode_corpus(tokenizer, val_text)
         chars = scored_chars(tokenizer, val_text, val)

@@ -9,7 +9,6 @@ can be compared at a glance. A line that is not JSON (a run still writing) is sk
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -38,23 +37,32 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def read_metrics(run_dir: str) -> list[dict[str, Any]]:
-    """The records of RUN/metrics.jsonl that carry a loss; a run without any is an error."""
+    """The records of RUN/metrics.jsonl that carry a loss (read through the run's schema,
+    `run_dir.METRIC`: a string loss is an error naming the line; a null one, a step that
+    diverged, is left out); a run without any is an error."""
+    from lamina.training.run_dir import RunDir
+
     path = Path(run_dir) / "metrics.jsonl"
     if not Path(run_dir).is_dir():
         raise LaminaError(f"no such run directory: {run_dir}")
     if not path.is_file():
         raise LaminaError(f"{run_dir} has no metrics.jsonl: is it a run written by lamina train?")
     records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(rec, dict) and ("loss" in rec or "val_loss" in rec) and "step" in rec:
+    for rec in RunDir(run_dir).read_metrics():
+        rec = {k: v for k, v in rec.items() if v is not None}
+        if "loss" in rec or "val_loss" in rec:
             records.append(rec)
     if not records:
         raise LaminaError(f"{path} holds no loss records")
     return records
+
+
+def summary_line(name: str, records: list[dict[str, Any]]) -> str:
+    """`name: N steps, last train L val V` for one run's checked records."""
+    train = [r["loss"] for r in records if "loss" in r]
+    val = [r["val_loss"] for r in records if "val_loss" in r]
+    last = [f"train {train[-1]:.4f}" if train else "", f"val {val[-1]:.4f}" if val else ""]
+    return f"{name}: {max(r['step'] for r in records)} steps, last {' '.join(filter(None, last))}"
 
 
 def run_names(runs: list[str]) -> list[str]:
@@ -66,26 +74,19 @@ def run_names(runs: list[str]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from lamina.files import atomic_write, check_output_file
+
     out = Path(args.out)
-    if out.is_dir():
-        raise LaminaError(f"--out {out} is a folder: give a file name, e.g. {out / 'curves.png'}")
-    if not out.parent.is_dir():
-        raise LaminaError(f"--out folder {out.parent} does not exist")
+    check_output_file(out, [("RUN", Path(r) / "metrics.jsonl") for r in args.runs], "--out")
     fmt = args.format or (out.suffix.lower().lstrip(".") if out.suffix.lower() == ".svg" else "png")
     runs = [
         (name, read_metrics(r)) for name, r in zip(run_names(args.runs), args.runs, strict=True)
     ]
-    from lamina.files import atomic_write
     from lamina.pictures import loss_curves
 
     picture = loss_curves(runs, fmt=fmt)
     atomic_write(out, lambda f: f.write(picture))
     for name, records in runs:
-        train = [r["loss"] for r in records if "loss" in r]
-        val = [r["val_loss"] for r in records if "val_loss" in r]
-        last = [f"train {train[-1]:.4f}" if train else "", f"val {val[-1]:.4f}" if val else ""]
-        print(
-            f"{name}: {max(r['step'] for r in records)} steps, last {' '.join(filter(None, last))}"
-        )
+        print(summary_line(name, records))
     print(f"wrote {out}")
     return 0

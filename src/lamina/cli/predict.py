@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--input",
         metavar="FILE",
-        help=".jsonl, .csv/.tsv (the --text-column), or one text per line",
+        help=".jsonl, .csv/.tsv (the --text-column), or one text per line; - reads stdin",
     )
     p.add_argument("--output", metavar="FILE", help="write the JSONL here (default: stdout)")
     p.add_argument(
@@ -60,9 +60,14 @@ def read_texts(path: str, column: str) -> list[str]:
     from lamina.errors import LaminaError
 
     p = Path(path)
-    if not p.is_file():
+    if path == "-":
+        text = _decode(sys.stdin.buffer.read(), "stdin")
+    elif not p.exists():
         raise LaminaError(f"--input {p}: no such file")
-    text = _decode(p.read_bytes(), str(p))
+    elif p.is_dir():
+        raise LaminaError(f"--input {p} is a folder: give a file (or - for stdin)")
+    else:
+        text = _decode(p.read_bytes(), str(p))
     suffix = p.suffix.lower()
     if suffix in (".csv", ".tsv", ".tab"):
         reader = csv.DictReader(
@@ -92,13 +97,18 @@ def read_texts(path: str, column: str) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from lamina.errors import LaminaError
-    from lamina.files import atomic_write
+    from lamina.files import atomic_write, check_output_file
     from lamina.training.classify import predict_proba
 
     if args.batch_size < 1:
         raise LaminaError(f"--batch-size must be >= 1, got {args.batch_size}")
     if bool(args.texts) == bool(args.input):
         raise LaminaError("give texts to label on the command line or --input FILE (one of them)")
+    if args.output:
+        inputs = [("--input", None if args.input == "-" else args.input), ("RUN", args.run)]
+        names = ("config.json", "model.safetensors", "tokenizer.json", "labels.json")
+        inputs += [("RUN", Path(args.run) / n) for n in names]  # a file of the model itself
+        check_output_file(args.output, inputs)
     texts = list(args.texts) if args.texts else read_texts(args.input, args.text_column)
     model, tokenizer, labels = load_classifier(args.run)
     probs, cut = predict_proba(model, tokenizer, texts, args.batch_size)
@@ -127,14 +137,15 @@ def evaluate_classifier(args: argparse.Namespace) -> int:
     """`lamina eval RUN [--data FILE]` for a classifier."""
     from lamina.data.labelled import read_labelled
     from lamina.errors import LaminaError
-    from lamina.files import read_json
     from lamina.training.classify import ClassifyOptions, load_splits, predict_proba
     from lamina.training.classify_metrics import confusion, scores
     from lamina.training.registry import load_config
+    from lamina.training.run_dir import RunDir
 
     model, tokenizer, labels = load_classifier(args.run)
     saved = Path(args.run) / "train_config.json"
-    cfg = load_config(read_json(saved)["train"]) if saved.is_file() else None
+    whole = RunDir(args.run).read_train_config() if saved.is_file() else None
+    cfg = load_config(whole["train"]) if whole is not None else None
     ours = cfg is not None and isinstance(cfg.options, ClassifyOptions)
     text_col = args.text_column or (cfg.options.text_column if ours else "text")
     label_col = args.label_column or (cfg.options.label_column if ours else "label")

@@ -3,15 +3,13 @@
 The folder holds config.json (the model config and the scheme), model.safetensors (int8 or
 packed int4 weights with their scales; norms, biases and untied embeddings in fp32) and the
 tokenizer, and is read back by `lamina.load`, `lamina sample` and `lamina eval` without the
-float weights. Nothing is written unless the whole folder is (it is built beside --out and
-renamed into place).
+float weights. Nothing is written unless the whole folder is (`lamina.files.build_folder`:
+built beside --out and swapped in; --force replaces only a folder lamina wrote).
 """
 
 from __future__ import annotations
 
 import argparse
-import shutil
-import tempfile
 from pathlib import Path
 
 from lamina.errors import LaminaError
@@ -42,12 +40,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--group-size",
         type=int,
-        default=128,
+        default=None,
         choices=[32, 64, 128, 256],
-        help="int4 only: inputs per scale and zero (default: 128; it must divide the widths)",
+        help="int4 only: inputs per scale and zero (default: the largest that divides every "
+        "layer's width)",
     )
     p.add_argument(
-        "--force", action="store_true", help="replace --out if it already exists (default: refuse)"
+        "--force",
+        action="store_true",
+        help="replace --out if lamina wrote it, once the new folder is complete (default: refuse)",
     )
     p.set_defaults(func=run)
 
@@ -58,31 +59,20 @@ def _size(path: Path) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from lamina.checkpoint import save_model
+    from lamina.files import build_folder, check_output_folder
     from lamina.interop.bundle import open_model
     from lamina.quant import quantize, scheme_of
 
     source, out = Path(args.run), Path(args.out)
-    if out.resolve() == source.resolve():
-        raise LaminaError("--out must differ from RUN: quantizing in place would lose the weights")
-    if out.exists() and not args.force:
-        raise LaminaError(f"--out {out} already exists; pick a new folder or pass --force")
-    if out.exists() and not out.is_dir():
-        raise LaminaError(f"--out {out} is a file, not a folder")
-    bundle = open_model(source).require("lm", tokenizer=False, verb="quantize")
+    inputs = [("RUN", source)]
+    check_output_folder(out, force=args.force, inputs=inputs)
+    bundle = open_model(source).require("decoder", tokenizer=False, verb="quantize")
     model, tokenizer = bundle.model, bundle.tokenizer
     if scheme_of(model) is not None:
         raise LaminaError(f"{source} is already quantized ({scheme_of(model)['scheme']})")
     quantize(model, args.scheme, group_size=args.group_size)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        save_model(tmp, model, tokenizer)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    build = lambda d: save_model(d, model, tokenizer)  # noqa: E731
+    build_folder(out, build, kind="model", force=args.force, inputs=inputs)
     before = sum(f.stat().st_size for f in bundle.origin.files if f.suffix != ".json")
     after = (out / "model.safetensors").stat().st_size
     print(

@@ -219,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
     from lamina.interop.bundle import open_model
     from lamina.modes import check_finite
 
-    bundle = open_model(args.run, device=args.device).require("lm", verb="sample")
+    bundle = open_model(args.run, device=args.device).require("decoder", verb="sample")
     model, tokenizer = bundle.model, bundle.tokenizer
     check_finite(model, str(args.run))
     if args.quantize:

@@ -4,7 +4,10 @@ MODEL is anything `lamina.open` reads: a lamina run or model folder, a Hugging F
 .gguf file.
 
 Binds 127.0.0.1 by default; a host that is not a loopback address is refused unless
---allow-remote is given (the page has no authentication). Needs the `serve` extra
+--allow-remote is given (the page has no authentication). Requests from web pages of other
+origins, and Host names that are not loopback (DNS rebinding), are refused with 403 unless
+--allow-origin (or LAMINA_ORIGINS, comma-separated) names the origin (`lamina.serve.guard`).
+Needs the `serve` extra
 (starlette, uvicorn): `pip install 'lamina[serve]'`.
 """
 
@@ -37,6 +40,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--allow-remote",
         action="store_true",
         help="allow a --host that other machines can reach (no authentication: careful)",
+    )
+    p.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="also answer web pages from ORIGIN, e.g. https://app.example.com (* wildcards; "
+        "repeatable; LAMINA_ORIGINS adds more, comma-separated)",
     )
     p.add_argument(
         "--max-tokens", type=int, default=400, help="most tokens per generation (default: 400)"
@@ -89,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     from lamina.interop.bundle import open_model
     from lamina.serve import Engine, Limits, server
 
-    bundle = open_model(args.run).require("lm", verb="serve")
+    bundle = open_model(args.run).require("decoder", verb="serve")
     model, tokenizer = bundle.model, bundle.tokenizer
     limits = Limits(
         max_tokens=args.max_tokens,
@@ -109,7 +120,9 @@ def run(args: argparse.Namespace) -> int:
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if family == socket.AF_INET6 else host
     print(f"lamina serve: http://{shown}:{port}/  (Ctrl-C to stop)", flush=True)
-    srv = server(engine, host, port)
+    from lamina.serve.guard import origins_from_env
+
+    srv = server(engine, host, port, origins=(*args.allow_origin, *origins_from_env()))
     try:
         srv.run(sockets=[sock])
     finally:

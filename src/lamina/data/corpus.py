@@ -1,8 +1,8 @@
 """Corpora on disk -> one string -> a 1-D array of token ids -> train/validation splits.
 
 In and out:
-    ``load_corpus(path) -> str``: a UTF-8 file, or a folder whose text files are joined with one
-    ``"\\n"`` between files, sorted by file name. Bytes are decoded as they are: no newline
+    ``load_corpus(path) -> str``: a UTF-8 file, or a folder whose files are joined with one
+    ``"\\n"`` between files, sorted by path. Bytes are decoded as they are: no newline
     translation, no Unicode normalisation; only a leading UTF-8 byte-order mark is dropped.
     ``corpus_files(folder) -> (files, skipped)``: the files a folder contributes, and each
     entry left out with the reason.
@@ -12,12 +12,10 @@ In and out:
     ``split_tokens(tokens, val_fraction) -> (train, val)``: views, validation is the tail.
     ``save_tokens`` / ``load_tokens``: ``.npy`` files (no pickle), written atomically.
 
-The folder rule: a file directly inside the folder (not in a subfolder) whose name ends in
-``.txt`` in any case (``a.txt``, ``B.TXT``), and does not start with ``.`` (hidden files and
-editor lock files such as ``.#notes.txt``). A symlink counts as what it points to. Everything
-else is left out, and said so: ``load_corpus`` issues one ``LaminaWarning`` naming the entries
-it skipped (a hidden or lock file, a broken symlink, a folder or special file named ``*.txt``)
-and counting the other entries (subfolders, files not named ``*.txt``).
+The folder rule is `lamina.data.sources`'s (the one `lamina prepare` follows too): every
+.txt, .jsonl, .txt.gz and .jsonl.gz file of the folder's tree, in any case, sorted by relative
+path; hidden files and folders, editor lock files, broken symlinks and other files are left out
+and named in one ``LaminaWarning``. A .jsonl file's documents are its lines' "text" fields.
 
 What this module deliberately does not know: which tokenizer is used (any object with
 ``vocab_size`` and ``encode``, optionally ``encode_array``), windows, batches and tensors.
@@ -27,13 +25,14 @@ from __future__ import annotations
 
 import math
 import os
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lamina.errors import LaminaError, LaminaWarning
+from lamina.data.sources import corpus_files as source_files
+from lamina.data.sources import read_pieces, scan
+from lamina.errors import LaminaError
 from lamina.files import atomic_write
 
 if TYPE_CHECKING:
@@ -81,75 +80,39 @@ def _read_text_file(p: Path) -> str:
     return text
 
 
-def _skip_reason(entry: Path) -> str | None:
-    """Why a folder entry is not part of the corpus (None: it is read)."""
-    name = entry.name
-    if not name.lower().endswith(".txt"):
-        return "not *.txt"
-    if name.startswith(".#"):
-        return "editor lock file"
-    if name.startswith("."):
-        return "hidden file"
-    if entry.is_symlink() and not entry.exists():
-        return "broken symlink"
-    if entry.is_dir():
-        return "a folder"
-    if not entry.is_file():
-        return "not a regular file"
-    return None
-
-
 def corpus_files(folder: str | os.PathLike[str]) -> tuple[list[Path], list[tuple[Path, str]]]:
-    """The files of a corpus folder, sorted by name, and the (entry, reason) pairs left out."""
-    p = Path(folder)
-    try:
-        entries = sorted(p.iterdir(), key=lambda f: f.name)
-    except OSError as e:
-        raise LaminaError(f"cannot list the folder {p}: {e.strerror or e}") from None
-    files: list[Path] = []
-    skipped: list[tuple[Path, str]] = []
-    for entry in entries:
-        reason = _skip_reason(entry)
-        if reason is None:
-            files.append(entry)
-        else:
-            skipped.append((entry, reason))
-    return files, skipped
+    """The files of a corpus folder and the (entry, reason) pairs left out: `sources.scan`,
+    the one folder rule."""
+    return scan(folder)
 
 
-def _skipped_line(folder: Path, skipped: list[tuple[Path, str]], limit: int = 6) -> str:
-    named = [f"{e.name} ({why})" for e, why in skipped if why != "not *.txt"]
-    others = [e.name for e, why in skipped if why == "not *.txt"]
-    parts = named[:limit] + ([f"{len(named) - limit} more"] if len(named) > limit else [])
-    if others:
-        shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
-        parts.append(f"{len(others)} entries not named *.txt ({shown})")
-    return f"corpus folder {folder}: skipped {'; '.join(parts)}"
+def _documents(p: Path) -> list[str]:
+    """A .jsonl or .gz file's documents (a .jsonl line's "text"; a .txt.gz whole)."""
+    docs, cur = [], []
+    for piece, end in read_pieces([p]):
+        cur.append(piece)
+        if end:
+            docs.append("".join(cur))
+            cur = []
+    return docs
+
+
+def _file_text(p: Path) -> str:
+    if p.name.lower().endswith((".jsonl", ".gz")):
+        return "\n".join(_documents(p))
+    return _read_text_file(p)
 
 
 def load_corpus(path: str | os.PathLike[str]) -> str:
-    """Read a UTF-8 text file, or join a folder's text files (the rule above) with "\\n"."""
+    """A UTF-8 text file (a .jsonl or .gz file: its documents joined with "\n"), or a folder's
+    files by the folder rule (`sources`), joined with "\n"; each skip named in one warning."""
     p = Path(path)
-    if not p.exists():
-        raise LaminaError(f"no such file or folder: {p}")
-    if p.is_dir():
-        files, skipped = corpus_files(p)
-        if not files:
-            found = f"; {_skipped_line(p, skipped)}" if skipped else ""
-            raise LaminaError(
-                f"folder {p} has no .txt files (only *.txt files directly inside it count, not "
-                f"hidden ones){found}"
-            )
-        if skipped:
-            warnings.warn(_skipped_line(p, skipped), LaminaWarning, stacklevel=2)
-        texts = [_read_text_file(f) for f in files]
-        if sum(len(t) for t in texts) == 0:
-            raise LaminaError(f"corpus is empty: every .txt file in {p} has zero characters")
-        return "\n".join(texts)
-    text = _read_text_file(p)
-    if not text:
-        raise LaminaError(f"corpus is empty: {p} has zero characters")
-    return text
+    files = source_files(p)  # raises for a missing path or a folder with nothing to read
+    texts = [_file_text(f) for f in files]
+    if sum(len(t) for t in texts) == 0:
+        where = f"every file in {p}" if p.is_dir() else str(p)
+        raise LaminaError(f"corpus is empty: {where} has zero characters")
+    return "\n".join(texts)
 
 
 def token_dtype(vocab_size: int) -> np.dtype:

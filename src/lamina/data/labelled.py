@@ -3,7 +3,8 @@
     read_labelled(path, text_column="text", label_column="label") -> LabelledTexts
         .csv / .tsv (.tab): a header row naming the columns; quoted fields may hold newlines
         .jsonl: one {"text": ..., "label": ...} object per line (blank lines skipped)
-        a folder: one subfolder per label holding .txt files, one text per file
+        a folder: one subfolder per label holding .txt files, one text per file (whatever
+        else is there, and an empty label folder, is named in one warning)
     label_names(labels) -> sorted distinct labels (the id of a label is its index)
     stratified_split(labels, val_fraction, seed) -> (train indices, val indices)
     encode_texts(tokenizer, texts, max_len) -> (list of int64 arrays, number truncated)
@@ -28,6 +29,7 @@ import csv
 import io
 import json
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +38,7 @@ import torch
 from torch import Tensor
 
 from lamina.data.tokenizers import Tokenizer
-from lamina.errors import LaminaError
+from lamina.errors import LaminaError, LaminaWarning
 
 PAD, CLS, OFFSET = 0, 1, 2
 CLASSIFIER_IDS = {"pad_id": PAD, "cls_id": CLS, "offset": OFFSET}
@@ -137,16 +139,39 @@ def _read_jsonl(path: Path, text_col: str, label_col: str) -> LabelledTexts:
 
 
 def _read_folder(path: Path) -> LabelledTexts:
-    texts, labels = [], []
-    for sub in sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        for f in sorted(sub.glob("*.txt")):
-            texts.append(_decode(f.read_bytes(), str(f)))
-            labels.append(_label(sub.name, str(sub)))
+    """One subfolder per label, one .txt file (any case) per text directly inside it. Left out,
+    and named in one warning: files beside the label folders, folders inside them, files not
+    named .txt, hidden entries, and label folders with no text (not a label then)."""
+    texts, labels, skipped = [], [], []
+    for sub in sorted(path.iterdir(), key=lambda p: p.name):
+        if sub.name.startswith("."):
+            skipped.append(f"{sub.name} (hidden)")
+        elif not sub.is_dir():
+            skipped.append(f"{sub.name} (a file outside the label folders)")
+        else:
+            found = 0
+            for f in sorted(sub.iterdir(), key=lambda p: p.name):
+                rel = f"{sub.name}/{f.name}"
+                if f.name.startswith("."):
+                    skipped.append(f"{rel} (hidden)")
+                elif f.is_dir():
+                    skipped.append(f"{rel} (a folder inside a label folder)")
+                elif not f.name.lower().endswith(".txt") or not f.is_file():
+                    skipped.append(f"{rel} (not a .txt file)")
+                else:
+                    texts.append(_decode(f.read_bytes(), str(f)))
+                    labels.append(_label(sub.name, str(sub)))
+                    found += 1
+            if not found:
+                skipped.append(f"{sub.name}/ (no .txt texts: not a label)")
     if not texts:
         raise LaminaError(
             f"{path} has no subfolders holding .txt files; a folder of labelled texts has one "
             "subfolder per label (its name) with one .txt file per text"
         )
+    if skipped:
+        shown = "; ".join(skipped[:6]) + (f"; {len(skipped) - 6} more" if len(skipped) > 6 else "")
+        warnings.warn(f"labelled folder {path}: skipped {shown}", LaminaWarning, stacklevel=3)
     return LabelledTexts(texts, labels, str(path))
 
 

@@ -15,9 +15,10 @@ tokens (by="tail", as `lamina train` splits raw text) or that fraction of the do
 (by="documents": document i is held out when (i+1)*0.618... mod 1 falls below the fraction,
 spread evenly and deterministic).
 
-Everything is written into a temporary folder beside `out` and renamed into place after the
-index; any failure (bad input, a full disk, Ctrl-C) removes it, so `out` is either complete or
-absent. Memory: one batch of pieces (~16 MiB of text), their ids, and one int64 per document.
+Everything is written into a temporary folder beside `out` and swapped into place after the
+index (`lamina.files.build_folder`: `force` replaces only a folder lamina wrote, and `out` may
+not hold, be or sit inside the corpus); any failure (bad input, a full disk, Ctrl-C) removes it,
+so `out` is either complete or as it was. Memory: one batch of pieces (~16 MiB of text), their ids, and one int64 per document.
 
 Deliberately unaware of models, training and progress bars (`progress` is a callback).
 """
@@ -27,8 +28,6 @@ from __future__ import annotations
 import errno
 import math
 import os
-import shutil
-import tempfile
 import time
 import zlib
 from array import array
@@ -43,9 +42,14 @@ from lamina.data.shards import FORMAT, INDEX_NAME, VERSION, ShardWriter
 from lamina.data.sources import Progress, corpus_files, read_pieces, total_bytes
 from lamina.data.spec import build_tokenizer, saved_tokenizer
 from lamina.data.subword import EOT, BPETokenizer, GPT2Tokenizer
-from lamina.data.tokenizers import CharTokenizer, Tokenizer, save_tokenizer
+from lamina.data.tokenizers import (
+    CharTokenizer,
+    Tokenizer,
+    save_tokenizer,
+    tokenizer_hash,
+)
 from lamina.errors import LaminaError
-from lamina.files import write_json
+from lamina.files import build_folder, check_output_folder, write_json
 
 BATCH_CHARS = 16 << 20
 SHARD_TOKENS = 1 << 28
@@ -161,19 +165,6 @@ def _char_encoder(tok: CharTokenizer) -> Callable[[list[str]], list[np.ndarray]]
     return lambda texts: [one(t) for t in texts]
 
 
-def _stage(out: Path, force: bool) -> Path:
-    if out.exists() and not out.is_dir():
-        raise LaminaError(f"--out {out} exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise LaminaError(f"--out {out} already holds files; pick a new folder or pass --force")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.prepare-", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    tmp.chmod(0o777 & ~umask)
-    return tmp
-
-
 def prepare_corpus(
     data: str | os.PathLike[str], tokenizer: str, out: str | os.PathLike[str], *,
     val_fraction: float = 0.1, val_by: str = "tail", shard_tokens: int = SHARD_TOKENS,
@@ -194,35 +185,35 @@ def prepare_corpus(
     size = total_bytes(files)
     bar = progress or (lambda stage, total: None)
     started = time.perf_counter()
-    tmp = _stage(out, force)
-    try:
+    inputs = [("DATA", data), ("--tokenizer", tokenizer)]
+    check_output_folder(out, force=force, inputs=inputs)
+    summary: dict[str, Any] = {}
+
+    def build(tmp: Path) -> None:
         tok = fit_tokenizer(tokenizer, files, fit_bytes=fit_bytes, skip_bad=skip_bad_lines,
                             progress=bar("fit", size) if tokenizer in ("char",) or
                             tokenizer.startswith("bpe:") else None)  # fmt: skip
         fitted = time.perf_counter()
-        summary = _encode_all(tok, files, tmp, val_fraction, val_by, shard_tokens,
-                              skip_bad_lines, bar("encode", size))  # fmt: skip
+        summary.update(_encode_all(tok, files, tmp, val_fraction, val_by, shard_tokens,
+                                   skip_bad_lines, bar("encode", size)))  # fmt: skip
         encoded = time.perf_counter()
         summary.update(
             format=FORMAT, version=VERSION, spec=tokenizer, vocab_size=int(tok.vocab_size),
+            tokenizer_sha256=tokenizer_hash(tok),
             source=str(Path(data).resolve()), files=len(files), input_bytes=size,
             fit_seconds=round(fitted - started, 3), encode_seconds=round(encoded - fitted, 3),
         )  # fmt: skip
         save_tokenizer(tok, tmp / "tokenizer.json")
         write_json(tmp / INDEX_NAME, summary)  # last: its presence marks a complete folder
-        if out.is_dir():
-            shutil.rmtree(out)
-        tmp.rename(out)
+
+    try:
+        build_folder(out, build, kind="prepared", force=force, inputs=inputs)
     except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
         full = e.errno in (errno.ENOSPC, errno.EDQUOT)
         why = "the disk is full" if full else (e.strerror or str(e))
         raise LaminaError(
             f"writing {out} failed: {why}; no index written, partial shards removed"
         ) from e
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     summary["seconds"] = round(time.perf_counter() - started, 3)
     return summary
 
@@ -282,6 +273,17 @@ def _encode_all(
         docs = np.frombuffer(starts["main"], dtype=np.int64) if starts["main"] else np.zeros(0)
         parts = {"train": docs[docs < cut], "val": docs[docs >= cut] - cut}
     else:
+        if val_fraction > 0 and writers["val"].total == 0:
+            raise LaminaError(
+                f"--val-by documents held out no document: {counts['documents']} document(s) "
+                f"at --val-fraction {val_fraction} leave the validation split empty; use "
+                "--val-by tail, a larger --val-fraction or more documents"
+            )
+        if writers["main"].total == 0:
+            raise LaminaError(
+                f"--val-by documents held out every document ({counts['documents']}); the "
+                "training split is empty: use a smaller --val-fraction or more documents"
+            )
         splits = {"train": {"stream": "main", "start": 0, "stop": main},
                   "val": {"stream": "val", "start": 0, "stop": writers["val"].total}}  # fmt: skip
         parts = {n: np.frombuffer(starts[k], dtype=np.int64) if starts[k] else np.zeros(0)

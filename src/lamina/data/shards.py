@@ -11,7 +11,8 @@ index.json holds: format/version, tokenizer spec and vocab_size, dtype, the sepa
 between documents, every shard (file, stream, tokens, bytes, crc32), the splits (each a token
 range [start, stop) of one stream, with its document count), how validation was chosen
 ({"by": "tail" | "documents", "fraction": f}), counts (documents, characters, tokens, bad lines
-skipped) and a fingerprint of the corpus text.
+skipped), a fingerprint of the corpus text and the sha256 of the tokenizer (`tokenizer_hash`),
+checked on open: a tokenizer.json swapped for another of the same size is refused.
 
     is_prepared(path) -> bool                 a folder holding index.json
     read_index(dir) -> dict                   parsed and checked
@@ -46,9 +47,10 @@ import numpy as np
 import torch
 
 from lamina.data.batches import WindowSampler, check_int, fixed_batches
-from lamina.data.tokenizers import Tokenizer, load_tokenizer
+from lamina.data.tokenizers import Tokenizer, load_tokenizer, tokenizer_hash
 from lamina.errors import LaminaError
 from lamina.files import read_json
+from lamina.schema import Arr, FileName, Int, Obj, OneOf, Str, check
 
 INDEX_NAME = "index.json"
 FORMAT = "lamina-prepared"
@@ -100,20 +102,59 @@ def is_prepared(path: str | os.PathLike[str] | None) -> bool:
     return path is not None and (Path(path) / INDEX_NAME).is_file()
 
 
+SHARD = Obj(
+    {
+        "file": FileName(),
+        "stream": Str(nonempty=True),
+        "tokens": Int(0),
+        "bytes": Int(0),
+        "crc32": Int(0, 2**32 - 1),
+    }
+)
+SPLIT = Obj({"stream": Str(nonempty=True), "start": Int(0), "stop": Int(0)})
+INDEX = Obj(
+    {
+        "format": OneOf(FORMAT),
+        "version": Int(1),
+        "dtype": OneOf("uint8", "uint16", "uint32"),
+        "vocab_size": Int(1, 2**32),
+        "shards": Arr(SHARD),
+        "splits": Obj({"train": SPLIT, "val": SPLIT}),
+        "spec": Str(),
+        "fingerprint": Str(),
+        "tokens": Int(0),
+    },
+    optional={"tokenizer_sha256": Str(), "separator": Arr(Int(0))},
+)
+
+
 def read_index(directory: str | os.PathLike[str]) -> dict[str, Any]:
-    """index.json of a prepared folder, with the fields readers rely on checked."""
+    """index.json of a prepared folder, read through its schema (`INDEX`) and checked: each
+    shard's bytes agree with its tokens, each split lies inside its stream."""
     d = Path(directory)
     where = d / INDEX_NAME
     index = read_json(where)
     if not isinstance(index, dict) or index.get("format") != FORMAT:
         raise LaminaError(f"{where} is not a lamina prepared-corpus index")
-    if index.get("version", 0) > VERSION:
+    if isinstance(index.get("version"), int) and index["version"] > VERSION:
         raise LaminaError(f"{where} has version {index['version']}; this lamina reads {VERSION}")
-    for key in ("dtype", "shards", "splits", "vocab_size"):
-        if key not in index:
-            raise LaminaError(f"{where} has no {key!r} field")
-    if index["dtype"] not in ("uint8", "uint16", "uint32"):
-        raise LaminaError(f"{where}: dtype {index['dtype']!r} is not uint8, uint16 or uint32")
+    index = check(INDEX, index, str(where))
+    size = np.dtype(index["dtype"]).itemsize
+    totals: dict[str, int] = {}
+    for i, shard in enumerate(index["shards"]):
+        if shard["bytes"] != shard["tokens"] * size:
+            raise LaminaError(
+                f"{where}: shards[{i}] has {shard['tokens']} tokens of {index['dtype']} but "
+                f"{shard['bytes']} bytes"
+            )
+        totals[shard["stream"]] = totals.get(shard["stream"], 0) + shard["tokens"]
+    for name, sp in index["splits"].items():
+        total = totals.get(sp["stream"], 0)
+        if not sp["start"] <= sp["stop"] <= total:
+            raise LaminaError(
+                f"{where}: split {name} [{sp['start']}, {sp['stop']}) is outside its stream "
+                f"{sp['stream']!r} of {total} tokens"
+            )
     return index
 
 
@@ -301,6 +342,12 @@ def open_prepared(directory: str | os.PathLike[str], checksums: bool = True) -> 
     tokenizer = load_tokenizer(d / "tokenizer.json")
     if int(tokenizer.vocab_size) != int(index["vocab_size"]):
         raise LaminaError(f"{d / 'tokenizer.json'} does not match the index's vocabulary size")
+    recorded = index.get("tokenizer_sha256")  # absent in folders of an older lamina
+    if recorded is not None and recorded != tokenizer_hash(tokenizer):
+        raise LaminaError(
+            f"{d / 'tokenizer.json'} is not the tokenizer these shards were written with "
+            "(its hash differs from index.json's); run `lamina prepare` again"
+        )
     dtype = np.dtype(index["dtype"]).newbyteorder("<")
     streams: dict[str, list[np.ndarray]] = {}
     for shard in index["shards"]:

@@ -1,7 +1,8 @@
 """Documents of a corpus on disk, streamed as text pieces: never the whole corpus at once.
 
-    corpus_files(path) -> [Path]         a file, or a folder's .txt / .jsonl (.gz) files found
-                                         recursively, sorted by relative path
+    corpus_files(path) -> [Path]         a file, or the files of a folder by THE FOLDER RULE
+                                         (below); what it skips is named in one warning
+    scan(folder) -> (files, skipped)     the folder rule itself: (entry, reason) for each skip
     total_bytes(files) -> int            their sizes on disk (compressed, for .gz)
     read_pieces(files, skip_bad, bad, progress) -> iterator of (text piece, ends a document?)
 
@@ -12,6 +13,14 @@ line that is not JSON or has no "text" string is an error naming file and line, 
 `skip_bad`, skipped and counted in `bad[0]`. `progress(n)` hears of every n bytes read from
 disk.
 
+The folder rule, the one every verb follows (`lamina train --data DIR`, `lamina prepare DIR`,
+`lamina eval --data DIR` read the same files): every file in the folder's tree whose name ends
+in .txt, .jsonl, .txt.gz or .jsonl.gz, in any case (`a.txt`, `B.TXT`, `sub/c.jsonl.gz`),
+sorted by path relative to the folder. Left out, and named in one `LaminaWarning`: hidden
+files and folders (a name starting with "."), editor lock files (`.#notes.txt`), broken
+symlinks, symlinks to folders (not followed: no loops), special files and every other file
+(counted, a few named). A symlink to a file counts as that file.
+
 Deliberately unaware of tokenizers, tokens and shards.
 """
 
@@ -21,30 +30,101 @@ import codecs
 import gzip
 import json
 import os
+import warnings
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from lamina.errors import LaminaError
+from lamina.errors import LaminaError, LaminaWarning
 
 SUFFIXES = (".txt", ".jsonl", ".txt.gz", ".jsonl.gz")
 PIECE_CHARS = 1 << 20
 Progress = Callable[[int], None]  # called with the number of input bytes just consumed
 
 
+NOT_TEXT = "not a corpus file"
+
+
+def _skip_reason(entry: Path) -> str | None:
+    """Why a file found in a corpus folder is left out (None: it is read)."""
+    name = entry.name
+    if not name.lower().endswith(SUFFIXES):
+        return NOT_TEXT
+    if name.startswith(".#"):
+        return "editor lock file"
+    if name.startswith("."):
+        return "hidden file"
+    if entry.is_symlink() and not entry.exists():
+        return "broken symlink"
+    if entry.is_dir():
+        return "a folder"
+    if not entry.is_file():
+        return "not a regular file"
+    return None
+
+
+def scan(folder: str | os.PathLike[str]) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """The folder rule (module docstring): the files read, and each (entry, reason) left out."""
+    root = Path(folder)
+    files: list[Path] = []
+    skipped: list[tuple[Path, str]] = []
+    pending = [root]
+    while pending:
+        d = pending.pop()
+        try:
+            entries = sorted(d.iterdir(), key=lambda f: f.name)
+        except OSError as e:
+            raise LaminaError(f"cannot list the folder {d}: {e.strerror or e}") from None
+        for entry in entries:
+            if entry.is_dir() and not entry.name.lower().endswith(SUFFIXES):
+                if entry.is_symlink():
+                    skipped.append((entry, "symlink to a folder"))
+                elif entry.name.startswith("."):
+                    skipped.append((entry, "hidden folder"))
+                else:
+                    pending.append(entry)
+                continue
+            reason = _skip_reason(entry)
+            if reason is None:
+                files.append(entry)
+            else:
+                skipped.append((entry, reason))
+    files.sort(key=lambda f: f.relative_to(root).as_posix())
+    skipped.sort(key=lambda e: e[0].relative_to(root).as_posix())
+    return files, skipped
+
+
+def skipped_line(folder: Path, skipped: list[tuple[Path, str]], limit: int = 6) -> str:
+    """One line naming what `scan` left out of `folder` (other files counted, a few named)."""
+    rel = lambda e: e.relative_to(folder).as_posix()  # noqa: E731
+    named = [f"{rel(e)} ({why})" for e, why in skipped if why != NOT_TEXT]
+    others = [rel(e) for e, why in skipped if why == NOT_TEXT]
+    parts = named[:limit] + ([f"{len(named) - limit} more"] if len(named) > limit else [])
+    if others:
+        shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+        n = len(others)
+        parts.append(f"{n} other file{'s' * (n != 1)} ({shown})")
+    return f"corpus folder {folder}: skipped {'; '.join(parts)}"
+
+
 def corpus_files(path: str | os.PathLike[str]) -> list[Path]:
+    """A file, or the files a folder contributes by the folder rule; every skip is named in one
+    warning, and a folder with nothing to read is an error saying what it saw."""
     p = Path(path)
     if not p.exists():
         raise LaminaError(f"no such file or folder: {p}")
-    if p.is_file():
+    if not p.is_dir():
         return [p]
-    files = sorted(
-        (f for f in p.rglob("*") if f.is_file() and f.name.endswith(SUFFIXES)),
-        key=lambda f: f.relative_to(p).as_posix(),
-    )
+    files, skipped = scan(p)
     if not files:
-        raise LaminaError(f"folder {p} has no {', '.join(SUFFIXES)} files (searched recursively)")
+        found = f"; {skipped_line(p, skipped)}" if skipped else ""
+        raise LaminaError(
+            f"folder {p} has no {', '.join(SUFFIXES)} files (searched recursively, hidden "
+            f"ones left out){found}"
+        )
+    if skipped:
+        warnings.warn(skipped_line(p, skipped), LaminaWarning, stacklevel=3)
     return files
 
 
@@ -73,7 +153,8 @@ class _Counted:
 
 def _raw_stream(path: Path, progress: Progress | None) -> BinaryIO:
     counted: Any = _Counted(open(path, "rb"), progress)  # noqa: SIM115 - closed by the caller
-    return gzip.GzipFile(fileobj=counted, mode="rb") if path.name.endswith(".gz") else counted
+    gz = path.name.lower().endswith(".gz")
+    return gzip.GzipFile(fileobj=counted, mode="rb") if gz else counted
 
 
 def _blocks(path: Path, progress: Progress | None) -> Iterator[str]:
@@ -150,7 +231,7 @@ def read_pieces(
     """(piece of text, whether it ends its document), for every document of every file."""
     bad = bad if bad is not None else [0]
     for f in files:
-        if f.name.endswith((".jsonl", ".jsonl.gz")):
+        if f.name.lower().endswith((".jsonl", ".jsonl.gz")):
             for text in _jsonl_docs(f, skip_bad, bad, progress):
                 for i in range(0, max(len(text), 1), PIECE_CHARS):
                     yield text[i : i + PIECE_CHARS], i + PIECE_CHARS >= len(text)

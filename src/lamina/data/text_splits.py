@@ -19,8 +19,10 @@ so nats per character equal nats per token there).
 
 The cache: `<root>/tokens/<sha256 of the text, 16 hex>-<sha256 of (tokenizer spec or its JSON,
 val_fraction), 12 hex>/` holds tokenizer.json, train.npy, val.npy and meta.json (written last,
-each file atomically; meta.json records the lengths and the tokenizer's hash). An entry that is
-incomplete or disagrees with its meta.json is ignored and rewritten; a cache that cannot be
+each file atomically; meta.json records the lengths, the sha256 of the text it was derived
+from, of the tokenizer and of each array's bytes, all checked on use). An entry that is
+incomplete or disagrees with its meta.json is ignored and rewritten (a damaged one with a
+warning: a train.npy of the right length but other bytes is caught by its hash); a cache that cannot be
 written is skipped with a warning. The char tokenizer skips the cache (it is fast).
 
 "bpe:N" whose training text runs out of pairs (seen at least twice) before N ids is refused in
@@ -47,7 +49,7 @@ from lamina.errors import LaminaError, LaminaWarning
 from lamina.files import write_json
 
 CACHE_ENV = "LAMINA_CACHE"
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: meta.json holds the sha256 of the text and of each array
 
 
 @dataclass
@@ -102,27 +104,45 @@ def _entry(text: str, key: str, val_fraction: float) -> Path | None:
     return root / "tokens" / f"{_sha(text)[:16]}-{spec_hash}"
 
 
-def _read(entry: Path) -> TextSplits | None:
-    """The cached splits, or None if the entry is missing, incomplete or inconsistent."""
+def _array_sha(a: np.ndarray) -> str:
+    return _sha(f"{a.dtype.str}:{a.shape}|".encode() + np.ascontiguousarray(a).tobytes())
+
+
+def _read(entry: Path, text: str) -> TextSplits | None:
+    """The cached splits, or None if the entry is missing, incomplete or inconsistent (a
+    damaged entry, one whose meta.json is there but disagrees, is named in a warning)."""
+    if not (entry / "meta.json").is_file():
+        return None
     try:
         meta = json.loads((entry / "meta.json").read_text(encoding="utf-8"))
+        if not isinstance(meta, dict) or meta.get("version") != CACHE_VERSION:
+            return None  # an older lamina's entry: rewritten without a word
         tok = load_tokenizer(entry / "tokenizer.json")
         train, val = load_tokens(entry / "train.npy"), load_tokens(entry / "val.npy")
         ok = (
-            meta.get("version") == CACHE_VERSION
+            meta.get("text") == _sha(text)
             and meta.get("tokenizer") == _sha(_tok_json(tok))
             and meta.get("train_tokens") == len(train)
             and meta.get("val_tokens") == len(val)
+            and meta.get("train_sha256") == _array_sha(train)
+            and meta.get("val_sha256") == _array_sha(val)
+            and isinstance(meta.get("val_chars"), int)
             and (len(train) == 0 or int(max(train.max(), val.max(initial=0))) < tok.vocab_size)
         )
-        if not ok:
-            return None
-        return TextSplits(tok, train, val, int(meta["val_chars"]), cached=True)
+        if ok:
+            return TextSplits(tok, train, val, int(meta["val_chars"]), cached=True)
     except (OSError, ValueError, KeyError, TypeError, LaminaError):
-        return None
+        pass
+    warnings.warn(
+        f"the token cache entry {entry} is damaged (it disagrees with its meta.json); "
+        "tokenizing again",
+        LaminaWarning,
+        stacklevel=3,
+    )
+    return None
 
 
-def _write(entry: Path, s: TextSplits) -> None:
+def _write(entry: Path, s: TextSplits, text: str) -> None:
     try:
         entry.mkdir(parents=True, exist_ok=True)
         (entry / "meta.json").unlink(missing_ok=True)  # the entry is invalid until written
@@ -131,7 +151,10 @@ def _write(entry: Path, s: TextSplits) -> None:
         save_tokens(entry / "val.npy", s.val)
         meta = {
             "version": CACHE_VERSION,
+            "text": _sha(text),
             "tokenizer": _sha(_tok_json(s.tokenizer)),
+            "train_sha256": _array_sha(s.train),
+            "val_sha256": _array_sha(s.val),
             "train_tokens": len(s.train),
             "val_tokens": len(s.val),
             "val_chars": s.val_chars,
@@ -173,13 +196,13 @@ def text_splits(
     key = f"spec:{spec}" if tokenizer is None else f"json:{_sha(_tok_json(tokenizer))}"
     entry = _entry(text, key, val_fraction)
     if entry is not None:
-        hit = _read(entry)
+        hit = _read(entry, text)
         if hit is not None:
             return hit
     tok = tokenizer or _fit(spec, train_text)
     splits = _encode(tok, train_text, val_text)
     if entry is not None:
-        _write(entry, splits)
+        _write(entry, splits, text)
     return splits
 
 

@@ -114,6 +114,14 @@ def tokenizer_from_dict(d: dict[str, Any]) -> Tokenizer:
     return _REGISTRY[kind](d)
 
 
+def tokenizer_hash(tok: Tokenizer) -> str:
+    """sha256 of the tokenizer's canonical JSON: what ties derived files to the ids they hold."""
+    import hashlib
+
+    text = json.dumps(tok.to_dict(), ensure_ascii=False, sort_keys=True)
+    return hashlib.sha256(text.encode("utf-8", errors="surrogatepass")).hexdigest()
+
+
 def save_tokenizer(tok: Tokenizer, path: str | os.PathLike[str]) -> None:
     """Write ``tok.to_dict()`` as UTF-8 JSON to ``path`` atomically (temp file, fsync, replace)."""
     d = tok.to_dict()

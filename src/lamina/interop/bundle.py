@@ -18,7 +18,7 @@ opening costs about the weight bytes once and never makes random weights first.
 (None when the source has none) and its `Origin` (kind, absolute path, the files it came from
 and, computed on first use, their sha256). Its special ids (bos, eos, pad, end of turn) and chat
 template come from the tokenizer when it has them. `require(...)` is how a verb states what it
-needs ("lm" or "classifier", a tokenizer) and gets one line naming what is missing: no verb
+needs ("decoder" or "classifier", a tokenizer) and gets one line naming what is missing: no verb
 checks model kinds itself. `quantized=True` keeps a GGUF file's quantized tensors where lamina
 can run them (lamina's own quantized folders are quantized already).
 
@@ -113,12 +113,16 @@ class Bundle:
         return self.origin.path.name
 
     def require(
-        self, what: Literal["lm", "classifier"] = "lm", *, tokenizer: bool = True, verb: str = ""
+        self,
+        what: Literal["decoder", "classifier"] = "decoder",
+        *,
+        tokenizer: bool = True,
+        verb: str = "",
     ) -> Bundle:
         """This bundle, if it holds what a verb needs; else one LaminaError saying what is not.
         `verb` words the error: "sample" gives "... not a GPT: nothing to sample"."""
         where = self.origin.path
-        if what == "lm" and not isinstance(self.model, GPT):
+        if what == "decoder" and not isinstance(self.model, GPT):
             raise LaminaError(
                 f"{where} holds a {type(self.model).__name__}, not a GPT: nothing to "
                 f"{verb or 'generate'}"
@@ -180,7 +184,7 @@ def _open_lora(d: Path, dev: torch.device, dtype: torch.dtype | None) -> Bundle:
     config, record, tensors = read_lora_folder(d)
     base = open_model(base_path(record, str(d)), device=dev, dtype=dtype)
     check_base(record, base.origin, str(d))
-    model = apply_lora(base.require("lm", tokenizer=False, verb="adapt").model, config)
+    model = apply_lora(base.require("decoder", tokenizer=False, verb="adapt").model, config)
     load_lora_state(model, tensors, str(d / ADAPTERS_FILE))
     kind: Kind = "run" if (d / "trainer_state.json").is_file() else "model"
     return Bundle(model.eval(), base.tokenizer, Origin(kind, d, _files(d, ADAPTERS_FILE)))

@@ -2,6 +2,8 @@
 
     read_gguf(path) -> GGUFContents        header + memory-mapped tensors (see gguf_file)
     gguf_config(metadata, tensors=None) -> GPTConfig
+    gguf_table(contents) -> (GPTConfig, rows)   which GGUF tensors make each lamina tensor, and
+                                           how (tensor_map rows, checked against the file)
     load_gguf(path) -> (GPT, metadata)     an fp32 CPU model in eval mode, and the file's
                                            metadata (tokenizer.ggml.*, chat template, ...)
     save_gguf(model, path, tokenizer=None, qtype="f32" | "f16" | "q8_0") -> Path
@@ -20,8 +22,8 @@ windows, soft-caps), a tensor type lamina cannot dequantize, missing/unexpected/
 tensors. The model is built on the meta device and the dequantized tensors are assigned to it:
 no random weights, no second copy.
 
-Out: a rotary lamina GPT (Llama layout) is written as arch llama with the permutation applied,
-a GPT-2-layout one as arch gpt2 (its head always written as `output.weight`, as llama.cpp's
+Out: a rotary lamina GPT (Llama layout) is written as arch llama with the permutation applied
+(qwen2 when it has biases on q, k, v only), a GPT-2-layout one as arch gpt2 (its head always written as `output.weight`, as llama.cpp's
 converter does). qtype "f16" stores matrices in F16, "q8_0" in Q8_0 (where a row divides into
 blocks of 32, else F16); norms and biases stay F32. A GPT-2 BPE tokenizer (kinds "gpt2" and
 "bpe") is written as `tokenizer.ggml.*` (model "gpt2"). The file is written beside its name and
@@ -45,7 +47,9 @@ from lamina.interop.gguf_write import save_gguf
 from lamina.models.config import GPTConfig
 from lamina.models.gpt import GPT
 
-__all__ = ["GGUFContents", "GGUFTensor", "gguf_config", "load_gguf", "read_gguf", "save_gguf"]
+__all__ = [
+    "GGUFContents", "GGUFTensor", "gguf_config", "gguf_table", "load_gguf", "read_gguf", "save_gguf",
+]  # fmt: skip
 
 ARCHS = ("llama", "qwen2", "gpt2")
 # {arch}.* keys read into the config, and keys that change nothing lamina computes
@@ -174,13 +178,6 @@ def gguf_config(
         raise LaminaError(f"{where}: {e}") from e
 
 
-def _table(
-    config: GPTConfig, arch: str, shapes: Mapping[str, tuple[int, ...]]
-) -> list[tensor_map.Row]:
-    fmt = "gguf-gpt2" if arch == "gpt2" else "gguf-llama"
-    return tensor_map.rows(config, shapes, fmt, permute_rope=arch == "llama")
-
-
 def _meta_gpt(config: GPTConfig) -> tuple[GPT, dict[str, tuple[int, ...]]]:
     with torch.device("meta"):
         model = GPT(config)
@@ -198,25 +195,41 @@ def assign_weights(model: GPT, state: dict[str, Tensor], where: str) -> GPT:
     return model.eval()
 
 
-def load_gguf(
-    path: str | os.PathLike[str], *, quantized: bool = False
-) -> tuple[GPT, dict[str, Any]]:
-    """A lamina GPT (fp32, CPU, eval) from a GGUF file, and the file's metadata."""
-    if quantized:
-        raise LaminaError("load_gguf(quantized=True) is not implemented yet: load fp32")
-    contents = read_gguf(path)
+def gguf_table(contents: GGUFContents) -> tuple[GPTConfig, list[tensor_map.Row]]:
+    """The config of a GGUF file and its checked tensor rows: for each lamina tensor, the GGUF
+    tensors it is made of (stacked along dim 0) and their transforms. A row transform (the q/k
+    permutation) moves whole rows, so it applies as well to a tensor's raw blocks
+    (`torch.from_numpy(t.raw)`) as to its values: how a loader keeps weights quantized."""
     where = str(contents.path)
     tensors = contents.tensors
     config = gguf_config(contents.metadata, tensors, where)
     arch = contents.metadata["general.architecture"]
-    model, shapes = _meta_gpt(config)
-    table = _table(config, arch, shapes)
+    _, shapes = _meta_gpt(config)
+    fmt = "gguf-gpt2" if arch == "gpt2" else "gguf-llama"
+    table = tensor_map.rows(config, shapes, fmt, permute_rope=arch == "llama")
     present = {n: t.shape for n, t in tensors.items()}
     if config.tie_weights:
         present.pop("output.weight", None)  # the token table's own bytes
-    tensor_map.check(table, present, where, "its metadata")
-    for name in present:  # refuse an unreadable type before dequantizing anything
-        if tensors[name].qtype not in DEQUANTIZABLE:
-            tensors[name].dequantize()  # raises the one-line refusal naming tensor and type
+    tensor_map.check(table, present, where, "metadata")
+    return config, table
+
+
+def load_gguf(
+    path: str | os.PathLike[str], *, quantized: bool = False
+) -> tuple[GPT, dict[str, Any]]:
+    """A lamina GPT (fp32, CPU, eval) from a GGUF file, and the file's metadata.
+
+    quantized=True (weights kept in their GGUF blocks) is not implemented here: it is refused
+    (see `gguf_table` for the rows such a loader starts from)."""
+    if quantized:
+        raise LaminaError("load_gguf(quantized=True) is not implemented yet: load fp32")
+    contents = read_gguf(path)
+    tensors = contents.tensors
+    config, table = gguf_table(contents)
+    for row in table:  # refuse an unreadable type before dequantizing anything
+        for part in row.parts:
+            if tensors[part.foreign].qtype not in DEQUANTIZABLE:
+                tensors[part.foreign].dequantize()  # the one-line refusal naming tensor and type
+    model, _ = _meta_gpt(config)
     state = tensor_map.to_lamina(table, lambda name: tensors[name].dequantize())
-    return assign_weights(model, state, where), dict(contents.metadata)
+    return assign_weights(model, state, str(contents.path)), dict(contents.metadata)

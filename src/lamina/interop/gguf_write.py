@@ -1,24 +1,21 @@
 """Lamina GPTs written as GGUF files that llama.cpp loads (re-exported by `lamina.interop.gguf`).
 
     save_gguf(model, path, tokenizer=None, qtype="f32" | "f16" | "q8_0") -> Path
-    gguf_tokenizer_metadata(tokenizer, vocab_size) -> {"tokenizer.ggml.*": ...} or {}
+    gguf_arch(config) -> "llama" | "qwen2" | "gpt2"
 
 A rotary lamina GPT (the Llama layout, as `hf_llama_config` accepts it) becomes arch "llama",
-its q/k rows permuted as llama.cpp's converter does; a GPT-2-layout one becomes arch "gpt2",
+its q/k rows permuted as llama.cpp's converter does, or "qwen2" when it has biases on q, k and v
+only (qwen2 keeps HF's row order); a GPT-2-layout one becomes arch "gpt2",
 its head always stored as `output.weight` (llama.cpp's own converter writes it too). qtype
 "f16" stores 2-D tensors in F16; "q8_0" stores them in Q8_0 where a row divides into blocks of
-32 (else F16); 1-D tensors (norms, biases) stay F32, as llama.cpp expects. Tokenizers: GPT-2's
-BPE (kind "gpt2") and lamina's byte-level BPE (kind "bpe") go in as `tokenizer.ggml.model`
-"gpt2" with pre-tokenizer "gpt-2" (both split text with GPT-2's regex); a tokenizer that
-offers its own `gguf_metadata()` dict (the "pretrained" kind may) is asked for it; other kinds
-and none write `tokenizer.ggml.model` "none". Token lists shorter than the model's vocabulary
-are padded with unused "[PAD{i}]" tokens, as llama.cpp's converter does. The file is written
+32 (else F16); 1-D tensors (norms, biases) stay F32, as llama.cpp expects. The tokenizer goes
+in as `tokenizer.ggml.*` where it can (see gguf_tokenizer); without one, `tokenizer.ggml.model`
+is "none" (llama.cpp then runs token ids only). The file is written
 beside its final name and renamed into place. Deliberately unaware of reading GGUF.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from pathlib import Path
@@ -27,81 +24,35 @@ from typing import Any
 import numpy as np
 from torch import nn
 
+import lamina.quant as quant
 from lamina.checkpoint import strip_compiled_prefix, unwrap
 from lamina.data.tokenizers import Tokenizer
 from lamina.errors import LaminaError
 from lamina.interop import tensor_map
 from lamina.interop.gguf_file import _gguf
+from lamina.interop.gguf_tokenizer import gguf_tokenizer_metadata
 from lamina.interop.hf_gpt2 import hf_config
 from lamina.interop.hf_llama import hf_llama_config
 from lamina.models.config import GPTConfig
 from lamina.models.gpt import GPT
 
 QTYPES = ("f32", "f16", "q8_0")
-NORMAL, CONTROL, UNUSED = 1, 3, 5  # llama.cpp token types
 
 
 def gguf_arch(config: GPTConfig) -> str:
-    """ "llama" or "gpt2" for a GPT GGUF can express; refuses any other, naming the setting."""
-    check = hf_llama_config if config.positions == "rope" else hf_config
+    """The GGUF architecture of a GPT: llama, qwen2 (a llama with biases on q, k, v only) or
+    gpt2; refuses any model GGUF cannot express, naming the setting."""
+    qwen2 = config.positions == "rope" and config.qkv_bias and not config.bias
     try:
-        check(config)
+        if config.positions == "rope":
+            hf_llama_config(config.replace(bias=True) if qwen2 else config)
+        else:
+            hf_config(config)
     except LaminaError as e:
         raise LaminaError(str(e).replace("Hugging Face", "GGUF")) from None
     if config.positions != "rope" and config.activation != "gelu":
         raise LaminaError(f"cannot save as GGUF: activation={config.activation!r}: gpt2 is gelu")
-    return "llama" if config.positions == "rope" else "gpt2"
-
-
-def _bpe_vocab(layout: dict[str, Any]) -> tuple[dict[str, int], list[str], set[int]]:
-    model = layout.get("model") or {}
-    vocab = dict(model.get("vocab") or {})
-    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
-    special = set()
-    for added in layout.get("added_tokens") or []:
-        vocab[added["content"]] = added["id"]
-        if added.get("special"):
-            special.add(added["id"])
-    return vocab, merges, special
-
-
-def gguf_tokenizer_metadata(tokenizer: Tokenizer | None, vocab_size: int) -> dict[str, Any]:
-    """The `tokenizer.ggml.*` keys for a tokenizer ({} where none can be written)."""
-    own = getattr(tokenizer, "gguf_metadata", None)
-    if callable(own):
-        return dict(own())
-    kind = tokenizer.to_dict().get("kind") if tokenizer is not None else None
-    if kind == "gpt2":
-        vocab = tokenizer.encoder()  # type: ignore[union-attr]
-        lines = tokenizer.merges.splitlines()  # type: ignore[union-attr]
-        merges = [ln for ln in lines if ln and not ln.startswith("#version")]
-        special = set(tokenizer.special_tokens.values())
-    elif kind == "bpe":
-        vocab, merges, special = _bpe_vocab(json.loads(tokenizer.hf_json))  # type: ignore[union-attr]
-    else:
-        return {}
-    by_id = {i: t for t, i in vocab.items()}
-    if max(by_id, default=-1) >= vocab_size:
-        raise LaminaError(
-            f"cannot save as GGUF: the tokenizer has ids up to {max(by_id)}, the model's "
-            f"vocab_size is {vocab_size}"
-        )
-    tokens = [by_id.get(i, f"[PAD{i}]") for i in range(vocab_size)]
-    types = [
-        CONTROL if i in special else NORMAL if i in by_id else UNUSED for i in range(vocab_size)
-    ]
-    meta: dict[str, Any] = {
-        "tokenizer.ggml.model": "gpt2",
-        "tokenizer.ggml.pre": "gpt-2",
-        "tokenizer.ggml.tokens": tokens,
-        "tokenizer.ggml.token_type": types,
-        "tokenizer.ggml.merges": merges,
-        "tokenizer.ggml.add_bos_token": False,
-    }
-    eot = tokenizer.special_tokens.get("<|endoftext|>")  # type: ignore[union-attr]
-    if eot is not None:
-        meta |= {"tokenizer.ggml.bos_token_id": eot, "tokenizer.ggml.eos_token_id": eot}
-    return meta
+    return "gpt2" if config.positions != "rope" else "qwen2" if qwen2 else "llama"
 
 
 def _metadata(config: GPTConfig, arch: str) -> dict[str, Any]:
@@ -163,6 +114,12 @@ def save_gguf(
     inner = unwrap(model)
     if not isinstance(inner, GPT):
         raise LaminaError(f"save_gguf needs a lamina GPT, got {type(inner).__name__}")
+    scheme = quant.scheme_of(inner)
+    if scheme is not None:
+        raise LaminaError(
+            f"save_gguf needs a float model; this one is quantized ({scheme['scheme']}): "
+            "write the model before quantizing it (or use --type q8_0)"
+        )
     config = inner.config
     arch = gguf_arch(config)
     tok_meta = gguf_tokenizer_metadata(tokenizer, config.vocab_size)
@@ -172,7 +129,8 @@ def save_gguf(
     shapes = {k: tuple(v.shape) for k, v in state.items()}
     if arch == "gpt2":  # llama.cpp's gpt2 reads an output.weight: write the tied head too
         config = config.replace(tie_weights=False)
-    table = tensor_map.rows(config, shapes, f"gguf-{arch}", permute_rope=arch == "llama")
+    fmt = "gguf-gpt2" if arch == "gpt2" else "gguf-llama"
+    table = tensor_map.rows(config, shapes, fmt, permute_rope=arch == "llama")
     tensors = tensor_map.to_foreign(table, state)
     out = Path(path)
     if out.is_dir():

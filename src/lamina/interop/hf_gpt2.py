@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,7 +38,7 @@ from torch import Tensor, nn
 from lamina.checkpoint import save_tensors, strip_compiled_prefix, unwrap
 from lamina.data.tokenizers import Tokenizer
 from lamina.errors import LaminaError
-from lamina.files import write_json
+from lamina.files import build_folder, write_json
 from lamina.interop.hf_tokenizer import save_hf_tokenizer
 from lamina.interop.hf_weights import Plan, load_hf_folder
 from lamina.models.config import GPTConfig
@@ -219,28 +217,19 @@ def write_hf_folder(
 ) -> Path:
     """config.json + model.safetensors (+ the tokenizer's HF files) at `path`.
 
-    A new folder is written beside its final name and renamed into place; into an existing
-    folder, each file is replaced atomically and config.json goes last.
+    The folder is built beside its final name and swapped in once complete
+    (`lamina.files.build_folder`); an existing one is replaced only if lamina wrote it (or it is
+    empty). Its inputs (a source folder the caller read) must not overlap it.
     """
-    d = Path(path)
-    if d.exists() and not d.is_dir():
-        raise LaminaError(f"cannot write a model folder at {d}: it is a file")
-    target = d
-    if not d.exists():
-        d.parent.mkdir(parents=True, exist_ok=True)
-        target = Path(tempfile.mkdtemp(prefix=f".{d.name}.", dir=d.parent))
-    try:
+
+    def build(target: Path) -> None:
         save_tensors(target / "model.safetensors", tensors, {"format": "pt"})
         if tokenizer is not None:
             save_hf_tokenizer(tokenizer, target)
         write_json(target / "config.json", config)
-        if target != d:
-            target.rename(d)
-    except BaseException:
-        if target != d:
-            shutil.rmtree(target, ignore_errors=True)
-        raise
-    return d
+
+    build_folder(path, build, kind="hf", force=True)
+    return Path(path)
 
 
 def save_hf_gpt2(
@@ -249,8 +238,7 @@ def save_hf_gpt2(
     """Write config.json + model.safetensors for GPT2LMHeadModel.from_pretrained(path).
 
     With a gpt2 or bpe `tokenizer`, its Hugging Face files go alongside (see hf_tokenizer).
-    A new folder is written beside its final name and renamed into place; into an existing
-    folder, each file is replaced atomically and config.json goes last.
+    The folder is built beside its final name and swapped in (see `write_hf_folder`).
     """
     inner = unwrap(model)
     if not isinstance(inner, GPT):

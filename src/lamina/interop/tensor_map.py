@@ -18,7 +18,10 @@ transform:
 The table covers a lamina GPT of either layout; which rows apply follows from the lamina
 model's own tensor names (its `state_dict` on the meta device), and a lamina tensor with no
 name in the format is refused. A tied head is not a row (it is the token table).
-Deliberately unaware of files and of how the foreign tensors are read.
+The GGUF reader and writer (gguf, gguf_write) go through it; the Hugging Face converters
+(hf_gpt2, hf_llama) still keep their own lists, which a test holds equal to the hf columns
+here (moving them onto this table is the next step). Deliberately unaware of files and of how
+the foreign tensors are read.
 """
 
 from __future__ import annotations
@@ -194,14 +197,14 @@ def check(
     table: list[Row], foreign_shapes: Mapping[str, tuple[int, ...]], where: str, implied: str
 ) -> None:
     """Refuse, in one line, foreign tensors missing, unexpected or not of the shape `implied`
-    (e.g. "its config.json") says: foreign_shapes holds every tensor the caller will not skip."""
+    (e.g. "config.json") says: foreign_shapes holds every tensor the caller will not skip."""
     wanted = {p.foreign: s for r in table for p, s in zip(r.parts, r.foreign_shapes(), strict=True)}
     missing = [k for k in wanted if k not in foreign_shapes]
     unexpected = sorted(set(foreign_shapes) - set(wanted))
     if missing or unexpected:
         parts = [f"missing {_listed(missing)}"] if missing else []
         parts += [f"unexpected {_listed(unexpected)}"] if unexpected else []
-        raise LaminaError(f"{where} does not match {implied}: {'; '.join(parts)}")
+        raise LaminaError(f"{where} does not match its {implied}: {'; '.join(parts)}")
     for name, want in wanted.items():
         got = tuple(foreign_shapes[name])
         if got != want:
@@ -212,8 +215,17 @@ def to_lamina(table: list[Row], fetch: Callable[[str], Tensor]) -> dict[str, Ten
     """Lamina tensors from foreign ones (checked first with `check`)."""
     out = {}
     for row in table:
-        pieces = [p.transform.to_lamina(fetch(p.foreign)) for p in row.parts]
-        out[row.lamina] = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
+        if len(row.parts) == 1:
+            out[row.lamina] = row.parts[0].transform.to_lamina(fetch(row.parts[0].foreign))
+            continue
+        first = fetch(row.parts[0].foreign)
+        whole = torch.empty(row.shape, dtype=first.dtype)
+        at = 0
+        for i, p in enumerate(row.parts):  # each part written into its rows: no torch.cat
+            piece = first if i == 0 else fetch(p.foreign)
+            whole[at : at + p.rows] = p.transform.to_lamina(piece)
+            at += p.rows
+        out[row.lamina] = whole
     return out
 
 

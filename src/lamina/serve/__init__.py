@@ -36,6 +36,12 @@ admitted (running or waiting) and further requests get 503 with Retry-After at o
 answers 503 past `Limits.max_connections` open connections. A client that disconnects stops
 its generation at the next token.
 
+Every request first passes `guard.Guard`: a Host header that is not a loopback name (DNS
+rebinding) or an Origin of another site gets 403 {"error"}, unless `--allow-origin` or
+LAMINA_ORIGINS (comma-separated, `*` wildcards) names that origin, as Ollama's OLLAMA_ORIGINS
+does. Ctrl-C cancels every open stream, so each ends with its final event before the server
+stops.
+
 Why Starlette + uvicorn: small, well kept ASGI pieces (Starlette's streaming responses notice a
 client leaving and cancel the stream, which is how generations stop), no template engine or ORM
 to carry, and uvicorn has a connection limit built in. Optional: `pip install lamina[serve]`.

@@ -5,7 +5,8 @@
 Routes (the API is documented in `lamina.serve`): GET / (the page), GET /static/* (its JS and
 CSS, shipped as package data), GET /api/info, POST /api/generate (text/event-stream),
 POST /api/attention (JSON), GET /chat (the chat page), and the OpenAI-compatible /v1 API
-(`openai_api.py`). Every error is a JSON object {"error": "..."} with a 4xx/5xx
+(`openai_api.py`). Every request passes `guard.Guard` first (a foreign Host or Origin is
+answered 403). Every error is a JSON object {"error": "..."} with a 4xx/5xx
 status; an unexpected exception in an endpoint is logged as one line (no traceback) and
 answered with 500,
 and the server keeps serving.
@@ -13,7 +14,9 @@ and the server keeps serving.
 Streaming: the worker thread hands each event to the event loop (`call_soon_threadsafe`) and
 the response yields it as `event: NAME` / `data: JSON`. When the client goes away Starlette
 cancels the response; its `finally` sets the job's cancel event, so generation stops at the
-next token.
+next token. On Ctrl-C (`server`'s handle_exit) every open stream is cancelled the same way, so
+each ends with its final event ("done", reason "cancelled", or an "error" for a job that had not
+started) before uvicorn stops.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
@@ -36,6 +40,7 @@ from starlette.staticfiles import StaticFiles
 from lamina.errors import LaminaError
 from lamina.serve.chat import ChatService
 from lamina.serve.engine import Busy, Engine
+from lamina.serve.guard import Guard
 from lamina.serve.openai_api import openai_routes
 
 log = logging.getLogger("lamina.serve")
@@ -79,7 +84,15 @@ def guarded(endpoint: Any) -> Any:
     return run
 
 
-def create_app(engine: Engine, model_name: str = "lamina") -> Starlette:
+def create_app(
+    engine: Engine,
+    model_name: str = "lamina",
+    *,
+    origins: tuple[str, ...] = (),
+    any_host: bool = False,
+) -> Starlette:
+    """The app; `origins` / `any_host`: what the guard lets through besides loopback."""
+    streams: set[threading.Event] = set()  # the cancel events of the open streams
     static = resources.files("lamina.serve") / "static"
     index_html = (static / "index.html").read_bytes()
 
@@ -121,10 +134,16 @@ def create_app(engine: Engine, model_name: str = "lamina") -> Starlette:
             return error(503, str(exc), **{"Retry-After": "1"})
 
         async def body() -> AsyncIterator[bytes]:
+            streams.add(cancel)
+            ended = False
             try:
                 while (item := await events.get()) is not None:
+                    ended = ended or item[0] in ("done", "error")
                     yield sse(*item)
+                if not ended:  # cancelled before it started (the server is stopping)
+                    yield sse("error", {"error": "the server is shutting down"})
             finally:
+                streams.discard(cancel)
                 cancel.set()  # the client left (or the stream ended): stop at the next token
 
         return StreamingResponse(
@@ -156,23 +175,41 @@ def create_app(engine: Engine, model_name: str = "lamina") -> Starlette:
         Route("/api/generate", guarded(generate), methods=["POST"]),
         Route("/api/attention", guarded(attention), methods=["POST"]),
         Route("/chat", guarded(chat_page)),
-        *openai_routes(ChatService(engine, model_name), read_json, guarded),
+        *openai_routes(ChatService(engine, model_name), read_json, guarded, streams),
         Mount("/static", StaticFiles(directory=str(static)), name="static"),
     ]
     handlers = {HTTPException: http_error}
-    app = Starlette(routes=routes, exception_handlers=handlers)
+    guard = Middleware(Guard, origins=origins, any_host=any_host)
+    app = Starlette(routes=routes, exception_handlers=handlers, middleware=[guard])
     app.state.engine = engine
+    app.state.stop_streams = lambda: [c.set() for c in list(streams)]
     return app
 
 
 def server(
-    engine: Engine, host: str, port: int, *, log_level: str = "warning", model_name: str = "lamina"
+    engine: Engine,
+    host: str,
+    port: int,
+    *,
+    log_level: str = "warning",
+    origins: tuple[str, ...] = (),
+    model_name: str = "lamina",
 ) -> Any:
-    """A uvicorn Server for the app (call `.run()`; set `.should_exit` to stop it)."""
+    """A uvicorn Server for the app (call `.run()`; set `.should_exit` to stop it). Bound to a
+    loopback address, the guard also refuses foreign Host names; `origins` are let through."""
     import uvicorn
 
+    from lamina.serve.guard import is_loopback_name
+
+    app = create_app(engine, model_name, origins=origins, any_host=not is_loopback_name(host))
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            app.state.stop_streams()  # each stream ends with its final event
+            super().handle_exit(sig, frame)
+
     config = uvicorn.Config(
-        create_app(engine, model_name),
+        app,
         host=host,
         port=port,
         log_level=log_level,
@@ -180,4 +217,4 @@ def server(
         timeout_graceful_shutdown=2,
         access_log=False,
     )
-    return uvicorn.Server(config)
+    return Server(config)

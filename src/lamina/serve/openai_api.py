@@ -62,8 +62,12 @@ def _data(obj: Any) -> bytes:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
 
 
-def openai_routes(service: ChatService, read_json: Any, guarded: Any) -> list[Route]:
-    """The /v1 routes; `read_json` and `guarded` are the app's body reader and error guard."""
+def openai_routes(
+    service: ChatService, read_json: Any, guarded: Any, streams: set[threading.Event]
+) -> list[Route]:
+    """The /v1 routes; `read_json` and `guarded` are the app's body reader and error guard;
+    the cancel event of each open stream is kept in `streams` (the server sets them all when
+    it stops, so every stream still ends with its last chunk and [DONE])."""
     engine = service.engine
 
     async def models(request: Request) -> Response:
@@ -99,7 +103,7 @@ def openai_routes(service: ChatService, read_json: Any, guarded: Any) -> list[Ro
         meta = {"id": ident, "created": int(time.time()), "model": service.name}
         if job.stream:
             return StreamingResponse(
-                _stream(job, queue, cancel, meta),
+                _stream(job, queue, cancel, meta, streams),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
@@ -147,6 +151,7 @@ async def _stream(
     queue: asyncio.Queue[tuple[str, Reply | None] | None],
     cancel: threading.Event,
     meta: dict[str, Any],
+    streams: set[threading.Event],
 ) -> AsyncIterator[bytes]:
     chat = job.kind == "chat"
     obj = "chat.completion.chunk" if chat else "text_completion"
@@ -161,6 +166,7 @@ async def _stream(
             choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
         return _data({**meta, "object": obj, "choices": [choice]})
 
+    streams.add(cancel)
     try:
         if chat:
             yield chunk("", role=True)
@@ -176,4 +182,5 @@ async def _stream(
             yield _data({**meta, "object": obj, "choices": [], "usage": _usage(last)})
         yield b"data: [DONE]\n\n"
     finally:
+        streams.discard(cancel)
         cancel.set()  # the client left (or the stream ended): stop at the next token

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from lamina.data.spec import build_tokenizer
@@ -31,6 +32,7 @@ from lamina.files import read_json
 from lamina.interop.bundle import open_model
 from lamina.models.config import GPTConfig
 from lamina.models.gpt import GPT
+from lamina.modes import check_finite
 from lamina.quant import scheme_of
 
 # model fields that change no tensor, so a fine-tune may set them differently from SOURCE
@@ -48,7 +50,7 @@ def load_source(path: str | os.PathLike[str]) -> Source:
     """The GPT (and tokenizer) of any model `lamina.open` reads; a classifier or a quantized
     model is refused."""
     try:
-        bundle = open_model(path).require("lm", tokenizer=False, verb="fine-tune")
+        bundle = open_model(path).require("decoder", tokenizer=False, verb="fine-tune")
     except LaminaError as e:
         raise LaminaError(f"--init-from {path}: {e}") from None
     model, origin = bundle.model, bundle.origin
@@ -64,6 +66,7 @@ def load_source(path: str | os.PathLike[str]) -> Source:
     if origin.kind == "run" and state.is_file():
         record["step"] = read_json(state).get("step")
     tokenizer = bundle.tokenizer
+    check_finite(model, f"--init-from {path}", advice="start from another source")
     record["tokenizer"] = tokenizer.to_dict()["kind"] if tokenizer is not None else None
     return Source(model.float(), tokenizer, record)
 
@@ -85,10 +88,20 @@ def source_config(source: Source, overrides: dict[str, Any]) -> GPTConfig:
     return config.replace(**free) if free else config
 
 
+def _names(spec: str, folder: str) -> bool:
+    """Whether a --tokenizer spec names `folder` itself (then it is no contradiction)."""
+    return Path(spec).exists() and Path(spec).resolve() == Path(folder).resolve()
+
+
 def source_tokenizer(source: Source, spec: str | None) -> Tokenizer:
     """SOURCE's tokenizer; for a source without one, `spec` if it fixes a matching vocabulary."""
     vocab = source.model.config.vocab_size
     if source.tokenizer is not None:
+        if spec not in (None, "char") and not _names(spec, source.record["source"]):
+            raise LaminaError(
+                f"--tokenizer {spec} would be ignored: --init-from {source.record['source']} "
+                "brings its own tokenizer; drop --tokenizer"
+            )
         if int(source.tokenizer.vocab_size) > vocab:
             raise LaminaError(
                 f"--init-from {source.record['source']}: its tokenizer has "

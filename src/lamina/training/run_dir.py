@@ -12,6 +12,8 @@
       loss.png               train and validation curves
       confusion.png          a classifier's validation confusion matrix
       .lock                  the pid of the process that trains in it (flock-ed while it runs)
+      .lamina                the marker of a folder lamina wrote (what --force may replace)
+      .previous-run/         with --force: the run replaced, until the new one's first checkpoint
 
 Every file is written atomically (temp file, fsync, rename). A checkpoint is several files, so
 it is staged: all of them are written into `.checkpoint-tmp/`, a `READY` marker is written
@@ -47,6 +49,7 @@ import json
 import math
 import os
 import shutil
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -54,8 +57,20 @@ from typing import Any
 from torch import Tensor
 
 from lamina.checkpoint import load_tensors, save_tensors
-from lamina.errors import LaminaError
-from lamina.files import atomic_write, fsync_dir, read_json, write_json
+from lamina.errors import LaminaError, LaminaWarning
+from lamina.files import (
+    MARKER,
+    Inputs,
+    atomic_write,
+    fsync_dir,
+    is_lamina_folder,
+    mark_folder,
+    read_json,
+    refuse_overlap,
+    write_json,
+)
+from lamina.schema import check
+from lamina.training.formats import METRIC, OPTIMIZER_META, RUN_CONFIG, TRAINER_STATE
 
 STAGE = ".checkpoint-tmp"
 READY = "READY"
@@ -71,6 +86,7 @@ CHECKPOINT_FILES = (
 )
 RUN_FILES = (*CHECKPOINT_FILES, "train_config.json", "metrics.jsonl", "loss.png", "confusion.png")
 LOCK = ".lock"
+PREVIOUS = ".previous-run"  # a run replaced with --force, kept until the first checkpoint
 
 
 class _Lock:
@@ -123,14 +139,25 @@ class RunDir:
 
     # -- opening -------------------------------------------------------------------------------
     @classmethod
-    def create(cls, path: str | os.PathLike[str], *, force: bool = False) -> RunDir:
-        """A fresh, locked run directory; refuses one that holds anything else unless `force`.
+    def create(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        force: bool = False,
+        inputs: Inputs = (),
+    ) -> RunDir:
+        """A fresh, locked run directory (the output rule of `lamina.files`).
 
-        Without `force` nothing is removed; with it, only lamina's own run files are.
+        Refuses a folder that is, holds or sits inside one of `inputs` ((flag, path) pairs), and
+        one that holds files lamina did not write. A lamina run is replaced only with `force`
+        (or without it when it stopped before its first checkpoint: nothing there to resume),
+        and only once the new run writes its first checkpoint: until then the old run's files
+        wait in `.previous-run/` and come back if the new run fails (`release`, `recover`).
         """
         p = Path(path)
         if str(path) == "":
             raise LaminaError("--out must name a folder, got an empty string")
+        refuse_overlap(p, inputs)
         if p.exists() and not p.is_dir():
             raise LaminaError(f"--out {p} exists and is not a folder")
         try:
@@ -141,19 +168,12 @@ class RunDir:
         run = cls(p)
         run.lock()  # before looking inside: a second process must not see an empty folder
         try:
-            entries = sorted(e.name for e in p.iterdir() if e.name != LOCK)
-            if entries and not force:
-                what = "a training run" if "train_config.json" in entries else "other files"
-                raise LaminaError(
-                    f"--out {p} already holds {what}; pass --force to overwrite, or "
-                    f"--resume {p} to continue a run"
-                )
+            run.recover()
+            entries = sorted(e.name for e in p.iterdir() if e.name not in (LOCK, MARKER))
+            if entries:
+                run._set_aside(entries, force)
             try:
-                for name in RUN_FILES if entries else ():  # clear our own files, never the user's
-                    if (p / name).is_file():
-                        (p / name).unlink()
-                if (p / STAGE).is_dir():
-                    shutil.rmtree(p / STAGE)
+                mark_folder(p, "run")
                 probe = p / ".write-test"
                 probe.write_bytes(b"ok")
                 probe.unlink()
@@ -163,6 +183,47 @@ class RunDir:
             run.release()
             raise
         return run
+
+    def _set_aside(self, entries: list[str], force: bool) -> None:
+        """Move a previous lamina run's files into PREVIOUS (or refuse to touch the folder)."""
+        p = self.path
+        if not (is_lamina_folder(p) or "train_config.json" in entries):
+            raise LaminaError(
+                f"--out {p} holds files lamina did not write; pick a new folder (--force "
+                "replaces only a lamina run)"
+            )
+        unfinished = "trainer_state.json" not in entries
+        if not force and not unfinished:
+            raise LaminaError(
+                f"--out {p} already holds a training run; pass --force to replace it, or "
+                f"--resume {p} to continue it"
+            )
+        if unfinished and not force:
+            warnings.warn(
+                f"--out {p}: replacing a run that stopped before its first checkpoint",
+                LaminaWarning,
+                stacklevel=2,
+            )
+        try:
+            (p / PREVIOUS).mkdir()
+            for name in entries:
+                os.replace(p / name, p / PREVIOUS / name)
+        except OSError as exc:
+            self._restore()
+            raise LaminaError(f"cannot write to --out {p}: {_os_message(exc)}") from exc
+
+    def _restore(self) -> None:
+        """Put a previous run back (the new one never reached its first checkpoint)."""
+        prev = self.path / PREVIOUS
+        if not prev.is_dir():
+            return
+        for e in self.path.iterdir():
+            if e.name in (LOCK, MARKER, PREVIOUS):
+                continue
+            shutil.rmtree(e) if e.is_dir() and not e.is_symlink() else e.unlink()
+        for e in prev.iterdir():
+            os.replace(e, self.path / e.name)
+        prev.rmdir()
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, lock: bool = True) -> RunDir:
@@ -228,29 +289,37 @@ class RunDir:
         self._lock = _HELD[key] = _Lock(fd, key)
 
     def release(self) -> None:
-        """Empty the lock file (a clean exit) and give the lock back; safe to call twice."""
+        """Empty the lock file (a clean exit) and give the lock back; safe to call twice.
+
+        A previous run set aside by `create --force` comes back if this one has no checkpoint."""
         if self._lock is not None:
+            with contextlib.suppress(OSError):
+                self.recover()
             self._lock.close()
             self._lock = None
 
     def recover(self) -> None:
         """Finish a checkpoint that was READY when the process died, or drop an unfinished one."""
         stage = self.path / STAGE
-        if not stage.is_dir():
-            return
-        if (stage / READY).is_file():
-            self._commit(stage)
-        shutil.rmtree(stage, ignore_errors=True)
+        if stage.is_dir():
+            if (stage / READY).is_file():
+                self._commit(stage)
+            shutil.rmtree(stage, ignore_errors=True)
+        if (self.path / PREVIOUS).is_dir() and not (self.path / "trainer_state.json").is_file():
+            self._restore()
 
     # -- writing -------------------------------------------------------------------------------
     def write_train_config(self, data: dict[str, Any]) -> None:
         self._guard(lambda: write_json(self.path / "train_config.json", data), "the run config")
 
     def read_train_config(self) -> dict[str, Any]:
-        data = read_json(self.path / "train_config.json")
+        """train_config.json through `RUN_CONFIG` (the fields of "train" are TrainConfig's to
+        check, those of "model" the model config's)."""
+        where = self.path / "train_config.json"
+        data = read_json(where)
         if not isinstance(data, dict) or "train" not in data:
-            raise LaminaError(f"{self.path / 'train_config.json'} is not a lamina run config")
-        return data
+            raise LaminaError(f"{where} is not a lamina run config")
+        return check(RUN_CONFIG, data, str(where))
 
     def write_checkpoint(
         self,
@@ -284,6 +353,7 @@ class RunDir:
             if (stage / name).is_file():
                 os.replace(stage / name, self.path / name)
         fsync_dir(self.path)
+        shutil.rmtree(self.path / PREVIOUS, ignore_errors=True)  # the new run has replaced it
 
     def _guard(self, write: Callable[[], None], what: str) -> None:
         try:
@@ -314,22 +384,31 @@ class RunDir:
 
     # -- reading -------------------------------------------------------------------------------
     def read_metrics(self, up_to_step: int | None = None) -> list[dict[str, Any]]:
+        """The records of metrics.jsonl, each checked against `METRIC`; a line that is not
+        JSON (a run still writing it) is skipped, a record of the wrong shape is an error."""
         p = self.path / "metrics.jsonl"
         if not p.is_file():
             return []
+        try:
+            text = p.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise LaminaError(f"{p} is not UTF-8 text") from exc
         out = []
-        for line in p.read_text(encoding="utf-8").splitlines():
-            with contextlib.suppress(json.JSONDecodeError):
+        for n, line in enumerate(text.splitlines(), 1):
+            try:
                 rec = json.loads(line)
-                if up_to_step is None or rec.get("step", 0) <= up_to_step:
-                    out.append(rec)
+            except json.JSONDecodeError:
+                continue
+            rec = check(METRIC, rec, f"{p} line {n}")
+            if up_to_step is None or rec["step"] <= up_to_step:
+                out.append(rec)
         return out
 
     def read_checkpoint(self) -> tuple[dict[str, Any], dict[str, Tensor], dict[str, Any]]:
         """(trainer state, optimizer tensors, optimizer metadata); steps must agree."""
-        state = read_json(self.path / "trainer_state.json")
+        where = self.path / "trainer_state.json"
+        state = check(TRAINER_STATE, read_json(where), str(where))
         tensors = load_tensors(self.path / "optimizer.safetensors")
-        meta = read_json(self.path / "optimizer.json")
-        if not isinstance(state, dict) or "step" not in state:
-            raise LaminaError(f"{self.path / 'trainer_state.json'} has no 'step'")
+        where = self.path / "optimizer.json"
+        meta = check(OPTIMIZER_META, read_json(where), str(where))
         return state, tensors, meta
