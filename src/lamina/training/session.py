@@ -152,7 +152,8 @@ def new_session(
     seeded, run directory created (unless out=None)."""
     cfg = _absolute_paths(resolve(cfg, world_size=world_size, fsdp=fsdp, micro_given=micro_given))
     fresh = out is not None and not Path(out).exists()
-    inputs = [("--data", cfg.data), ("--val-data", cfg.val_data), ("--init-from", cfg.init_from)]
+    val_data = getattr(cfg.options, "val_data", None)  # classify's own field (registry)
+    inputs = [("--data", cfg.data), ("--val-data", val_data), ("--init-from", cfg.init_from)]
     inputs.append(("--tokenizer", cfg.tokenizer))  # a path (a run, a file); a kind never exists
     run = RunDir.create(out, force=force, inputs=inputs) if out is not None else None
     try:
