@@ -5,6 +5,7 @@ LoRA as LoRA, and --task sft trains on chat data with the prompt masked."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -75,10 +76,35 @@ def test_sample_eval_and_merge_read_a_lora_run(base, tmp_path, capsys):
         torch.testing.assert_close(merged(ids), opened.model(ids), atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_qlora_trains_adapters_over_a_quantized_base(base, tmp_path, capsys, scheme):
+    run = tmp_path / scheme
+    assert _train(base, run, "--max-steps", "2", "--lora-base", scheme) == 0
+    a = load_file(run / "adapters.safetensors")
+    assert any(".lora_B." in k and t.abs().sum() > 0 for k, t in a.items())
+    assert (
+        json.loads((run / "train_config.json").read_text())["train"]["options"]["lora_base"]
+        == scheme
+    )
+
+
 def test_lora_needs_a_base_and_a_changed_base_is_refused(base, tmp_path, capsys):
     args = ["train", "--data", str(base / "corpus.txt"), "--lora", "--max-steps", "1"]
     assert main([*args, "--out", str(tmp_path / "x")]) == 2
     assert "--lora trains adapters on a pretrained model" in capsys.readouterr().err
+    copy = tmp_path / "copy"
+    shutil.copytree(base, copy)
+    args = ["train", "--init-from", str(copy / "base"), "--data", str(copy / "corpus.txt")]
+    assert main([*args, "--lora", "--max-steps", "1", "--out", str(tmp_path / "run")]) == 0
+    weights = copy / "base" / "model.safetensors"
+    blob = bytearray(weights.read_bytes())
+    blob[-1] ^= 1
+    weights.write_bytes(bytes(blob))
+    capsys.readouterr()
+    assert main(["train", "--resume", str(tmp_path / "run"), "--max-steps", "2"]) == 2
+    assert "trained on another base" in capsys.readouterr().err
+    assert main(["sample", str(tmp_path / "run"), "--prompt", "F"]) == 2
+    assert "changed since the adapters were trained" in capsys.readouterr().err
 
 
 def test_memory_fit_counts_lora_as_lora():

@@ -62,7 +62,10 @@ def native_bf16() -> bool:
 
 
 def _use_kernel(x: Tensor) -> bool:
-    return x.device.type == "cpu" and native_bf16()
+    # the int8/int4 kernels have no backward: where gradients must flow back through a frozen
+    # quantized layer (LoRA over a quantized base), the dequantized matmul computes them
+    grad = x.requires_grad and torch.is_grad_enabled()
+    return x.device.type == "cpu" and native_bf16() and not grad
 
 
 def quantize_int8(w: Tensor) -> tuple[Tensor, Tensor]:

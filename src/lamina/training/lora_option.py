@@ -3,8 +3,9 @@
     LoRAFields        the fields (--lora, --lora-r, --lora-alpha, --lora-dropout,
                       --lora-targets) a task's options dataclass inherits; .lora_config()
                       -> LoRAConfig | None
-    adapt(model, fields, init_from) -> model   adapters applied (the base frozen), or the model
-                      as it was without --lora; --lora without --init-from is refused
+    adapt(model, fields) -> model   adapters applied (the base frozen; int8/int4 first with
+                      --lora-base), or the model as it was without --lora
+    check_lora_source(fields, init_from)   --lora without --init-from is refused
     save_run_model(d, model, tokenizer, origin)  a LoRA model: only its adapters and the base
                       reference (interop.adapters.save_lora_folder); any other: save_model
     restore_run_model(model, run, origin)   the adapters (or the whole model) back from a run,
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from torch import nn
 
@@ -27,8 +28,11 @@ from lamina.data.tokenizers import Tokenizer
 from lamina.errors import LaminaError
 from lamina.interop.adapters import ADAPTERS_FILE, read_lora_folder, save_lora_folder
 from lamina.lora import DEFAULT_TARGETS, LoRAConfig, apply_lora, load_lora_state, lora_config
+from lamina.quant import INT4_GROUP_SIZES, quantize
 from lamina.training.defaults import option
-from lamina.validate import boolean
+from lamina.validate import boolean, choice
+
+LoRABase = Literal["float", "int8", "int4"]
 
 
 @dataclass(frozen=True)
@@ -51,9 +55,15 @@ class LoRAFields:
         "q,k,v,o,gate,up,fc,down,head",
         metavar="LIST",
     )
+    lora_base: LoRABase = option(
+        "float",
+        "with --lora, the frozen base as it is, or quantized to int8 / int4 weights "
+        "(QLoRA-style: the adapters train over the quantized base)",
+    )
 
     def __post_init__(self) -> None:
         boolean("lora", self.lora)
+        choice("lora_base", self.lora_base, ("float", "int8", "int4"))
         self._lora()  # every LoRA field checked, with or without --lora
 
     def _lora(self) -> LoRAConfig:
@@ -77,9 +87,21 @@ def check_lora_source(options: Any, init_from: str | None) -> None:
 
 
 def adapt(model: nn.Module, options: Any) -> nn.Module:
-    """apply_lora with the options' config (the model unchanged without --lora)."""
+    """apply_lora with the options' config, over the base quantized first where --lora-base
+    says (int4 with the largest group size dividing every width); unchanged without --lora."""
     config = lora_of(options)
-    return model if config is None else apply_lora(model, config)
+    if config is None:
+        return model
+    if options.lora_base != "float":
+        c = model.config
+        widths = (c.d_model, c.ff_width, c.n_heads * c.head_dim)
+        sizes = [g for g in reversed(INT4_GROUP_SIZES) if all(w % g == 0 for w in widths)]
+        if options.lora_base == "int4" and not sizes:
+            raise LaminaError(
+                f"--lora-base int4: no group size in {INT4_GROUP_SIZES} divides {widths}"
+            )
+        quantize(model, options.lora_base, group_size=sizes[0] if sizes else 128)
+    return apply_lora(model, config)
 
 
 def _base_record(origin: dict[str, Any] | None) -> dict[str, Any]:
