@@ -9,7 +9,7 @@ peak RSS is its own), one after another on the same machine:
 
   zero     the model as it is (zero-shot);
   lora     lamina.lora adapters (r, alpha 2r, dropout 0.05, --targets), AdamW lr 2e-3 on the
-           adapters only, the base frozen;
+           adapters only, the base frozen (--base int8 / int4: quantized first, QLoRA-style);
   full     every parameter trained, AdamW lr 5e-5;
   scratch  `lamina train --data FILE --max-time S` with no other flag (lamina's defaults: a
            character model trained from random weights);
@@ -119,6 +119,11 @@ def finetune(args, mode: str) -> dict:
         return result
     train_ids = torch.tensor(encode(train_text))
     if mode == "lora":
+        if args.base != "float":  # QLoRA-style: the frozen base quantized first
+            from lamina.quant import quantize
+
+            quantize(model, args.base, group_size=64)
+            result["base"] = args.base
         apply_lora(model, r=args.r, alpha=2 * args.r, dropout=0.05, targets=args.targets)
         params, peak = lora_parameters(model), args.lora_lr
     else:
@@ -328,6 +333,12 @@ def main() -> None:
     p.add_argument("--modes", nargs="+", default=["zero", "lora", "full", "scratch"])
     p.add_argument("--targets", default="all", help="LoRA targets (lamina.lora presets/names)")
     p.add_argument("--r", type=int, default=8, help="LoRA rank (alpha = 2 r)")
+    p.add_argument(
+        "--base",
+        default="float",
+        choices=["float", "int8", "int4"],
+        help="lora: the base's weights",
+    )
     p.add_argument("--lora-lr", type=float, default=2e-3)
     p.add_argument("--full-lr", type=float, default=5e-5)
     p.add_argument("--block", type=int, default=128, help="tokens per training/scoring window")
