@@ -158,9 +158,10 @@ def finetune(args, mode: str) -> dict:
         "nats_per_char": nats_per_char(model, val_ids, decode, args.block),
     }
     if mode == "lora":
+        from lamina.models.params import count_params
+
         adapter = sum(t.numel() * t.element_size() for t in lora_state_dict(model).values())
-        base = sum(p.numel() * p.element_size() for p in model.parameters()) - adapter
-        result["adapter_share_of_model_bytes"] = adapter / base
+        result["adapter_share_of_model_bytes"] = adapter / (4 * count_params(model.config))
         if args.gguf:
             result |= merged_gguf(args, model, tok, val_ids, decode)
     return result
