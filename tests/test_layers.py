@@ -33,6 +33,7 @@ LAYERS: dict[str, int] = {
     "lamina.models": 6,
     # above the models: files of models, then what uses them
     "lamina.quant": 7,
+    "lamina.lora": 7,
     "lamina.checkpoint": 8,
     "lamina.checks": 9,
     "lamina.generation": 9,

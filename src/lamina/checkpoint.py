@@ -302,6 +302,11 @@ def save_model(
     """Write config.json, model.safetensors and (if given) tokenizer.json into `directory`."""
     d = Path(directory)
     inner = unwrap(model)
+    if getattr(inner, "lora", None) is not None:  # lamina.lora records its config there
+        raise LaminaError(
+            "this model has LoRA adapters: merge them first (lamina.lora.merge_lora, or "
+            "`lamina merge`), or save the adapters alone (interop.adapters.save_lora_folder)"
+        )
     config_json = model_to_json(inner)  # not a lamina model: refused before any folder is made
     _make_folder(d)
     try:

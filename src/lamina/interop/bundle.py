@@ -6,6 +6,8 @@
 The one place that chooses a reader, by what `source` is:
     a lamina run folder     config.json with "kind" + trainer_state.json   checkpoint.load_model
     a lamina model folder   config.json with "kind"                        checkpoint.load_model
+    a LoRA run or folder    config.json with "kind": "lora"   its base opened (sha256 checked),
+                            the adapters applied (interop.adapters)
     a Hugging Face folder   config.json with "model_type": gpt2 -> hf_gpt2; llama, mistral,
                             qwen2, qwen3 -> hf_llama; its tokenizer from tokenizer.json & co.
     a GGUF file             *.gguf (or a file starting with the GGUF magic) -> interop.gguf
@@ -164,6 +166,8 @@ def open_model(
         )
     data = read_json(p / "config.json")
     d = p.resolve()
+    if isinstance(data, dict) and data.get("kind") == "lora":
+        return _open_lora(d, dev, dtype)
     if isinstance(data, dict) and "kind" in data:
         model, tokenizer = load_model(d, dev, dtype)
         kind: Kind = "run" if (d / "trainer_state.json").is_file() else "model"
@@ -174,6 +178,20 @@ def open_model(
         f"{p / 'config.json'} is neither lamina's (no 'kind') nor a Hugging Face one (no "
         "'model_type')"
     )
+
+
+def _open_lora(d: Path, dev: torch.device, dtype: torch.dtype | None) -> Bundle:
+    """A LoRA folder: its base opened (and checked unchanged), the adapters applied."""
+    from lamina.interop.adapters import ADAPTERS_FILE, base_path, check_base, read_lora_folder
+    from lamina.lora import apply_lora, load_lora_state
+
+    config, record, tensors = read_lora_folder(d)
+    base = open_model(base_path(record, str(d)), device=dev, dtype=dtype)
+    check_base(record, base.origin, str(d))
+    model = apply_lora(base.require("decoder", tokenizer=False, verb="adapt").model, config)
+    load_lora_state(model, tensors, str(d / ADAPTERS_FILE))
+    kind: Kind = "run" if (d / "trainer_state.json").is_file() else "model"
+    return Bundle(model.eval(), base.tokenizer, Origin(kind, d, _files(d, ADAPTERS_FILE)))
 
 
 def _starts_with(path: Path, magic: bytes) -> bool:

@@ -113,7 +113,9 @@ EMULATED_BF16_MAX_ROWS = 32
 
 
 def _use_kernel(x: Tensor) -> bool:
-    if not _packed_cpu(x):
+    # the int8/int4 kernels have no backward: where gradients must flow back through a frozen
+    # quantized layer (LoRA over a quantized base), the dequantized matmul computes them
+    if (x.requires_grad and torch.is_grad_enabled()) or not _packed_cpu(x):
         return False
     return _NATIVE_BF16 or x.numel() // max(1, x.shape[-1]) <= EMULATED_BF16_MAX_ROWS
 

@@ -20,6 +20,7 @@ import os
 import torch
 
 from lamina.errors import LaminaError
+from lamina.lora import LoRAConfig, fit_bytes
 from lamina.models.config import GPTConfig
 from lamina.models.params import count_params
 from lamina.quant import native_bf16
@@ -70,14 +71,17 @@ def memory_bytes(device: torch.device) -> int | None:
         return None
 
 
-def check_model_fits(config: GPTConfig, device: torch.device) -> None:
-    """Refuse a GPT whose fp32 weights, gradients and AdamW moments exceed `device`'s memory."""
+def check_model_fits(
+    config: GPTConfig, device: torch.device, lora: LoRAConfig | None = None
+) -> None:
+    """Refuse a GPT whose fp32 weights, gradients and AdamW moments exceed `device`'s memory
+    (with LoRA: the frozen base's weights and the adapters' weights, gradients, moments)."""
     n = count_params(config)
-    need, have = n * 16, memory_bytes(device)
+    need, have = fit_bytes(config, lora), memory_bytes(device)
     if have is not None and need > have:
         raise LaminaError(
             f"a GPT of {n:,} parameters (d_model {config.d_model}, n_layers {config.n_layers}, "
             f"vocab_size {config.vocab_size}, block_size {config.block_size}) needs about "
-            f"{need / 2**30:,.1f} GiB to train (weights, gradients, AdamW) but {device} has "
+            f"{need / 2**30:,.1f} GiB to train (weights, gradients, AdamW{', LoRA' if lora else ''}) but {device} has "
             f"{have / 2**30:,.1f} GiB; choose a smaller shape"
         )

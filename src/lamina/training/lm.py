@@ -50,12 +50,13 @@ from lamina.models.gpt import GPT
 from lamina.training.config import TrainConfig
 from lamina.training.device import check_model_fits, resolve_device
 from lamina.training.finetune import load_source, source_config, source_tokenizer
+from lamina.training.lora_option import LoRAFields, adapt, check_lora_source, lora_of
 from lamina.training.objectives import Batch, Built
 
 
 @dataclass(frozen=True)
-class LMOptions:
-    """The language-model task's own fields: none yet (data, tokenizer, init_from are shared)."""
+class LMOptions(LoRAFields):
+    """The language-model task's own fields: LoRA's (data, tokenizer, init_from are shared)."""
 
 
 def lm_loss(logits: Tensor, targets: Tensor) -> Tensor:
@@ -144,7 +145,7 @@ def objective_and_model(
 ) -> tuple[LMObjective, GPT]:
     """The objective over tokenized splits (arrays or memory-mapped TokenStreams), a seeded GPT."""
     mc = model_config or model_config_for(cfg, tok.vocab_size)
-    check_model_fits(mc, resolve_device(cfg.device))
+    check_model_fits(mc, resolve_device(cfg.device), lora_of(cfg.options))
     objective = LMObjective(
         train,
         val,
@@ -185,10 +186,12 @@ def build(cfg: TrainConfig, run_path: Path | None, model_cfg: dict[str, Any] | N
         tok = load_tokenizer(run_path / "tokenizer.json")
     mc = GPTConfig.from_dict(model_cfg) if model_cfg else None
     source = None
-    if cfg.init_from is not None and mc is None:
+    check_lora_source(cfg.options, cfg.init_from)
+    # a LoRA run's checkpoint holds only adapters: its base is opened again on a resume
+    if cfg.init_from is not None and (mc is None or lora_of(cfg.options) is not None):
         source = load_source(cfg.init_from)
-        mc = source_config(source, cfg.model_overrides)
-        tok = source_tokenizer(source, cfg.tokenizer)
+        mc = mc or source_config(source, cfg.model_overrides)
+        tok = tok or source_tokenizer(source, cfg.tokenizer)
     if is_prepared(cfg.data):
         built = _prepared(cfg, tok, mc)
     else:
@@ -199,6 +202,7 @@ def build(cfg: TrainConfig, run_path: Path | None, model_cfg: dict[str, Any] | N
     if source is not None:
         load_state(built.model, source.model.state_dict(), f"--init-from {cfg.init_from}")
         built.origin = source.record
+    adapt(built.model, cfg.options)
     return built
 
 

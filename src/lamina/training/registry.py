@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from lamina.errors import LaminaError
-from lamina.training import classify, first_last, lm
+from lamina.training import classify, first_last, lm, sft
 from lamina.training.config import SHARED, TrainConfig, fill_defaults, plan_batch
 from lamina.training.defaults import BEFORE_RECORDED, Situation
 from lamina.training.device import resolve_device
@@ -77,6 +77,9 @@ TASKS: dict[str, Task] = {
                      "comedy/history/tragedy task; other defaults as first-last)",
                      classify.ClassifyOptions, classify.build, classify.finished,
                      encoder=True),
+    "sft": Task("chat / instruction fine-tuning of --init-from on --data (chat or "
+                "prompt-completion JSONL, Alpaca JSON): loss on the answers only",
+                sft.SFTOptions, sft.build, sft.finished, fine_tunes=True),
 }  # fmt: skip
 
 

@@ -76,6 +76,7 @@ STAGE = ".checkpoint-tmp"
 READY = "READY"
 CHECKPOINT_FILES = (
     "model.safetensors",
+    "adapters.safetensors",  # a LoRA run: the adapters instead of the model
     "tokenizer.json",
     "optimizer.safetensors",
     "optimizer.json",

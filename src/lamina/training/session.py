@@ -47,7 +47,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from lamina.checkpoint import load_state, load_tensors, save_model
 from lamina.data.spec import is_kind
 from lamina.data.tokenizers import Tokenizer
 from lamina.errors import LaminaError
@@ -55,6 +54,7 @@ from lamina.files import read_json
 from lamina.modes import check_finite
 from lamina.training.config import TrainConfig
 from lamina.training.device import resolve_device, use_bf16
+from lamina.training.lora_option import restore_run_model, save_run_model
 from lamina.training.objectives import Objective, rng_state, rng_text
 from lamina.training.optim import load_optimizer_tensors, make_optimizer, optimizer_tensors
 from lamina.training.registry import build, load_config, resolve
@@ -320,7 +320,7 @@ def save_checkpoint(
         "lamina": __version__,
     }
     s.run.write_checkpoint(
-        lambda d: save_model(d, model, s.tokenizer), optimizer_tensors(opt), state
+        lambda d: save_run_model(d, model, s.tokenizer, s.origin), optimizer_tensors(opt), state
     )
     s.run.write_metrics(st.metrics)
 
@@ -333,7 +333,7 @@ def _restore(s: Session, run: RunDir) -> None:
             f"--resume {run.path}: the training data differs from the run's "
             f"({state.get('data_fingerprint')} vs {s.fingerprint})"
         )
-    load_state(s.model, load_tensors(run.path / "model.safetensors"), "model.safetensors")
+    restore_run_model(s.model, run.path, s.origin)
     check_finite(s.model, f"--resume {run.path}")  # a diverged checkpoint is not resumed
     load_optimizer_tensors(s.opt, tensors, meta)
     try:

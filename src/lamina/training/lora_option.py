@@ -1,0 +1,139 @@
+"""--lora: LoRA as an option of the tasks that fine-tune (lm, sft), and what a LoRA run saves.
+
+    LoRAFields        the fields (--lora, --lora-r, --lora-alpha, --lora-dropout,
+                      --lora-targets) a task's options dataclass inherits; .lora_config()
+                      -> LoRAConfig | None
+    adapt(model, fields) -> model   adapters applied (the base frozen; int8/int4 first with
+                      --lora-base), or the model as it was without --lora
+    check_lora_source(fields, init_from)   --lora without --init-from is refused
+    save_run_model(d, model, tokenizer, origin)  a LoRA model: only its adapters and the base
+                      reference (interop.adapters.save_lora_folder); any other: save_model
+    restore_run_model(model, run, origin)   the adapters (or the whole model) back from a run,
+                      a LoRA run's base checked to be the one it was trained on
+
+The optimizer needs nothing special: it takes the parameters that require gradients, and
+apply_lora leaves only the adapters so. Deliberately unaware of the loop and of objectives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from torch import nn
+
+from lamina.checkpoint import load_state, load_tensors, save_model, unwrap
+from lamina.data.tokenizers import Tokenizer
+from lamina.errors import LaminaError
+from lamina.interop.adapters import ADAPTERS_FILE, read_lora_folder, save_lora_folder
+from lamina.lora import DEFAULT_TARGETS, LoRAConfig, apply_lora, load_lora_state, lora_config
+from lamina.quant import INT4_GROUP_SIZES, quantize
+from lamina.training.defaults import option
+from lamina.validate import boolean, choice
+
+LoRABase = Literal["float", "int8", "int4"]
+
+
+@dataclass(frozen=True)
+class LoRAFields:
+    """The LoRA fields every fine-tuning task's options carry (one flag each)."""
+
+    lora: bool = option(
+        False,
+        "train low-rank adapters on --init-from's linears, the base frozen (lamina.lora); the "
+        "run saves only the adapters and the base's path and sha256",
+    )
+    lora_r: int = option(8, "with --lora, the rank of each adapter", metavar="R")
+    lora_alpha: float = option(16.0, "with --lora, updates are scaled by alpha / r", metavar="A")
+    lora_dropout: float = option(
+        0.05, "with --lora, dropout on the adapters' input (training only)", metavar="P"
+    )
+    lora_targets: str = option(
+        DEFAULT_TARGETS,
+        "with --lora, what to adapt: presets qv, attn, mlp, all (attention + MLP), or names "
+        "q,k,v,o,gate,up,fc,down,head",
+        metavar="LIST",
+    )
+    lora_base: LoRABase = option(
+        "float",
+        "with --lora, the frozen base as it is, or quantized to int8 / int4 weights "
+        "(QLoRA-style: the adapters train over the quantized base)",
+    )
+
+    def __post_init__(self) -> None:
+        boolean("lora", self.lora)
+        choice("lora_base", self.lora_base, ("float", "int8", "int4"))
+        self._lora()  # every LoRA field checked, with or without --lora
+
+    def _lora(self) -> LoRAConfig:
+        return LoRAConfig(self.lora_r, self.lora_alpha, self.lora_dropout, self.lora_targets)
+
+    def lora_config(self) -> LoRAConfig | None:
+        return self._lora() if self.lora else None
+
+
+def lora_of(options: Any) -> LoRAConfig | None:
+    """The LoRA config a task's options ask for (None: no --lora, or a task without it)."""
+    return options.lora_config() if isinstance(options, LoRAFields) else None
+
+
+def check_lora_source(options: Any, init_from: str | None) -> None:
+    if lora_of(options) is not None and init_from is None:
+        raise LaminaError(
+            "--lora trains adapters on a pretrained model: give --init-from MODEL (a run, "
+            "model folder, Hugging Face folder or .gguf file)"
+        )
+
+
+def adapt(model: nn.Module, options: Any) -> nn.Module:
+    """apply_lora with the options' config, over the base quantized first where --lora-base
+    says (int4 with the largest group size dividing every width); unchanged without --lora."""
+    config = lora_of(options)
+    if config is None:
+        return model
+    if options.lora_base != "float":
+        c = model.config
+        widths = (c.d_model, c.ff_width, c.n_heads * c.head_dim)
+        sizes = [g for g in reversed(INT4_GROUP_SIZES) if all(w % g == 0 for w in widths)]
+        if options.lora_base == "int4" and not sizes:
+            raise LaminaError(
+                f"--lora-base int4: no group size in {INT4_GROUP_SIZES} divides {widths}"
+            )
+        quantize(model, options.lora_base, group_size=sizes[0] if sizes else 128)
+    return apply_lora(model, config)
+
+
+def _base_record(origin: dict[str, Any] | None) -> dict[str, Any]:
+    if not origin or "sha256" not in origin:
+        raise LaminaError("a LoRA run needs the --init-from record of its base (path, sha256)")
+    return {"kind": origin.get("kind"), "path": origin["source"], "sha256": origin["sha256"]}
+
+
+def save_run_model(
+    d: Path, model: nn.Module, tokenizer: Tokenizer | None, origin: dict[str, Any] | None
+) -> None:
+    """What a checkpoint holds of the model: the adapters and the base reference, or all."""
+    if lora_config(unwrap(model)) is not None:
+        save_lora_folder(d, model, _base_record(origin))
+    else:
+        save_model(d, model, tokenizer)
+
+
+def restore_run_model(model: nn.Module, run: Path, origin: dict[str, Any] | None) -> None:
+    """Load a checkpoint's model tensors into `model` (for a LoRA run, the adapters only)."""
+    inner = unwrap(model)
+    if lora_config(inner) is None:
+        load_state(model, load_tensors(run / "model.safetensors"), "model.safetensors")
+        return
+    config, base, tensors = read_lora_folder(run)
+    if config != lora_config(inner):
+        raise LaminaError(f"--resume {run}: its adapters were made with {config}, not this run's")
+    want = _base_record(origin)["sha256"]
+    if not isinstance(base, dict) or base.get("sha256") != want:
+        raise LaminaError(
+            f"--resume {run}: its adapters were trained on another base than --init-from's "
+            f"(sha256 {str(base.get('sha256') if isinstance(base, dict) else base)[:12]}... "
+            f"!= {want[:12]}...)"
+        )
+    load_lora_state(inner, tensors, str(run / ADAPTERS_FILE))
