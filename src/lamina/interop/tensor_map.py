@@ -219,7 +219,9 @@ def to_lamina(table: list[Row], fetch: Callable[[str], Tensor]) -> dict[str, Ten
             out[row.lamina] = row.parts[0].transform.to_lamina(fetch(row.parts[0].foreign))
             continue
         first = fetch(row.parts[0].foreign)
-        whole = torch.empty(row.shape, dtype=first.dtype)
+        # parts stack along dim 0; the other dims are the fetched tensors' own (raw quantized
+        # blocks have fewer columns than the values they hold)
+        whole = torch.empty((row.shape[0], *first.shape[1:]), dtype=first.dtype)
         at = 0
         for i, p in enumerate(row.parts):  # each part written into its rows: no torch.cat
             piece = first if i == 0 else fetch(p.foreign)
