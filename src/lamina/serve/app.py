@@ -216,5 +216,6 @@ def server(
         limit_concurrency=engine.limits.max_connections,
         timeout_graceful_shutdown=2,
         access_log=False,
+        lifespan="off",  # no startup/shutdown hooks; its task logged a traceback on Ctrl-C
     )
     return Server(config)
