@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lamina.checkpoint import load_state
+from lamina.checkpoint import assign_state
 from lamina.data.builtin import corpus_text
 from lamina.data.shards import eval_batches_for, is_prepared, open_prepared, sampler_for
 from lamina.data.text_splits import text_splits
@@ -142,8 +142,11 @@ def objective_and_model(
     tok: Tokenizer,
     model_config: GPTConfig | None = None,
     val_chars: int | None = None,
+    source: Any = None,
 ) -> tuple[LMObjective, GPT]:
-    """The objective over tokenized splits (arrays or memory-mapped TokenStreams), a seeded GPT."""
+    """The objective over tokenized splits (arrays or memory-mapped TokenStreams), and a GPT:
+    seeded random weights, or, given an --init-from `source`, built on the meta device and
+    given the source's tensors (no random draw, no second copy)."""
     mc = model_config or model_config_for(cfg, tok.vocab_size)
     check_model_fits(mc, resolve_device(cfg.device), lora_of(cfg.options))
     objective = LMObjective(
@@ -156,10 +159,17 @@ def objective_and_model(
         val_chars=val_chars,
     )
     torch.manual_seed(cfg.seed)
-    return objective, GPT(mc)
+    if source is None:
+        return objective, GPT(mc)
+    with torch.device("meta"):
+        model = GPT(mc)
+    assign_state(model, source.model.state_dict(), f"--init-from {cfg.init_from}")
+    return objective, model
 
 
-def _prepared(cfg: TrainConfig, tok: Tokenizer | None, mc: GPTConfig | None) -> Built:
+def _prepared(
+    cfg: TrainConfig, tok: Tokenizer | None, mc: GPTConfig | None, source: Any = None
+) -> Built:
     """A `lamina prepare` folder: its tokenizer and splits, checked against the run's."""
     prep = open_prepared(cfg.data)
     spec = prep.index.get("spec")
@@ -173,7 +183,9 @@ def _prepared(cfg: TrainConfig, tok: Tokenizer | None, mc: GPTConfig | None) -> 
             f"--data {cfg.data} was prepared with another tokenizer than this run's; "
             f"prepare it with `lamina prepare ... --tokenizer {cfg.init_from or 'RUN'}`"
         )
-    objective, model = objective_and_model(cfg, prep.train, prep.val, prep.tokenizer, mc)
+    objective, model = objective_and_model(
+        cfg, prep.train, prep.val, prep.tokenizer, mc, source=source
+    )
     recorded = {"tokenizer": spec} if spec is not None else None  # what the folder used
     return Built(objective, model, prep.tokenizer, prep.fingerprint, model.config.d_model,
                  recorded=recorded)  # fmt: skip
@@ -193,14 +205,15 @@ def build(cfg: TrainConfig, run_path: Path | None, model_cfg: dict[str, Any] | N
         mc = mc or source_config(source, cfg.model_overrides)
         tok = tok or source_tokenizer(source, cfg.tokenizer)
     if is_prepared(cfg.data):
-        built = _prepared(cfg, tok, mc)
+        built = _prepared(cfg, tok, mc, source)
     else:
         text, _ = corpus_text(cfg.data)
         s = text_splits(cfg.tokenizer, text, cfg.val_fraction, tok)
-        objective, model = objective_and_model(cfg, s.train, s.val, s.tokenizer, mc, s.val_chars)
+        objective, model = objective_and_model(
+            cfg, s.train, s.val, s.tokenizer, mc, s.val_chars, source
+        )
         built = Built(objective, model, s.tokenizer, text_fingerprint(text), model.config.d_model)
     if source is not None:
-        load_state(built.model, source.model.state_dict(), f"--init-from {cfg.init_from}")
         built.origin = source.record
     adapt(built.model, cfg.options)
     return built
