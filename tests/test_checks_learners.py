@@ -477,3 +477,161 @@ def test_report_lets_a_todo_through():
 def test_lamina_attention_has_the_interface_the_checks_expect():
     """The checks' attention interface is lamina's own: its module passes them."""
     checks.check_attention_weights(MultiHeadAttention(16, 4, causal=True), 16, causal=True)
+
+
+# --- lesson 7: chat rendering, a LoRA linear, the assistant-only mask ------------------------
+
+
+class LoRA(nn.Module):
+    """A learner's LoRA linear with switchable mistakes."""
+
+    def __init__(self, base, r=8, alpha=16.0, dropout=0.0, mistake=None):
+        super().__init__()
+        self.base, self.mistake = base, mistake
+        if mistake != "unfrozen":
+            base.requires_grad_(False)
+        self.A = nn.Parameter(torch.empty(r, base.in_features))
+        if mistake == "A zero":
+            nn.init.zeros_(self.A)
+        elif mistake == "A normal":
+            nn.init.normal_(self.A)
+        else:
+            nn.init.kaiming_uniform_(self.A, a=math.sqrt(5))
+        self.B = nn.Parameter(torch.randn(base.out_features, r) if mistake == "B random" else
+                              torch.zeros(base.out_features, r))  # fmt: skip
+        self.scaling = alpha if mistake == "scaling alpha" else alpha / r
+        self.alpha = alpha
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        m = self.mistake
+        if m == "no adapter":
+            return self.base(x)
+        h = x if m == "no dropout" else self.dropout(x)
+        scale = {"forward alpha": self.alpha, "no scaling": 1.0}.get(m, self.scaling)
+        y = self.base(x) + scale * (h @ self.A.T) @ self.B.T
+        return self.dropout(y) if m == "dropout outside" else y
+
+
+def test_lora_linear_right_passes():
+    checks.check_lora_linear(LoRA)
+
+
+@pytest.mark.parametrize(
+    "mistake, words",
+    [
+        ("B random", "B must start at zero"),
+        ("A zero", "A must start random"),
+        ("A normal", "kaiming_uniform_"),
+        ("unfrozen", "freeze the base"),
+        ("scaling alpha", "alpha / r, not alpha"),
+        ("forward alpha", "is scaled by alpha instead of alpha / r"),
+        ("no scaling", "misses the scaling"),
+        ("no adapter", "B got no gradient"),
+        ("dropout outside", "dropout goes on the adapter's input only"),
+        ("no dropout", "changed nothing in training mode"),
+    ],
+)
+def test_lora_linear_mistakes(mistake, words):
+    assert words in fails(
+        checks.check_lora_linear, lambda base, **kw: LoRA(base, **kw, mistake=mistake)
+    )
+
+
+def test_lamina_lora_linear_agrees_with_the_learners_formula():
+    """The reference the check compares with is lamina's LoRALinear: one adapter, one segment."""
+    from lamina.lora import LoRAConfig, LoRALinear
+
+    torch.manual_seed(0)
+    base = nn.Linear(16, 8)
+    ours = LoRALinear(base, [("q", 8)], ["q"], LoRAConfig(r=2, alpha=4.0, dropout=0.0)).eval()
+    with torch.no_grad():
+        ours.lora_B["q"].normal_()
+    x = torch.randn(3, 16)
+    a, b = ours.lora_A["q"], ours.lora_B["q"]
+    assert torch.allclose(ours(x), base(x) + 2.0 * (x @ a.T) @ b.T, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def smol_tok(smollm2_gguf):
+    """The real model's tokenizer, from the GGUF file's metadata only (no weights read)."""
+    from lamina.data.pretrained import PretrainedTokenizer
+    from lamina.interop.gguf_file import read_gguf
+
+    return PretrainedTokenizer.from_gguf_metadata(read_gguf(smollm2_gguf).metadata)
+
+
+SMOL_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+
+def chatml(messages, add_generation_prompt=True, mistake=None):
+    if mistake != "no default system" and messages[0]["role"] != "system":
+        messages = [{"role": "system", "content": SMOL_SYSTEM}, *messages]
+    end = "<|im_end|>" if mistake == "no newline" else "<|im_end|>\n"
+    role = "<|im_start|> {}\n" if mistake == "spaced role" else "<|im_start|>{}\n"
+    text = "".join(role.format(m["role"]) + m["content"] + end for m in messages)
+    gen = add_generation_prompt if mistake is None else mistake == "always header"
+    if mistake in ("no default system", "no newline", "spaced role"):
+        gen = add_generation_prompt
+    return text + ("<|im_start|>assistant\n" if gen else "")
+
+
+def test_chat_render_right_passes(smol_tok):
+    checks.check_chat_render(chatml, smol_tok)
+
+
+@pytest.mark.parametrize(
+    "mistake, words",
+    [
+        ("no default system", "default system message"),
+        ("never header", "with add_generation_prompt=True the text ends with"),
+        ("always header", "add_generation_prompt=False: no assistant header"),
+        ("no newline", "newlines, the template writes"),
+        ("spaced role", "differs from the template at character"),
+    ],
+)
+def test_chat_render_mistakes(smol_tok, mistake, words):
+    render = lambda m, g: chatml(m, g, mistake=mistake)  # noqa: E731
+    assert words in fails(checks.check_chat_render, render, smol_tok)
+
+
+def example(messages, tokenizer, mistake=None):
+    """A learner's ids and labels, piece by piece, with switchable mistakes."""
+    if mistake != "no default system" and messages[0]["role"] != "system":
+        messages = [{"role": "system", "content": SMOL_SYSTEM}, *messages]
+    ids, labels = [], []
+    for m in messages:
+        mine = m["role"] == "assistant" or mistake == "every token"
+        pieces = [(f"<|im_start|>{m['role']}\n", mine and mistake == "header trained")]
+        if mistake == "eot not trained":
+            pieces += [(m["content"], mine), ("<|im_end|>", False)]
+        else:
+            pieces += [(m["content"] + "<|im_end|>", mine)]
+        pieces += [("\n", mine and mistake in ("newline trained", "every token"))]
+        for piece, trained in pieces:
+            piece_ids = tokenizer.encode(piece)
+            ids += piece_ids
+            labels += piece_ids if trained else [-100] * len(piece_ids)
+    if mistake == "shifted":
+        labels = labels[1:] + [-100]
+    return ids, labels
+
+
+def test_assistant_mask_right_passes(smol_tok):
+    checks.check_assistant_mask(example, smol_tok)
+
+
+@pytest.mark.parametrize(
+    "mistake, words",
+    [
+        ("no default system", "not those of the conversation as the template renders it"),
+        ("eot not trained", "how the model learns to stop"),
+        ("newline trained", "comes after the end-of-turn token"),
+        ("header trained", "not part of an assistant reply"),
+        ("every token", "not part of an assistant reply"),
+        ("shifted", "shifted by one"),
+    ],
+)
+def test_assistant_mask_mistakes(smol_tok, mistake, words):
+    fn = lambda m, t: example(m, t, mistake=mistake)  # noqa: E731
+    assert words in fails(checks.check_assistant_mask, fn, smol_tok)

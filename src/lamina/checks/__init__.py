@@ -10,6 +10,8 @@
                  causality + residual identity for every combination of options
     learners.py  `report` and the checks of the pieces a learner writes in the lessons, with
                  messages that guess the mistake
+    finetuning.py  the same for lesson 7: a chat rendered by hand, a LoRA linear (against
+                 lamina's), the assistant-only loss mask (against the tokenizer's)
     base.py      what they share (probing in eval mode, shape messages)
 
 Everything is re-exported here: ``checks.check_layer_norm(MyLayerNorm(8), 8)``.
@@ -17,6 +19,7 @@ Everything is re-exported here: ``checks.check_layer_norm(MyLayerNorm(8), 8)``.
 
 from __future__ import annotations
 
+from lamina.checks.finetuning import check_assistant_mask, check_chat_render, check_lora_linear
 from lamina.checks.learners import (
     check_cached_generation,
     check_causal_mask,
@@ -51,12 +54,14 @@ from lamina.checks.suite import CheckResult, run_all
 
 __all__ = [
     "CheckResult",
+    "check_assistant_mask",
     "check_attention_weights",
     "check_block_combinations",
     "check_block_causality",
     "check_cached_generation",
     "check_causal_mask",
     "check_char_tokenizer",
+    "check_chat_render",
     "check_embedding",
     "check_fast_path_matches_reference",
     "check_feed_forward",
@@ -66,6 +71,7 @@ __all__ = [
     "check_initial_loss",
     "check_layer_norm",
     "check_logits_shape",
+    "check_lora_linear",
     "check_param_formula",
     "check_residual_identity",
     "check_rms_norm",
