@@ -132,3 +132,22 @@ def test_prepared_data_must_use_the_source_tokenizer(tmp_path, capsys):
             "--out", str(tmp_path / "r")]  # fmt: skip
     assert main(args) == 2
     assert "prepared with another tokenizer" in capsys.readouterr().err
+
+
+def test_fine_tuning_trains_on_windows_of_at_most_256_tokens_unless_told():
+    """A real model's 8k block would make one CPU step take minutes: --init-from trains on
+    windows of at most FINE_TUNE_SEQ_LEN tokens unless --seq-len says otherwise; the model's
+    own block_size is kept."""
+    from lamina.errors import LaminaError
+    from lamina.models import GPTConfig
+    from lamina.training.config import FINE_TUNE_SEQ_LEN, TrainConfig
+    from lamina.training.lm import train_window
+
+    big = GPTConfig.preset("llama-tiny", vocab_size=50, block_size=8192)
+    small = GPTConfig.preset("llama-tiny", vocab_size=50, block_size=64)
+    assert train_window(TrainConfig(init_from="m"), big) == FINE_TUNE_SEQ_LEN
+    assert train_window(TrainConfig(init_from="m"), small) == 64
+    assert train_window(TrainConfig(), big) == 8192  # from scratch: the preset's block
+    assert train_window(TrainConfig(init_from="m", seq_len=1024), big) == 1024
+    with pytest.raises(LaminaError, match="longer than the model's block_size"):
+        train_window(TrainConfig(init_from="m", seq_len=128), small)

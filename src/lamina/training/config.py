@@ -67,6 +67,9 @@ NSDtype = Literal["fp32", "bf16"]
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(s|m|h|)\s*$", re.IGNORECASE)
 
+# a real model's block_size (8,192 for SmolLM2) is far more context than a CPU step can train on
+FINE_TUNE_SEQ_LEN = 256
+
 
 def parse_duration(text: str | float | int) -> float:
     """'90s', '5m', '1.5h', '90' -> seconds (float > 0); anything else is a LaminaError."""
@@ -133,6 +136,13 @@ class TrainConfig:
         None,
         "sequences per optimizer step, all processes together",
         none=Default(48, 64, 64),
+        **_N,
+    )
+    seq_len: int | None = option(
+        None,
+        "tokens per training window (the context a step trains on); the model's own "
+        "block_size is kept",
+        none=Default(text=f"the model's block_size, at most {FINE_TUNE_SEQ_LEN} with --init-from"),
         **_N,
     )
     micro_batch_size: int | None = option(
@@ -252,7 +262,7 @@ class TrainConfig:
         boolean("compile", self.compile)
         given = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         given = {k: v for k, v in given.items() if v is not None}
-        for name in ("max_steps", "batch_size", "micro_batch_size", "eval_every",
+        for name in ("max_steps", "batch_size", "micro_batch_size", "seq_len", "eval_every",
                      "eval_batches", "checkpoint_every", "log_every"):  # fmt: skip
             if name in given:
                 positive_int(name, given[name])

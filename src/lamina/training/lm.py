@@ -47,7 +47,7 @@ from lamina.data.tokenizers import Tokenizer, load_tokenizer
 from lamina.errors import LaminaError
 from lamina.models.config import GPTConfig
 from lamina.models.gpt import GPT
-from lamina.training.config import TrainConfig
+from lamina.training.config import FINE_TUNE_SEQ_LEN, TrainConfig
 from lamina.training.device import check_model_fits, resolve_device
 from lamina.training.finetune import load_source, source_config, source_tokenizer
 from lamina.training.lora_option import LoRAFields, adapt, check_lora_source, lora_of
@@ -135,6 +135,18 @@ def model_config_for(cfg: TrainConfig, vocab_size: int) -> GPTConfig:
     return GPTConfig.preset(cfg.preset or "char-cpu").replace(**fields)
 
 
+def train_window(cfg: TrainConfig, mc: GPTConfig) -> int:
+    """Tokens per training window: --seq-len, else the model's block_size (at most
+    FINE_TUNE_SEQ_LEN when fine-tuning a source)."""
+    if cfg.seq_len is not None:
+        if cfg.seq_len > mc.block_size:
+            raise LaminaError(
+                f"--seq-len {cfg.seq_len} is longer than the model's block_size {mc.block_size}"
+            )
+        return cfg.seq_len
+    return min(mc.block_size, FINE_TUNE_SEQ_LEN) if cfg.init_from else mc.block_size
+
+
 def objective_and_model(
     cfg: TrainConfig,
     train: Any,
@@ -152,7 +164,7 @@ def objective_and_model(
     objective = LMObjective(
         train,
         val,
-        mc.block_size,
+        train_window(cfg, mc),
         cfg.seed,
         n_eval=cfg.eval_batches,
         eval_batch_size=min(cfg.batch_size, 16),  # global: same windows under any world size

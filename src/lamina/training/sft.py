@@ -42,7 +42,7 @@ from lamina.training.config import TrainConfig
 from lamina.training.defaults import option
 from lamina.training.device import check_model_fits, resolve_device
 from lamina.training.finetune import load_source, source_config, source_tokenizer
-from lamina.training.lm import text_fingerprint
+from lamina.training.lm import text_fingerprint, train_window
 from lamina.training.lora_option import LoRAFields, adapt, lora_of
 from lamina.training.objectives import Built, rng_state, rng_text
 from lamina.validate import boolean
@@ -181,10 +181,11 @@ def build(cfg: TrainConfig, run_path: Path | None, model_cfg: dict[str, Any] | N
     check_model_fits(mc, resolve_device(cfg.device), lora_of(cfg.options))
     n_val = max(1, round(len(examples) * cfg.val_fraction))
     prompt = cfg.options.train_on_prompt
-    train, _ = sft_rows(tok, examples[:-n_val], mc.block_size, prompt)
-    val, _ = sft_rows(tok, examples[-n_val:], mc.block_size, prompt)
+    window = train_window(cfg, mc)
+    train, _ = sft_rows(tok, examples[:-n_val], window, prompt)
+    val, _ = sft_rows(tok, examples[-n_val:], window, prompt)
     objective = SFTObjective(
-        train, val, mc.block_size, cfg.seed, n_eval=cfg.eval_batches,
+        train, val, window, cfg.seed, n_eval=cfg.eval_batches,
         eval_batch_size=min(cfg.batch_size, 16), pad_id=getattr(tok, "pad_id", None) or 0,
     )  # fmt: skip
     torch.manual_seed(cfg.seed)
