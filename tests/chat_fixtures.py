@@ -43,3 +43,29 @@ class ChatMLChars:
     def render_chat(self, messages, add_generation_prompt=True) -> list[int]:
         self.calls += 1
         return self.encode(self.render_chat_text(messages, add_generation_prompt))
+
+
+def chat_engine(max_tokens: int = 32):
+    """A serve Engine over a tiny random llama-tiny GPT with the ChatML character tokenizer."""
+    import torch
+
+    from lamina.models import GPT, GPTConfig
+    from lamina.serve import Engine, Limits
+
+    tok = ChatMLChars()
+    torch.manual_seed(0)
+    config = GPTConfig.preset("llama-tiny", vocab_size=tok.vocab_size, block_size=256)
+    return Engine(GPT(config).eval(), tok, Limits(max_tokens=max_tokens))
+
+
+def fresh_reply(engine, messages: list[dict], n: int) -> str:
+    """The reference reply: the whole conversation rendered and prefilled at once, greedy."""
+    import torch
+
+    from lamina.generation import generate
+
+    tok = engine.tokenizer
+    ids = tok.render_chat(messages, add_generation_prompt=True)
+    out = generate(engine.model, torch.tensor([ids]), n, stop=list(tok.eot_ids))[0, len(ids) :]
+    out = out.tolist()
+    return tok.decode(out[: out.index(tok.eot_ids[0])] if tok.eot_ids[0] in out else out)

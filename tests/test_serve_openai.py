@@ -8,27 +8,15 @@ import torch
 pytest.importorskip("starlette")
 openai = pytest.importorskip("openai")
 
-from chat_fixtures import ChatMLChars  # noqa: E402
+from chat_fixtures import chat_engine, fresh_reply  # noqa: E402
 from serving import live_server, request  # noqa: E402
 
 from lamina.generation import generate  # noqa: E402
-from lamina.models import GPT, GPTConfig  # noqa: E402
-from lamina.serve import Engine, Limits  # noqa: E402
-
-
-def chat_engine() -> Engine:
-    tok = ChatMLChars()
-    torch.manual_seed(0)
-    config = GPTConfig.preset("llama-tiny", vocab_size=tok.vocab_size, block_size=256)
-    return Engine(GPT(config).eval(), tok, Limits(max_tokens=32))
+from lamina.serve import Engine  # noqa: E402
 
 
 def fresh(engine: Engine, messages: list[dict], n: int) -> str:
-    tok = engine.tokenizer
-    ids = tok.render_chat(messages, add_generation_prompt=True)
-    out = generate(engine.model, torch.tensor([ids]), n, stop=list(tok.eot_ids))[0, len(ids) :]
-    out = out.tolist()
-    return tok.decode(out[: out.index(tok.eot_ids[0])] if tok.eot_ids[0] in out else out)
+    return fresh_reply(engine, messages, n)
 
 
 @pytest.fixture(scope="module")
