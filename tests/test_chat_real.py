@@ -3,6 +3,7 @@ fresh renders of the whole conversation (one load of the model for the module)."
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -85,3 +86,16 @@ def test_lamina_chat_command_holds_a_piped_conversation(bundle, smollm2_gguf):
         "Name a fruit.", ChatOptions(max_new_tokens=16)
     )
     assert r.stdout.strip().endswith("".join(e.text for e in alone).strip())
+
+
+def test_keep_quantized_chat_answers_from_the_files_own_blocks(smollm2_gguf):
+    """--keep-quantized runs the Q4_1 blocks as the file holds them: still Paris, still a turn
+    that ends at <|im_end|>."""
+    r = subprocess.run(
+        [sys.executable, "-m", "lamina", "chat", str(smollm2_gguf), "--keep-quantized", "--json",
+         "--prompt", "What is the capital of France?", "--max-new-tokens", "24"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    line = json.loads(r.stdout)
+    assert "Paris" in line["content"] and line["finish_reason"] == "stop"

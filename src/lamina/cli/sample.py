@@ -95,6 +95,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     p.add_argument(
+        "--keep-quantized",
+        action="store_true",
+        help="a GGUF file's Q4_0/Q4_1/Q8_0 weights stay quantized as the file holds them "
+        "(faster decoding, less memory; logits within a few percent of the default fp32 path)",
+    )
+    p.add_argument(
         "--quantize",
         choices=["int8", "int4"],
         help="quantize the linear layers on load, for this session (see lamina quantize)",
@@ -219,7 +225,8 @@ def run(args: argparse.Namespace) -> int:
     from lamina.interop.bundle import open_model
     from lamina.modes import check_finite
 
-    bundle = open_model(args.run, device=args.device).require("decoder", verb="sample")
+    bundle = open_model(args.run, device=args.device, quantized=args.keep_quantized)
+    bundle.require("decoder", verb="sample")
     model, tokenizer = bundle.model, bundle.tokenizer
     check_finite(model, str(args.run))
     if args.quantize:
