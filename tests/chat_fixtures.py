@@ -55,7 +55,18 @@ def chat_engine(max_tokens: int = 32):
     tok = ChatMLChars()
     torch.manual_seed(0)
     config = GPTConfig.preset("llama-tiny", vocab_size=tok.vocab_size, block_size=256)
-    return Engine(GPT(config).eval(), tok, Limits(max_tokens=max_tokens))
+    return Engine(talkative(GPT(config).eval(), tok), tok, Limits(max_tokens=max_tokens))
+
+
+def talkative(model, tok):
+    """A random model whose end-of-turn logit is 0 (its head row zeroed): it rarely ends a
+    turn at once, so replies have text to compare (a random one often starts with the eot)."""
+    import torch
+
+    with torch.no_grad():
+        for i in tok.eot_ids:
+            model.head.weight[i] = 0.0
+    return model
 
 
 def fresh_reply(engine, messages: list[dict], n: int) -> str:
