@@ -70,9 +70,14 @@ def test_default_text_reads_the_table_or_the_field():
     assert default_text("lr") == (
         "0.01 on a CPU, 0.001 on a GPU; 0.002 for first-last; 0.001 with --init-from"
     )
-    assert default_text("batch_size") == "48 on a CPU, 64 on a GPU and for first-last"
+    assert default_text("batch_size") == (
+        "48 on a CPU, 64 on a GPU and for first-last; 16 with --init-from"
+    )
     assert default_text("max_steps") == "2000; 300 for first-last; none with --max-time"
-    assert default_text("eval_batches") == "20" and default_text("compile") == "off"
+    assert (
+        default_text("eval_batches") == "20; 4 with --init-from"
+        and default_text("compile") == "off"
+    )
     assert default_text("max_time") == "none"
     with pytest.raises(LaminaError, match="no field"):
         default_text("no_such_field")

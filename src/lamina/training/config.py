@@ -69,6 +69,10 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(s|m|h|)\s*$", re.IGNORECAS
 
 # a real model's block_size (8,192 for SmolLM2) is far more context than a CPU step can train on
 FINE_TUNE_SEQ_LEN = 256
+# and one forward of it costs what a small model's whole run does: smaller batches, fewer held-out
+# batches per evaluation (SmolLM2's first evaluation of 20 x 16 x 256 tokens took 150 s here)
+FINETUNE_BATCH = 16
+FINETUNE_EVAL_BATCHES = 4
 
 
 def parse_duration(text: str | float | int) -> float:
@@ -135,7 +139,7 @@ class TrainConfig:
     batch_size: int | None = option(
         None,
         "sequences per optimizer step, all processes together",
-        none=Default(48, 64, 64),
+        none=Default(48, 64, 64, finetune=FINETUNE_BATCH),
         **_N,
     )
     seq_len: int | None = option(
@@ -226,7 +230,12 @@ class TrainConfig:
         ),
         **_N,
     )
-    eval_batches: int = option(20, "held-out batches per evaluation", **_N)
+    eval_batches: int | None = option(
+        None,
+        "held-out batches per evaluation",
+        none=Default(20, 20, 20, finetune=FINETUNE_EVAL_BATCHES),
+        **_N,
+    )
     checkpoint_every: int | None = option(
         None, "steps between checkpoints", none=Default(text="at each evaluation"), **_N
     )
