@@ -8,7 +8,7 @@ from chat_fixtures import ChatMLChars, talkative  # noqa: I001
 
 from lamina.errors import LaminaError
 from lamina.generation import generate
-from lamina.generation.chat import ChatOptions, Conversation, common_prefix, until_stop
+from lamina.generation.chat import ChatOptions, Conversation, common_prefix
 from lamina.models import GPT, GPTConfig
 
 
@@ -132,5 +132,3 @@ def test_bad_options_and_models_are_refused(model):
 def test_helpers():
     assert common_prefix([1, 2, 3], [1, 2, 4, 5]) == 2
     assert common_prefix([], [1]) == 0
-    assert until_stop("hello world", ["wor", "lo"]) == ("hel", True)
-    assert until_stop("hello", ["x"]) == ("hello", False)

@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from lamina.errors import LaminaError
+from lamina.generation.prompts import TextStream
 from lamina.generation.sampling import check_sampling, sample
 from lamina.models.gpt import GPT
 from lamina.modes import eval_mode
@@ -173,16 +174,17 @@ def stream_reply(
     listening)."""
     o, model = options, cache.model
     eot = set(getattr(tokenizer, "eot_ids", ()) or ())
+    # the one streamed decoder: holds back incomplete characters and a stop string's start
+    text = TextStream(tokenizer, o.stop, include_stop=False)
     generator = None
     if o.seed is not None:
         generator = torch.Generator(device=model.reference_tensor().device).manual_seed(o.seed)
-    hold = max((len(s) for s in o.stop), default=1) - 1  # a stop string may be starting
     out: list[int] = []
-    shown, answer, reused, finish = "", "", 0, None
+    reused, finish = 0, None
 
     def event(new: str, end: str | None = None) -> Reply:
         if said is not None:
-            said[:] = [shown]
+            said[:] = [text.text]
         return Reply(new, end, len(ids), reused, len(out), dropped)
 
     with eval_mode(model), torch.no_grad():
@@ -193,22 +195,17 @@ def stream_reply(
                 finish = "stop"
                 break
             out.append(token)
-            answer, stopped = until_stop(tokenizer.decode(out), o.stop)
-            if stopped:
-                finish = "stop"
+            new = text.push(token)
+            if text.stopped:
+                finish = "stop"  # a stop string
             elif len(out) >= o.max_new_tokens or cache.full:
                 finish = "length"
-            # an incomplete character, or the start of a stop string, waits
-            ready = answer if finish else answer.rstrip("\ufffd")
-            ready = ready if finish or not hold else ready[: max(0, len(ready) - hold)]
-            if len(ready) > len(shown) and ready.startswith(shown):
-                new, shown = ready[len(shown) :], ready
+            if new:
                 yield event(new)
             if finish is None:
                 logits = cache.step(token)
-    if len(answer) > len(shown) and answer.startswith(shown):
-        new, shown = answer[len(shown) :], answer
-        yield event(new)
+    if rest := text.flush():  # what waited (nothing once a stop string has ended it)
+        yield event(rest)
     yield event("", finish)
 
 
@@ -297,9 +294,3 @@ def render_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
     if not ids:
         raise LaminaError("the chat template rendered an empty conversation")
     return ids
-
-
-def until_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
-    """`text` cut just before the earliest stop string: (text, whether one was found)."""
-    starts = [i for i in (text.find(s) for s in stops) if i >= 0]
-    return (text[: min(starts)], True) if starts else (text, False)
