@@ -30,6 +30,8 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+from machine import cpu_line as cpu_flags  # noqa: E402
+
 from lamina.generation import generate  # noqa: E402
 from lamina.generation.chat import ChatOptions, Conversation, PrefixCache, stream_reply  # noqa: E402
 from lamina.interop.bundle import open_model  # noqa: E402
@@ -39,27 +41,6 @@ TURNS = [
     "Name three famous buildings there.",
     "Which of them is the oldest, and when was it built?",
 ]
-
-
-def cpu_flags() -> str:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "unknown"
-    flags = next(
-        (line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")),
-        [],
-    )
-    keep = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "fma")
-    model = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in text.splitlines()
-            if line.startswith("model name")
-        ),
-        "?",
-    )
-    return f"{model}; " + " ".join(f for f in keep if f in flags)
 
 
 def first_token_s(replies) -> float:

@@ -43,6 +43,7 @@ from types import SimpleNamespace  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from machine import cpu_line as cpu_flags  # noqa: E402
 from torch import nn  # noqa: E402
 
 from lamina.data.genre import genre_task  # noqa: E402
@@ -137,23 +138,6 @@ def timed(names: list[str], run, items: list, rounds: int) -> dict[str, float]:
             for k in names:
                 totals[k].append(spent[k])
     return {k: statistics.median(v) for k, v in totals.items()}
-
-
-def cpu_flags() -> str:
-    try:
-        info = open("/proc/cpuinfo").read()
-    except OSError:
-        return "unknown CPU"
-    model = next(
-        (ln.split(":", 1)[1].strip() for ln in info.splitlines() if "model name" in ln), "?"
-    )
-    flags = set(
-        next(
-            (ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), []
-        )
-    )
-    keep = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile") if f in flags]
-    return f"{model}; {os.cpu_count()} cores visible; flags: {' '.join(keep) or 'none of avx2/avx512/amx'}"
 
 
 def main() -> None:

@@ -24,20 +24,13 @@ from collections.abc import Callable  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from machine import cpu_flags  # noqa: E402
 from torch import nn  # noqa: E402
 
 warnings.filterwarnings("ignore")
 
 D, FF, V, L, QKV = 576, 1536, 49152, 30, 960
 SHAPES = [(QKV, D), (D, D), (2 * FF, D), (D, FF)]
-FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx_vnni")
-FLAGS += ("amx_bf16", "amx_int8")
-
-
-def cpu_flags() -> str:
-    with open("/proc/cpuinfo", encoding="utf-8") as f:
-        have = set(next((ln for ln in f if ln.startswith("flags")), "").split())
-    return " ".join(f for f in FLAGS if f in have) or "(none of the listed)"
 
 
 def bench(fn: Callable[[], object], seconds: float = 0.6) -> float:

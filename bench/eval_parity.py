@@ -41,20 +41,9 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
+from machine import cpu_line as cpu_flags  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-
-def cpu_flags() -> str:
-    try:
-        info = open("/proc/cpuinfo").read()
-    except OSError:
-        return "unknown CPU"
-    lines = info.splitlines()
-    model = next((ln.split(":", 1)[1].strip() for ln in lines if "model name" in ln), "?")
-    flags = set(next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith("flags")), []))
-    keep = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile") if f in flags]
-    return f"{model}; {os.cpu_count()} cores visible; flags: {' '.join(keep) or 'none'}"
 
 
 def tiny_folder(d: Path) -> tuple[str, dict[str, str]]:

@@ -32,23 +32,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+from machine import cpu_line as cpu_flags  # noqa: E402
 from real_model import smollm2_path  # noqa: E402
 
 from lamina import GPT, GPTConfig  # noqa: E402
 from lamina.interop.gguf import load_gguf, save_gguf  # noqa: E402
-
-
-def cpu_flags() -> str:
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "unknown CPU"
-    lines = info.splitlines()
-    model = next((ln.split(":", 1)[1].strip() for ln in lines if "model name" in ln), "?")
-    flags = set(next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith("flags")), []))
-    keep = [f for f in ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
-    return f"{model}; {os.cpu_count()} cores; flags: {' '.join(keep) or 'no avx2/avx512/amx'}"
-
 
 TEXT = (
     "It is a truth universally acknowledged, that a single man in possession of a good fortune, "

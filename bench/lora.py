@@ -47,22 +47,10 @@ from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from machine import cpu_line as cpu  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-
-
-def cpu() -> str:
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "unknown CPU"
-    name = next(
-        (ln.split(":", 1)[1].strip() for ln in info.splitlines() if "model name" in ln), "?"
-    )
-    flags = next((ln for ln in info.splitlines() if ln.startswith("flags")), "").split()
-    kinds = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
-    return f"{name}, {os.cpu_count()} cores, {' '.join(kinds)}"
 
 
 def open_real_model(cache: Path):

@@ -27,6 +27,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from machine import cpu_flags
+
 ROOT = Path(__file__).resolve().parent.parent
 CHILD = r"""
 import json, sys, time
@@ -56,17 +58,6 @@ weights = sum(p.numel() * p.element_size() for p in model.parameters())
 print(json.dumps({"seconds": seconds, "rss": (status("VmHWM") - base) / weights,
                   "weights": weights}))
 """
-
-
-def cpu_flags() -> str:
-    try:
-        info = open("/proc/cpuinfo").read()
-    except OSError:
-        return "unknown"
-    flags = set(next((ln.split(":", 1)[1].split() for ln in info.splitlines()
-                      if ln.startswith("flags")), []))  # fmt: skip
-    keep = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile") if f in flags]
-    return " ".join(keep) or "none of avx2/avx512/amx"
 
 
 def run(kind: str, path: Path) -> dict:

@@ -34,18 +34,13 @@ import sys
 import time
 from pathlib import Path
 
+from machine import cpu_flags  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 LAMINA = ("fp32", "int8", "int4", "q4_1")
 VARIANTS = ["llama.cpp", "transformers"] + [
     f"lamina-{f}{c}" for f in LAMINA for c in ("", "-compiled")
 ]
-FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
-
-
-def cpu_flags() -> str:
-    with open("/proc/cpuinfo", encoding="utf-8") as f:
-        have = set(next((ln for ln in f if ln.startswith("flags")), "").split())
-    return " ".join(f for f in FLAGS if f in have)
 
 
 def default_gguf() -> Path:

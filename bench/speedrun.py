@@ -23,6 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+from machine import cpu_line as cpu  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 NANOGPT = [
     "--n-layers", "4", "--n-heads", "4", "--d-model", "128", "--block-size", "64",
@@ -31,19 +33,6 @@ NANOGPT = [
     "--no-bias", "--weight-decay", "0.1", "--grad-clip", "1", "--eval-every", "250",
     "--eval-batches", "20", "--tokenizer", "char",
 ]  # fmt: skip
-
-
-def cpu() -> str:
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "unknown CPU"
-    name = next(
-        (ln.split(":", 1)[1].strip() for ln in info.splitlines() if "model name" in ln), "?"
-    )
-    flags = next((ln for ln in info.splitlines() if ln.startswith("flags")), "").split()
-    kinds = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
-    return f"{name}, {os.cpu_count()} cores, {' '.join(kinds)}"
 
 
 def lamina(*args: str) -> subprocess.CompletedProcess:
