@@ -36,7 +36,7 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -274,3 +274,16 @@ def read_json(path: str | os.PathLike[str]) -> Any:
         raise LaminaError(f"missing file: {p}") from exc
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise LaminaError(f"{p} is not valid JSON: {exc}") from exc
+
+
+def json_lines(text: str, source: str) -> Iterator[tuple[str, Any]]:
+    """The JSON value of each non-blank line of a JSONL text, with where it stands
+    ("SOURCE line N"); a line that is not JSON raises ``LaminaError`` naming it."""
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{source} line {n}"
+        try:
+            yield where, json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise LaminaError(f"{where}: not valid JSON ({exc.msg})") from None

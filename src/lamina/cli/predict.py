@@ -80,16 +80,12 @@ def read_texts(path: str, column: str) -> list[str]:
             )
         return [row[column] or "" for row in reader]
     if suffix in (".jsonl", ".ndjson"):
+        from lamina.files import json_lines
+
         out = []
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise LaminaError(f"{p} line {n}: not valid JSON ({exc.msg})") from None
+        for where, obj in json_lines(text, str(p)):
             if not isinstance(obj, dict) or not isinstance(obj.get(column), str):
-                raise LaminaError(f"{p} line {n}: no string field {column!r}")
+                raise LaminaError(f"{where}: no string field {column!r}")
             out.append(obj[column])
         return out
     return [line for line in text.splitlines() if line.strip()]

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import os
 import warnings
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from torch import Tensor
 
 from lamina.data.tokenizers import Tokenizer
 from lamina.errors import LaminaError, LaminaWarning
+from lamina.files import json_lines
 
 PAD, CLS, OFFSET = 0, 1, 2
 CLASSIFIER_IDS = {"pad_id": PAD, "cls_id": CLS, "offset": OFFSET}
@@ -117,14 +117,7 @@ def _read_table(path: Path, text_col: str, label_col: str) -> LabelledTexts:
 
 def _read_jsonl(path: Path, text_col: str, label_col: str) -> LabelledTexts:
     texts, labels = [], []
-    for n, line in enumerate(_decode(path.read_bytes(), str(path)).splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"{path} line {n}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise LaminaError(f"{where}: not valid JSON ({exc.msg})") from None
+    for where, obj in json_lines(_decode(path.read_bytes(), str(path)), str(path)):
         if not isinstance(obj, dict):
             raise LaminaError(f"{where}: expected a JSON object, got {type(obj).__name__}")
         for col in (text_col, label_col):

@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from lamina.errors import LaminaError
 from lamina.evals.choice import ChoiceItem, chance
+from lamina.files import json_lines
 
 Kind = Literal["choice", "perplexity"]
 
@@ -98,21 +99,14 @@ def read_task(path: str | os.PathLike[str], delimiter: str = " ") -> Task:
     if not p.is_file():
         raise LaminaError(f"--task {p}: no such file (nor a built-in task name)")
     try:
-        lines = p.read_bytes().decode("utf-8").splitlines()
+        text = p.read_bytes().decode("utf-8")
     except UnicodeDecodeError as e:
         raise LaminaError(f"{p} is not UTF-8 text ({e.reason} at byte {e.start})") from None
     kind: Kind | None = None
     items: list[ChoiceItem] = []
     texts: list[str] = []
     meta: list[dict[str, Any]] = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        where = f"{p} line {n}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise LaminaError(f"{where}: not valid JSON ({exc.msg})") from None
+    for where, obj in json_lines(text, str(p)):
         this = _line_kind(obj)
         if kind is not None and this != kind:
             raise LaminaError(f"{where}: a {this} item in a file of {kind} items")
