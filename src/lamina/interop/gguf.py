@@ -40,6 +40,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lamina.checkpoint import assign_state
 from lamina.errors import LaminaError
 from lamina.interop import tensor_map
 from lamina.interop.gguf_file import DEQUANTIZABLE, GGUFContents, GGUFTensor, read_gguf, shown
@@ -186,17 +187,6 @@ def _meta_gpt(config: GPTConfig) -> tuple[GPT, dict[str, tuple[int, ...]]]:
     return model, {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 
-def assign_weights(model: GPT, state: dict[str, Tensor], where: str) -> GPT:
-    """Give a meta-device GPT its tensors (no copy), re-tie a tied head; returns it in eval mode."""
-    model.load_state_dict(state, strict=False, assign=True)
-    if model.config.tie_weights:
-        model.embed.tie_lm_head(model.head)
-    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
-    if left:
-        raise LaminaError(f"{where}: no weights for {', '.join(left)}")
-    return model.eval()
-
-
 def gguf_table(contents: GGUFContents) -> tuple[GPTConfig, list[tensor_map.Row]]:
     """The config of a GGUF file and its checked tensor rows: for each lamina tensor, the GGUF
     tensors it is made of (stacked along dim 0) and their transforms. A row transform (the q/k
@@ -240,4 +230,5 @@ def load_gguf(
         state = tensor_map.to_lamina(table, fetch)
         return from_blocks(model, state, kept), dict(contents.metadata)
     state = tensor_map.to_lamina(table, lambda name: tensors[name].dequantize())
-    return assign_weights(model, state, str(contents.path)), dict(contents.metadata)
+    assign_state(model, state, str(contents.path))
+    return model.eval(), dict(contents.metadata)
