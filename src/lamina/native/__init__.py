@@ -1,0 +1,21 @@
+"""Native (C, AVX2) kernels for decoding at batch 1; see engine.py and decode.c.
+
+    native_step(model, caches) -> NativeStep | None     the whole decode step in one call
+    available() -> bool; reason() -> why not             built and loadable here
+
+Deliberately optional: where it cannot be built (no compiler, no AVX2, `LAMINA_NATIVE=0`)
+everything runs in PyTorch as before.
+"""
+
+from __future__ import annotations
+
+from lamina.native.build import library, reason
+from lamina.native.engine import NativeStep, native_step, unsupported
+
+
+def available() -> bool:
+    """Whether the native library is built and loaded on this machine."""
+    return library() is not None
+
+
+__all__ = ["NativeStep", "available", "native_step", "reason", "unsupported"]

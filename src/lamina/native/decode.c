@@ -1,0 +1,612 @@
+/* lamina's native decode step: one token per row through a whole pre-LN GPT, on AVX2 + FMA.
+
+   Built and loaded by lamina/native/build.py (cc -O3 -mavx2 -mfma -mf16c -shared), driven
+   through ctypes by lamina/native/engine.py, which fills the structs below with pointers to
+   the model's own tensors (nothing is copied) and holds the step equal to the PyTorch model
+   in tests/test_native.py.
+
+   Why it exists: at batch 1 a small model is bound by per-op overhead and by its int4 matmuls.
+   Here a step is one call, run by all threads together with spin barriers between phases, and
+   a quantized linear multiplies bytes: the input row is quantized to int8 in blocks of 32 once
+   (a scale per block), each block's dot product is `vpmaddubsw` + `vpmaddwd` on integers, and
+   the weight's and input's scales multiply the block's integer sum (as llama.cpp's Q4 x Q8).
+
+   Weights, as lamina stores them (quant/__init__.py):
+     LIN_F32   w float (n, k)
+     LIN_INT4  w uint8 (n, k/2), element 2i in the low nibble of byte i, 2i+1 in the high one;
+               s float (k/gs, n, 2): scale and zero; w = (q - 8) scale + zero
+     LIN_INT8  w int8 (n, k); s float (n, k/gs): w = q scale (gs = k: a scale per row)
+   The int4 dot product reads a block's 16 bytes as [16 low nibbles | 16 high nibbles], so the
+   input is quantized in that order ([even elements | odd elements] per block of 32).
+*/
+#include <immintrin.h>
+#include <linux/futex.h>
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+enum { LIN_F32 = 0, LIN_INT4 = 1, LIN_INT8 = 2 };
+enum { NORM_LAYER = 0, NORM_RMS = 1 };
+enum { ACT_GELU = 0, ACT_RELU = 1, ACT_RELU2 = 2, ACT_SWIGLU = 3 };
+
+typedef struct {
+    int32_t kind, n, k, gs;
+    const void *w;
+    const float *s;
+    const float *bias;
+} Lin;
+
+typedef struct {
+    const float *n1w, *n1b, *n2w, *n2b; /* norm gains and shifts, NULL where absent */
+    const float *qg, *kg;               /* qk-norm gains, NULL where absent */
+    Lin qkv, proj, fc, out;
+    float *kc, *vc; /* this layer's cache: (batch, kv heads, cache_len, hd) */
+} Layer;
+
+typedef struct {
+    int32_t n_layers, d, H, Hkv, hd, ff, vocab, cache_len;
+    int32_t norm, act, qk_norm, rope;
+    float eps, emb_scale, softcap; /* 0: none */
+    int32_t emb_kind, emb_gs;      /* LIN_F32 or LIN_INT8 */
+    const void *emb_w;
+    const float *emb_s;
+    const float *pos_table; /* (block, d) added at the position, or NULL */
+    const float *inv_freq;  /* (hd/2) rotary frequencies, or NULL */
+    const float *nfw, *nfb; /* final norm */
+    Lin head;
+    const Layer *layers;
+} Model;
+
+/* ------------------------------------------------------------------ threads */
+
+#define MAX_THREADS 64
+
+typedef void (*JobFn)(void *ctx, int tid, int nt);
+
+static pthread_t pool_threads[MAX_THREADS];
+static unsigned pool_seen[MAX_THREADS]; /* the job generation each worker starts from */
+static int pool_workers = 0;
+static atomic_uint job_gen;
+static atomic_int job_left;
+static JobFn job_fn;
+static void *job_ctx;
+static int job_nt;
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + 1e-9 * t.tv_nsec;
+}
+
+/* spin (pausing) while *p == old, then yield, then sleep on the futex */
+static void wait_change(atomic_uint *p, unsigned old, double spin_s) {
+    int i = 0;
+    double t0 = 0;
+    while (atomic_load_explicit(p, memory_order_acquire) == old) {
+        _mm_pause();
+        if (++i % 1024 == 0) {
+            double t = now_s();
+            if (t0 == 0) t0 = t;
+            else if (t - t0 > spin_s)
+                syscall(SYS_futex, (unsigned *)p, FUTEX_WAIT_PRIVATE, old, NULL, NULL, 0);
+            else if (t - t0 > spin_s / 4)
+                sched_yield();
+        }
+    }
+}
+
+static void *worker_main(void *arg) {
+    int tid = (int)(intptr_t)arg;
+    unsigned seen = pool_seen[tid];
+    for (;;) {
+        wait_change(&job_gen, seen, 2e-4);
+        seen = atomic_load_explicit(&job_gen, memory_order_acquire);
+        if (tid < job_nt) job_fn(job_ctx, tid, job_nt);
+        atomic_fetch_sub_explicit(&job_left, 1, memory_order_release);
+    }
+    return NULL;
+}
+
+static void pool_after_fork(void) { pool_workers = 0; } /* the child has no workers */
+
+static int pool_ensure(int workers) {
+    static int registered = 0;
+    if (!registered) {
+        pthread_atfork(NULL, NULL, pool_after_fork);
+        registered = 1;
+    }
+    while (pool_workers < workers) {
+        pool_seen[pool_workers + 1] = atomic_load(&job_gen);
+        if (pthread_create(&pool_threads[pool_workers], NULL, worker_main,
+                           (void *)(intptr_t)(pool_workers + 1)))
+            return 0;
+        pthread_detach(pool_threads[pool_workers]);
+        pool_workers++;
+    }
+    return 1;
+}
+
+/* run fn(ctx, tid, nt) on nt threads (this one is tid 0); returns 0 if threads failed */
+static int run_parallel(JobFn fn, void *ctx, int nt) {
+    if (nt <= 1) {
+        fn(ctx, 0, 1);
+        return 1;
+    }
+    pthread_mutex_lock(&pool_lock);
+    if (!pool_ensure(nt - 1)) {
+        pthread_mutex_unlock(&pool_lock);
+        return 0;
+    }
+    job_fn = fn;
+    job_ctx = ctx;
+    job_nt = nt;
+    atomic_store(&job_left, pool_workers);
+    atomic_fetch_add_explicit(&job_gen, 1, memory_order_release);
+    syscall(SYS_futex, (unsigned *)&job_gen, FUTEX_WAKE_PRIVATE, MAX_THREADS, NULL, NULL, 0);
+    fn(ctx, 0, nt);
+    int i = 0;
+    while (atomic_load_explicit(&job_left, memory_order_acquire) > 0)
+        if (++i % 256 == 0) sched_yield();
+        else _mm_pause();
+    pthread_mutex_unlock(&pool_lock);
+    return 1;
+}
+
+typedef struct {
+    atomic_uint count, phase;
+    int n;
+} Barrier;
+
+static void barrier_wait(Barrier *b) {
+    if (b->n <= 1) return;
+    unsigned phase = atomic_load_explicit(&b->phase, memory_order_acquire);
+    if (atomic_fetch_add_explicit(&b->count, 1, memory_order_acq_rel) == (unsigned)b->n - 1) {
+        atomic_store_explicit(&b->count, 0, memory_order_relaxed);
+        atomic_fetch_add_explicit(&b->phase, 1, memory_order_release);
+        return;
+    }
+    int i = 0;
+    while (atomic_load_explicit(&b->phase, memory_order_acquire) == phase)
+        if (++i % 4096 == 0) sched_yield();
+        else _mm_pause();
+}
+
+/* ------------------------------------------------------------------ small maths */
+
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline float dot_f32(const float *a, const float *b, int n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), a1);
+    }
+    for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), a0);
+    float s = hsum(_mm256_add_ps(a0, a1));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* y += a * x */
+static inline void axpy(float *y, float a, const float *x, int n) {
+    __m256 va = _mm256_set1_ps(a);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
+/* e^x for x <= 0 (softmax), relative error ~1e-7 (Cephes' polynomial on [-ln2/2, ln2/2]) */
+static inline __m256 exp256(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500E-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507E-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073E-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894E-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459E-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201E-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* softmax of s[0..n) in place */
+static void softmax(float *s, int n) {
+    float mx = -INFINITY;
+    for (int i = 0; i < n; i++) mx = s[i] > mx ? s[i] : mx;
+    __m256 vm = _mm256_set1_ps(mx), acc = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + i), vm));
+        _mm256_storeu_ps(s + i, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    float sum = hsum(acc);
+    for (; i < n; i++) {
+        s[i] = expf(s[i] - mx);
+        sum += s[i];
+    }
+    float inv = 1.0f / sum;
+    for (i = 0; i < n; i++) s[i] *= inv;
+}
+
+static void norm_row(const Model *m, const float *x, float *y, int n, const float *w,
+                     const float *b, int kind, float eps) {
+    if (kind == NORM_RMS) {
+        float ss = dot_f32(x, x, n);
+        float r = 1.0f / sqrtf(ss / n + eps);
+        for (int i = 0; i < n; i++) y[i] = x[i] * r * (w ? w[i] : 1.0f);
+    } else {
+        float mean = 0, var = 0;
+        for (int i = 0; i < n; i++) mean += x[i];
+        mean /= n;
+        for (int i = 0; i < n; i++) var += (x[i] - mean) * (x[i] - mean);
+        float r = 1.0f / sqrtf(var / n + eps);
+        for (int i = 0; i < n; i++) y[i] = (x[i] - mean) * r * (w ? w[i] : 1.0f) + (b ? b[i] : 0.0f);
+    }
+    (void)m;
+}
+
+static inline float act1(int act, float v) {
+    switch (act) {
+    case ACT_GELU: return 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+    case ACT_RELU: return v > 0 ? v : 0;
+    case ACT_RELU2: return v > 0 ? v * v : 0;
+    default: return v;
+    }
+}
+
+/* ------------------------------------------------------------------ linears */
+
+/* A linear's input rows, ready for its kind: floats, or int8 blocks with their scales. */
+typedef struct {
+    const float *x; /* (B, k) floats (LIN_F32) */
+    int8_t *q;      /* (B, k) quantized, in the order the weight kind reads */
+    float *dx, *sx; /* (B, k/32): block scale, block scale x sum of the block's ints */
+} Act;
+
+static void quantize_rows(const float *x, int B, int k, int perm, Act *a) {
+    int nb = k / 32;
+    for (int r = 0; r < B; r++) {
+        const float *xr = x + (size_t)r * k;
+        int8_t *q = a->q + (size_t)r * k;
+        for (int b = 0; b < nb; b++) {
+            const float *xb = xr + 32 * b;
+            float amax = 0;
+            for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(xb[i]));
+            float d = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
+            int sum = 0;
+            int8_t t[32];
+            for (int i = 0; i < 32; i++) {
+                int v = (int)lrintf(xb[i] * id);
+                v = v > 127 ? 127 : (v < -127 ? -127 : v);
+                t[i] = (int8_t)v;
+                sum += v;
+            }
+            int8_t *qb = q + 32 * b;
+            if (perm)
+                for (int i = 0; i < 16; i++) qb[i] = t[2 * i], qb[16 + i] = t[2 * i + 1];
+            else
+                memcpy(qb, t, 32);
+            a->dx[r * nb + b] = d;
+            a->sx[r * nb + b] = d * (float)sum;
+        }
+    }
+}
+
+static void prepare_act(const Lin *L, const float *x, int B, Act *a) {
+    a->x = x;
+    if (L->kind != LIN_F32) quantize_rows(x, B, L->k, L->kind == LIN_INT4, a);
+}
+
+static inline float row_q4(const Lin *L, int n, const int8_t *xq, const float *dx, const float *sx) {
+    const int k = L->k, per = L->gs / 32, groups = k / L->gs;
+    const uint8_t *w = (const uint8_t *)L->w + (size_t)n * (k / 2);
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    float accm = 0;
+    int b = 0;
+    for (int g = 0; g < groups; g++) {
+        const float s = L->s[((size_t)g * L->n + n) * 2], z = L->s[((size_t)g * L->n + n) * 2 + 1];
+        const float mn = z - 8.0f * s;
+        for (int j = 0; j < per; j++, b++) {
+            __m128i raw = _mm_loadu_si128((const __m128i *)(w + 16 * b));
+            __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), m4), _mm_and_si128(raw, m4));
+            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)(xq + 32 * b))), ones);
+            if (b & 1) acc1 = _mm256_fmadd_ps(_mm256_set1_ps(s * dx[b]), _mm256_cvtepi32_ps(p), acc1);
+            else acc0 = _mm256_fmadd_ps(_mm256_set1_ps(s * dx[b]), _mm256_cvtepi32_ps(p), acc0);
+            accm += mn * sx[b];
+        }
+    }
+    return hsum(_mm256_add_ps(acc0, acc1)) + accm;
+}
+
+static inline float row_q8(const Lin *L, int n, const int8_t *xq, const float *dx) {
+    const int k = L->k, per = L->gs / 32, groups = k / L->gs;
+    const int8_t *w = (const int8_t *)L->w + (size_t)n * k;
+    const float *sc = L->s + (size_t)n * groups;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int b = 0;
+    for (int g = 0; g < groups; g++) {
+        const float s = sc[g];
+        for (int j = 0; j < per; j++, b++) {
+            __m256i wv = _mm256_loadu_si256((const __m256i *)(w + 32 * b));
+            __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + 32 * b));
+            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv)), ones);
+            if (b & 1) acc1 = _mm256_fmadd_ps(_mm256_set1_ps(s * dx[b]), _mm256_cvtepi32_ps(p), acc1);
+            else acc0 = _mm256_fmadd_ps(_mm256_set1_ps(s * dx[b]), _mm256_cvtepi32_ps(p), acc0);
+        }
+    }
+    return hsum(_mm256_add_ps(acc0, acc1));
+}
+
+/* y[r, n] (+)= x[r] . w[n] + bias[n] for output rows n0..n1 and input rows r < B */
+static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, int n0, int n1,
+                     int accumulate) {
+    const int k = L->k, nb = k / 32;
+    for (int n = n0; n < n1; n++) {
+        const float bias = L->bias ? L->bias[n] : 0.0f;
+        for (int r = 0; r < B; r++) {
+            float v;
+            if (L->kind == LIN_INT4)
+                v = row_q4(L, n, a->q + (size_t)r * k, a->dx + r * nb, a->sx + r * nb);
+            else if (L->kind == LIN_INT8)
+                v = row_q8(L, n, a->q + (size_t)r * k, a->dx + r * nb);
+            else
+                v = dot_f32((const float *)L->w + (size_t)n * k, a->x + (size_t)r * k, k);
+            float *o = y + (size_t)r * ystride + n;
+            *o = (accumulate ? *o : 0.0f) + v + bias;
+        }
+    }
+}
+
+static void split(int n, int tid, int nt, int *n0, int *n1) {
+    int chunk = (n + nt - 1) / nt;
+    chunk = (chunk + 7) & ~7;
+    *n0 = tid * chunk < n ? tid * chunk : n;
+    *n1 = (tid + 1) * chunk < n ? (tid + 1) * chunk : n;
+}
+
+/* ------------------------------------------------------------------ one linear (small M) */
+
+typedef struct {
+    const Lin *L;
+    int B;
+    Act a;
+    float *y;
+} LinJob;
+
+static void lin_job(void *p, int tid, int nt) {
+    LinJob *j = (LinJob *)p;
+    int n0, n1;
+    split(j->L->n, tid, nt, &n0, &n1);
+    lin_rows(j->L, j->B, &j->a, j->y, j->L->n, n0, n1, 0);
+}
+
+/* y (B, n) = x (B, k) @ W.T + bias; returns 0 on failure (out of memory, threads) */
+int lm_linear(const Lin *L, int B, const float *x, float *y, int nthreads) {
+    LinJob j = {L, B, {0}, y};
+    int nb = L->k / 32;
+    void *buf = NULL;
+    if (L->kind != LIN_F32) {
+        buf = malloc((size_t)B * L->k + (size_t)B * nb * 2 * sizeof(float) + 64);
+        if (!buf) return 0;
+        j.a.dx = (float *)buf;
+        j.a.sx = j.a.dx + (size_t)B * nb;
+        j.a.q = (int8_t *)(j.a.sx + (size_t)B * nb);
+    }
+    prepare_act(L, x, B, &j.a);
+    int ok = run_parallel(lin_job, &j, nthreads);
+    free(buf);
+    return ok;
+}
+
+/* ------------------------------------------------------------------ the decode step */
+
+typedef struct {
+    const Model *m;
+    int B;
+    const int64_t *tokens, *positions, *starts;
+    int64_t slot;
+    float *logits;
+    Barrier bar;
+    /* scratch */
+    float *x, *xn, *qkv, *att, *fco, *h, *cs, *sn, *scores;
+    Act a;
+    int ok;
+} Step;
+
+static void rope(float *v, const float *c, const float *s, int hd) {
+    int h2 = hd / 2;
+    for (int j = 0; j < h2; j++) {
+        float x1 = v[j], x2 = v[j + h2];
+        v[j] = x1 * c[j] - x2 * s[j];
+        v[j + h2] = x2 * c[j] + x1 * s[j];
+    }
+}
+
+static void rms_head(float *v, int hd, const float *g, float eps) {
+    float r = 1.0f / sqrtf(dot_f32(v, v, hd) / hd + eps);
+    for (int i = 0; i < hd; i++) v[i] = v[i] * r * (g ? g[i] : 1.0f);
+}
+
+static void embed(const Model *m, int64_t tok, int64_t pos, float *x) {
+    const int d = m->d;
+    if (m->emb_kind == LIN_F32) {
+        memcpy(x, (const float *)m->emb_w + (size_t)tok * d, d * sizeof(float));
+    } else {
+        const int8_t *q = (const int8_t *)m->emb_w + (size_t)tok * d;
+        const int groups = d / m->emb_gs;
+        for (int i = 0; i < d; i++) x[i] = (float)q[i] * m->emb_s[(size_t)tok * groups + i / m->emb_gs];
+    }
+    if (m->emb_scale != 0.0f)
+        for (int i = 0; i < d; i++) x[i] *= m->emb_scale;
+    if (m->pos_table)
+        for (int i = 0; i < d; i++) x[i] += m->pos_table[(size_t)pos * d + i];
+}
+
+static void step_job(void *p, int tid, int nt) {
+    Step *S = (Step *)p;
+    const Model *m = S->m;
+    const int B = S->B, d = m->d, H = m->H, Hkv = m->Hkv, hd = m->hd, L = m->cache_len;
+    const int qkv_n = (H + 2 * Hkv) * hd, group = H / Hkv, h2 = hd / 2;
+    const size_t bstride = (size_t)Hkv * L * hd;
+    const float scale = 1.0f / sqrtf((float)hd);
+    int n0, n1;
+    if (tid == 0) {
+        for (int r = 0; r < B; r++) {
+            embed(m, S->tokens[r], S->positions[r], S->x + (size_t)r * d);
+            if (m->rope)
+                for (int j = 0; j < h2; j++) {
+                    float ang = (float)S->positions[r] * m->inv_freq[j];
+                    S->cs[r * h2 + j] = cosf(ang);
+                    S->sn[r * h2 + j] = sinf(ang);
+                }
+        }
+    }
+    for (int l = 0; l < m->n_layers; l++) {
+        const Layer *ly = &m->layers[l];
+        if (tid == 0) {
+            for (int r = 0; r < B; r++)
+                norm_row(m, S->x + (size_t)r * d, S->xn + (size_t)r * d, d, ly->n1w, ly->n1b, m->norm, m->eps);
+            prepare_act(&ly->qkv, S->xn, B, &S->a);
+        }
+        barrier_wait(&S->bar);
+        split(qkv_n, tid, nt, &n0, &n1);
+        lin_rows(&ly->qkv, B, &S->a, S->qkv, qkv_n, n0, n1, 0);
+        barrier_wait(&S->bar);
+        /* new keys and values: norm, rotate, store at the slot */
+        for (int t = tid; t < B * Hkv; t += nt) {
+            int r = t / Hkv, kh = t % Hkv;
+            float *k = S->qkv + (size_t)r * qkv_n + (size_t)(H + kh) * hd;
+            const float *v = S->qkv + (size_t)r * qkv_n + (size_t)(H + Hkv + kh) * hd;
+            if (m->qk_norm) rms_head(k, hd, ly->kg, m->eps);
+            if (m->rope) rope(k, S->cs + r * h2, S->sn + r * h2, hd);
+            size_t at = r * bstride + (size_t)kh * L * hd + (size_t)S->slot * hd;
+            memcpy(ly->kc + at, k, hd * sizeof(float));
+            memcpy(ly->vc + at, v, hd * sizeof(float));
+        }
+        barrier_wait(&S->bar);
+        /* one query per head over the cache slots start..slot */
+        for (int t = tid; t < B * H; t += nt) {
+            int r = t / H, h = t % H, kh = h / group;
+            float *q = S->qkv + (size_t)r * qkv_n + (size_t)h * hd;
+            if (m->qk_norm) rms_head(q, hd, ly->qg, m->eps);
+            if (m->rope) rope(q, S->cs + r * h2, S->sn + r * h2, hd);
+            const int64_t first = S->starts[r];
+            const int n = (int)(S->slot - first + 1);
+            const float *kb = ly->kc + r * bstride + (size_t)kh * L * hd + (size_t)first * hd;
+            const float *vb = ly->vc + r * bstride + (size_t)kh * L * hd + (size_t)first * hd;
+            float *sc = S->scores + (size_t)tid * L;
+            for (int i = 0; i < n; i++) sc[i] = dot_f32(q, kb + (size_t)i * hd, hd) * scale;
+            softmax(sc, n);
+            float *o = S->att + (size_t)r * H * hd + (size_t)h * hd;
+            memset(o, 0, hd * sizeof(float));
+            for (int i = 0; i < n; i++) axpy(o, sc[i], vb + (size_t)i * hd, hd);
+        }
+        barrier_wait(&S->bar);
+        if (tid == 0) prepare_act(&ly->proj, S->att, B, &S->a);
+        barrier_wait(&S->bar);
+        split(d, tid, nt, &n0, &n1);
+        lin_rows(&ly->proj, B, &S->a, S->x, d, n0, n1, 1); /* the residual: x += proj(att) */
+        barrier_wait(&S->bar);
+        if (tid == 0) {
+            for (int r = 0; r < B; r++)
+                norm_row(m, S->x + (size_t)r * d, S->xn + (size_t)r * d, d, ly->n2w, ly->n2b, m->norm, m->eps);
+            prepare_act(&ly->fc, S->xn, B, &S->a);
+        }
+        barrier_wait(&S->bar);
+        const int fc_n = ly->fc.n, ff = m->ff;
+        split(fc_n, tid, nt, &n0, &n1);
+        lin_rows(&ly->fc, B, &S->a, S->fco, fc_n, n0, n1, 0);
+        barrier_wait(&S->bar);
+        if (tid == 0) {
+            for (int r = 0; r < B; r++) {
+                const float *f = S->fco + (size_t)r * fc_n;
+                float *hr = S->h + (size_t)r * ff;
+                if (m->act == ACT_SWIGLU)
+                    for (int i = 0; i < ff; i++) hr[i] = f[i] / (1.0f + expf(-f[i])) * f[ff + i];
+                else
+                    for (int i = 0; i < ff; i++) hr[i] = act1(m->act, f[i]);
+            }
+            prepare_act(&ly->out, S->h, B, &S->a);
+        }
+        barrier_wait(&S->bar);
+        split(d, tid, nt, &n0, &n1);
+        lin_rows(&ly->out, B, &S->a, S->x, d, n0, n1, 1);
+        barrier_wait(&S->bar);
+    }
+    if (tid == 0) {
+        for (int r = 0; r < B; r++)
+            norm_row(m, S->x + (size_t)r * d, S->xn + (size_t)r * d, d, m->nfw, m->nfb, m->norm, m->eps);
+        prepare_act(&m->head, S->xn, B, &S->a);
+    }
+    barrier_wait(&S->bar);
+    split(m->vocab, tid, nt, &n0, &n1);
+    lin_rows(&m->head, B, &S->a, S->logits, m->vocab, n0, n1, 0);
+    if (m->softcap != 0.0f)
+        for (int r = 0; r < B; r++)
+            for (int n = n0; n < n1; n++) {
+                float *o = S->logits + (size_t)r * m->vocab + n;
+                *o = m->softcap * tanhf(*o / m->softcap);
+            }
+}
+
+static int max3(int a, int b, int c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
+
+/* One token per row: writes every layer's key and value at `slot`, attends slots
+   starts[r]..slot, and fills logits (B, vocab). Returns 1, or 0 on failure. */
+int lm_step(const Model *m, int B, const int64_t *tokens, const int64_t *positions,
+            const int64_t *starts, int64_t slot, float *logits, int nthreads) {
+    if (nthreads < 1) nthreads = 1;
+    if (nthreads > MAX_THREADS) nthreads = MAX_THREADS;
+    const int d = m->d, hd = m->hd, qkv_n = (m->H + 2 * m->Hkv) * hd;
+    const int fc_n = m->layers[0].fc.n, kmax = max3(d, m->H * hd, m->ff);
+    size_t floats = (size_t)B * (2 * d + qkv_n + m->H * hd + fc_n + m->ff + hd) +
+                    (size_t)nthreads * m->cache_len + 2 * (size_t)B * (kmax / 32 + 1);
+    float *buf = (float *)malloc(floats * sizeof(float) + (size_t)B * kmax + 64);
+    if (!buf) return 0;
+    Step S = {.m = m, .B = B, .tokens = tokens, .positions = positions, .starts = starts,
+              .slot = slot, .logits = logits};
+    S.bar.n = nthreads;
+    atomic_init(&S.bar.count, 0);
+    atomic_init(&S.bar.phase, 0);
+    float *p = buf;
+    S.x = p, p += (size_t)B * d;
+    S.xn = p, p += (size_t)B * d;
+    S.qkv = p, p += (size_t)B * qkv_n;
+    S.att = p, p += (size_t)B * m->H * hd;
+    S.fco = p, p += (size_t)B * fc_n;
+    S.h = p, p += (size_t)B * m->ff;
+    S.cs = p, p += (size_t)B * (hd / 2);
+    S.sn = p, p += (size_t)B * (hd / 2);
+    S.scores = p, p += (size_t)nthreads * m->cache_len;
+    S.a.dx = p, p += (size_t)B * (kmax / 32 + 1);
+    S.a.sx = p, p += (size_t)B * (kmax / 32 + 1);
+    S.a.q = (int8_t *)p;
+    int ok = run_parallel(step_job, &S, nthreads);
+    free(buf);
+    return ok;
+}
+
+int lm_abi_version(void) { return 1; }

@@ -1,0 +1,268 @@
+"""A GPT's decode step in one native call: `NativeStep(model, caches)`, or None where it can't.
+
+    engine = native_step(model, caches)        # None: not built here, or this model isn't covered
+    logits = engine.step(tokens, positions, starts, slot)   # (B, vocab) float32
+
+One call runs every layer for one new token per row: it writes each layer's key and value at
+cache slot `slot`, lets row r attend slots starts[r]..slot, and returns the logits; the caller
+advances the caches' `pos`. The model's own tensors are read in place (pointers into them, kept
+alive here), so building an engine costs no copy and about a millisecond; build one per
+generation, since it sees the tensors the model holds at that moment.
+
+What it covers, and otherwise returns None from `native_step` (with `unsupported(model)`
+saying why), leaving PyTorch to run the step:
+  * a pre-LN lamina GPT in eval mode, float32 on the CPU (LayerNorm or RMSNorm, with or
+    without gains and shifts; GELU, ReLU, ReLU² or SwiGLU; learned, sinusoidal, rotary or no
+    positions; grouped-query attention, QK-norm, biases, embedding scale, logit soft cap);
+  * linears that are plain `nn.Linear` (float32), `Int4Linear` or `Int8Linear` (grouped or per
+    row) with input widths a multiple of 32 for the quantized ones; a LoRA-wrapped layer is
+    not covered (merge it first);
+  * float32 `KVCache`s of one length.
+The quantized linears quantize their input to int8 in blocks of 32 (llama.cpp's Q8 scheme),
+so their outputs differ from PyTorch's by that rounding (~0.5% relative); float linears differ
+only by summation order. tests/test_native.py holds every case to the PyTorch step.
+
+Deliberately unaware of sampling, windows and stopping: tokens and positions in, logits out.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from lamina.attention import KVCache, rotary_frequencies
+from lamina.block import LayerNorm, RMSNorm
+from lamina.errors import LaminaError
+from lamina.models.gpt import GPT
+from lamina.native.build import library
+from lamina.quant import Int4Linear, Int8Embedding, Int8Linear
+
+LIN_F32, LIN_INT4, LIN_INT8 = 0, 1, 2
+ACTIVATIONS = {"gelu": 0, "relu": 1, "relu2": 2, "swiglu": 3}
+_p = ctypes.c_void_p
+
+
+class _Lin(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int32) for n in ("kind", "n", "k", "gs")] + [
+        ("w", _p),
+        ("s", _p),
+        ("bias", _p),
+    ]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [(n, _p) for n in ("n1w", "n1b", "n2w", "n2b", "qg", "kg")] + [
+        ("qkv", _Lin),
+        ("proj", _Lin),
+        ("fc", _Lin),
+        ("out", _Lin),
+        ("kc", _p),
+        ("vc", _p),
+    ]
+
+
+class _Model(ctypes.Structure):
+    _fields_ = (
+        [
+            (n, ctypes.c_int32)
+            for n in ("n_layers", "d", "H", "Hkv", "hd", "ff", "vocab", "cache_len")
+        ]
+        + [(n, ctypes.c_int32) for n in ("norm", "act", "qk_norm", "rope")]
+        + [(n, ctypes.c_float) for n in ("eps", "emb_scale", "softcap")]
+        + [("emb_kind", ctypes.c_int32), ("emb_gs", ctypes.c_int32)]
+        + [(n, _p) for n in ("emb_w", "emb_s", "pos_table", "inv_freq", "nfw", "nfb")]
+        + [("head", _Lin), ("layers", ctypes.POINTER(_Layer))]
+    )
+
+
+def _float32(t: Tensor | None) -> bool:
+    return t is None or (t.dtype == torch.float32 and t.device.type == "cpu")
+
+
+def _linear_problem(name: str, m: nn.Module) -> str | None:
+    if type(m) is nn.Linear:
+        return None if _float32(m.weight) and _float32(m.bias) else f"{name} is not float32"
+    if type(m) is Int4Linear:
+        return None if m.group_size % 32 == 0 else f"{name}: int4 groups of {m.group_size}"
+    if type(m) is Int8Linear:
+        if m.in_features % 32 or (m.group_size is not None and m.group_size % 32):
+            return f"{name}: int8 rows of {m.in_features} (groups {m.group_size})"
+        return None
+    return f"{name} is a {type(m).__name__}"
+
+
+def unsupported(model: object) -> str | None:
+    """Why the native step does not cover this model (None when it does)."""
+    if not isinstance(model, GPT):
+        return f"not a lamina GPT ({type(model).__name__})"
+    c = model.config
+    if not c.norm_first:
+        return "post-LN blocks"
+    if model.training:
+        return "the model is in training mode"
+    if c.activation not in ACTIVATIONS:
+        return f"activation {c.activation!r}"
+    if c.head_dim % 2:
+        return f"odd head width {c.head_dim}"
+    norm_type = LayerNorm if c.norm == "layer" else RMSNorm
+    wte = model.embed.wte
+    if type(wte) is nn.Embedding:
+        if not _float32(wte.weight):
+            return "the token table is not float32"
+    elif type(wte) is not Int8Embedding:
+        return f"token table {type(wte).__name__}"
+    if model.embed.wpe is not None and not _float32(model.embed.wpe.weight):
+        return "the position table is not float32"
+    linears = [("head", model.head)]
+    norms = [model.norm_f]
+    for i, b in enumerate(model.blocks):
+        linears += [
+            (f"block {i} qkv", b.attn.qkv),
+            (f"block {i} attention output", b.attn.proj),
+            (f"block {i} feed-forward in", b.ff.fc),
+            (f"block {i} feed-forward out", b.ff.proj),
+        ]
+        norms += [b.norm1, b.norm2]
+        if b.attn.impl not in ("sdpa", "reference"):
+            return f"attention impl {b.attn.impl!r}"
+    for name, lin in linears:
+        problem = _linear_problem(name, lin)
+        if problem:
+            return problem
+    for n in norms:
+        if type(n) is not norm_type or n.eps != c.layer_norm_eps:
+            return f"norm {type(n).__name__}"
+        if not (_float32(n.weight) and _float32(getattr(n, "bias", None))):
+            return "a norm is not float32"
+    return None
+
+
+def _ptr(t: Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+class NativeStep:
+    """The decode step of one model over one set of caches; see the module docstring."""
+
+    def __init__(self, model: GPT, caches: Sequence[KVCache], lib: ctypes.CDLL) -> None:
+        c = model.config
+        self.lib, self.config = lib, c
+        self._keep: list[Tensor] = []  # every tensor a pointer was taken from
+        lens = {cache.max_len for cache in caches}
+        if len(caches) != c.n_layers or len(lens) != 1:
+            raise LaminaError(f"expected {c.n_layers} KV caches of one length")
+        for cache in caches:
+            for t in (cache.k, cache.v):
+                if t.dtype != torch.float32 or not t.is_contiguous() or t.device.type != "cpu":
+                    raise LaminaError("the native step needs contiguous float32 CPU caches")
+        self.cache_len, self.cache_batch = lens.pop(), caches[0].k.shape[0]
+        layers = (_Layer * c.n_layers)()
+        for i, (block, cache) in enumerate(zip(model.blocks, caches, strict=True)):
+            ly = layers[i]
+            a = block.attn
+            ly.n1w, ly.n1b = self._t(block.norm1.weight), self._t(getattr(block.norm1, "bias", None))
+            ly.n2w, ly.n2b = self._t(block.norm2.weight), self._t(getattr(block.norm2, "bias", None))
+            ly.qg, ly.kg = self._t(a.q_gain), self._t(a.k_gain)
+            ly.qkv, ly.proj = self._lin(a.qkv), self._lin(a.proj)
+            ly.fc, ly.out = self._lin(block.ff.fc), self._lin(block.ff.proj)
+            ly.kc, ly.vc = self._t(cache.k), self._t(cache.v)
+        self._layers = layers
+        m = self._model = _Model()
+        m.n_layers, m.d, m.H, m.Hkv = c.n_layers, c.d_model, c.n_heads, c.kv_heads
+        m.hd, m.ff, m.vocab, m.cache_len = c.head_dim, c.ff_width, c.vocab_size, self.cache_len
+        m.norm, m.act = (0 if c.norm == "layer" else 1), ACTIVATIONS[c.activation]
+        m.qk_norm, m.rope = int(c.qk_norm), int(c.positions == "rope")
+        m.eps, m.softcap = c.layer_norm_eps, c.logit_softcap or 0.0
+        emb = model.embed
+        m.emb_scale = math.sqrt(c.d_model) if emb.scale else 0.0
+        if isinstance(emb.wte, Int8Embedding):
+            m.emb_kind, m.emb_gs = LIN_INT8, emb.wte.group_size or c.d_model
+            m.emb_w, m.emb_s = self._t(emb.wte.qweight), self._t(emb.wte.scale)
+        else:
+            m.emb_kind, m.emb_gs, m.emb_w = LIN_F32, 0, self._t(emb.wte.weight)
+        table = emb.wpe.weight if emb.wpe is not None else getattr(emb, "pe", None)
+        m.pos_table = self._t(table) if c.positions in ("learned", "sinusoidal") else None
+        self.block_size = c.block_size
+        if m.rope:
+            m.inv_freq = self._t(rotary_frequencies(c.head_dim, c.rope_theta, c.rope_scaling))
+        m.nfw = self._t(getattr(model.norm_f, "weight", None))
+        m.nfb = self._t(getattr(model.norm_f, "bias", None))
+        m.head = self._lin(model.head)
+        m.layers = layers
+        fn = lib.lm_step
+        fn.argtypes = [ctypes.POINTER(_Model), ctypes.c_int, _p, _p, _p, ctypes.c_int64, _p]
+        fn.argtypes.append(ctypes.c_int)
+        fn.restype = ctypes.c_int
+        self._fn = fn
+
+    def _t(self, t: Tensor | None) -> int | None:
+        """A pointer to t's data (made contiguous float32 or int first if needed)."""
+        if t is None:
+            return None
+        t = t.detach()
+        if not t.is_contiguous():
+            t = t.contiguous()
+        self._keep.append(t)
+        return _ptr(t)
+
+    def _lin(self, m: nn.Module) -> _Lin:
+        L = _Lin()
+        if type(m) is nn.Linear:
+            L.kind, L.gs, L.w = LIN_F32, 0, self._t(m.weight)
+        elif type(m) is Int4Linear:
+            L.kind, L.gs = LIN_INT4, m.group_size
+            L.w, L.s = self._t(m.qweight), self._t(m.scales_and_zeros)
+        else:
+            L.kind, L.gs = LIN_INT8, m.group_size or m.in_features
+            L.w, L.s = self._t(m.qweight), self._t(m.scale)
+        L.n, L.k = m.out_features, m.in_features
+        L.bias = self._t(m.bias)
+        return L
+
+    def step(
+        self, tokens: Sequence[int], positions: Sequence[int], starts: Sequence[int], slot: int
+    ) -> Tensor:
+        """Logits (B, vocab) for one new token per row (see the module docstring)."""
+        B = len(tokens)
+        if not 0 < B <= self.cache_batch or len(positions) != B or len(starts) != B:
+            raise LaminaError(f"a step takes 1..{self.cache_batch} rows, each with a position")
+        if not 0 <= slot < self.cache_len:
+            raise LaminaError(f"cache slot {slot} is outside [0, {self.cache_len})")
+        vocab = self.config.vocab_size
+        for t, p, s in zip(tokens, positions, starts, strict=True):
+            if not (0 <= t < vocab and 0 <= p < self.block_size and 0 <= s <= slot):
+                raise LaminaError(
+                    f"token {t} (vocab {vocab}), position {p} (block {self.block_size}) or "
+                    f"first slot {s} (slot {slot}) out of range"
+                )
+        arr = ctypes.c_int64 * B
+        tok, pos, first = arr(*tokens), arr(*positions), arr(*starts)  # alive through the call
+        logits = torch.empty(B, vocab)
+        ok = self._fn(
+            ctypes.byref(self._model),
+            B,
+            ctypes.addressof(tok),
+            ctypes.addressof(pos),
+            ctypes.addressof(first),
+            slot,
+            logits.data_ptr(),
+            torch.get_num_threads(),
+        )
+        if not ok:
+            raise LaminaError("the native step failed (out of memory or threads)")
+        return logits
+
+
+def native_step(model: GPT, caches: Sequence[KVCache]) -> NativeStep | None:
+    """A `NativeStep` for this model and caches, or None where PyTorch must run the step."""
+    lib = library()
+    if lib is None or unsupported(model) is not None:
+        return None
+    try:
+        return NativeStep(model, caches, lib)
+    except LaminaError:
+        return None
