@@ -41,6 +41,7 @@ from lamina.generation.prompts import TextStream
 from lamina.generation.sampling import check_sampling, sample
 from lamina.models.gpt import GPT
 from lamina.modes import eval_mode
+from lamina.native import NativeStep, native_step, usable
 
 DEFAULT_CONTEXT = 4096  # tokens of KV cache a conversation gets when the model allows more
 MIN_REPLY_ROOM = 64  # tokens kept free for the reply when old turns must go
@@ -89,6 +90,7 @@ class PrefixCache:
         self.model, self.capacity = model, capacity
         self.caches = model.make_caches(1, capacity, dtype=dtype)
         self.ids: list[int] = []  # tokens whose keys and values are in `caches`, in order
+        self._native: NativeStep | None = None  # built at each prefill (the model's tensors then)
 
     def prefill(self, ids: list[int]) -> tuple[Tensor, int]:
         """Logits (1, V) after `ids`, computing only what the cache lacks; and how many of
@@ -103,12 +105,19 @@ class PrefixCache:
         new = torch.tensor([ids[reused:]], device=device)
         logits = self.model(new, caches=self.caches, last_only=True)[:, -1]
         self.ids.extend(ids[reused:])
+        self._native = native_step(self.model, self.caches)
         return logits, reused
 
     def step(self, token: int) -> Tensor:
         """Append one token; logits (1, V) for the next."""
-        device = self.model.reference_tensor().device
-        logits = self.model(torch.tensor([[token]], device=device), caches=self.caches)[:, -1]
+        pos = self.caches[0].pos
+        if self._native is not None and usable(self.model) and pos < self.model.config.block_size:
+            logits = self._native.step([token], [pos], [0], pos)
+            for c in self.caches:
+                c.pos += 1
+        else:
+            device = self.model.reference_tensor().device
+            logits = self.model(torch.tensor([[token]], device=device), caches=self.caches)[:, -1]
         self.ids.append(token)
         return logits
 

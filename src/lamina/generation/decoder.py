@@ -32,6 +32,7 @@ from lamina.attention import KVCache
 from lamina.errors import LaminaError
 from lamina.generation.fast import FixedKVCache, StepFn, fixed_caches, fixed_step
 from lamina.models.gpt import GPT
+from lamina.native import native_step, usable
 
 
 def default_keep(block_size: int) -> int:
@@ -91,6 +92,7 @@ class Decoder:
         self.caches: list[KVCache] | None = None
         self._step: StepFn | None = None
         self._steady = False
+        self._native = None  # the whole cached step in one native call, where it runs
         if use_cache and (fixed_shape or step is not None):
             self.caches = fixed_caches(model, B, min(block, capacity), cache_dtype)
             self._step = step or fixed_step
@@ -98,6 +100,7 @@ class Decoder:
             self._shift = torch.zeros(B, 1, dtype=torch.long, device=ids.device)
         elif use_cache:
             self.caches = model.make_caches(B, min(block, capacity), dtype=cache_dtype)
+            self._native = native_step(model, self.caches)
         self.prefilled = False
         self._cache_start = 0  # seq column of the first cached token
 
@@ -176,6 +179,18 @@ class Decoder:
                 logits = self._step(*args)
                 self._steady = self._step is not fixed_step
             for cache in caches:
+                cache.pos += 1
+            return logits
+        if self._native is not None and usable(self.model):
+            slot = self.caches[0].pos
+            new = last - 1  # the new token's column; a row's window starts at its start
+            logits = self._native.step(
+                self.seq[:, new].tolist(),
+                [new - s for s in self.starts],
+                [s - first for s in self.starts],
+                slot,
+            )
+            for cache in self.caches:
                 cache.pos += 1
             return logits
         masked, positions = self._window_masks(first, last)

@@ -2,6 +2,7 @@
 
     native_step(model, caches) -> NativeStep | None     the whole decode step in one call
     available() -> bool; reason() -> why not             built and loadable here
+    with disabled(): ...                                 PyTorch runs every step inside
 
 Deliberately optional: where it cannot be built (no compiler, no AVX2, `LAMINA_NATIVE=0`)
 everything runs in PyTorch as before.
@@ -10,7 +11,7 @@ everything runs in PyTorch as before.
 from __future__ import annotations
 
 from lamina.native.build import library, reason
-from lamina.native.engine import NativeStep, native_step, unsupported
+from lamina.native.engine import NativeStep, disabled, native_step, unsupported, usable
 
 
 def available() -> bool:
@@ -18,4 +19,4 @@ def available() -> bool:
     return library() is not None
 
 
-__all__ = ["NativeStep", "available", "native_step", "reason", "unsupported"]
+__all__ = ["NativeStep", "available", "disabled", "native_step", "reason", "unsupported", "usable"]

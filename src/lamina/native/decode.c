@@ -5,11 +5,14 @@
    the model's own tensors (nothing is copied) and holds the step equal to the PyTorch model
    in tests/test_native.py.
 
-   Why it exists: at batch 1 a small model is bound by per-op overhead and by its int4 matmuls.
-   Here a step is one call, run by all threads together with spin barriers between phases, and
-   a quantized linear multiplies bytes: the input row is quantized to int8 in blocks of 32 once
-   (a scale per block), each block's dot product is `vpmaddubsw` + `vpmaddwd` on integers, and
-   the weight's and input's scales multiply the block's integer sum (as llama.cpp's Q4 x Q8).
+   Why it exists: at batch 1 a small model is bound by per-op overhead and by reading its
+   weights. Here a step is one call, run by all threads together with spin barriers between
+   phases, and a quantized linear reads its int4/int8 weights as they are stored: the input row
+   is quantized once to int16 in blocks of 32 (a scale per block: ~15 bits, so the result is
+   within ~1e-4 of the float path), each block's dot product is integer `vpmaddwd`, and the
+   weight's and input's scales multiply the block's integer sum (the shape of llama.cpp's
+   Q4 x Q8 product, with 16-bit inputs: at these sizes memory bandwidth, not arithmetic, sets
+   the speed, and the wider inputs cost nothing measurable).
 
    Weights, as lamina stores them (quant/__init__.py):
      LIN_F32   w float (n, k)
@@ -279,33 +282,35 @@ static inline float act1(int act, float v) {
 /* A linear's input rows, ready for its kind: floats, or int8 blocks with their scales. */
 typedef struct {
     const float *x; /* (B, k) floats (LIN_F32) */
-    int8_t *q;      /* (B, k) quantized, in the order the weight kind reads */
+    int16_t *q;     /* (B, k) quantized, in the order the weight kind reads */
     float *dx, *sx; /* (B, k/32): block scale, block scale x sum of the block's ints */
 } Act;
+
+#define QMAX 32767.0f /* inputs quantized to int16 per block of 32 */
 
 static void quantize_rows(const float *x, int B, int k, int perm, Act *a) {
     int nb = k / 32;
     for (int r = 0; r < B; r++) {
         const float *xr = x + (size_t)r * k;
-        int8_t *q = a->q + (size_t)r * k;
+        int16_t *q = a->q + (size_t)r * k;
         for (int b = 0; b < nb; b++) {
             const float *xb = xr + 32 * b;
             float amax = 0;
             for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(xb[i]));
-            float d = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
+            float d = amax / QMAX, id = amax > 0 ? QMAX / amax : 0.0f;
             int sum = 0;
-            int8_t t[32];
+            int16_t t[32];
             for (int i = 0; i < 32; i++) {
                 int v = (int)lrintf(xb[i] * id);
-                v = v > 127 ? 127 : (v < -127 ? -127 : v);
-                t[i] = (int8_t)v;
+                v = v > 32767 ? 32767 : (v < -32767 ? -32767 : v);
+                t[i] = (int16_t)v;
                 sum += v;
             }
-            int8_t *qb = q + 32 * b;
+            int16_t *qb = q + 32 * b;
             if (perm)
                 for (int i = 0; i < 16; i++) qb[i] = t[2 * i], qb[16 + i] = t[2 * i + 1];
             else
-                memcpy(qb, t, 32);
+                memcpy(qb, t, sizeof t);
             a->dx[r * nb + b] = d;
             a->sx[r * nb + b] = d * (float)sum;
         }
@@ -317,11 +322,10 @@ static void prepare_act(const Lin *L, const float *x, int B, Act *a) {
     if (L->kind != LIN_F32) quantize_rows(x, B, L->k, L->kind == LIN_INT4, a);
 }
 
-static inline float row_q4(const Lin *L, int n, const int8_t *xq, const float *dx, const float *sx) {
+static inline float row_q4(const Lin *L, int n, const int16_t *xq, const float *dx, const float *sx) {
     const int k = L->k, per = L->gs / 32, groups = k / L->gs;
     const uint8_t *w = (const uint8_t *)L->w + (size_t)n * (k / 2);
     const __m128i m4 = _mm_set1_epi8(0x0F);
-    const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     float accm = 0;
     int b = 0;
@@ -330,8 +334,11 @@ static inline float row_q4(const Lin *L, int n, const int8_t *xq, const float *d
         const float mn = z - 8.0f * s;
         for (int j = 0; j < per; j++, b++) {
             __m128i raw = _mm_loadu_si128((const __m128i *)(w + 16 * b));
-            __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), m4), _mm_and_si128(raw, m4));
-            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)(xq + 32 * b))), ones);
+            __m256i lo = _mm256_cvtepu8_epi16(_mm_and_si128(raw, m4));
+            __m256i hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), m4));
+            const __m256i *xb = (const __m256i *)(xq + 32 * b);
+            __m256i p = _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_loadu_si256(xb)),
+                                         _mm256_madd_epi16(hi, _mm256_loadu_si256(xb + 1)));
             if (b & 1) acc1 = _mm256_fmadd_ps(_mm256_set1_ps(s * dx[b]), _mm256_cvtepi32_ps(p), acc1);
             else acc0 = _mm256_fmadd_ps(_mm256_set1_ps(s * dx[b]), _mm256_cvtepi32_ps(p), acc0);
             accm += mn * sx[b];
@@ -340,19 +347,20 @@ static inline float row_q4(const Lin *L, int n, const int8_t *xq, const float *d
     return hsum(_mm256_add_ps(acc0, acc1)) + accm;
 }
 
-static inline float row_q8(const Lin *L, int n, const int8_t *xq, const float *dx) {
+static inline float row_q8(const Lin *L, int n, const int16_t *xq, const float *dx) {
     const int k = L->k, per = L->gs / 32, groups = k / L->gs;
     const int8_t *w = (const int8_t *)L->w + (size_t)n * k;
     const float *sc = L->s + (size_t)n * groups;
-    const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     int b = 0;
     for (int g = 0; g < groups; g++) {
         const float s = sc[g];
         for (int j = 0; j < per; j++, b++) {
-            __m256i wv = _mm256_loadu_si256((const __m256i *)(w + 32 * b));
-            __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + 32 * b));
-            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv)), ones);
+            const __m128i *wb = (const __m128i *)(w + 32 * b);
+            const __m256i *xb = (const __m256i *)(xq + 32 * b);
+            __m256i p = _mm256_add_epi32(
+                _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128(wb)), _mm256_loadu_si256(xb)),
+                _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128(wb + 1)), _mm256_loadu_si256(xb + 1)));
             if (b & 1) acc1 = _mm256_fmadd_ps(_mm256_set1_ps(s * dx[b]), _mm256_cvtepi32_ps(p), acc1);
             else acc0 = _mm256_fmadd_ps(_mm256_set1_ps(s * dx[b]), _mm256_cvtepi32_ps(p), acc0);
         }
@@ -409,11 +417,11 @@ int lm_linear(const Lin *L, int B, const float *x, float *y, int nthreads) {
     int nb = L->k / 32;
     void *buf = NULL;
     if (L->kind != LIN_F32) {
-        buf = malloc((size_t)B * L->k + (size_t)B * nb * 2 * sizeof(float) + 64);
+        buf = malloc((size_t)B * L->k * sizeof(int16_t) + (size_t)B * nb * 2 * sizeof(float) + 64);
         if (!buf) return 0;
         j.a.dx = (float *)buf;
         j.a.sx = j.a.dx + (size_t)B * nb;
-        j.a.q = (int8_t *)(j.a.sx + (size_t)B * nb);
+        j.a.q = (int16_t *)(j.a.sx + (size_t)B * nb);
     }
     prepare_act(L, x, B, &j.a);
     int ok = run_parallel(lin_job, &j, nthreads);
@@ -584,7 +592,7 @@ int lm_step(const Model *m, int B, const int64_t *tokens, const int64_t *positio
     const int fc_n = m->layers[0].fc.n, kmax = max3(d, m->H * hd, m->ff);
     size_t floats = (size_t)B * (2 * d + qkv_n + m->H * hd + fc_n + m->ff + hd) +
                     (size_t)nthreads * m->cache_len + 2 * (size_t)B * (kmax / 32 + 1);
-    float *buf = (float *)malloc(floats * sizeof(float) + (size_t)B * kmax + 64);
+    float *buf = (float *)malloc(floats * sizeof(float) + (size_t)B * kmax * sizeof(int16_t) + 64);
     if (!buf) return 0;
     Step S = {.m = m, .B = B, .tokens = tokens, .positions = positions, .starts = starts,
               .slot = slot, .logits = logits};
@@ -603,7 +611,7 @@ int lm_step(const Model *m, int B, const int64_t *tokens, const int64_t *positio
     S.scores = p, p += (size_t)nthreads * m->cache_len;
     S.a.dx = p, p += (size_t)B * (kmax / 32 + 1);
     S.a.sx = p, p += (size_t)B * (kmax / 32 + 1);
-    S.a.q = (int8_t *)p;
+    S.a.q = (int16_t *)p;
     int ok = run_parallel(step_job, &S, nthreads);
     free(buf);
     return ok;

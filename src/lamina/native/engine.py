@@ -11,16 +11,18 @@ generation, since it sees the tensors the model holds at that moment.
 
 What it covers, and otherwise returns None from `native_step` (with `unsupported(model)`
 saying why), leaving PyTorch to run the step:
-  * a pre-LN lamina GPT in eval mode, float32 on the CPU (LayerNorm or RMSNorm, with or
+  * a pre-LN lamina GPT, float32 on the CPU (LayerNorm or RMSNorm, with or
     without gains and shifts; GELU, ReLU, ReLU² or SwiGLU; learned, sinusoidal, rotary or no
     positions; grouped-query attention, QK-norm, biases, embedding scale, logit soft cap);
   * linears that are plain `nn.Linear` (float32), `Int4Linear` or `Int8Linear` (grouped or per
     row) with input widths a multiple of 32 for the quantized ones; a LoRA-wrapped layer is
     not covered (merge it first);
   * float32 `KVCache`s of one length.
-The quantized linears quantize their input to int8 in blocks of 32 (llama.cpp's Q8 scheme),
-so their outputs differ from PyTorch's by that rounding (~0.5% relative); float linears differ
-only by summation order. tests/test_native.py holds every case to the PyTorch step.
+It computes what the model computes in eval mode without gradients: dropout is not applied,
+so callers use it only then (`usable(model)`). The quantized linears quantize their input to int16 in blocks of 32, so their outputs differ
+from the same weights dequantized to float by ~1e-4 relative (SmolLM2 Q4_1: 4e-5 on the
+logits, closer than PyTorch's bf16-input int4 kernel at 7e-3); float linears differ only by
+summation order. tests/test_native.py holds every case to the PyTorch step.
 
 Deliberately unaware of sampling, windows and stopping: tokens and positions in, logits out.
 """
@@ -29,7 +31,8 @@ from __future__ import annotations
 
 import ctypes
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
@@ -102,8 +105,6 @@ def unsupported(model: object) -> str | None:
     c = model.config
     if not c.norm_first:
         return "post-LN blocks"
-    if model.training:
-        return "the model is in training mode"
     if c.activation not in ACTIVATIONS:
         return f"activation {c.activation!r}"
     if c.head_dim % 2:
@@ -164,8 +165,14 @@ class NativeStep:
         for i, (block, cache) in enumerate(zip(model.blocks, caches, strict=True)):
             ly = layers[i]
             a = block.attn
-            ly.n1w, ly.n1b = self._t(block.norm1.weight), self._t(getattr(block.norm1, "bias", None))
-            ly.n2w, ly.n2b = self._t(block.norm2.weight), self._t(getattr(block.norm2, "bias", None))
+            ly.n1w, ly.n1b = (
+                self._t(block.norm1.weight),
+                self._t(getattr(block.norm1, "bias", None)),
+            )
+            ly.n2w, ly.n2b = (
+                self._t(block.norm2.weight),
+                self._t(getattr(block.norm2, "bias", None)),
+            )
             ly.qg, ly.kg = self._t(a.q_gain), self._t(a.k_gain)
             ly.qkv, ly.proj = self._lin(a.qkv), self._lin(a.proj)
             ly.fc, ly.out = self._lin(block.ff.fc), self._lin(block.ff.proj)
@@ -224,9 +231,15 @@ class NativeStep:
         return L
 
     def step(
-        self, tokens: Sequence[int], positions: Sequence[int], starts: Sequence[int], slot: int
+        self,
+        tokens: Sequence[int],
+        positions: Sequence[int],
+        starts: Sequence[int],
+        slot: int,
+        threads: int | None = None,
     ) -> Tensor:
-        """Logits (B, vocab) for one new token per row (see the module docstring)."""
+        """Logits (B, vocab) for one new token per row (see the module docstring), on
+        `threads` threads (default: torch's intra-op count)."""
         B = len(tokens)
         if not 0 < B <= self.cache_batch or len(positions) != B or len(starts) != B:
             raise LaminaError(f"a step takes 1..{self.cache_batch} rows, each with a position")
@@ -250,15 +263,37 @@ class NativeStep:
             ctypes.addressof(first),
             slot,
             logits.data_ptr(),
-            torch.get_num_threads(),
+            threads or torch.get_num_threads(),
         )
         if not ok:
             raise LaminaError("the native step failed (out of memory or threads)")
         return logits
 
 
+_off = 0  # depth of `disabled()` blocks
+
+
+@contextmanager
+def disabled() -> Iterator[None]:
+    """Inside this block no new native step is built: PyTorch runs every step (for measuring
+    or testing the PyTorch path itself; `LAMINA_NATIVE=0` does the same for a whole process)."""
+    global _off
+    _off += 1
+    try:
+        yield
+    finally:
+        _off -= 1
+
+
+def usable(model: nn.Module) -> bool:
+    """Whether a step may run natively now: eval mode, no gradients being recorded."""
+    return not model.training and not torch.is_grad_enabled()
+
+
 def native_step(model: GPT, caches: Sequence[KVCache]) -> NativeStep | None:
     """A `NativeStep` for this model and caches, or None where PyTorch must run the step."""
+    if _off:
+        return None
     lib = library()
     if lib is None or unsupported(model) is not None:
         return None

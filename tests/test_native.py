@@ -1,0 +1,291 @@
+"""The native decode step (lamina.native) against PyTorch: every option it covers, float and
+quantized linears, batches with their own windows, threads, fork, refusals, the real model."""
+
+from __future__ import annotations
+
+import copy
+import multiprocessing
+import os
+
+import pytest
+import torch
+from torch import nn
+
+import lamina
+from lamina import GPT, GPTConfig, LaminaError, native
+from lamina.generation.decoder import Decoder
+from lamina.lora import apply_lora
+from lamina.quant import Int4Linear, Int8Embedding, Int8Linear, quantize, quantize_int8
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built():
+    why = native.reason()
+    if why is not None and any(s in why for s in ("lacks", "x86-64", "no C compiler", "=0")):
+        pytest.skip(f"native step not available here: {why}")
+    assert native.available(), why
+
+
+OPTIONS = [
+    {},
+    {"bias": False, "norm_gain": False},
+    {"positions": "sinusoidal", "activation": "relu"},
+    {
+        "positions": "rope",
+        "norm": "rms",
+        "activation": "swiglu",
+        "n_kv_heads": 2,
+        "bias": False,
+        "qkv_bias": True,
+        "tie_weights": False,
+    },
+    {
+        "positions": "rope",
+        "norm": "rms",
+        "activation": "swiglu",
+        "n_kv_heads": 1,
+        "qk_norm": True,
+        "logit_softcap": 5.0,
+        "d_head": 24,
+        "rope_theta": 500.0,
+    },
+    {"activation": "relu2", "norm": "rms", "qkv_bias": False},
+]
+
+
+def _model(seed: int = 0, **options) -> GPT:
+    torch.manual_seed(seed)
+    cfg = GPTConfig(
+        vocab_size=97, block_size=48, d_model=64, n_heads=4, n_layers=2, d_ff=128, **options
+    )
+    model = GPT(cfg).eval()
+    with torch.no_grad():  # larger weights than the init's, so errors show
+        for p in model.parameters():
+            p.mul_(4)
+    return model
+
+
+def _float_copy(model: GPT) -> GPT:
+    """The same model with every quantized linear and table dequantized into float ones."""
+    f = copy.deepcopy(model)
+    for parent in list(f.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, (Int4Linear, Int8Linear)):
+                lin = nn.Linear(child.in_features, child.out_features, bias=child.bias is not None)
+                lin.weight.data = child.dequantized()
+                if child.bias is not None:
+                    lin.bias.data = child.bias.data.clone()
+                setattr(parent, name, lin)
+            elif isinstance(child, Int8Embedding):
+                table = nn.Embedding(child.num_embeddings, child.embedding_dim)
+                table.weight.data = child(torch.arange(child.num_embeddings))
+                setattr(parent, name, table)
+    return f
+
+
+def _grouped_int8(model: GPT) -> GPT:
+    """int8 with a scale per 32 inputs (GGUF's Q8_0 form) in every block linear."""
+    for block in model.blocks:
+        for parent, name in ((block.attn, "qkv"), (block.attn, "proj"), (block.ff, "fc")):
+            lin = getattr(parent, name)
+            n, k = lin.weight.shape
+            m = Int8Linear(k, n, lin.bias is not None, group_size=32)
+            q, s = quantize_int8(lin.weight.detach().reshape(n * k // 32, 32))
+            m.qweight, m.scale = q.reshape(n, k), s.reshape(n, k // 32)
+            if lin.bias is not None:
+                m.bias = nn.Parameter(lin.bias.detach().clone(), requires_grad=False)
+            setattr(parent, name, m.prepare())
+    return model
+
+
+SCHEMES = ["fp32", "int8", "int4-32", "int4-64", "int8-grouped"]
+
+
+def _scheme(model: GPT, scheme: str) -> GPT:
+    if scheme == "int8":
+        return quantize(model, "int8")
+    if scheme.startswith("int4"):
+        return quantize(model, "int4", group_size=int(scheme.split("-")[1]))
+    if scheme == "int8-grouped":
+        return _grouped_int8(model)
+    return model
+
+
+def _steps(
+    model: GPT,
+    ids: torch.Tensor,
+    n_prefill: int,
+    threads: int | None = None,
+    prefill: GPT | None = None,
+) -> torch.Tensor:
+    """Native logits of the tokens after the first n_prefill, one step at a time; the cache is
+    filled by `prefill` (default: the model itself, through PyTorch)."""
+    B, T = ids.shape
+    with torch.no_grad():
+        caches = model.make_caches(B, T)
+        (prefill or model)(ids[:, :n_prefill], caches=caches)
+        engine = native.native_step(model, caches)
+        assert engine is not None, native.unsupported(model)
+        out = []
+        for t in range(n_prefill, T):
+            out.append(engine.step(ids[:, t].tolist(), [t] * B, [0] * B, t, threads))
+            for c in caches:
+                c.pos += 1
+    return torch.stack(out, 1)
+
+
+CASES = [  # 4 heads of 24 (options 4) make 96 inputs: no int4 groups of 64 there
+    (i, scheme) for i in range(len(OPTIONS)) for scheme in SCHEMES if (i, scheme) != (4, "int4-64")
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{i}-{s}" for i, s in CASES])
+def test_step_equals_the_float_model(case):
+    options, scheme = OPTIONS[case[0]], case[1]
+    model = _scheme(_model(**options), scheme)
+    ref_model = _float_copy(model)
+    ids = torch.randint(0, 97, (2, 20), generator=torch.Generator().manual_seed(1))
+    got = _steps(model, ids, 12, prefill=ref_model)  # the same cache for both
+    with torch.no_grad():
+        want = ref_model(ids)[:, 12:]
+    err = ((got - want).norm() / want.norm()).item()
+    # float: summation order only; quantized: inputs rounded to 16 bits per block of 32
+    assert err < (1e-5 if scheme == "fp32" else 1e-3), err  # PyTorch's bf16-input kernels: ~1e-2
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+def test_float_generation_equals_pytorchs_token_for_token():
+    model = _model(**OPTIONS[3])
+    prompts = [[5, 6, 7, 8, 9], [10, 11]]  # left-padded: the rows' windows start apart
+    fast = lamina.generate(model, prompts, 20)
+    with native.disabled():
+        slow = lamina.generate(model, prompts, 20)
+    assert torch.equal(fast, slow)
+
+
+def test_windows_jump_past_block_size_as_the_uncached_path():
+    model = _model(**OPTIONS[3])  # block_size 48: the windows jump twice in 90 tokens
+    fast = lamina.generate(model, [[1, 2, 3], [4]], 90)
+    slow = lamina.generate(model, [[1, 2, 3], [4]], 90, use_cache=False)
+    assert torch.equal(fast, slow)
+
+
+def test_decoder_uses_it_and_disabled_does_not():
+    model = _model(**OPTIONS[3])
+    ids = torch.tensor([[1, 2, 3]])
+    assert Decoder(model, ids, [0], 8)._native is not None
+    with native.disabled():
+        assert Decoder(model, ids, [0], 8)._native is None
+    assert Decoder(model, ids, [0], 8, fixed_shape=True)._native is None
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_threads_do_not_change_a_bit(threads):
+    model = quantize(_model(**OPTIONS[3]), "int4", group_size=32)
+    ids = torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(2))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = _steps(model, ids, 10)
+        torch.set_num_threads(threads)
+        many = _steps(model, ids, 10)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, many)
+
+
+def _child(queue) -> None:  # runs in a forked process: the worker threads must be rebuilt
+    torch.set_num_threads(1)  # torch's own OpenMP pool hangs after a fork; the native one not
+    model = _model(**OPTIONS[3])
+    ids = torch.randint(0, 97, (1, 12), generator=torch.Generator().manual_seed(3))
+    queue.put(_steps(model, ids, 8, threads=2).tolist())
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_process_steps_too():
+    model = _model(**OPTIONS[3])
+    ids = torch.randint(0, 97, (1, 12), generator=torch.Generator().manual_seed(3))
+    want = _steps(model, ids, 8, threads=2)  # the parent's pool exists before the fork
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    p = ctx.Process(target=_child, args=(queue,))
+    p.start()
+    got = queue.get(timeout=60)
+    p.join(timeout=60)
+    assert p.exitcode == 0
+    assert torch.equal(torch.tensor(got), want)
+
+
+def test_bad_steps_are_refused():
+    model = _model()
+    with torch.no_grad():
+        caches = model.make_caches(1, 8)
+        model(torch.tensor([[1, 2]]), caches=caches)
+    engine = native.native_step(model, caches)
+    for args in (
+        ([97], [2], [0], 2),  # token outside the vocabulary
+        ([-1], [2], [0], 2),
+        ([1], [48], [0], 2),  # position past block_size
+        ([1], [2], [3], 2),  # first slot after the slot
+        ([1], [2], [0], 8),  # slot past the cache
+        ([1, 2], [2, 2], [0, 0], 2),  # more rows than the cache holds
+    ):
+        with pytest.raises(LaminaError):
+            engine.step(*args)
+
+
+def test_what_it_does_not_cover_falls_back_to_pytorch():
+    lora = apply_lora(_model(**OPTIONS[3]), r=2)
+    assert "LoRALinear" in native.unsupported(lora)
+    post = _model(norm_first=False)
+    assert native.unsupported(post) == "post-LN blocks"
+    half = _model().to(torch.bfloat16)
+    assert native.unsupported(half) is not None
+    for m in (lora.eval(), post):
+        assert native.native_step(m, m.make_caches(1, 8)) is None
+        assert lamina.generate(m, [[1, 2]], 4).shape == (1, 6)
+    model = _model()
+    assert native.native_step(model, model.make_caches(1, 8, dtype=torch.bfloat16)) is None
+
+
+def test_training_mode_or_gradients_take_the_pytorch_step():
+    model = _model()
+    assert not native.usable(model.train())
+    model.eval()
+    with torch.no_grad():
+        assert native.usable(model)
+    assert not native.usable(model)  # gradients recorded
+
+
+# ---------------------------------------------------------------- the real model
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_gguf):
+    from lamina.interop.gguf import load_gguf
+
+    q4, _ = load_gguf(smollm2_gguf, quantized=True)
+    f32, meta = load_gguf(smollm2_gguf)
+    return q4.eval(), f32.eval(), meta
+
+
+def test_real_q4_1_steps_equal_the_dequantized_model(smollm2):
+    q4, f32, _ = smollm2
+    ids = torch.randint(0, 49152, (1, 40), generator=torch.Generator().manual_seed(4))
+    got = _steps(q4, ids, 24, prefill=f32)
+    with torch.no_grad():
+        want = f32(ids)[:, 24:]
+    err = ((got - want).norm() / want.norm()).item()
+    assert err < 2e-4, err  # PyTorch's own int4 kernel (bf16 inputs): ~7e-3
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+def test_real_chat_reply_equals_the_float_models(smollm2):
+    from lamina.data.pretrained import PretrainedTokenizer
+
+    q4, f32, meta = smollm2
+    tok = PretrainedTokenizer.from_gguf_metadata(meta)
+    ids = tok.render_chat([{"role": "user", "content": "Name three colours."}])
+    fast = lamina.generate(q4, torch.tensor(ids), 24)
+    slow = lamina.generate(f32, torch.tensor(ids), 24)
+    assert torch.equal(fast, slow)
