@@ -16,7 +16,9 @@ its cache, greedy (argmax), never stopping early.
     transformers  AutoModelForCausalLM from the GGUF (dequantized to fp32), its KV cache
     lamina-*      lamina.interop.gguf.load_gguf: fp32 (dequantized), int8 / int4 (fp32 then
                   lamina.quant.quantize, int4 in groups of 32), q4_1 (quantized=True: the
-                  file's blocks kept); "-compiled" uses the compiled fixed-shape step
+                  file's blocks kept); decode steps run natively (lamina.native) where
+                  they can; "-torch" forces PyTorch's step (LAMINA_NATIVE=0), "-compiled"
+                  the compiled fixed-shape step
 
 Compiled variants keep inductor's cache in --cache-dir (default a folder under /tmp): its first
 round compiles from scratch, later rounds find the cache, as a second run on a user's machine.
@@ -39,7 +41,7 @@ from machine import cpu_flags  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 LAMINA = ("fp32", "int8", "int4", "q4_1")
 VARIANTS = ["llama.cpp", "transformers"] + [
-    f"lamina-{f}{c}" for f in LAMINA for c in ("", "-compiled")
+    f"lamina-{f}{c}" for f in LAMINA for c in ("", "-torch", "-compiled")
 ]
 
 
@@ -144,7 +146,7 @@ def worker(a: argparse.Namespace) -> None:
     elif name == "transformers":
         reply = reply_transformers(a.gguf, a.threads)
     else:
-        fmt = name.removeprefix("lamina-").removesuffix("-compiled")
+        fmt = name.removeprefix("lamina-").removesuffix("-compiled").removesuffix("-torch")
         reply = reply_lamina(a.gguf, fmt, name.endswith("-compiled"))
     load = time.perf_counter() - t0
     ids = random.Random(0).choices(range(100, 49000), k=a.prompt)
@@ -171,6 +173,8 @@ def worker(a: argparse.Namespace) -> None:
 def run_variant(name: str, a: argparse.Namespace) -> dict[str, float] | None:
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", TORCHINDUCTOR_CACHE_DIR=str(a.cache_dir))
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
+    if name.endswith("-torch"):
+        env["LAMINA_NATIVE"] = "0"
     cmd = [
         sys.executable,
         __file__,
@@ -231,14 +235,16 @@ def main() -> None:
         "load_s",
     ]
     ref = results.get("llama.cpp") or []
-    base = statistics.median(x["decode_tok_s"] for x in ref) if ref else None
-    print(f"\n| variant | {' | '.join(cols)} | decode vs llama.cpp |")
-    print("|---" * (len(cols) + 2) + "|")
+    vs = ("decode_tok_s", "prefill_tok_s", "rss_mb")  # each also as a ratio to llama.cpp's
+    base = {c: statistics.median(x[c] for x in ref) for c in vs} if ref else {}
+    ratios = " | ".join(f"{c.split('_')[0]} vs llama.cpp" for c in vs)
+    print(f"\n| variant | {' | '.join(cols)} | {ratios} |")
+    print("|---" * (len(cols) + len(vs) + 1) + "|")
     for n, rs in results.items():
         if not rs:
             continue
         med = {c: statistics.median(x[c] for x in rs) for c in cols}
-        ratio = f"{med['decode_tok_s'] / base:.2f}x" if base else "-"
+        ratio = " | ".join(f"{med[c] / base[c]:.2f}x" if base else "-" for c in vs)
         print(f"| {n} | " + " | ".join(f"{med[c]:.3g}" for c in cols) + f" | {ratio} |")
     print(f"(medians of {a.rounds} rounds; load average at the end {os.getloadavg()[0]:.1f})")
 

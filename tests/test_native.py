@@ -194,8 +194,8 @@ def test_threads_do_not_change_a_bit(threads):
     assert torch.equal(one, many)
 
 
-def _child(queue) -> None:  # runs in a forked process: the worker threads must be rebuilt
-    torch.set_num_threads(1)  # torch's own OpenMP pool hangs after a fork; the native one not
+def _child(queue) -> None:  # a forked process: OpenMP's threads are gone, the step must not wait
+    torch.set_num_threads(1)  # for them (torch's own ops would: see decode.c, run_parallel)
     model = _model(**OPTIONS[3])
     ids = torch.randint(0, 97, (1, 12), generator=torch.Generator().manual_seed(3))
     queue.put(_steps(model, ids, 8, threads=2).tolist())

@@ -42,7 +42,7 @@ def test_int4_groups_round_to_within_half_a_step():
 
 @pytest.mark.parametrize("kind", ["int8", "int4"])
 def test_kernel_path_equals_dequantized_path(kind, monkeypatch):
-    if quant.kernel() != "packed":
+    if quant.kernel() == "dequantize":
         pytest.skip("this CPU runs only the dequantized path")
     lin = nn.Linear(128, 40)  # 40 rows: int4 pads them to 48 for the kernel
     m = Int8Linear.from_linear(lin) if kind == "int8" else Int4Linear.from_linear(lin, 64)
@@ -51,8 +51,9 @@ def test_kernel_path_equals_dequantized_path(kind, monkeypatch):
     monkeypatch.setattr(quant, "_use_kernel", lambda x: False)
     slow = m(x)
     assert fast.shape == slow.shape == (3, 5, 40) and fast.dtype == torch.float32
-    # the kernel rounds activations to bf16: agree to bf16 precision
-    assert torch.allclose(fast, slow, rtol=2e-2, atol=2e-2 * slow.abs().max().item())
+    # torch's packed kernels round activations to bf16, the native ones to int16 per 32
+    tol = 2e-4 if quant.kernel() == "native" else 2e-2
+    assert torch.allclose(fast, slow, rtol=tol, atol=tol * slow.abs().max().item())
 
 
 @pytest.mark.parametrize("tie", [True, False])

@@ -31,7 +31,7 @@ import threading
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("decode.c")
-FLAGS = ("-O3", "-mavx2", "-mfma", "-fno-math-errno", "-fPIC", "-shared", "-pthread")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared")
 ABI_VERSION = 1  # lm_abi_version() of the source this module's structs match
 
 _lock = threading.Lock()
@@ -96,6 +96,14 @@ def _build(cc: str) -> Path:
     return target
 
 
+def _declare(lib: ctypes.CDLL) -> None:
+    """The C functions' signatures (structs pass as addresses)."""
+    p, i = ctypes.c_void_p, ctypes.c_int
+    lib.lm_step.argtypes = [p, i, p, p, p, ctypes.c_int64, p, i]
+    lib.lm_linear.argtypes = [p, i, p, p, i]
+    lib.lm_step.restype = lib.lm_linear.restype = i
+
+
 def library() -> ctypes.CDLL | None:
     """The loaded library (built first if needed), or None where it cannot be; see reason()."""
     with _lock:
@@ -111,6 +119,8 @@ def library() -> ctypes.CDLL | None:
                     lib = ctypes.CDLL(str(_build(cc)))
                     if lib.lm_abi_version() != ABI_VERSION:
                         lib, why = None, "the built library does not match this lamina"
+                    else:
+                        _declare(lib)
                 except (OSError, subprocess.SubprocessError) as e:
                     why = f"could not build the native step: {e}"
         _state["lib"], _state["reason"] = lib, why

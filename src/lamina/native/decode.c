@@ -1,6 +1,6 @@
 /* lamina's native decode step: one token per row through a whole pre-LN GPT, on AVX2 + FMA.
 
-   Built and loaded by lamina/native/build.py (cc -O3 -mavx2 -mfma -mf16c -shared), driven
+   Built and loaded by lamina/native/build.py (cc -O3 -mavx2 -mfma -fopenmp -shared), driven
    through ctypes by lamina/native/engine.py, which fills the structs below with pointers to
    the model's own tensors (nothing is copied) and holds the step equal to the PyTorch model
    in tests/test_native.py.
@@ -17,23 +17,22 @@
    Weights, as lamina stores them (quant/__init__.py):
      LIN_F32   w float (n, k)
      LIN_INT4  w uint8 (n, k/2), element 2i in the low nibble of byte i, 2i+1 in the high one;
-               s float (k/gs, n, 2): scale and zero; w = (q - 8) scale + zero
+               s, mn float (n, k/gs) each: w = q s + mn (lamina's (k/gs, n, 2) scale and
+               zero, w = (q - 8) scale + zero, rearranged by engine.py: a row's groups side
+               by side, mn = zero - 8 scale)
      LIN_INT8  w int8 (n, k); s float (n, k/gs): w = q scale (gs = k: a scale per row)
    The int4 dot product reads a block's 16 bytes as [16 low nibbles | 16 high nibbles], so the
    input is quantized in that order ([even elements | odd elements] per block of 32).
 */
 #include <immintrin.h>
-#include <linux/futex.h>
 #include <math.h>
+#include <omp.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
-#include <time.h>
-#include <unistd.h>
 
 enum { LIN_F32 = 0, LIN_INT4 = 1, LIN_INT8 = 2 };
 enum { NORM_LAYER = 0, NORM_RMS = 1 };
@@ -42,7 +41,8 @@ enum { ACT_GELU = 0, ACT_RELU = 1, ACT_RELU2 = 2, ACT_SWIGLU = 3 };
 typedef struct {
     int32_t kind, n, k, gs;
     const void *w;
-    const float *s;
+    const float *s;  /* scales: int4 (n, k/gs); int8 (n, k/gs) */
+    const float *mn; /* int4 only: minimums (n, k/gs) */
     const float *bias;
 } Lin;
 
@@ -69,109 +69,45 @@ typedef struct {
 
 /* ------------------------------------------------------------------ threads */
 
-#define MAX_THREADS 64
+/* The threads are OpenMP's, and the library links libgomp.so.1: in a process that has loaded
+   PyTorch, that is PyTorch's own copy, so a step runs on the very threads torch's ops use (no
+   second pool competing for the cores with torch's spinning one). Between the phases of a
+   step the threads meet at a spin barrier of our own: OpenMP's barrier sleeps in the kernel
+   under OMP_WAIT_POLICY=PASSIVE, which at ~270 barriers a step would cost milliseconds. */
 
 typedef void (*JobFn)(void *ctx, int tid, int nt);
 
-static pthread_t pool_threads[MAX_THREADS];
-static unsigned pool_seen[MAX_THREADS]; /* the job generation each worker starts from */
-static int pool_workers = 0;
-static atomic_uint job_gen;
-static atomic_int job_left;
-static JobFn job_fn;
-static void *job_ctx;
-static int job_nt;
-static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+/* libgomp's threads do not survive a fork: a forked child that entered a parallel region
+   would wait for them forever (PyTorch's ops hang there too), so after a fork a step runs on
+   the calling thread alone. */
+static int forked = 0;
+static void mark_forked(void) { forked = 1; }
+__attribute__((constructor)) static void watch_forks(void) { pthread_atfork(NULL, NULL, mark_forked); }
 
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + 1e-9 * t.tv_nsec;
-}
-
-/* spin (pausing) while *p == old, then yield, then sleep on the futex */
-static void wait_change(atomic_uint *p, unsigned old, double spin_s) {
-    int i = 0;
-    double t0 = 0;
-    while (atomic_load_explicit(p, memory_order_acquire) == old) {
-        _mm_pause();
-        if (++i % 1024 == 0) {
-            double t = now_s();
-            if (t0 == 0) t0 = t;
-            else if (t - t0 > spin_s)
-                syscall(SYS_futex, (unsigned *)p, FUTEX_WAIT_PRIVATE, old, NULL, NULL, 0);
-            else if (t - t0 > spin_s / 4)
-                sched_yield();
-        }
-    }
-}
-
-static void *worker_main(void *arg) {
-    int tid = (int)(intptr_t)arg;
-    unsigned seen = pool_seen[tid];
-    for (;;) {
-        wait_change(&job_gen, seen, 2e-4);
-        seen = atomic_load_explicit(&job_gen, memory_order_acquire);
-        if (tid < job_nt) job_fn(job_ctx, tid, job_nt);
-        atomic_fetch_sub_explicit(&job_left, 1, memory_order_release);
-    }
-    return NULL;
-}
-
-static void pool_after_fork(void) { pool_workers = 0; } /* the child has no workers */
-
-static int pool_ensure(int workers) {
-    static int registered = 0;
-    if (!registered) {
-        pthread_atfork(NULL, NULL, pool_after_fork);
-        registered = 1;
-    }
-    while (pool_workers < workers) {
-        pool_seen[pool_workers + 1] = atomic_load(&job_gen);
-        if (pthread_create(&pool_threads[pool_workers], NULL, worker_main,
-                           (void *)(intptr_t)(pool_workers + 1)))
-            return 0;
-        pthread_detach(pool_threads[pool_workers]);
-        pool_workers++;
-    }
-    return 1;
-}
-
-/* run fn(ctx, tid, nt) on nt threads (this one is tid 0); returns 0 if threads failed */
-static int run_parallel(JobFn fn, void *ctx, int nt) {
-    if (nt <= 1) {
+static void run_parallel(JobFn fn, void *ctx, int nt, atomic_int *team) {
+    if (nt <= 1 || forked) {
+        atomic_store(team, 1);
         fn(ctx, 0, 1);
-        return 1;
+        return;
     }
-    pthread_mutex_lock(&pool_lock);
-    if (!pool_ensure(nt - 1)) {
-        pthread_mutex_unlock(&pool_lock);
-        return 0;
+#pragma omp parallel num_threads(nt)
+    {
+#pragma omp single
+        atomic_store(team, omp_get_num_threads()); /* the barrier's size: the team we got */
+        fn(ctx, omp_get_thread_num(), omp_get_num_threads());
     }
-    job_fn = fn;
-    job_ctx = ctx;
-    job_nt = nt;
-    atomic_store(&job_left, pool_workers);
-    atomic_fetch_add_explicit(&job_gen, 1, memory_order_release);
-    syscall(SYS_futex, (unsigned *)&job_gen, FUTEX_WAKE_PRIVATE, MAX_THREADS, NULL, NULL, 0);
-    fn(ctx, 0, nt);
-    int i = 0;
-    while (atomic_load_explicit(&job_left, memory_order_acquire) > 0)
-        if (++i % 256 == 0) sched_yield();
-        else _mm_pause();
-    pthread_mutex_unlock(&pool_lock);
-    return 1;
 }
 
 typedef struct {
     atomic_uint count, phase;
-    int n;
+    atomic_int n;
 } Barrier;
 
 static void barrier_wait(Barrier *b) {
-    if (b->n <= 1) return;
+    const int n = atomic_load_explicit(&b->n, memory_order_relaxed);
+    if (n <= 1) return;
     unsigned phase = atomic_load_explicit(&b->phase, memory_order_acquire);
-    if (atomic_fetch_add_explicit(&b->count, 1, memory_order_acq_rel) == (unsigned)b->n - 1) {
+    if (atomic_fetch_add_explicit(&b->count, 1, memory_order_acq_rel) == (unsigned)n - 1) {
         atomic_store_explicit(&b->count, 0, memory_order_relaxed);
         atomic_fetch_add_explicit(&b->phase, 1, memory_order_release);
         return;
@@ -283,13 +219,14 @@ static inline float act1(int act, float v) {
 typedef struct {
     const float *x; /* (B, k) floats (LIN_F32) */
     int16_t *q;     /* (B, k) quantized, in the order the weight kind reads */
-    float *dx, *sx; /* (B, k/32): block scale, block scale x sum of the block's ints */
+    float *dx;      /* (B, k/32): block scales */
+    float *sx;      /* (B, k/gs) int4 only: per weight group, the sum of its inputs */
 } Act;
 
 #define QMAX 32767.0f /* inputs quantized to int16 per block of 32 */
 
-static void quantize_rows(const float *x, int B, int k, int perm, Act *a) {
-    int nb = k / 32;
+static void quantize_rows(const float *x, int B, int k, int perm, int gs, Act *a) {
+    int nb = k / 32, per = gs / 32;
     for (int r = 0; r < B; r++) {
         const float *xr = x + (size_t)r * k;
         int16_t *q = a->q + (size_t)r * k;
@@ -312,78 +249,125 @@ static void quantize_rows(const float *x, int B, int k, int perm, Act *a) {
             else
                 memcpy(qb, t, sizeof t);
             a->dx[r * nb + b] = d;
-            a->sx[r * nb + b] = d * (float)sum;
+            if (perm) {
+                float *g = &a->sx[r * (nb / per) + b / per];
+                *g = (b % per ? *g : 0.0f) + d * (float)sum;
+            }
         }
     }
 }
 
 static void prepare_act(const Lin *L, const float *x, int B, Act *a) {
     a->x = x;
-    if (L->kind != LIN_F32) quantize_rows(x, B, L->k, L->kind == LIN_INT4, a);
+    if (L->kind != LIN_F32) quantize_rows(x, B, L->k, L->kind == LIN_INT4, L->gs, a);
 }
 
-static inline float row_q4(const Lin *L, int n, const int16_t *xq, const float *dx, const float *sx) {
-    const int k = L->k, per = L->gs / 32, groups = k / L->gs;
-    const uint8_t *w = (const uint8_t *)L->w + (size_t)n * (k / 2);
+/* a block's integer dot product, 8 partial sums: int4 weights (16 bytes) x int16 inputs */
+static inline __m256i q4_block(const uint8_t *w, const int16_t *xq, int b) {
     const __m128i m4 = _mm_set1_epi8(0x0F);
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    float accm = 0;
-    int b = 0;
-    for (int g = 0; g < groups; g++) {
-        const float s = L->s[((size_t)g * L->n + n) * 2], z = L->s[((size_t)g * L->n + n) * 2 + 1];
-        const float mn = z - 8.0f * s;
-        for (int j = 0; j < per; j++, b++) {
-            __m128i raw = _mm_loadu_si128((const __m128i *)(w + 16 * b));
-            __m256i lo = _mm256_cvtepu8_epi16(_mm_and_si128(raw, m4));
-            __m256i hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), m4));
-            const __m256i *xb = (const __m256i *)(xq + 32 * b);
-            __m256i p = _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_loadu_si256(xb)),
-                                         _mm256_madd_epi16(hi, _mm256_loadu_si256(xb + 1)));
-            if (b & 1) acc1 = _mm256_fmadd_ps(_mm256_set1_ps(s * dx[b]), _mm256_cvtepi32_ps(p), acc1);
-            else acc0 = _mm256_fmadd_ps(_mm256_set1_ps(s * dx[b]), _mm256_cvtepi32_ps(p), acc0);
-            accm += mn * sx[b];
-        }
-    }
-    return hsum(_mm256_add_ps(acc0, acc1)) + accm;
+    __m128i raw = _mm_loadu_si128((const __m128i *)(w + 16 * b));
+    __m256i lo = _mm256_cvtepu8_epi16(_mm_and_si128(raw, m4));
+    __m256i hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), m4));
+    const __m256i *xb = (const __m256i *)(xq + 32 * b);
+    return _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_loadu_si256(xb)),
+                            _mm256_madd_epi16(hi, _mm256_loadu_si256(xb + 1)));
+}
+
+/* the same for int8 weights (32 bytes) */
+static inline __m256i q8_block(const int8_t *w, const int16_t *xq, int b) {
+    const __m128i *wb = (const __m128i *)(w + 32 * b);
+    const __m256i *xb = (const __m256i *)(xq + 32 * b);
+    return _mm256_add_epi32(
+        _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128(wb)), _mm256_loadu_si256(xb)),
+        _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128(wb + 1)), _mm256_loadu_si256(xb + 1)));
+}
+
+/* sum over blocks b of (scale of b's weight group) x dx[b] x block(b), four chains at a time;
+   a group holds 2^sh blocks (sh = 31: one group for the whole row) */
+#define BLOCK_SUM(BLOCK, W)                                                                   \
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();                                \
+    __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();                                \
+    int b = 0;                                                                                \
+    for (; b + 4 <= nb; b += 4) {                                                             \
+        a0 = _mm256_fmadd_ps(_mm256_set1_ps(sc[b >> sh] * dx[b]), _mm256_cvtepi32_ps(BLOCK(W, xq, b)), a0); \
+        a1 = _mm256_fmadd_ps(_mm256_set1_ps(sc[(b + 1) >> sh] * dx[b + 1]), _mm256_cvtepi32_ps(BLOCK(W, xq, b + 1)), a1); \
+        a2 = _mm256_fmadd_ps(_mm256_set1_ps(sc[(b + 2) >> sh] * dx[b + 2]), _mm256_cvtepi32_ps(BLOCK(W, xq, b + 2)), a2); \
+        a3 = _mm256_fmadd_ps(_mm256_set1_ps(sc[(b + 3) >> sh] * dx[b + 3]), _mm256_cvtepi32_ps(BLOCK(W, xq, b + 3)), a3); \
+    }                                                                                         \
+    for (; b < nb; b++)                                                                       \
+        a0 = _mm256_fmadd_ps(_mm256_set1_ps(sc[b >> sh] * dx[b]), _mm256_cvtepi32_ps(BLOCK(W, xq, b)), a0); \
+    float sum = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+
+static inline float row_q4(const Lin *L, int n, const int16_t *xq, const float *dx, const float *sx) {
+    const int k = L->k, nb = k / 32, groups = k / L->gs, sh = groups == 1 ? 31 : __builtin_ctz(L->gs / 32);
+    const uint8_t *w = (const uint8_t *)L->w + (size_t)n * (k / 2);
+    const float *sc = L->s + (size_t)n * groups;
+    BLOCK_SUM(q4_block, w)
+    /* the minimums' part: sum over groups of mn[g] x (the group's inputs summed) */
+    return sum + dot_f32(L->mn + (size_t)n * groups, sx, groups);
 }
 
 static inline float row_q8(const Lin *L, int n, const int16_t *xq, const float *dx) {
-    const int k = L->k, per = L->gs / 32, groups = k / L->gs;
+    const int k = L->k, nb = k / 32, groups = k / L->gs, sh = groups == 1 ? 31 : __builtin_ctz(L->gs / 32);
     const int8_t *w = (const int8_t *)L->w + (size_t)n * k;
     const float *sc = L->s + (size_t)n * groups;
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    int b = 0;
-    for (int g = 0; g < groups; g++) {
-        const float s = sc[g];
-        for (int j = 0; j < per; j++, b++) {
-            const __m128i *wb = (const __m128i *)(w + 32 * b);
-            const __m256i *xb = (const __m256i *)(xq + 32 * b);
-            __m256i p = _mm256_add_epi32(
-                _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128(wb)), _mm256_loadu_si256(xb)),
-                _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128(wb + 1)), _mm256_loadu_si256(xb + 1)));
-            if (b & 1) acc1 = _mm256_fmadd_ps(_mm256_set1_ps(s * dx[b]), _mm256_cvtepi32_ps(p), acc1);
-            else acc0 = _mm256_fmadd_ps(_mm256_set1_ps(s * dx[b]), _mm256_cvtepi32_ps(p), acc0);
-        }
-    }
-    return hsum(_mm256_add_ps(acc0, acc1));
+    BLOCK_SUM(q8_block, w)
+    return sum;
 }
 
 /* y[r, n] (+)= x[r] . w[n] + bias[n] for output rows n0..n1 and input rows r < B */
+#define TILE 8 /* input rows sharing one unpacked weight block */
 static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, int n0, int n1,
                      int accumulate) {
-    const int k = L->k, nb = k / 32;
+    const int k = L->k, nb = k / 32, groups = L->gs ? k / L->gs : 1; /* float: gs 0 */
+    const int sh = groups == 1 ? 31 : __builtin_ctz(L->gs / 32);
     for (int n = n0; n < n1; n++) {
         const float bias = L->bias ? L->bias[n] : 0.0f;
-        for (int r = 0; r < B; r++) {
-            float v;
-            if (L->kind == LIN_INT4)
-                v = row_q4(L, n, a->q + (size_t)r * k, a->dx + r * nb, a->sx + r * nb);
-            else if (L->kind == LIN_INT8)
-                v = row_q8(L, n, a->q + (size_t)r * k, a->dx + r * nb);
-            else
-                v = dot_f32((const float *)L->w + (size_t)n * k, a->x + (size_t)r * k, k);
-            float *o = y + (size_t)r * ystride + n;
-            *o = (accumulate ? *o : 0.0f) + v + bias;
+        for (int r0 = 0; r0 < B; r0 += TILE) {
+            const int rows = B - r0 < TILE ? B - r0 : TILE;
+            float v[TILE];
+            if (L->kind == LIN_F32) {
+                for (int r = 0; r < rows; r++)
+                    v[r] = dot_f32((const float *)L->w + (size_t)n * k, a->x + (size_t)(r0 + r) * k, k);
+            } else if (rows == 1) {
+                const int r = r0;
+                v[0] = L->kind == LIN_INT4
+                           ? row_q4(L, n, a->q + (size_t)r * k, a->dx + r * nb, a->sx + r * groups)
+                           : row_q8(L, n, a->q + (size_t)r * k, a->dx + r * nb);
+            } else { /* unpack each weight block once for up to TILE input rows */
+                __m256 acc[TILE];
+                for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
+                const float *sc = L->s + (size_t)n * groups;
+                for (int b = 0; b < nb; b++) {
+                    __m256i w0, w1;
+                    if (L->kind == LIN_INT4) {
+                        const __m128i m4 = _mm_set1_epi8(0x0F);
+                        __m128i raw = _mm_loadu_si128((const __m128i *)((const uint8_t *)L->w + (size_t)n * (k / 2) + 16 * b));
+                        w0 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, m4));
+                        w1 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), m4));
+                    } else {
+                        const __m128i *wb = (const __m128i *)((const int8_t *)L->w + (size_t)n * k + 32 * b);
+                        w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wb));
+                        w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wb + 1));
+                    }
+                    const float s = sc[b >> sh];
+                    for (int r = 0; r < rows; r++) {
+                        const __m256i *xb = (const __m256i *)(a->q + (size_t)(r0 + r) * k + 32 * b);
+                        __m256i p = _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256(xb)),
+                                                     _mm256_madd_epi16(w1, _mm256_loadu_si256(xb + 1)));
+                        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(s * a->dx[(r0 + r) * nb + b]), _mm256_cvtepi32_ps(p), acc[r]);
+                    }
+                }
+                for (int r = 0; r < rows; r++) {
+                    v[r] = hsum(acc[r]);
+                    if (L->kind == LIN_INT4)
+                        v[r] += dot_f32(L->mn + (size_t)n * groups, a->sx + (r0 + r) * groups, groups);
+                }
+            }
+            for (int r = 0; r < rows; r++) {
+                float *o = y + (size_t)(r0 + r) * ystride + n;
+                *o = (accumulate ? *o : 0.0f) + v[r] + bias;
+            }
         }
     }
 }
@@ -424,9 +408,10 @@ int lm_linear(const Lin *L, int B, const float *x, float *y, int nthreads) {
         j.a.q = (int16_t *)(j.a.sx + (size_t)B * nb);
     }
     prepare_act(L, x, B, &j.a);
-    int ok = run_parallel(lin_job, &j, nthreads);
+    atomic_int team;
+    run_parallel(lin_job, &j, nthreads, &team);
     free(buf);
-    return ok;
+    return 1;
 }
 
 /* ------------------------------------------------------------------ the decode step */
@@ -587,7 +572,7 @@ static int max3(int a, int b, int c) { return a > b ? (a > c ? a : c) : (b > c ?
 int lm_step(const Model *m, int B, const int64_t *tokens, const int64_t *positions,
             const int64_t *starts, int64_t slot, float *logits, int nthreads) {
     if (nthreads < 1) nthreads = 1;
-    if (nthreads > MAX_THREADS) nthreads = MAX_THREADS;
+    if (nthreads > 256) nthreads = 256;
     const int d = m->d, hd = m->hd, qkv_n = (m->H + 2 * m->Hkv) * hd;
     const int fc_n = m->layers[0].fc.n, kmax = max3(d, m->H * hd, m->ff);
     size_t floats = (size_t)B * (2 * d + qkv_n + m->H * hd + fc_n + m->ff + hd) +
@@ -596,7 +581,7 @@ int lm_step(const Model *m, int B, const int64_t *tokens, const int64_t *positio
     if (!buf) return 0;
     Step S = {.m = m, .B = B, .tokens = tokens, .positions = positions, .starts = starts,
               .slot = slot, .logits = logits};
-    S.bar.n = nthreads;
+    atomic_init(&S.bar.n, nthreads);
     atomic_init(&S.bar.count, 0);
     atomic_init(&S.bar.phase, 0);
     float *p = buf;
@@ -612,9 +597,9 @@ int lm_step(const Model *m, int B, const int64_t *tokens, const int64_t *positio
     S.a.dx = p, p += (size_t)B * (kmax / 32 + 1);
     S.a.sx = p, p += (size_t)B * (kmax / 32 + 1);
     S.a.q = (int16_t *)p;
-    int ok = run_parallel(step_job, &S, nthreads);
+    run_parallel(step_job, &S, nthreads, &S.bar.n);
     free(buf);
-    return ok;
+    return 1;
 }
 
 int lm_abi_version(void) { return 1; }

@@ -53,6 +53,7 @@ class _Lin(ctypes.Structure):
     _fields_ = [(n, ctypes.c_int32) for n in ("kind", "n", "k", "gs")] + [
         ("w", _p),
         ("s", _p),
+        ("mn", _p),
         ("bias", _p),
     ]
 
@@ -92,7 +93,8 @@ def _linear_problem(name: str, m: nn.Module) -> str | None:
     if type(m) is Int4Linear:
         return None if m.group_size % 32 == 0 else f"{name}: int4 groups of {m.group_size}"
     if type(m) is Int8Linear:
-        if m.in_features % 32 or (m.group_size is not None and m.group_size % 32):
+        g = m.group_size
+        if m.in_features % 32 or (g is not None and (g % 32 or (g // 32) & (g // 32 - 1))):
             return f"{name}: int8 rows of {m.in_features} (groups {m.group_size})"
         return None
     return f"{name} is a {type(m).__name__}"
@@ -146,13 +148,70 @@ def _ptr(t: Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
+def int4_rows(scales_and_zeros: Tensor) -> tuple[Tensor, Tensor]:
+    """lamina's int4 (K/gs, N, 2) scales and zeros -> the native kernel's (N, K/gs) scales and
+    minimums (w = q scale + minimum, minimum = zero - 8 scale), each row's groups side by side."""
+    s, z = scales_and_zeros.detach().float().transpose(0, 1).unbind(-1)
+    return s.contiguous(), (z - 8 * s).contiguous()
+
+
+def linear(m: Int4Linear | Int8Linear, x: Tensor) -> Tensor:
+    """x (M, K) float32 -> (M, N): a quantized linear (its bias included) through the native
+    kernel, for a few rows at a time (a short prefill); the caller checks `library()`."""
+    ptrs = _Pointers()  # alive until the call returns
+    L = ptrs.lin(m)
+    x = x.detach().float().contiguous()
+    y = torch.empty(x.shape[0], m.out_features)
+    threads = torch.get_num_threads()
+    if not library().lm_linear(
+        ctypes.addressof(L), x.shape[0], x.data_ptr(), y.data_ptr(), threads
+    ):
+        raise LaminaError("the native linear failed (out of memory or threads)")
+    return y
+
+
+class _Pointers:
+    """Pointers into tensors for the C structs, each tensor kept alive here."""
+
+    def __init__(self) -> None:
+        self.keep: list[Tensor] = []
+
+    def t(self, t: Tensor | None) -> int | None:
+        """A pointer to t's data (made contiguous float32 or int first if needed)."""
+        if t is None:
+            return None
+        t = t.detach()
+        if not t.is_contiguous():
+            t = t.contiguous()
+        self.keep.append(t)
+        return _ptr(t)
+
+    def lin(self, m: nn.Module) -> _Lin:
+        L = _Lin()
+        if type(m) is nn.Linear:
+            L.kind, L.gs, L.w = LIN_F32, 0, self.t(m.weight)
+        elif type(m) is Int4Linear:
+            L.kind, L.gs = LIN_INT4, m.group_size
+            scale, low = m.native_scale, m.native_min
+            if scale is None:  # prepared for another kernel: the native layout, made here
+                scale, low = int4_rows(m.scales_and_zeros)
+            L.w, L.s, L.mn = self.t(m.qweight), self.t(scale), self.t(low)
+        else:
+            L.kind, L.gs = LIN_INT8, m.group_size or m.in_features
+            L.w, L.s = self.t(m.qweight), self.t(m.scale)
+        L.n, L.k = m.out_features, m.in_features
+        L.bias = self.t(m.bias)
+        return L
+
+
 class NativeStep:
     """The decode step of one model over one set of caches; see the module docstring."""
 
     def __init__(self, model: GPT, caches: Sequence[KVCache], lib: ctypes.CDLL) -> None:
         c = model.config
         self.lib, self.config = lib, c
-        self._keep: list[Tensor] = []  # every tensor a pointer was taken from
+        self._ptrs = _Pointers()  # every tensor a pointer was taken from, kept alive
+        self._t, self._lin = self._ptrs.t, self._ptrs.lin
         lens = {cache.max_len for cache in caches}
         if len(caches) != c.n_layers or len(lens) != 1:
             raise LaminaError(f"expected {c.n_layers} KV caches of one length")
@@ -200,35 +259,7 @@ class NativeStep:
         m.nfb = self._t(getattr(model.norm_f, "bias", None))
         m.head = self._lin(model.head)
         m.layers = layers
-        fn = lib.lm_step
-        fn.argtypes = [ctypes.POINTER(_Model), ctypes.c_int, _p, _p, _p, ctypes.c_int64, _p]
-        fn.argtypes.append(ctypes.c_int)
-        fn.restype = ctypes.c_int
-        self._fn = fn
-
-    def _t(self, t: Tensor | None) -> int | None:
-        """A pointer to t's data (made contiguous float32 or int first if needed)."""
-        if t is None:
-            return None
-        t = t.detach()
-        if not t.is_contiguous():
-            t = t.contiguous()
-        self._keep.append(t)
-        return _ptr(t)
-
-    def _lin(self, m: nn.Module) -> _Lin:
-        L = _Lin()
-        if type(m) is nn.Linear:
-            L.kind, L.gs, L.w = LIN_F32, 0, self._t(m.weight)
-        elif type(m) is Int4Linear:
-            L.kind, L.gs = LIN_INT4, m.group_size
-            L.w, L.s = self._t(m.qweight), self._t(m.scales_and_zeros)
-        else:
-            L.kind, L.gs = LIN_INT8, m.group_size or m.in_features
-            L.w, L.s = self._t(m.qweight), self._t(m.scale)
-        L.n, L.k = m.out_features, m.in_features
-        L.bias = self._t(m.bias)
-        return L
+        self._fn = lib.lm_step
 
     def step(
         self,
@@ -256,7 +287,7 @@ class NativeStep:
         tok, pos, first = arr(*tokens), arr(*positions), arr(*starts)  # alive through the call
         logits = torch.empty(B, vocab)
         ok = self._fn(
-            ctypes.byref(self._model),
+            ctypes.addressof(self._model),
             B,
             ctypes.addressof(tok),
             ctypes.addressof(pos),

@@ -10,19 +10,26 @@ scale per row serves both the head's matmul and the lookups (a row's lookup is e
 head multiplies by), so the tie costs no second copy. With int4 the tied head gets its own int4
 copy and the lookups read an int8 table (int4's packed layout cannot be gathered by row).
 
-Kernels (measured in bench/decode_kernels.py; see BENCHMARKS.md): on x86 CPUs with AVX2 or
-better, ``torch._weight_int8pack_mm`` and ``torch._weight_int4pack_mm_for_cpu`` with bf16
-activations read 1 or 1/2 byte per weight; at batch 1 they beat an fp32 matmul even where bf16
-is emulated (AVX2 only: 1.2x and 1.8x at SmolLM2-135M's shapes), and by several times where it
-is native (AVX512-BF16, AMX). Where it is emulated, a call with more than
-``EMULATED_BF16_MAX_ROWS`` rows (a prefill) dequantizes and runs in fp32 instead. Elsewhere (no AVX2, other architectures, GPUs) the
-weights are dequantized for each call: correct, smaller in memory, not faster. The output is
-cast back to the input's dtype, so the rest of the model runs as before (fp32 norms, softmax,
-KV cache). ``LAMINA_QUANT_KERNEL=dequantize`` forces the fallback (for measuring).
+Kernels (measured in bench/decode_kernels.py and bench/real_decode.py; see BENCHMARKS.md),
+chosen at first use by `kernel()`:
+  * "native" (x86-64 Linux with AVX2 + FMA where lamina.native builds: a C compiler): lamina's
+    own kernels read the int4/int8 weights as stored and multiply them by the input rounded to
+    int16 per block of 32 (within ~1e-4 of the dequantized float matmul); for up to
+    ``NATIVE_MAX_ROWS`` rows, more (a long prefill) dequantize and run in fp32. The decode
+    step itself runs whole in lamina.native wherever it covers the model.
+  * "packed" (x86 with native bf16, AVX512-BF16 or AMX; or AVX2 without a compiler):
+    ``torch._weight_int8pack_mm`` and ``torch._weight_int4pack_mm_for_cpu`` with bf16
+    activations; where bf16 is emulated, calls of more than ``EMULATED_BF16_MAX_ROWS`` rows
+    dequantize and run in fp32 instead.
+  * "dequantize" (anywhere else, GPUs included): the weights are dequantized for each call:
+    correct, smaller in memory, not faster.
+The output is cast back to the input's dtype, so the rest of the model runs as before (fp32
+norms, softmax, KV cache). ``LAMINA_QUANT_KERNEL=native|packed|dequantize`` forces a kernel.
 
 int8: w ~ q * s, q in [-127, 127], one scale per output row (absmax / 127), or one per group of
-``group_size`` inputs (GGUF's Q8_0, kept exact: see quant/ggml.py); the kernel takes a scale per
-row, so a grouped layer gets a per-row requantized copy for it (the saved form stays exact).
+``group_size`` inputs (GGUF's Q8_0, kept exact: see quant/ggml.py); torch's packed kernel takes a
+scale per row, so there a grouped layer gets a per-row requantized copy (the saved form stays
+exact; the native kernel reads the groups as they are).
 int4: w ~ (q - 8) * s + z per group of ``group_size`` inputs, q in [0, 15] (min/max per group:
 s = (max - min) / 15, z = min + 8 s), PyTorch's convention; stored unpacked (two values per
 byte, low nibble first) and packed for the CPU kernel when loaded, since the packed layout is
@@ -69,26 +76,50 @@ def _mkldnn_bf16() -> bool:
 
 
 _NATIVE_BF16 = bool({"avx512_bf16", "amx_bf16"} & _FLAGS) and _mkldnn_bf16()
-KERNELS = ("packed", "dequantize")
+KERNELS = ("native", "packed", "dequantize")
 
 
-def choose_kernel(flags: set[str], machine: str) -> str:
-    """ "packed" (the int8/int4 packed kernels, bf16 activations) on x86 with AVX2; else
-    "dequantize". The choice measured fastest at batch 1 (bench/decode_kernels.py)."""
+def choose_kernel(flags: set[str], machine: str, native_built: bool) -> str:
+    """The kernel measured fastest at batch 1 here (bench/decode_kernels.py, BENCHMARKS.md):
+    "packed" (torch's int8/int4 kernels, bf16 activations) where bf16 is native; else
+    "native" (lamina.native's AVX2 kernels) where that library is built; else "packed" on x86
+    with AVX2; else "dequantize"."""
     x86 = machine.lower() in ("x86_64", "amd64", "i686")
-    return "packed" if x86 and bool({"avx2", "avx512_bf16", "amx_bf16"} & flags) else "dequantize"
+    if x86 and {"avx512_bf16", "amx_bf16"} & flags:
+        return "packed"
+    if native_built:
+        return "native"
+    return "packed" if x86 and "avx2" in flags else "dequantize"
 
 
-def _kernel_from_env() -> str:
-    name = os.environ.get("LAMINA_QUANT_KERNEL", "").strip()
-    if not name:
-        return choose_kernel(_FLAGS, platform.machine())
-    if name not in KERNELS:
-        raise LaminaError(f"LAMINA_QUANT_KERNEL must be one of {', '.join(KERNELS)}, got {name!r}")
-    return name
+def _native_library() -> Any:
+    from lamina.native.build import library  # no lamina imports: no cycle
+
+    return library()
 
 
-_KERNEL = _kernel_from_env()
+_KERNEL: str | None = None  # chosen at first use (building the native library may take a second)
+
+
+def kernel() -> str:
+    """The CPU kernel quantized layers use here: "native", "packed" or "dequantize" (see the
+    docstring); ``LAMINA_QUANT_KERNEL`` overrides the choice."""
+    global _KERNEL
+    if _KERNEL is None:
+        name = os.environ.get("LAMINA_QUANT_KERNEL", "").strip()
+        if name and name not in KERNELS:
+            raise LaminaError(
+                f"LAMINA_QUANT_KERNEL must be one of {', '.join(KERNELS)}, got {name!r}"
+            )
+        if name == "native" and _native_library() is None:
+            from lamina.native.build import reason
+
+            raise LaminaError(f"LAMINA_QUANT_KERNEL=native, but {reason()}")
+        if not name:
+            native_built = bool({"avx2", "fma"} <= _FLAGS) and _native_library() is not None
+            name = choose_kernel(_FLAGS, platform.machine(), native_built)
+        _KERNEL = name
+    return _KERNEL
 
 
 def native_bf16() -> bool:
@@ -98,26 +129,33 @@ def native_bf16() -> bool:
     return _NATIVE_BF16
 
 
-def kernel() -> str:
-    """The CPU kernel quantized layers use here: "packed" or "dequantize" (see the docstring)."""
-    return _KERNEL
-
-
-def _packed_cpu(t: Tensor) -> bool:
-    return t.device.type == "cpu" and _KERNEL == "packed"
+def _on_cpu(t: Tensor, name: str) -> bool:
+    return t.device.type == "cpu" and kernel() == name
 
 
 # Where bf16 is emulated (AVX2), the packed kernels win at batch 1 but lose to an fp32 matmul
 # on freshly dequantized weights for many rows at once (a prefill): measured crossover 16-64.
 EMULATED_BF16_MAX_ROWS = 32
+# The native kernels likewise, above this many rows (bench/decode_kernels.py)
+NATIVE_MAX_ROWS = 32
 
 
 def _use_kernel(x: Tensor) -> bool:
+    """Whether x goes through the kernel (else: the dequantized weights, in fp32)."""
     # the int8/int4 kernels have no backward: where gradients must flow back through a frozen
     # quantized layer (LoRA over a quantized base), the dequantized matmul computes them
-    if (x.requires_grad and torch.is_grad_enabled()) or not _packed_cpu(x):
+    if (x.requires_grad and torch.is_grad_enabled()) or x.device.type != "cpu":
         return False
-    return _NATIVE_BF16 or x.numel() // max(1, x.shape[-1]) <= EMULATED_BF16_MAX_ROWS
+    rows = x.numel() // max(1, x.shape[-1])
+    if kernel() == "native":
+        return x.dtype == torch.float32 and rows <= NATIVE_MAX_ROWS
+    return kernel() == "packed" and (_NATIVE_BF16 or rows <= EMULATED_BF16_MAX_ROWS)
+
+
+def _native_linear(m: nn.Module, flat: Tensor) -> Tensor:
+    from lamina.native.engine import linear
+
+    return linear(m, flat)
 
 
 def quantize_int8(w: Tensor) -> tuple[Tensor, Tensor]:
@@ -210,7 +248,7 @@ class Int8Linear(nn.Module):
     def prepare(self) -> Int8Linear:
         """Build the kernel's inputs (stored, which torch.compile needs) where it runs."""
         self.kernel_weight = self.kernel_scale = None
-        if not _packed_cpu(self.qweight):
+        if not _on_cpu(self.qweight, "packed"):  # the native kernel reads qweight and scale
             return self
         if self.group_size is None:
             self.kernel_weight, scale = self.qweight, self.scale
@@ -234,6 +272,8 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, self.in_features)
+        if _use_kernel(x) and kernel() == "native":
+            return _native_linear(self, flat).to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         if _use_kernel(x) and self.kernel_scale is not None:
             y = torch._weight_int8pack_mm(
                 flat.to(torch.bfloat16).contiguous(), self.kernel_weight, self.kernel_scale
@@ -268,6 +308,9 @@ class Int4Linear(nn.Module):
         # the CPU kernel's packed layout, rows padded to a multiple of 16 (see prepare)
         self.register_buffer("kernel_weight", None, persistent=False)
         self.register_buffer("kernel_sz", None, persistent=False)
+        # the native kernel's (N, K // gs) scales and minimums (w = q s + min), see prepare
+        self.register_buffer("native_scale", None, persistent=False)
+        self.register_buffer("native_min", None, persistent=False)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group_size: int) -> Int4Linear:
@@ -284,9 +327,15 @@ class Int4Linear(nn.Module):
         return g.reshape(n, k).to(dtype)
 
     def prepare(self) -> Int4Linear:
-        """Pack the weights for the CPU kernel (where it runs); the saved form stays unpacked."""
-        self.kernel_weight = self.kernel_sz = None
-        if not _packed_cpu(self.qweight):
+        """Lay the scales out for the native kernel, or pack the weights for torch's (where
+        each runs); the saved form stays as it is."""
+        self.kernel_weight = self.kernel_sz = self.native_scale = self.native_min = None
+        if _on_cpu(self.qweight, "native"):
+            from lamina.native.engine import int4_rows
+
+            self.native_scale, self.native_min = int4_rows(self.scales_and_zeros)
+            return self
+        if not _on_cpu(self.qweight, "packed"):
             return self
         q = _unpack_nibbles(self.qweight).to(torch.int32)
         sz = self.scales_and_zeros
@@ -300,6 +349,8 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, self.in_features)
+        if _use_kernel(x) and self.native_scale is not None:
+            return _native_linear(self, flat).to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         if _use_kernel(x) and self.kernel_weight is not None:
             y = torch._weight_int4pack_mm_for_cpu(
                 flat.to(torch.bfloat16).contiguous(),
