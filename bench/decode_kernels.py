@@ -193,7 +193,38 @@ def build(only: set[str] | None) -> dict[str, tuple[Callable, Callable]]:
         blocks, hd = list(lins)[:-1], list(lins)[-1]
         return (lambda: [m(xs[m.in_features]) for m in blocks], lambda: hd(xs[D]))
 
+    def native(kind: str):  # lamina.native's AVX2 kernels (int16 inputs per 32), lamina's layouts
+        def make():
+            from lamina.native import available, reason
+            from lamina.native.engine import linear
+            from lamina.quant import Int4Linear, Int8Linear
+
+            if not available():
+                raise RuntimeError(reason())
+
+            def module(w: torch.Tensor) -> nn.Module:
+                lin = nn.Linear(w.shape[1], w.shape[0], bias=False)
+                lin.weight.data = w
+                if kind == "int4":
+                    return Int4Linear.from_linear(lin, 32)
+                m = Int8Linear.from_linear(lin)
+                if kind == "int8-g32":  # GGUF's Q8_0 layout: a scale per 32 inputs
+                    n, k = w.shape
+                    m = Int8Linear(k, n, False, group_size=32)
+                    q, sc = q8_rows(w.reshape(-1, 32))
+                    m.qweight, m.scale = q.reshape(n, k), sc.reshape(n, k // 32)
+                return m.prepare()
+
+            mods = [module(w) for w in ws]
+            hd = module(head)
+            return (lambda: [linear(m, xs[m.in_features]) for m in mods], lambda: linear(hd, xs[D]))
+
+        return make
+
     add("fp32 F.linear", fp32)
+    add("native int4 g32 (lamina.native)", native("int4"))
+    add("native int8 per row (lamina.native)", native("int8"))
+    add("native int8 g32 = Q8_0 (lamina.native)", native("int8-g32"))
     add("int8 dequantized per call (lamina AVX2 today)", dequant_per_call)
     add("int8 _weight_int8pack_mm, fp32 act", int8_fp32)
     add("int8 _weight_int8pack_mm, bf16 act", int8_bf16)

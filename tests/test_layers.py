@@ -31,22 +31,23 @@ LAYERS: dict[str, int] = {
     "lamina.attention": 4,
     "lamina.block": 5,
     "lamina.models": 6,
-    # above the models: files of models, then what uses them
-    "lamina.quant": 7,
+    # above the models: the native decode step, files of models, then what uses them
+    "lamina.native": 7,
     "lamina.lora": 7,
-    "lamina.checkpoint": 8,
-    "lamina.checks": 9,
-    "lamina.generation": 9,
-    "lamina.evals": 9,
-    "lamina.inspect": 9,
-    "lamina.pictures": 9,
-    "lamina.interop": 9,
-    "lamina.training": 10,
-    "lamina.serve": 10,
+    "lamina.quant": 8,
+    "lamina.checkpoint": 9,
+    "lamina.checks": 10,
+    "lamina.generation": 10,
+    "lamina.evals": 10,
+    "lamina.inspect": 10,
+    "lamina.pictures": 10,
+    "lamina.interop": 10,
+    "lamina.training": 11,
+    "lamina.serve": 11,
     # the command line, and the package's public face
-    "lamina.cli": 11,
-    "lamina": 12,
-    "lamina.__main__": 12,
+    "lamina.cli": 12,
+    "lamina": 13,
+    "lamina.__main__": 13,
 }
 
 

@@ -42,7 +42,6 @@ from lamina.block import LayerNorm, RMSNorm
 from lamina.errors import LaminaError
 from lamina.models.gpt import GPT
 from lamina.native.build import library
-from lamina.quant import Int4Linear, Int8Embedding, Int8Linear
 
 LIN_F32, LIN_INT4, LIN_INT8 = 0, 1, 2
 ACTIVATIONS = {"gelu": 0, "relu": 1, "relu2": 2, "swiglu": 3}
@@ -87,12 +86,22 @@ def _float32(t: Tensor | None) -> bool:
     return t is None or (t.dtype == torch.float32 and t.device.type == "cpu")
 
 
+def kind_of(m: nn.Module) -> str | None:
+    """ "float" for a plain nn.Linear or nn.Embedding, else the quantized layout a module
+    declares it stores (`native_kind` on lamina.quant's classes: "int4", "int8", "int8-table");
+    None for anything else (a LoRA wrapper, say)."""
+    if type(m) in (nn.Linear, nn.Embedding):
+        return "float"
+    return getattr(type(m), "native_kind", None)
+
+
 def _linear_problem(name: str, m: nn.Module) -> str | None:
-    if type(m) is nn.Linear:
+    kind = kind_of(m)
+    if kind == "float" and type(m) is nn.Linear:
         return None if _float32(m.weight) and _float32(m.bias) else f"{name} is not float32"
-    if type(m) is Int4Linear:
+    if kind == "int4":
         return None if m.group_size % 32 == 0 else f"{name}: int4 groups of {m.group_size}"
-    if type(m) is Int8Linear:
+    if kind == "int8":
         g = m.group_size
         if m.in_features % 32 or (g is not None and (g % 32 or (g // 32) & (g // 32 - 1))):
             return f"{name}: int8 rows of {m.in_features} (groups {m.group_size})"
@@ -113,10 +122,10 @@ def unsupported(model: object) -> str | None:
         return f"odd head width {c.head_dim}"
     norm_type = LayerNorm if c.norm == "layer" else RMSNorm
     wte = model.embed.wte
-    if type(wte) is nn.Embedding:
+    if kind_of(wte) == "float":
         if not _float32(wte.weight):
             return "the token table is not float32"
-    elif type(wte) is not Int8Embedding:
+    elif kind_of(wte) != "int8-table":
         return f"token table {type(wte).__name__}"
     if model.embed.wpe is not None and not _float32(model.embed.wpe.weight):
         return "the position table is not float32"
@@ -155,7 +164,7 @@ def int4_rows(scales_and_zeros: Tensor) -> tuple[Tensor, Tensor]:
     return s.contiguous(), (z - 8 * s).contiguous()
 
 
-def linear(m: Int4Linear | Int8Linear, x: Tensor) -> Tensor:
+def linear(m: nn.Module, x: Tensor) -> Tensor:
     """x (M, K) float32 -> (M, N): a quantized linear (its bias included) through the native
     kernel, for a few rows at a time (a short prefill); the caller checks `library()`."""
     ptrs = _Pointers()  # alive until the call returns
@@ -188,9 +197,10 @@ class _Pointers:
 
     def lin(self, m: nn.Module) -> _Lin:
         L = _Lin()
-        if type(m) is nn.Linear:
+        kind = kind_of(m)
+        if kind == "float":
             L.kind, L.gs, L.w = LIN_F32, 0, self.t(m.weight)
-        elif type(m) is Int4Linear:
+        elif kind == "int4":
             L.kind, L.gs = LIN_INT4, m.group_size
             scale, low = m.native_scale, m.native_min
             if scale is None:  # prepared for another kernel: the native layout, made here
@@ -245,7 +255,7 @@ class NativeStep:
         m.eps, m.softcap = c.layer_norm_eps, c.logit_softcap or 0.0
         emb = model.embed
         m.emb_scale = math.sqrt(c.d_model) if emb.scale else 0.0
-        if isinstance(emb.wte, Int8Embedding):
+        if kind_of(emb.wte) == "int8-table":
             m.emb_kind, m.emb_gs = LIN_INT8, emb.wte.group_size or c.d_model
             m.emb_w, m.emb_s = self._t(emb.wte.qweight), self._t(emb.wte.scale)
         else:

@@ -51,6 +51,10 @@ from torch import Tensor, nn
 
 from lamina.errors import LaminaError
 from lamina.models.gpt import GPT
+from lamina.native.build import library as native_library
+from lamina.native.build import reason as native_reason
+from lamina.native.engine import int4_rows
+from lamina.native.engine import linear as native_linear
 
 SCHEMES = ("int8", "int4")
 INT4_GROUP_SIZES = (32, 64, 128, 256)
@@ -92,12 +96,6 @@ def choose_kernel(flags: set[str], machine: str, native_built: bool) -> str:
     return "packed" if x86 and "avx2" in flags else "dequantize"
 
 
-def _native_library() -> Any:
-    from lamina.native.build import library  # no lamina imports: no cycle
-
-    return library()
-
-
 _KERNEL: str | None = None  # chosen at first use (building the native library may take a second)
 
 
@@ -111,12 +109,10 @@ def kernel() -> str:
             raise LaminaError(
                 f"LAMINA_QUANT_KERNEL must be one of {', '.join(KERNELS)}, got {name!r}"
             )
-        if name == "native" and _native_library() is None:
-            from lamina.native.build import reason
-
-            raise LaminaError(f"LAMINA_QUANT_KERNEL=native, but {reason()}")
+        if name == "native" and native_library() is None:
+            raise LaminaError(f"LAMINA_QUANT_KERNEL=native, but {native_reason()}")
         if not name:
-            native_built = bool({"avx2", "fma"} <= _FLAGS) and _native_library() is not None
+            native_built = bool({"avx2", "fma"} <= _FLAGS) and native_library() is not None
             name = choose_kernel(_FLAGS, platform.machine(), native_built)
         _KERNEL = name
     return _KERNEL
@@ -150,12 +146,6 @@ def _use_kernel(x: Tensor) -> bool:
     if kernel() == "native":
         return x.dtype == torch.float32 and rows <= NATIVE_MAX_ROWS
     return kernel() == "packed" and (_NATIVE_BF16 or rows <= EMULATED_BF16_MAX_ROWS)
-
-
-def _native_linear(m: nn.Module, flat: Tensor) -> Tensor:
-    from lamina.native.engine import linear
-
-    return linear(m, flat)
 
 
 def quantize_int8(w: Tensor) -> tuple[Tensor, Tensor]:
@@ -217,6 +207,8 @@ class Int8Linear(nn.Module):
     """y = x @ (q * scale).T + bias, with q int8 (out, in) and a scale per output row (scale
     (out,)) or per group of ``group_size`` inputs of a row (scale (out, in // group_size))."""
 
+    native_kind = "int8"  # the layout lamina.native reads (qweight, scale, group_size)
+
     def __init__(
         self,
         in_features: int,
@@ -273,7 +265,7 @@ class Int8Linear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, self.in_features)
         if _use_kernel(x) and kernel() == "native":
-            return _native_linear(self, flat).to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+            return native_linear(self, flat).to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         if _use_kernel(x) and self.kernel_scale is not None:
             y = torch._weight_int8pack_mm(
                 flat.to(torch.bfloat16).contiguous(), self.kernel_weight, self.kernel_scale
@@ -291,6 +283,8 @@ class Int8Linear(nn.Module):
 
 class Int4Linear(nn.Module):
     """y = x @ W.T + bias, W in int4 with a scale and zero per group of ``group_size`` inputs."""
+
+    native_kind = "int4"  # lamina.native reads qweight and native_scale / native_min
 
     def __init__(
         self, in_features: int, out_features: int, bias: bool, group_size: int, device: Any = None
@@ -331,8 +325,6 @@ class Int4Linear(nn.Module):
         each runs); the saved form stays as it is."""
         self.kernel_weight = self.kernel_sz = self.native_scale = self.native_min = None
         if _on_cpu(self.qweight, "native"):
-            from lamina.native.engine import int4_rows
-
             self.native_scale, self.native_min = int4_rows(self.scales_and_zeros)
             return self
         if not _on_cpu(self.qweight, "packed"):
@@ -350,7 +342,7 @@ class Int4Linear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, self.in_features)
         if _use_kernel(x) and self.native_scale is not None:
-            return _native_linear(self, flat).to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+            return native_linear(self, flat).to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         if _use_kernel(x) and self.kernel_weight is not None:
             y = torch._weight_int4pack_mm_for_cpu(
                 flat.to(torch.bfloat16).contiguous(),
@@ -370,6 +362,8 @@ class Int4Linear(nn.Module):
 class Int8Embedding(nn.Module):
     """A token table stored as int8 rows with a scale per row (scale (V,)) or per group of
     ``group_size`` columns (scale (V, D // group_size)); a lookup dequantizes its rows."""
+
+    native_kind = "int8-table"
 
     def __init__(
         self,
