@@ -194,18 +194,25 @@ def test_threads_do_not_change_a_bit(threads):
     assert torch.equal(one, many)
 
 
+_FORKED: dict = {}  # what the forked child inherits: a model and caches filled by the parent
+
+
 def _child(queue) -> None:  # a forked process: OpenMP's threads are gone, the step must not wait
-    torch.set_num_threads(1)  # for them (torch's own ops would: see decode.c, run_parallel)
-    model = _model(**OPTIONS[3])
-    ids = torch.randint(0, 97, (1, 12), generator=torch.Generator().manual_seed(3))
-    queue.put(_steps(model, ids, 8, threads=2).tolist())
+    model, caches, tok = _FORKED["model"], _FORKED["caches"], _FORKED["tok"]
+    engine = native.native_step(model, caches)  # only the native step runs here: torch's own
+    pos = caches[0].pos  # parallel ops may hang in a forked child (its OpenMP pool is gone)
+    queue.put(engine.step([tok], [pos], [0], pos, threads=2).tolist())
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_forked_process_steps_too():
     model = _model(**OPTIONS[3])
-    ids = torch.randint(0, 97, (1, 12), generator=torch.Generator().manual_seed(3))
-    want = _steps(model, ids, 8, threads=2)  # the parent's pool exists before the fork
+    with torch.no_grad():
+        caches = model.make_caches(1, 16)
+        model(torch.tensor([[1, 2, 3, 4, 5]]), caches=caches)
+    engine = native.native_step(model, caches)
+    want = engine.step([6], [5], [0], 5, threads=2)  # the parent's threads exist at the fork
+    _FORKED.update(model=model, caches=caches, tok=6)
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
     p = ctx.Process(target=_child, args=(queue,))

@@ -20,6 +20,7 @@ import json
 import sys
 from typing import Any
 
+from lamina.cli.flags import add_keep_quantized
 from lamina.errors import LaminaError
 
 PROMPT = "> "
@@ -59,12 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "4096); older turns are dropped past it",
     )
     p.add_argument("--json", action="store_true", help="one JSON line per reply, nothing else")
-    p.add_argument(
-        "--keep-quantized",
-        action="store_true",
-        help="a GGUF file's Q4_0/Q4_1/Q8_0 weights stay quantized as the file holds them "
-        "(faster decoding, less memory; logits within a few percent of the default fp32 path)",
-    )
+    add_keep_quantized(p)
     p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     p.set_defaults(func=run)
 

@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from lamina.cli.flags import add_keep_quantized
 from lamina.errors import LaminaError
 from lamina.generation.prompts import TextStream, encode_prompt, start_id
 
@@ -94,12 +95,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--dtype", choices=DTYPES, default="float32", help="weights and cache (default: float32)"
     )
     p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
-    p.add_argument(
-        "--keep-quantized",
-        action="store_true",
-        help="a GGUF file's Q4_0/Q4_1/Q8_0 weights stay quantized as the file holds them "
-        "(faster decoding, less memory; logits within a few percent of the default fp32 path)",
-    )
+    add_keep_quantized(p)
     p.add_argument(
         "--quantize",
         choices=["int8", "int4"],

@@ -18,6 +18,7 @@ import ipaddress
 import socket
 import sys
 
+from lamina.cli.flags import add_keep_quantized
 from lamina.errors import LaminaError
 
 
@@ -61,6 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--max-connections", type=int, default=64, help="open connections at once (default: 64)"
     )
+    add_keep_quantized(p)
     p.set_defaults(func=run)
 
 
@@ -100,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     from lamina.interop.bundle import open_model
     from lamina.serve import Engine, Limits, server
 
-    bundle = open_model(args.run).require("decoder", verb="serve")
+    bundle = open_model(args.run, quantized=args.keep_quantized).require("decoder", verb="serve")
     model, tokenizer = bundle.model, bundle.tokenizer
     limits = Limits(
         max_tokens=args.max_tokens,
