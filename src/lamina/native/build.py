@@ -39,6 +39,7 @@ _state: dict[str, object] = {}
 
 
 def cpu_flags() -> set[str]:
+    """The flags of /proc/cpuinfo (empty where there is none): what chooses kernels."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             return set(next((line for line in f if line.startswith("flags")), "").split())

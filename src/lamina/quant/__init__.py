@@ -51,6 +51,7 @@ from torch import Tensor, nn
 
 from lamina.errors import LaminaError
 from lamina.models.gpt import GPT
+from lamina.native.build import cpu_flags
 from lamina.native.build import library as native_library
 from lamina.native.build import reason as native_reason
 from lamina.native.engine import int4_rows
@@ -60,15 +61,7 @@ SCHEMES = ("int8", "int4")
 INT4_GROUP_SIZES = (32, 64, 128, 256)
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return set(next((line for line in f if line.startswith("flags")), "").split())
-    except OSError:
-        return set()
-
-
-_FLAGS = _cpu_flags()
+_FLAGS = cpu_flags()
 
 
 def _mkldnn_bf16() -> bool:
