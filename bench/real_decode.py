@@ -63,7 +63,7 @@ def peak_rss_mb() -> float:
 # ---------------------------------------------------------------- workers (one per subprocess)
 
 
-def reply_llama_cpp(path: Path, threads: int):
+def reply_llama_cpp(path: Path, threads: int, ctx: int):
     import numpy as np
     from llama_cpp import Llama
 
@@ -71,7 +71,7 @@ def reply_llama_cpp(path: Path, threads: int):
         str(path),
         n_threads=threads,
         n_threads_batch=threads,
-        n_ctx=1024,
+        n_ctx=max(1024, 2 ** (ctx - 1).bit_length()),
         n_batch=512,
         verbose=False,
     )
@@ -145,7 +145,7 @@ def worker(a: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     name = a.worker
     if name == "llama.cpp":
-        reply = reply_llama_cpp(a.gguf, a.threads)
+        reply = reply_llama_cpp(a.gguf, a.threads, a.prompt + a.new)
     elif name == "transformers":
         reply = reply_transformers(a.gguf, a.threads)
     else:

@@ -167,24 +167,21 @@ static inline __m256 exp256(__m256 x) {
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
-/* softmax of s[0..n) in place */
-static void softmax(float *s, int n) {
-    float mx = -INFINITY;
-    for (int i = 0; i < n; i++) mx = s[i] > mx ? s[i] : mx;
-    __m256 vm = _mm256_set1_ps(mx), acc = _mm256_setzero_ps();
+/* s[i] <- e^s[i] for scores already shifted by their maximum; *sum <- their sum */
+static void softmax_unnormalised(float *s, int n, float *sum) {
+    __m256 acc = _mm256_setzero_ps();
     int i = 0;
     for (; i + 8 <= n; i += 8) {
-        __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + i), vm));
+        __m256 e = exp256(_mm256_loadu_ps(s + i));
         _mm256_storeu_ps(s + i, e);
         acc = _mm256_add_ps(acc, e);
     }
-    float sum = hsum(acc);
+    float t = hsum(acc);
     for (; i < n; i++) {
-        s[i] = expf(s[i] - mx);
-        sum += s[i];
+        s[i] = expf(s[i]);
+        t += s[i];
     }
-    float inv = 1.0f / sum;
-    for (i = 0; i < n; i++) s[i] *= inv;
+    *sum = t;
 }
 
 static void norm_row(const Model *m, const float *x, float *y, int n, const float *w,
@@ -424,10 +421,12 @@ typedef struct {
     float *logits;
     Barrier bar;
     /* scratch */
-    float *x, *xn, *qkv, *att, *fco, *h, *cs, *sn, *scores;
+    float *x, *xn, *qkv, *att, *fco, *h, *cs, *sn, *scores, *parts;
     Act a;
     int ok;
 } Step;
+
+#define CHUNK 128 /* cache slots per attention task */
 
 static void rope(float *v, const float *c, const float *s, int hd) {
     int h2 = hd / 2;
@@ -488,7 +487,7 @@ static void step_job(void *p, int tid, int nt) {
         split(qkv_n, tid, nt, &n0, &n1);
         lin_rows(&ly->qkv, B, &S->a, S->qkv, qkv_n, n0, n1, 0);
         barrier_wait(&S->bar);
-        /* new keys and values: norm, rotate, store at the slot */
+        /* new keys and values: norm, rotate, store at the slot; the queries of their group too */
         for (int t = tid; t < B * Hkv; t += nt) {
             int r = t / Hkv, kh = t % Hkv;
             float *k = S->qkv + (size_t)r * qkv_n + (size_t)(H + kh) * hd;
@@ -498,24 +497,62 @@ static void step_job(void *p, int tid, int nt) {
             size_t at = r * bstride + (size_t)kh * L * hd + (size_t)S->slot * hd;
             memcpy(ly->kc + at, k, hd * sizeof(float));
             memcpy(ly->vc + at, v, hd * sizeof(float));
+            for (int h = kh * group; h < (kh + 1) * group; h++) {
+                float *q = S->qkv + (size_t)r * qkv_n + (size_t)h * hd;
+                if (m->qk_norm) rms_head(q, hd, ly->qg, m->eps);
+                if (m->rope) rope(q, S->cs + r * h2, S->sn + r * h2, hd);
+            }
         }
         barrier_wait(&S->bar);
-        /* one query per head over the cache slots start..slot */
-        for (int t = tid; t < B * H; t += nt) {
-            int r = t / H, h = t % H, kh = h / group;
-            float *q = S->qkv + (size_t)r * qkv_n + (size_t)h * hd;
-            if (m->qk_norm) rms_head(q, hd, ly->qg, m->eps);
-            if (m->rope) rope(q, S->cs + r * h2, S->sn + r * h2, hd);
+        /* one query per head over the cache slots start..slot, in chunks of CHUNK slots shared
+           out among the threads (a chunk's keys and values stay in cache for its group's heads);
+           then each head's chunks are merged by their maxima into the softmax of the whole.
+           The chunks do not depend on the thread count, so neither do the results. */
+        const int nch = (L + CHUNK - 1) / CHUNK;
+        for (int t = tid; t < B * Hkv * nch; t += nt) {
+            const int r = t / (Hkv * nch), kh = (t / nch) % Hkv, c = t % nch;
             const int64_t first = S->starts[r];
-            const int n = (int)(S->slot - first + 1);
-            const float *kb = ly->kc + r * bstride + (size_t)kh * L * hd + (size_t)first * hd;
-            const float *vb = ly->vc + r * bstride + (size_t)kh * L * hd + (size_t)first * hd;
-            float *sc = S->scores + (size_t)tid * L;
-            for (int i = 0; i < n; i++) sc[i] = dot_f32(q, kb + (size_t)i * hd, hd) * scale;
-            softmax(sc, n);
+            const int n = (int)(S->slot - first + 1), c0 = c * CHUNK;
+            const int len = n - c0 < CHUNK ? n - c0 : CHUNK;
+            const size_t base = r * bstride + (size_t)kh * L * hd + (size_t)(first + c0) * hd;
+            const float *kb = ly->kc + base, *vb = ly->vc + base;
+            for (int g = 0; g < group; g++) {
+                const int h = kh * group + g;
+                float *part = S->parts + (((size_t)r * H + h) * nch + c) * (hd + 2);
+                float *o = part + 2;
+                memset(o, 0, hd * sizeof(float));
+                part[0] = -INFINITY, part[1] = 0.0f;
+                if (len <= 0) continue;
+                const float *q = S->qkv + (size_t)r * qkv_n + (size_t)h * hd;
+                float *sc = S->scores + (size_t)tid * CHUNK;
+                float mx = -INFINITY;
+                for (int i = 0; i < len; i++) {
+                    sc[i] = dot_f32(q, kb + (size_t)i * hd, hd) * scale;
+                    mx = sc[i] > mx ? sc[i] : mx;
+                }
+                for (int i = 0; i < len; i++) sc[i] -= mx;
+                softmax_unnormalised(sc, len, &part[1]);
+                for (int i = 0; i < len; i++) axpy(o, sc[i], vb + (size_t)i * hd, hd);
+                part[0] = mx;
+            }
+        }
+        barrier_wait(&S->bar);
+        for (int t = tid; t < B * H; t += nt) {
+            const int r = t / H, h = t % H;
+            const float *parts = S->parts + ((size_t)r * H + h) * nch * (hd + 2);
+            float mx = -INFINITY, sum = 0;
+            for (int c = 0; c < nch; c++) mx = parts[c * (hd + 2)] > mx ? parts[c * (hd + 2)] : mx;
             float *o = S->att + (size_t)r * H * hd + (size_t)h * hd;
             memset(o, 0, hd * sizeof(float));
-            for (int i = 0; i < n; i++) axpy(o, sc[i], vb + (size_t)i * hd, hd);
+            for (int c = 0; c < nch; c++) {
+                const float *part = parts + (size_t)c * (hd + 2);
+                if (part[1] == 0.0f) continue;
+                const float w = expf(part[0] - mx);
+                sum += w * part[1];
+                axpy(o, w, part + 2, hd);
+            }
+            const float inv = 1.0f / sum;
+            for (int i = 0; i < hd; i++) o[i] *= inv;
         }
         barrier_wait(&S->bar);
         if (tid == 0) prepare_act(&ly->proj, S->att, B, &S->a);
@@ -576,7 +613,8 @@ int lm_step(const Model *m, int B, const int64_t *tokens, const int64_t *positio
     const int d = m->d, hd = m->hd, qkv_n = (m->H + 2 * m->Hkv) * hd;
     const int fc_n = m->layers[0].fc.n, kmax = max3(d, m->H * hd, m->ff);
     size_t floats = (size_t)B * (2 * d + qkv_n + m->H * hd + fc_n + m->ff + hd) +
-                    (size_t)nthreads * m->cache_len + 2 * (size_t)B * (kmax / 32 + 1);
+                    (size_t)nthreads * CHUNK + 2 * (size_t)B * (kmax / 32 + 1) +
+                    (size_t)B * m->H * ((m->cache_len + CHUNK - 1) / CHUNK) * (hd + 2);
     float *buf = (float *)malloc(floats * sizeof(float) + (size_t)B * kmax * sizeof(int16_t) + 64);
     if (!buf) return 0;
     Step S = {.m = m, .B = B, .tokens = tokens, .positions = positions, .starts = starts,
@@ -593,7 +631,8 @@ int lm_step(const Model *m, int B, const int64_t *tokens, const int64_t *positio
     S.h = p, p += (size_t)B * m->ff;
     S.cs = p, p += (size_t)B * (hd / 2);
     S.sn = p, p += (size_t)B * (hd / 2);
-    S.scores = p, p += (size_t)nthreads * m->cache_len;
+    S.scores = p, p += (size_t)nthreads * CHUNK;
+    S.parts = p, p += (size_t)B * m->H * ((m->cache_len + CHUNK - 1) / CHUNK) * (hd + 2);
     S.a.dx = p, p += (size_t)B * (kmax / 32 + 1);
     S.a.sx = p, p += (size_t)B * (kmax / 32 + 1);
     S.a.q = (int16_t *)p;
