@@ -131,3 +131,49 @@ def test_a_model_from_blocks_matches_its_dequantized_twin(table):
     ref, out = twin(ids), q(ids)
     rel = ((out - ref).norm() / ref.norm()).item()
     assert rel < 0.02, f"kernel vs dequantized twin: relative logit error {rel:.4f}"
+
+
+class _Counted(dict):
+    """A state that counts how often from_blocks asks for each tensor."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.asked: dict[str, int] = {}
+
+    def __getitem__(self, name):
+        self.asked[name] = self.asked.get(name, 0) + 1
+        return super().__getitem__(name)
+
+
+def test_from_blocks_asks_for_each_tensor_where_it_converts_it():
+    cfg = GPTConfig(vocab_size=96, block_size=16, d_model=64, n_heads=4, n_layers=2, d_ff=128)
+    cfg = cfg.replace(positions="rope", norm="rms", activation="swiglu", bias=False)
+    state, qtypes = _state_as_blocks(GPT(cfg).eval(), "Q8_0", "Q4_1")
+    counted = _Counted(state)
+    with torch.device("meta"):
+        empty = GPT(cfg)
+    from_blocks(empty, counted, qtypes)
+    # a lazy loader's reads: each tensor once, the tied Q8_0 table twice (head and lookups)
+    assert set(counted.asked) == set(state) - {"head.weight"}
+    assert counted.asked.pop("embed.wte.weight") == 2
+    assert set(counted.asked.values()) == {1}
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(x.split()[1]) for x in f if x.startswith("VmRSS")) / 1024
+
+
+@pytest.mark.skipif(not hasattr(__import__("mmap"), "MADV_DONTNEED"), reason="needs madvise")
+def test_drop_pages_hands_a_read_files_pages_back(smollm2_gguf):
+    from lamina.interop.gguf_file import read_gguf
+
+    contents = read_gguf(smollm2_gguf)
+    before = _rss_mb()
+    total = sum(int(t.raw.sum(dtype=np.uint64) % 7) for t in contents.tensors.values())
+    read = _rss_mb()
+    contents.drop_pages()
+    assert read - before > 60  # the 93 MB file's pages, read
+    assert read - _rss_mb() > 60  # ... handed back
+    again = sum(int(t.raw.sum(dtype=np.uint64) % 7) for t in contents.tensors.values())
+    assert again == total  # and read back the same from the file

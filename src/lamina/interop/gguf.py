@@ -33,7 +33,7 @@ renamed into place. Deliberately unaware of the transformers and llama.cpp packa
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -206,6 +206,29 @@ def gguf_table(contents: GGUFContents) -> tuple[GPTConfig, list[tensor_map.Row]]
     return config, table
 
 
+class _LazyState(Mapping[str, Tensor]):
+    """lamina name -> tensor, each read from the file when asked for (not kept)."""
+
+    def __init__(
+        self,
+        table: list[tensor_map.Row],
+        fetch: Callable[[str], Tensor],
+        before: Callable[[], None],
+    ) -> None:
+        self._rows, self._fetch, self._before = {r.lamina: r for r in table}, fetch, before
+
+    def __getitem__(self, name: str) -> Tensor:
+        row = self._rows[name]  # KeyError for a name the table lacks, as a dict
+        self._before()
+        return tensor_map.lamina_tensor(row, self._fetch)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._rows)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+
 def load_gguf(
     path: str | os.PathLike[str], *, quantized: bool = False
 ) -> tuple[GPT, dict[str, Any]]:
@@ -227,8 +250,12 @@ def load_gguf(
             t = tensors[n]
             return row_bytes(t.raw, t.qtype, t.shape) if n in raw else t.dequantize()
 
-        state = tensor_map.to_lamina(table, fetch)
-        return from_blocks(model, state, kept), dict(contents.metadata)
+        # each tensor read from the file as from_blocks converts it, and the file's pages read
+        # so far handed back first: the blocks are never all held at once (peak memory)
+        state = _LazyState(table, fetch, contents.drop_pages)
+        model = from_blocks(model, state, kept)
+        contents.drop_pages()
+        return model, dict(contents.metadata)
     state = tensor_map.to_lamina(table, lambda name: tensors[name].dequantize())
     assign_state(model, state, str(contents.path))
     return model.eval(), dict(contents.metadata)

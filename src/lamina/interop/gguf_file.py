@@ -22,6 +22,7 @@ models and of what the tensors mean.
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 from dataclasses import dataclass, field
@@ -103,6 +104,14 @@ class GGUFContents:
     tensors: dict[str, GGUFTensor]
     alignment: int
     data_offset: int  # where the tensor data starts
+    file_map: Any = field(default=None, repr=False)  # the mmap the tensors view
+
+    def drop_pages(self) -> None:
+        """Hand the file's pages read so far back to the kernel (they stop counting in this
+        process's memory; a view read again pages them back in from the file)."""
+        madvise = getattr(self.file_map, "madvise", None)
+        if madvise is not None and hasattr(mmap, "MADV_DONTNEED"):
+            madvise(mmap.MADV_DONTNEED)
 
 
 def shown(name: str, limit: int = 60) -> str:
@@ -249,7 +258,8 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFContents:
     if p.stat().st_size == 0:
         raise LaminaError(f"{where} is empty, not a GGUF file")
     # a plain ndarray view of the map (memmap's own slicing costs ~10 us per slice)
-    buf = np.memmap(p, dtype=np.uint8, mode="r").view(np.ndarray)
+    mapped = np.memmap(p, dtype=np.uint8, mode="r")
+    buf = mapped.view(np.ndarray)
     cur = _Cursor(buf, where)
     version, n_tensors, n_kv = _header(cur)
     metadata: dict[str, Any] = {}
@@ -271,4 +281,6 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFContents:
         if offset % alignment:
             raise LaminaError(f"{where}: tensor {shown(name)}'s offset {offset} is not aligned")
         tensors[name] = _tensor(name, dims, raw_type, start + offset, buf, where)
-    return GGUFContents(p, version, metadata, tensors, alignment, start)
+    return GGUFContents(
+        p, version, metadata, tensors, alignment, start, getattr(mapped, "_mmap", None)
+    )

@@ -211,24 +211,25 @@ def check(
             raise LaminaError(f"{where}: tensor {name} has shape {got}, {implied} implies {want}")
 
 
+def lamina_tensor(row: Row, fetch: Callable[[str], Tensor]) -> Tensor:
+    """One lamina tensor from its foreign parts (the row's transforms applied)."""
+    if len(row.parts) == 1:
+        return row.parts[0].transform.to_lamina(fetch(row.parts[0].foreign))
+    first = fetch(row.parts[0].foreign)
+    # parts stack along dim 0; the other dims are the fetched tensors' own (raw quantized
+    # blocks have fewer columns than the values they hold)
+    whole = torch.empty((row.shape[0], *first.shape[1:]), dtype=first.dtype)
+    at = 0
+    for i, p in enumerate(row.parts):  # each part written into its rows: no torch.cat
+        piece = first if i == 0 else fetch(p.foreign)
+        whole[at : at + p.rows] = p.transform.to_lamina(piece)
+        at += p.rows
+    return whole
+
+
 def to_lamina(table: list[Row], fetch: Callable[[str], Tensor]) -> dict[str, Tensor]:
     """Lamina tensors from foreign ones (checked first with `check`)."""
-    out = {}
-    for row in table:
-        if len(row.parts) == 1:
-            out[row.lamina] = row.parts[0].transform.to_lamina(fetch(row.parts[0].foreign))
-            continue
-        first = fetch(row.parts[0].foreign)
-        # parts stack along dim 0; the other dims are the fetched tensors' own (raw quantized
-        # blocks have fewer columns than the values they hold)
-        whole = torch.empty((row.shape[0], *first.shape[1:]), dtype=first.dtype)
-        at = 0
-        for i, p in enumerate(row.parts):  # each part written into its rows: no torch.cat
-            piece = first if i == 0 else fetch(p.foreign)
-            whole[at : at + p.rows] = p.transform.to_lamina(piece)
-            at += p.rows
-        out[row.lamina] = whole
-    return out
+    return {row.lamina: lamina_tensor(row, fetch) for row in table}
 
 
 def to_foreign(table: list[Row], state: Mapping[str, Tensor]) -> dict[str, Tensor]:

@@ -67,26 +67,32 @@ def _linears(model: GPT) -> dict[str, tuple[nn.Module, str, nn.Linear]]:
     return out
 
 
-def from_blocks(model: GPT, state: dict[str, Tensor], qtypes: dict[str, str]) -> GPT:
+def from_blocks(model: GPT, state: Mapping[str, Tensor], qtypes: dict[str, str]) -> GPT:
     """Quantized modules for the block-typed weights, float ones for the rest; see the module."""
     if not isinstance(model, GPT):
         raise LaminaError(f"from_blocks needs a lamina GPT, got {type(model).__name__}")
-    state, tied = dict(state), model.config.tie_weights
+    tied = model.config.tie_weights
     table_type = qtypes.get("embed.wte.weight")
-    if tied:
-        state.pop("head.weight", None)
-        if table_type is not None:
-            qtypes = {**qtypes, "head.weight": table_type}
-            state["head.weight"] = state["embed.wte.weight"]
+    # `state` may read each tensor only when asked (a file's loader): every tensor is asked for
+    # once where it is converted, and none is kept here but what the model ends up holding
+    names = set(state) - ({"head.weight"} if tied else set())
+
+    def source(name: str) -> str:  # a tied head's blocks are the token table's
+        return "embed.wte.weight" if tied and name == "head.weight" else name
+
+    if tied and table_type is not None:
+        qtypes = {**qtypes, "head.weight": table_type}
+        names.add("head.weight")
     linears = _linears(model)
     done: set[str] = set()
     for name, qtype in qtypes.items():
-        if name in linears:
+        if name in linears and name in names:
             parent, attr, lin = linears[name]
-            new = _linear(lin, state[name], qtype)
+            new = _linear(lin, state[source(name)], qtype)
             bias = name.removesuffix("weight") + "bias"
             if lin.bias is not None:
-                new.bias = nn.Parameter(state.pop(bias).float(), requires_grad=False)
+                new.bias = nn.Parameter(state[bias].float(), requires_grad=False)
+                done.add(bias)
             setattr(parent, attr, new)
             done.add(name)
     if table_type == "Q8_0":
@@ -99,11 +105,11 @@ def from_blocks(model: GPT, state: dict[str, Tensor], qtypes: dict[str, str]) ->
         if tied:  # one tensor for both: the head multiplies by the rows looked up
             model.head.qweight, model.head.scale = table.qweight, table.scale
         done.add("embed.wte.weight")
-    floats = {k: v for k, v in state.items() if k not in done}
-    if tied:
-        floats.pop("head.weight", None)
-    for name in set(floats) & set(qtypes):  # block-typed, but not a linear's weight
-        floats[name] = dequantize_rows(floats[name], qtypes[name], _width(model, name))
+    floats = {}
+    for name in sorted(names - done - ({"head.weight"} if tied else set())):
+        floats[name] = state[name]
+        if name in qtypes:  # block-typed, but not a linear's weight
+            floats[name] = dequantize_rows(floats[name], qtypes[name], _width(model, name))
     model.load_state_dict(floats, strict=False, assign=True)
     if tied and table_type is None:  # a float table: the head is that very Parameter
         model.embed.tie_lm_head(model.head)
