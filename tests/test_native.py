@@ -128,9 +128,7 @@ def _steps(
         assert engine is not None, native.unsupported(model)
         out = []
         for t in range(n_prefill, T):
-            out.append(engine.step(ids[:, t].tolist(), [t] * B, [0] * B, t, threads))
-            for c in caches:
-                c.pos += 1
+            out.append(engine.step(ids[:, t].tolist(), [t] * B, [0] * B, threads))
     return torch.stack(out, 1)
 
 
@@ -200,8 +198,8 @@ _FORKED: dict = {}  # what the forked child inherits: a model and caches filled 
 def _child(queue) -> None:  # a forked process: OpenMP's threads are gone, the step must not wait
     model, caches, tok = _FORKED["model"], _FORKED["caches"], _FORKED["tok"]
     engine = native.native_step(model, caches)  # only the native step runs here: torch's own
-    pos = caches[0].pos  # parallel ops may hang in a forked child (its OpenMP pool is gone)
-    queue.put(engine.step([tok], [pos], [0], pos, threads=2).tolist())
+    # parallel ops may hang in a forked child (its OpenMP pool is gone)
+    queue.put(engine.step([tok], [caches[0].pos], [0], threads=2).tolist())
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
@@ -211,7 +209,9 @@ def test_a_forked_process_steps_too():
         caches = model.make_caches(1, 16)
         model(torch.tensor([[1, 2, 3, 4, 5]]), caches=caches)
     engine = native.native_step(model, caches)
-    want = engine.step([6], [5], [0], 5, threads=2)  # the parent's threads exist at the fork
+    want = engine.step([6], [5], [0], threads=2)  # the parent's threads exist at the fork
+    for c in caches:  # the child steps from the same place
+        c.pos -= 1
     _FORKED.update(model=model, caches=caches, tok=6)
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
@@ -230,15 +230,19 @@ def test_bad_steps_are_refused():
         model(torch.tensor([[1, 2]]), caches=caches)
     engine = native.native_step(model, caches)
     for args in (
-        ([97], [2], [0], 2),  # token outside the vocabulary
-        ([-1], [2], [0], 2),
-        ([1], [48], [0], 2),  # position past block_size
-        ([1], [2], [3], 2),  # first slot after the slot
-        ([1], [2], [0], 8),  # slot past the cache
-        ([1, 2], [2, 2], [0, 0], 2),  # more rows than the cache holds
+        ([97], [2], [0]),  # token outside the vocabulary
+        ([-1], [2], [0]),
+        ([1], [48], [0]),  # position past block_size
+        ([1], [2], [3]),  # first slot after the slot (the caches' pos, 2)
+        ([1, 2], [2, 2], [0, 0]),  # more rows than the cache holds
     ):
         with pytest.raises(LaminaError):
             engine.step(*args)
+    assert caches[0].pos == 2  # a refused step writes nothing
+    for c in caches:  # the caches full: the slot would lie past them
+        c.pos = 8
+    with pytest.raises(LaminaError):
+        engine.step([1], [2], [0])
 
 
 def test_what_it_does_not_cover_falls_back_to_pytorch():

@@ -20,7 +20,7 @@ import json
 import sys
 from typing import Any
 
-from lamina.cli.flags import add_keep_quantized
+from lamina.cli.flags import add_keep_quantized, add_sampling
 from lamina.errors import LaminaError
 
 PROMPT = "> "
@@ -43,15 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--max-new-tokens", type=int, default=512, help="most tokens per reply (default: 512)"
     )
-    p.add_argument(
-        "--temperature",
-        type=float,
-        default=0.0,
-        help="0 is greedy; higher is more random (default: 0)",
-    )
-    p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens")
-    p.add_argument("--top-p", type=float, default=None, help="keep the nucleus of mass p")
-    p.add_argument("--seed", type=int, default=None, help="random seed of each reply")
+    add_sampling(p, 0.0, "random seed of each reply")
     p.add_argument(
         "--context",
         type=int,

@@ -5,6 +5,7 @@
                                              ... for every GPTConfig field (a helper, not a verb)
     config_overrides(args) -> dict           the GPTConfig fields typed on this command line
     add_keep_quantized(parser)               --keep-quantized, one text for sample, chat, serve
+    add_sampling(parser, temperature, seed)  --temperature --top-k --top-p --seed (sample, chat)
 
 Flags default to None, so a command can tell which were typed. A `Literal` field offers exactly
 its choices (argparse refuses anything else), a bool gets `--x` / `--no-x`, and `int | None`
@@ -71,6 +72,19 @@ def add_config_overrides(p: argparse.ArgumentParser) -> None:
             help=f"override {f.name}",
             **kw,
         )
+
+
+def add_sampling(p: argparse.ArgumentParser, temperature: float, seed_help: str) -> None:
+    """The sampling flags, with this verb's default temperature and meaning of the seed."""
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=temperature,
+        help=f"0 is greedy; higher is more random (default: {temperature:g})",
+    )
+    p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens")
+    p.add_argument("--top-p", type=float, default=None, help="keep the nucleus of mass p")
+    p.add_argument("--seed", type=int, default=None, help=seed_help)
 
 
 def add_keep_quantized(p: argparse.ArgumentParser) -> None:

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lamina.cli.flags import add_keep_quantized
+from lamina.cli.flags import add_keep_quantized, add_sampling
 from lamina.errors import LaminaError
 from lamina.generation.prompts import TextStream, encode_prompt, start_id
 
@@ -60,15 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--max-new-tokens", type=int, default=200, help="tokens to generate (default: 200)"
     )
-    p.add_argument(
-        "--temperature",
-        type=float,
-        default=0.8,
-        help="0 is greedy; higher is more random (default: 0.8)",
-    )
-    p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens")
-    p.add_argument("--top-p", type=float, default=None, help="keep the nucleus of mass p")
-    p.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
+    add_sampling(p, 0.8, "random seed (default: random)")
     p.add_argument("--num-samples", type=int, default=1, help="samples to draw (default: 1)")
     p.add_argument(
         "--stop",

@@ -110,11 +110,8 @@ class PrefixCache:
 
     def step(self, token: int) -> Tensor:
         """Append one token; logits (1, V) for the next."""
-        pos = self.caches[0].pos
-        if self._native is not None and usable(self.model) and pos < self.model.config.block_size:
-            logits = self._native.step([token], [pos], [0], pos)
-            for c in self.caches:
-                c.pos += 1
+        if self._native is not None and usable(self.model):
+            logits = self._native.step([token], [self.caches[0].pos], [0])
         else:
             device = self.model.reference_tensor().device
             logits = self.model(torch.tensor([[token]], device=device), caches=self.caches)[:, -1]

@@ -182,17 +182,12 @@ class Decoder:
                 cache.pos += 1
             return logits
         if self._native is not None and usable(self.model):
-            slot = self.caches[0].pos
             new = last - 1  # the new token's column; a row's window starts at its start
-            logits = self._native.step(
+            return self._native.step(
                 self.seq[:, new].tolist(),
                 [new - s for s in self.starts],
                 [s - first for s in self.starts],
-                slot,
             )
-            for cache in self.caches:
-                cache.pos += 1
-            return logits
         masked, positions = self._window_masks(first, last)
         if positions is not None:
             positions = positions[:, -1:]

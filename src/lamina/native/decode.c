@@ -84,16 +84,17 @@ static int forked = 0;
 static void mark_forked(void) { forked = 1; }
 __attribute__((constructor)) static void watch_forks(void) { pthread_atfork(NULL, NULL, mark_forked); }
 
+/* team: where to write the team's size (a barrier's), or NULL */
 static void run_parallel(JobFn fn, void *ctx, int nt, atomic_int *team) {
     if (nt <= 1 || forked) {
-        atomic_store(team, 1);
+        if (team) atomic_store(team, 1);
         fn(ctx, 0, 1);
         return;
     }
 #pragma omp parallel num_threads(nt)
     {
 #pragma omp single
-        atomic_store(team, omp_get_num_threads()); /* the barrier's size: the team we got */
+        if (team) atomic_store(team, omp_get_num_threads()); /* the team we got */
         fn(ctx, omp_get_thread_num(), omp_get_num_threads());
     }
 }
@@ -184,7 +185,7 @@ static void softmax_unnormalised(float *s, int n, float *sum) {
     *sum = t;
 }
 
-static void norm_row(const Model *m, const float *x, float *y, int n, const float *w,
+static void norm_row(const float *x, float *y, int n, const float *w,
                      const float *b, int kind, float eps) {
     if (kind == NORM_RMS) {
         float ss = dot_f32(x, x, n);
@@ -198,7 +199,6 @@ static void norm_row(const Model *m, const float *x, float *y, int n, const floa
         float r = 1.0f / sqrtf(var / n + eps);
         for (int i = 0; i < n; i++) y[i] = (x[i] - mean) * r * (w ? w[i] : 1.0f) + (b ? b[i] : 0.0f);
     }
-    (void)m;
 }
 
 static inline float act1(int act, float v) {
@@ -260,23 +260,38 @@ static void prepare_act(const Lin *L, const float *x, int B, Act *a) {
 }
 
 /* a block's integer dot product, 8 partial sums: int4 weights (16 bytes) x int16 inputs */
-static inline __m256i q4_block(const uint8_t *w, const int16_t *xq, int b) {
+/* a weight block as two vectors of 16 int16: int4 (16 bytes, [low nibbles | high nibbles]) */
+static inline void unpack_q4(const uint8_t *w, int b, __m256i *w0, __m256i *w1) {
     const __m128i m4 = _mm_set1_epi8(0x0F);
     __m128i raw = _mm_loadu_si128((const __m128i *)(w + 16 * b));
-    __m256i lo = _mm256_cvtepu8_epi16(_mm_and_si128(raw, m4));
-    __m256i hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), m4));
-    const __m256i *xb = (const __m256i *)(xq + 32 * b);
-    return _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_loadu_si256(xb)),
-                            _mm256_madd_epi16(hi, _mm256_loadu_si256(xb + 1)));
+    *w0 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, m4));
+    *w1 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), m4));
 }
 
-/* the same for int8 weights (32 bytes) */
-static inline __m256i q8_block(const int8_t *w, const int16_t *xq, int b) {
+/* ... and int8 (32 bytes) */
+static inline void unpack_q8(const int8_t *w, int b, __m256i *w0, __m256i *w1) {
     const __m128i *wb = (const __m128i *)(w + 32 * b);
+    *w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wb));
+    *w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wb + 1));
+}
+
+/* an unpacked block times an input block: 8 partial integer sums */
+static inline __m256i dot_block(__m256i w0, __m256i w1, const int16_t *xq, int b) {
     const __m256i *xb = (const __m256i *)(xq + 32 * b);
-    return _mm256_add_epi32(
-        _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128(wb)), _mm256_loadu_si256(xb)),
-        _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128(wb + 1)), _mm256_loadu_si256(xb + 1)));
+    return _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256(xb)),
+                            _mm256_madd_epi16(w1, _mm256_loadu_si256(xb + 1)));
+}
+
+static inline __m256i q4_block(const uint8_t *w, const int16_t *xq, int b) {
+    __m256i w0, w1;
+    unpack_q4(w, b, &w0, &w1);
+    return dot_block(w0, w1, xq, b);
+}
+
+static inline __m256i q8_block(const int8_t *w, const int16_t *xq, int b) {
+    __m256i w0, w1;
+    unpack_q8(w, b, &w0, &w1);
+    return dot_block(w0, w1, xq, b);
 }
 
 /* sum over blocks b of (scale of b's weight group) x dx[b] x block(b), four chains at a time;
@@ -337,21 +352,13 @@ static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
                 const float *sc = L->s + (size_t)n * groups;
                 for (int b = 0; b < nb; b++) {
                     __m256i w0, w1;
-                    if (L->kind == LIN_INT4) {
-                        const __m128i m4 = _mm_set1_epi8(0x0F);
-                        __m128i raw = _mm_loadu_si128((const __m128i *)((const uint8_t *)L->w + (size_t)n * (k / 2) + 16 * b));
-                        w0 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, m4));
-                        w1 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), m4));
-                    } else {
-                        const __m128i *wb = (const __m128i *)((const int8_t *)L->w + (size_t)n * k + 32 * b);
-                        w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wb));
-                        w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wb + 1));
-                    }
+                    if (L->kind == LIN_INT4)
+                        unpack_q4((const uint8_t *)L->w + (size_t)n * (k / 2), b, &w0, &w1);
+                    else
+                        unpack_q8((const int8_t *)L->w + (size_t)n * k, b, &w0, &w1);
                     const float s = sc[b >> sh];
                     for (int r = 0; r < rows; r++) {
-                        const __m256i *xb = (const __m256i *)(a->q + (size_t)(r0 + r) * k + 32 * b);
-                        __m256i p = _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256(xb)),
-                                                     _mm256_madd_epi16(w1, _mm256_loadu_si256(xb + 1)));
+                        __m256i p = dot_block(w0, w1, a->q + (size_t)(r0 + r) * k, b);
                         acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(s * a->dx[(r0 + r) * nb + b]), _mm256_cvtepi32_ps(p), acc[r]);
                     }
                 }
@@ -405,8 +412,7 @@ int lm_linear(const Lin *L, int B, const float *x, float *y, int nthreads) {
         j.a.q = (int16_t *)(j.a.sx + (size_t)B * nb);
     }
     prepare_act(L, x, B, &j.a);
-    atomic_int team;
-    run_parallel(lin_job, &j, nthreads, &team);
+    run_parallel(lin_job, &j, nthreads, NULL);
     free(buf);
     return 1;
 }
@@ -423,7 +429,6 @@ typedef struct {
     /* scratch */
     float *x, *xn, *qkv, *att, *fco, *h, *cs, *sn, *scores, *parts;
     Act a;
-    int ok;
 } Step;
 
 #define CHUNK 128 /* cache slots per attention task */
@@ -480,7 +485,7 @@ static void step_job(void *p, int tid, int nt) {
         const Layer *ly = &m->layers[l];
         if (tid == 0) {
             for (int r = 0; r < B; r++)
-                norm_row(m, S->x + (size_t)r * d, S->xn + (size_t)r * d, d, ly->n1w, ly->n1b, m->norm, m->eps);
+                norm_row(S->x + (size_t)r * d, S->xn + (size_t)r * d, d, ly->n1w, ly->n1b, m->norm, m->eps);
             prepare_act(&ly->qkv, S->xn, B, &S->a);
         }
         barrier_wait(&S->bar);
@@ -562,7 +567,7 @@ static void step_job(void *p, int tid, int nt) {
         barrier_wait(&S->bar);
         if (tid == 0) {
             for (int r = 0; r < B; r++)
-                norm_row(m, S->x + (size_t)r * d, S->xn + (size_t)r * d, d, ly->n2w, ly->n2b, m->norm, m->eps);
+                norm_row(S->x + (size_t)r * d, S->xn + (size_t)r * d, d, ly->n2w, ly->n2b, m->norm, m->eps);
             prepare_act(&ly->fc, S->xn, B, &S->a);
         }
         barrier_wait(&S->bar);
@@ -588,7 +593,7 @@ static void step_job(void *p, int tid, int nt) {
     }
     if (tid == 0) {
         for (int r = 0; r < B; r++)
-            norm_row(m, S->x + (size_t)r * d, S->xn + (size_t)r * d, d, m->nfw, m->nfb, m->norm, m->eps);
+            norm_row(S->x + (size_t)r * d, S->xn + (size_t)r * d, d, m->nfw, m->nfb, m->norm, m->eps);
         prepare_act(&m->head, S->xn, B, &S->a);
     }
     barrier_wait(&S->bar);

@@ -1,11 +1,11 @@
 """A GPT's decode step in one native call: `NativeStep(model, caches)`, or None where it can't.
 
     engine = native_step(model, caches)        # None: not built here, or this model isn't covered
-    logits = engine.step(tokens, positions, starts, slot)   # (B, vocab) float32
+    logits = engine.step(tokens, positions, starts)   # (B, vocab) float32
 
 One call runs every layer for one new token per row: it writes each layer's key and value at
-cache slot `slot`, lets row r attend slots starts[r]..slot, and returns the logits; the caller
-advances the caches' `pos`. The model's own tensors are read in place (pointers into them, kept
+the caches' `pos`, lets row r attend cache slots starts[r]..pos, returns the logits and advances
+every cache's `pos` by one, as a PyTorch step through the caches does. The model's own tensors are read in place (pointers into them, kept
 alive here), so building an engine costs no copy and about a millisecond; build one per
 generation, since it sees the tensors the model holds at that moment.
 
@@ -139,8 +139,6 @@ def unsupported(model: object) -> str | None:
             (f"block {i} feed-forward out", b.ff.proj),
         ]
         norms += [b.norm1, b.norm2]
-        if b.attn.impl not in ("sdpa", "reference"):
-            return f"attention impl {b.attn.impl!r}"
     for name, lin in linears:
         problem = _linear_problem(name, lin)
         if problem:
@@ -151,10 +149,6 @@ def unsupported(model: object) -> str | None:
         if not (_float32(n.weight) and _float32(getattr(n, "bias", None))):
             return "a norm is not float32"
     return None
-
-
-def _ptr(t: Tensor | None) -> int | None:
-    return None if t is None else t.data_ptr()
 
 
 def int4_rows(scales_and_zeros: Tensor) -> tuple[Tensor, Tensor]:
@@ -193,7 +187,7 @@ class _Pointers:
         if not t.is_contiguous():
             t = t.contiguous()
         self.keep.append(t)
-        return _ptr(t)
+        return t.data_ptr()
 
     def lin(self, m: nn.Module) -> _Lin:
         L = _Lin()
@@ -230,6 +224,7 @@ class NativeStep:
                 if t.dtype != torch.float32 or not t.is_contiguous() or t.device.type != "cpu":
                     raise LaminaError("the native step needs contiguous float32 CPU caches")
         self.cache_len, self.cache_batch = lens.pop(), caches[0].k.shape[0]
+        self._caches = list(caches)
         layers = (_Layer * c.n_layers)()
         for i, (block, cache) in enumerate(zip(model.blocks, caches, strict=True)):
             ly = layers[i]
@@ -276,16 +271,16 @@ class NativeStep:
         tokens: Sequence[int],
         positions: Sequence[int],
         starts: Sequence[int],
-        slot: int,
         threads: int | None = None,
     ) -> Tensor:
         """Logits (B, vocab) for one new token per row (see the module docstring), on
         `threads` threads (default: torch's intra-op count)."""
+        slot = self._caches[0].pos
         B = len(tokens)
         if not 0 < B <= self.cache_batch or len(positions) != B or len(starts) != B:
             raise LaminaError(f"a step takes 1..{self.cache_batch} rows, each with a position")
         if not 0 <= slot < self.cache_len:
-            raise LaminaError(f"cache slot {slot} is outside [0, {self.cache_len})")
+            raise LaminaError(f"the KV caches are full ({self.cache_len} tokens)")
         vocab = self.config.vocab_size
         for t, p, s in zip(tokens, positions, starts, strict=True):
             if not (0 <= t < vocab and 0 <= p < self.block_size and 0 <= s <= slot):
@@ -308,6 +303,8 @@ class NativeStep:
         )
         if not ok:
             raise LaminaError("the native step failed (out of memory or threads)")
+        for cache in self._caches:
+            cache.pos += 1
         return logits
 
 

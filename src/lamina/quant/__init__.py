@@ -105,8 +105,7 @@ def kernel() -> str:
         if name == "native" and native_library() is None:
             raise LaminaError(f"LAMINA_QUANT_KERNEL=native, but {native_reason()}")
         if not name:
-            native_built = bool({"avx2", "fma"} <= _FLAGS) and native_library() is not None
-            name = choose_kernel(_FLAGS, platform.machine(), native_built)
+            name = choose_kernel(_FLAGS, platform.machine(), native_library() is not None)
         _KERNEL = name
     return _KERNEL
 

@@ -106,7 +106,7 @@ def from_blocks(model: GPT, state: Mapping[str, Tensor], qtypes: dict[str, str])
             model.head.qweight, model.head.scale = table.qweight, table.scale
         done.add("embed.wte.weight")
     floats = {}
-    for name in sorted(names - done - ({"head.weight"} if tied else set())):
+    for name in sorted(names - done):  # a tied head is among `done`, or not in `names`
         floats[name] = state[name]
         if name in qtypes:  # block-typed, but not a linear's weight
             floats[name] = dequantize_rows(floats[name], qtypes[name], _width(model, name))
