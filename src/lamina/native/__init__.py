@@ -1,4 +1,4 @@
-"""Native (C, AVX2) kernels for decoding at batch 1; see engine.py and decode.c.
+"""Native (C, AVX2) kernels for decoding at batch 1; see step.py and decode.c.
 
     native_step(model, caches) -> NativeStep | None     the whole decode step in one call
     available() -> bool; reason() -> why not             built and loadable here
@@ -11,7 +11,7 @@ everything runs in PyTorch as before.
 from __future__ import annotations
 
 from lamina.native.build import library, reason
-from lamina.native.engine import NativeStep, disabled, native_step, unsupported, usable
+from lamina.native.step import NativeStep, disabled, native_step, unsupported, usable
 
 
 def available() -> bool:

@@ -54,8 +54,8 @@ from lamina.models.gpt import GPT
 from lamina.native.build import cpu_flags
 from lamina.native.build import library as native_library
 from lamina.native.build import reason as native_reason
-from lamina.native.engine import int4_rows
-from lamina.native.engine import linear as native_linear
+from lamina.native.step import int4_rows
+from lamina.native.step import linear as native_linear
 
 SCHEMES = ("int8", "int4")
 INT4_GROUP_SIZES = (32, 64, 128, 256)

@@ -14,7 +14,7 @@ are dicts with a string ``role``; keys whose value is None are dropped, as trans
 A template that fails, or that tries to leave the sandbox, is one LaminaError line.
 
 What this module deliberately does not know: tokens. It renders text; the tokenizer
-(lamina.data.pretrained) encodes it and maps spans to tokens.
+(lamina.tokenizers.pretrained) encodes it and maps spans to tokens.
 """
 
 from __future__ import annotations
