@@ -20,6 +20,7 @@ LAYERS: dict[str, int] = {
     # the leaves every layer may import
     "lamina.errors": 0,
     "lamina.version": 0,
+    "lamina.bounds": 1,
     "lamina.files": 1,
     "lamina.modes": 1,
     "lamina.schema": 1,
