@@ -40,6 +40,7 @@ VERBS = [
     "convert",
     "quantize",
     "merge",
+    "models",
 ]
 VERBS += ["lessons", "attention", "plot", "serve"]  # the last three: looking inside a model
 BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a tool killed by a closed pipe
