@@ -128,6 +128,20 @@ def unsupported(model: object) -> str | None:
     c = model.config
     if not c.norm_first:
         return "post-LN blocks"
+    layer_options = {  # Gemma, Phi-3 and Mistral layers: the PyTorch step runs them
+        "sliding_window": c.sliding_window is not None,
+        "rope_local_theta": c.rope_local_theta is not None,
+        "attn_softcap": c.attn_softcap is not None,
+        "attn_scale": c.attn_scale is not None,
+        "embed_scale": c.embed_scale is not None,
+        "norm_offset": c.norm_offset != 0,
+        "sandwich_norm": c.sandwich_norm,
+        "rotary_dim": c.rotary_dim is not None,
+        "longrope": c.rope_scaling is not None and c.rope_scaling.kind == "longrope",
+    }
+    for name, used in layer_options.items():
+        if used:
+            return f"{name} is not in the native step"
     if c.activation not in ACTIVATIONS:
         return f"activation {c.activation!r}"
     if c.head_dim % 2:
