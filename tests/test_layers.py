@@ -29,6 +29,7 @@ LAYERS: dict[str, int] = {
     # layers 0-4 of the README's map
     "lamina.data": 2,
     "lamina.embedding": 3,
+    "lamina.rope": 3,
     "lamina.attention": 4,
     "lamina.block": 5,
     "lamina.models": 6,
