@@ -20,6 +20,7 @@ LAYERS: dict[str, int] = {
     # the leaves every layer may import
     "lamina.errors": 0,
     "lamina.version": 0,
+    "lamina.bounds": 1,
     "lamina.files": 1,
     "lamina.modes": 1,
     "lamina.schema": 1,
@@ -29,6 +30,7 @@ LAYERS: dict[str, int] = {
     "lamina.tokenizers": 2,
     "lamina.data": 3,
     "lamina.embedding": 3,
+    "lamina.rope": 3,
     "lamina.attention": 4,
     "lamina.block": 5,
     "lamina.models": 6,
