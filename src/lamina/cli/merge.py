@@ -18,6 +18,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from lamina.cli import open_for
 from lamina.errors import LaminaError
 
 
@@ -77,7 +78,6 @@ def _write_folder(target: Path, write: Callable[[Path], object]) -> None:
 def run(args: argparse.Namespace) -> int:
     from lamina.checkpoint import save_model
     from lamina.interop.adapters import export_peft, is_lora_folder, read_lora_folder
-    from lamina.interop.bundle import open_model
     from lamina.lora import lora_config, merge_lora
 
     source = Path(args.run)
@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
             _check_target(flag, Path(target), source, args.force)
     if args.out is not None and args.peft is not None and Path(args.out) == Path(args.peft):
         raise LaminaError("--out and --peft must be different folders")
-    bundle = open_model(source).require("decoder", tokenizer=False, verb="merge")
+    bundle = open_for(source, "merge", tokenizer=False)
     model = bundle.model
     config = lora_config(model)
     if args.peft is not None:
