@@ -32,7 +32,7 @@ from pathlib import Path
 
 SOURCE = Path(__file__).with_name("decode.c")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared")
-ABI_VERSION = 2  # lm_abi_version() of the source this module's structs match
+ABI_VERSION = 3  # lm_abi_version() of the source this module's structs match
 
 _lock = threading.Lock()
 _state: dict[str, object] = {}
@@ -102,7 +102,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     p, i = ctypes.c_void_p, ctypes.c_int
     lib.lm_step.argtypes = [p, i, p, p, p, p, p, p, i]
     lib.lm_linear.argtypes = [p, i, p, p, i]
-    lib.lm_step.restype = lib.lm_linear.restype = i
+    lib.lm_dequant.argtypes = [i, p, i, i, p]
+    lib.lm_step.restype = lib.lm_linear.restype = lib.lm_dequant.restype = i
 
 
 def library() -> ctypes.CDLL | None:
