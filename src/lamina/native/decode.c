@@ -11,10 +11,10 @@
    is quantized once to int16 in blocks of 32 (a scale per block: ~15 bits, so the result is
    within ~1e-4 of the float path), each block's dot product is integer `vpmaddwd`, and the
    weight's and input's scales multiply the block's integer sum (the shape of llama.cpp's
-   Q4 x Q8 product, with 16-bit inputs: on SmolLM2 they decode as fast as 8-bit ones, 95
-   tok/s either way when measured, and 300 times closer to the float result).
+   Q4 x Q8 product, with 16-bit inputs: on SmolLM2 they decoded as fast as 8-bit ones and
+   300 times closer to the float result; the figures are in BENCHMARKS.md only).
 
-   Weights, as lamina stores them (quant/__init__.py):
+   Weights, as lamina stores them (quant/linear.py):
      LIN_F32   w float (n, k)
      LIN_INT4  w uint8 (n, k/2), element 2i in the low nibble of byte i, 2i+1 in the high one;
                s, mn float (n, k/gs) each: w = q s + mn (lamina's (k/gs, n, 2) scale and
