@@ -20,6 +20,7 @@ LAYERS: dict[str, int] = {
     # the leaves every layer may import
     "lamina.errors": 0,
     "lamina.version": 0,
+    "lamina.bounds": 1,
     "lamina.files": 1,
     "lamina.modes": 1,
     "lamina.schema": 1,
@@ -32,6 +33,7 @@ LAYERS: dict[str, int] = {
     # layers 0-4 of the README's map
     "lamina.data": 2,
     "lamina.embedding": 3,
+    "lamina.rope": 3,
     "lamina.attention": 4,
     "lamina.block": 5,
     "lamina.models": 6,

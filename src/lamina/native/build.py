@@ -30,7 +30,7 @@ from pathlib import Path
 
 SOURCE = Path(__file__).with_name("decode.c")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared")
-ABI_VERSION = 1  # lm_abi_version() of the source this module's structs match
+ABI_VERSION = 2  # lm_abi_version() of the source this module's structs match
 
 _lock = threading.Lock()
 _state: dict[str, object] = {}
@@ -78,7 +78,7 @@ def _build(cc: str) -> Path:
 def _declare(lib: ctypes.CDLL) -> None:
     """The C functions' signatures (structs pass as addresses)."""
     p, i = ctypes.c_void_p, ctypes.c_int
-    lib.lm_step.argtypes = [p, i, p, p, p, ctypes.c_int64, p, i]
+    lib.lm_step.argtypes = [p, i, p, p, p, p, p, p, i]
     lib.lm_linear.argtypes = [p, i, p, p, i]
     lib.lm_step.restype = lib.lm_linear.restype = i
 
