@@ -3,7 +3,7 @@
 Every ``import`` and ``from ... import`` in ``src/lamina`` is read with ``ast`` (imports inside
 functions and under ``TYPE_CHECKING`` included) and checked against ``LAYERS``, the code's own
 copy of the README's layer map. A module may import a unit of a lower rank, or another module of
-its own unit (``lamina.data.corpus`` -> ``lamina.data.tokenizers``) as long as the modules of
+its own unit (``lamina.data.corpus`` -> ``lamina.data.sources``) as long as the modules of
 one unit form no cycle.
 """
 
@@ -31,7 +31,8 @@ LAYERS: dict[str, int] = {
     "lamina.native.build": 1,
     "lamina.cpu": 2,
     # layers 0-4 of the README's map
-    "lamina.data": 2,
+    "lamina.tokenizers": 2,
+    "lamina.data": 3,
     "lamina.embedding": 3,
     "lamina.rope": 3,
     "lamina.attention": 4,

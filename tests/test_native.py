@@ -293,7 +293,7 @@ def test_real_q4_1_steps_equal_the_dequantized_model(smollm2):
 
 
 def test_real_chat_reply_equals_the_float_models(smollm2):
-    from lamina.data.pretrained import PretrainedTokenizer
+    from lamina.tokenizers.pretrained import PretrainedTokenizer
 
     q4, f32, meta = smollm2
     tok = PretrainedTokenizer.from_gguf_metadata(meta)

@@ -22,8 +22,8 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 @pytest.fixture(scope="module")
 def real(smollm2_gguf):
-    from lamina.data.pretrained import PretrainedTokenizer
     from lamina.interop.gguf import load_gguf
+    from lamina.tokenizers.pretrained import PretrainedTokenizer
 
     model, meta = load_gguf(smollm2_gguf)
     tok = PretrainedTokenizer.from_gguf_metadata(meta)

@@ -1,4 +1,4 @@
-"""Native (C, AVX2) kernels for decoding at batch 1; see engine.py and decode.c.
+"""Native (C, AVX2) kernels for decoding at batch 1; see step.py and decode.c.
 
     native_step(model, caches) -> NativeStep | None     the whole decode step in one call
     available() -> bool; reason() -> why not             built and loadable here
@@ -36,9 +36,9 @@ def reason() -> str | None:
 
 def __getattr__(name: str) -> Any:
     if name in _ENGINE:
-        from lamina.native import engine
+        from lamina.native import step
 
-        return getattr(engine, name)
+        return getattr(step, name)
     raise AttributeError(f"module 'lamina.native' has no attribute {name!r}")
 
 

@@ -1,7 +1,7 @@
 /* lamina's native decode step: one token per row through a whole pre-LN GPT, on AVX2 + FMA.
 
    Built and loaded by lamina/native/build.py (cc -O3 -mavx2 -mfma -fopenmp -shared), driven
-   through ctypes by lamina/native/engine.py, which fills the structs below with pointers to
+   through ctypes by lamina/native/step.py, which fills the structs below with pointers to
    the model's own tensors (nothing is copied) and holds the step equal to the PyTorch model
    in tests/test_native.py.
 

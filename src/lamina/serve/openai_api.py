@@ -11,7 +11,7 @@ events, one `data: {chunk}` per piece of text, a last chunk with `finish_reason`
 when `stream_options.include_usage` is set, then `data: [DONE]`. Errors are OpenAI's error
 object `{"error": {"message", "type", "param", "code"}}` with a 4xx status (503 with
 Retry-After when the queue is full). A client that disconnects stops its generation at the
-next token. The fields and their checks are in `chat.py`.
+next token. The fields and their checks are in `chat_service.py`.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from lamina.errors import LaminaError
-from lamina.generation.chat import Reply
-from lamina.serve.chat import ChatService, Job, RequestError
+from lamina.generation.conversation import Reply
+from lamina.serve.chat_service import ChatService, Job, RequestError
 from lamina.serve.engine import Busy
 
 

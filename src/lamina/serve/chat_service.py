@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lamina.errors import LaminaError
-from lamina.generation.chat import (
+from lamina.generation.conversation import (
     ChatOptions,
     PrefixCache,
     Reply,
