@@ -26,6 +26,7 @@
 */
 #include <immintrin.h>
 #include <math.h>
+#include <stddef.h>
 #include <omp.h>
 #include <pthread.h>
 #include <sched.h>
@@ -648,4 +649,32 @@ int lm_step(const Model *m, int B, const int64_t *tokens, const int64_t *positio
     return 1;
 }
 
-int lm_abi_version(void) { return 2; }
+/* What the loader (build.py) compares before the first call: the build's key, and the sizes and
+   field offsets of the structs above, which must equal those of the ctypes structs in step.py
+   (a field on one side only, or moved, is caught; sizeof catches one missing from this list). */
+#ifndef LM_BUILD_KEY
+#define LM_BUILD_KEY ""
+#endif
+const char *lm_build_key(void) { return LM_BUILD_KEY; }
+
+typedef struct {
+    const char *name;
+    int64_t value;
+} LayoutEntry;
+#define SIZE(T) {#T, (int64_t)sizeof(T)}
+#define AT(T, f) {#T "." #f, (int64_t)offsetof(T, f)}
+static const LayoutEntry LAYOUT[] = {
+    SIZE(Lin),         AT(Lin, kind),       AT(Lin, n),          AT(Lin, k),
+    AT(Lin, gs),       AT(Lin, w),          AT(Lin, s),          AT(Lin, mn),
+    AT(Lin, bias),     SIZE(Layer),         AT(Layer, n1w),      AT(Layer, n1b),
+    AT(Layer, n2w),    AT(Layer, n2b),      AT(Layer, qg),       AT(Layer, kg),
+    AT(Layer, qkv),    AT(Layer, proj),     AT(Layer, fc),       AT(Layer, out),
+    AT(Layer, kc),     AT(Layer, vc),       SIZE(Model),         AT(Model, n_layers),
+    AT(Model, d),      AT(Model, H),        AT(Model, Hkv),      AT(Model, hd),
+    AT(Model, ff),     AT(Model, vocab),    AT(Model, cache_len), AT(Model, norm),
+    AT(Model, act),    AT(Model, qk_norm),  AT(Model, rope),     AT(Model, eps),
+    AT(Model, emb_scale), AT(Model, softcap), AT(Model, emb_kind), AT(Model, emb_gs),
+    AT(Model, emb_w),  AT(Model, emb_s),    AT(Model, pos_table), AT(Model, inv_freq),
+    AT(Model, nfw),    AT(Model, nfb),      AT(Model, head),     AT(Model, layers),
+    {0, 0}};
+const LayoutEntry *lm_layout(void) { return LAYOUT; }

@@ -53,7 +53,7 @@ from lamina.attention import KVCache, rotary_frequencies
 from lamina.block import LayerNorm, RMSNorm
 from lamina.errors import LaminaError
 from lamina.models.gpt import GPT
-from lamina.native.build import library
+from lamina.native.build import expect_layout, library
 
 LIN_F32, LIN_INT4, LIN_INT8 = 0, 1, 2
 ACTIVATIONS = {"gelu": 0, "relu": 1, "relu2": 2, "swiglu": 3}
@@ -92,6 +92,9 @@ class _Model(ctypes.Structure):
         + [(n, _p) for n in ("emb_w", "emb_s", "pos_table", "inv_freq", "nfw", "nfb")]
         + [("head", _Lin), ("layers", ctypes.POINTER(_Layer))]
     )
+
+
+expect_layout(Lin=_Lin, Layer=_Layer, Model=_Model)  # build.py compares decode.c's with these
 
 
 def _float32(t: Tensor | None) -> bool:
