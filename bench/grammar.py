@@ -131,7 +131,7 @@ def outlines_lib(tokens: list[bytes], eos: int, vocab: int):
 
 def token_bytes(tok) -> list[bytes]:
     """Each id's bytes (byte-level BPE: the GPT-2 byte alphabet undone; specials as text)."""
-    from lamina.data.gguf_vocab import _byte_chars
+    from lamina.tokenizers.gguf_vocab import _byte_chars
 
     undo = {c: b for b, c in _byte_chars().items()}
     specials = set(tok.special_tokens.values())
@@ -148,7 +148,7 @@ def token_bytes(tok) -> list[bytes]:
 
 
 def decode_step_ms(model) -> float:
-    from lamina.generation.chat import PrefixCache
+    from lamina.generation.conversation import PrefixCache
 
     cache = PrefixCache(model, 256)
     with torch.no_grad():

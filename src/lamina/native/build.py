@@ -6,12 +6,11 @@ source and the flags, so an edited source or a new flag builds a new file and a 
 reuses the first one's build (it takes about a second). The build writes a temporary file and
 renames it into place, so processes starting together never load a half-written library.
 
-Where it cannot run, `library()` is None and `reason()` says why: not x86-64 Linux, no AVX2 +
-FMA in /proc/cpuinfo, no compiler, a failed build, or `LAMINA_NATIVE=0` (the switch for
-measuring the PyTorch path). Callers then use PyTorch: the native step is an accelerator,
-never a requirement.
+Where it cannot, `library()` is None and `reason()` says why: no compiler or a failed build.
+Whether to build at all (the platform, the CPU's flags, the user's choice) is lamina.cpu's
+question, asked before this one; callers then use PyTorch: the native step is an
+accelerator, never a requirement.
 
-    LAMINA_NATIVE=0           never build or load it
     LAMINA_CACHE_DIR=PATH     where built libraries go (default $XDG_CACHE_HOME/lamina or
                               ~/.cache/lamina), in a `native` subfolder
 
@@ -23,7 +22,6 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
-import platform
 import shutil
 import subprocess
 import tempfile
@@ -32,19 +30,10 @@ from pathlib import Path
 
 SOURCE = Path(__file__).with_name("decode.c")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared")
-ABI_VERSION = 1  # lm_abi_version() of the source this module's structs match
+ABI_VERSION = 2  # lm_abi_version() of the source this module's structs match
 
 _lock = threading.Lock()
 _state: dict[str, object] = {}
-
-
-def cpu_flags() -> set[str]:
-    """The flags of /proc/cpuinfo (empty where there is none): what chooses kernels."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return set(next((line for line in f if line.startswith("flags")), "").split())
-    except OSError:
-        return set()
 
 
 def cache_dir() -> Path:
@@ -58,17 +47,6 @@ def _compiler() -> str | None:
     if cc:
         return shutil.which(cc) or cc
     return shutil.which("cc") or shutil.which("gcc")
-
-
-def _unusable() -> str | None:
-    if os.environ.get("LAMINA_NATIVE", "").strip() == "0":
-        return "LAMINA_NATIVE=0"
-    if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):
-        return f"the native step is for x86-64 Linux, not {platform.system()} {platform.machine()}"
-    missing = {"avx2", "fma"} - cpu_flags()
-    if missing:
-        return f"this CPU lacks {' and '.join(sorted(missing))}"
-    return None
 
 
 def _build(cc: str) -> Path:
@@ -100,7 +78,7 @@ def _build(cc: str) -> Path:
 def _declare(lib: ctypes.CDLL) -> None:
     """The C functions' signatures (structs pass as addresses)."""
     p, i = ctypes.c_void_p, ctypes.c_int
-    lib.lm_step.argtypes = [p, i, p, p, p, ctypes.c_int64, p, i]
+    lib.lm_step.argtypes = [p, i, p, p, p, p, p, p, i]
     lib.lm_linear.argtypes = [p, i, p, p, i]
     lib.lm_step.restype = lib.lm_linear.restype = i
 
@@ -110,20 +88,19 @@ def library() -> ctypes.CDLL | None:
     with _lock:
         if "lib" in _state:
             return _state["lib"]  # type: ignore[return-value]
-        lib, why = None, _unusable()
-        if why is None:
-            cc = _compiler()
-            if cc is None:
-                why = "no C compiler (set CC, or install gcc)"
-            else:
-                try:
-                    lib = ctypes.CDLL(str(_build(cc)))
-                    if lib.lm_abi_version() != ABI_VERSION:
-                        lib, why = None, "the built library does not match this lamina"
-                    else:
-                        _declare(lib)
-                except (OSError, subprocess.SubprocessError) as e:
-                    why = f"could not build the native step: {e}"
+        lib, why = None, None
+        cc = _compiler()
+        if cc is None:
+            why = "no C compiler (set CC, or install gcc)"
+        else:
+            try:
+                lib = ctypes.CDLL(str(_build(cc)))
+                if lib.lm_abi_version() != ABI_VERSION:
+                    lib, why = None, "the built library does not match this lamina"
+                else:
+                    _declare(lib)
+            except (OSError, subprocess.SubprocessError) as e:
+                why = f"could not build the native step: {e}"
         _state["lib"], _state["reason"] = lib, why
         return lib
 

@@ -38,7 +38,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from lamina.errors import LaminaError
-from lamina.serve.chat import ChatService
+from lamina.serve.chat_service import ChatService
 from lamina.serve.engine import Busy, Engine
 from lamina.serve.guard import Guard
 from lamina.serve.openai_api import openai_routes

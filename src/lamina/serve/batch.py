@@ -46,7 +46,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lamina.generation.chat import common_prefix
+from lamina.generation.conversation import common_prefix
 from lamina.generation.prompts import TextStream
 from lamina.generation.sampling import sample
 from lamina.native import native_step, usable

@@ -19,7 +19,7 @@ OpenAI's error object `{"error": {"message", "type", "param", "code"}}`: 400 for
 (a schema that cannot compile included), 503 with Retry-After when the queue is full or no
 slot freed within `Limits.wait` seconds, 500 when the generation failed (a stream that already
 started ends with a `data: {"error": ...}` chunk instead) — never an empty success. A client
-that disconnects stops its generation at the next step. The fields are checked in `chat.py`.
+that disconnects stops its generation at the next step. The fields are checked in `chat_service.py`.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from starlette.routing import Route
 
 from lamina.errors import LaminaError
 from lamina.serve.batch import Done, Token
-from lamina.serve.chat import ChatService, Job, RequestError
+from lamina.serve.chat_service import ChatService, Job, RequestError
 from lamina.serve.engine import Busy, PrepTimeout
 
 log = logging.getLogger("lamina.serve")

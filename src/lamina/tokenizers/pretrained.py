@@ -33,10 +33,10 @@ from typing import Any
 
 import numpy as np
 
-from lamina.data.chat import assistant_spans, render_chat_template
-from lamina.data.gguf_vocab import gguf_tokenizer_json
-from lamina.data.tokenizers import check_token_ids, register_tokenizer
 from lamina.errors import LaminaError
+from lamina.tokenizers.chat_template import assistant_spans, render_chat_template
+from lamina.tokenizers.gguf_vocab import gguf_tokenizer_json
+from lamina.tokenizers.kinds import check_token_ids, register_tokenizer
 
 END_OF_TURN = (
     "<|im_end|>",
@@ -242,7 +242,7 @@ class PretrainedTokenizer:
     @classmethod
     def from_hf_folder(cls, directory: str | Path) -> PretrainedTokenizer:
         """From a Hugging Face folder's tokenizer.json and its companions (hf_folder.py)."""
-        from lamina.data.hf_folder import read_hf_tokenizer
+        from lamina.tokenizers.hf_folder import read_hf_tokenizer
 
         fields, extra_eot = read_hf_tokenizer(Path(directory))
         return cls(**fields)._with_end_of_turn(extra_eot)

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lamina.errors import LaminaError
-from lamina.generation.chat import ChatOptions, check_chat_model, fit_messages, reply_room
+from lamina.generation.conversation import ChatOptions, check_chat_model, fit_messages, reply_room
 from lamina.generation.sampling import check_sampling
 from lamina.serve.batch import Sampling, Sequence
 from lamina.serve.grammar import Grammars
