@@ -12,7 +12,7 @@ stack parts of different qtypes by rows (a fused q/k/v whose v the file typed ap
 llama.cpp's Q4_K_M does), so a model keeps every such tensor at its file size.
 
 The native kernels (lamina/native/decode.c, "GGML's blocks") read these rows as they are: the
-decode step, and a call of up to ``NATIVE_MAX_ROWS`` float32 rows, quantize the input to int16
+decode step, and a call of up to ``lamina.cpu.MAX_ROWS`` float32 rows, quantize the input to int16
 per 32 and take integer dot products per 32 weights (within ~1e-4 of the dequantized matmul).
 Other calls (a long prefill, gradients, no native library) dequantize the rows and run in fp32:
 through the native dequantizer where it is built, else gguf-py's `gguf.quants.dequantize`; the
@@ -29,10 +29,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+import lamina.cpu as cpu
 from lamina.errors import LaminaError
 from lamina.native.build import library
-from lamina.native.engine import GGML_KINDS
-from lamina.native.engine import linear as native_linear
+from lamina.native.step import GGML_KINDS
+from lamina.native.step import linear as native_linear
 
 # qtype -> (weights per block, bytes per block)
 BLOCKS = {
@@ -44,7 +45,6 @@ BLOCKS = {
     "Q5_1": (32, 24),
 }
 KEPT = tuple(BLOCKS)
-NATIVE_MAX_ROWS = 32  # rows a call runs through the native kernel (more: dequantized fp32)
 
 
 def row_width(qtype: str, width: int) -> int:
@@ -82,12 +82,14 @@ def dequantize_blocks(qtype: str, rows: Tensor, width: int) -> Tensor:
 
 
 def _native_call(x: Tensor) -> bool:
-    """Whether x (rows, in) goes through the native kernel (else dequantized fp32)."""
-    if x.device.type != "cpu" or x.dtype != torch.float32 or library() is None:
+    """Whether x (rows, in) goes through the native kernel, the one kernel that reads these
+    blocks (else they are dequantized): where lamina.native runs, the user's kernel choice
+    (lamina.cpu) allows it, and the call is one it takes."""
+    if x.device.type != "cpu" or x.dtype != torch.float32:
         return False
-    if x.requires_grad and torch.is_grad_enabled():
+    if (x.requires_grad and torch.is_grad_enabled()) or cpu.choice() not in ("auto", "native"):
         return False
-    return x.numel() // max(1, x.shape[-1]) <= NATIVE_MAX_ROWS
+    return x.numel() // max(1, x.shape[-1]) <= cpu.MAX_ROWS and cpu.native_missing() is None
 
 
 class BlockLinear(nn.Module):
