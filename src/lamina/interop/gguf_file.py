@@ -45,6 +45,7 @@ DEQUANTIZABLE = (
     "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ4_NL", "IQ4_XS",
 )  # fmt: skip
 MAX_DIMS = 4  # GGML_MAX_DIMS
+MAX_ARRAY_DEPTH = 8  # metadata arrays inside arrays (real files nest at most 2 deep)
 # GGUF value types -> struct format (strings 8 and arrays 9 are handled apart)
 _SCALARS = {
     0: "B",
@@ -175,7 +176,11 @@ class _Cursor:
             raise LaminaError(f"{self.where}: {what} has unknown value type {vtype} (corrupt?)")
         return self.scalar(_SCALARS[vtype], what)
 
-    def array(self, what: str) -> list[Any]:
+    def array(self, what: str, depth: int = 1) -> list[Any]:
+        if depth > MAX_ARRAY_DEPTH:
+            raise LaminaError(
+                f"{self.where}: {what} nests arrays deeper than {MAX_ARRAY_DEPTH} (corrupt?)"
+            )
         etype = self.scalar("I", what)
         count = self.scalar("Q", what)
         if etype in _NUMPY:  # numbers: one bounded numpy read
@@ -190,7 +195,7 @@ class _Cursor:
             return [self.string(what) for _ in range(count)]
         if etype == ARRAY:
             self.need(count * 12, what)
-            return [self.array(what) for _ in range(count)]
+            return [self.array(what, depth + 1) for _ in range(count)]
         raise LaminaError(f"{self.where}: {what} is an array of unknown type {etype} (corrupt?)")
 
 

@@ -2,12 +2,24 @@
 
     engine = native_step(model, caches)        # None: not built here, or this model isn't covered
     logits = engine.step(tokens, positions, starts)   # (B, vocab) float32
+    logits = engine.step_batch(tokens, positions, slots, rows=None, starts=None)  # (B, vocab)
 
-One call runs every layer for one new token per row: it writes each layer's key and value at
-the caches' `pos`, lets row r attend cache slots starts[r]..pos, returns the logits and advances
-every cache's `pos` by one, as a PyTorch step through the caches does. The model's own tensors are read in place (pointers into them, kept
-alive here), so building an engine costs no copy and about a millisecond; build one per
-generation, since it sees the tensors the model holds at that moment.
+One call runs every layer for one new token per row. `step` writes each layer's key and value
+at the caches' `pos`, lets row r attend cache slots starts[r]..pos, returns the logits and
+advances every cache's `pos` by one, as a PyTorch step through the caches does.
+
+`step_batch` is for sequences decoded together at different lengths (a server's continuous
+batching): batch row r is the sequence held in cache row rows[r] (default r); its new key and
+value go to slot slots[r] of that row, and it attends that row's slots starts[r] (default 0)
+..slots[r]. Nothing else about the caches is read or changed (their `pos` stays): the caller
+keeps each sequence's length (its next slot) and fills a new sequence's row as it likes, e.g.
+a PyTorch prefill through caches of batch 1 whose k and v are copied into row j of these
+caches. The rows of a call share every weight block they read (the tiled multi-row path), so
+B sequences cost far less than B separate steps; each row's logits are those it would get
+decoded alone (tests/test_native.py holds them equal). The model's own tensors are read in
+place (pointers into them, kept alive here), so building an engine costs no copy and about a
+millisecond; build one per generation (or per server), since it sees the tensors the model
+holds at that moment.
 
 What it covers, and otherwise returns None from `native_step` (with `unsupported(model)`
 saying why), leaving PyTorch to run the step:
@@ -31,17 +43,17 @@ from __future__ import annotations
 
 import ctypes
 import math
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
 
+import lamina.cpu as cpu
 from lamina.attention import KVCache, rotary_frequencies
 from lamina.block import LayerNorm, RMSNorm
 from lamina.errors import LaminaError
 from lamina.models.gpt import GPT
-from lamina.native.build import library
+from lamina.native.build import expect_layout, library
 
 LIN_F32, LIN_INT4, LIN_INT8 = 0, 1, 2
 ACTIVATIONS = {"gelu": 0, "relu": 1, "relu2": 2, "swiglu": 3}
@@ -82,6 +94,9 @@ class _Model(ctypes.Structure):
     )
 
 
+expect_layout(Lin=_Lin, Layer=_Layer, Model=_Model)  # build.py compares decode.c's with these
+
+
 def _float32(t: Tensor | None) -> bool:
     return t is None or (t.dtype == torch.float32 and t.device.type == "cpu")
 
@@ -100,13 +115,18 @@ def _linear_problem(name: str, m: nn.Module) -> str | None:
     if kind == "float" and type(m) is nn.Linear:
         return None if _float32(m.weight) and _float32(m.bias) else f"{name} is not float32"
     if kind == "int4":
-        return None if m.group_size % 32 == 0 else f"{name}: int4 groups of {m.group_size}"
+        return None if _blocks_of_32(m.group_size) else f"{name}: int4 groups of {m.group_size}"
     if kind == "int8":
         g = m.group_size
-        if m.in_features % 32 or (g is not None and (g % 32 or (g // 32) & (g // 32 - 1))):
+        if m.in_features % 32 or (g is not None and not _blocks_of_32(g)):
             return f"{name}: int8 rows of {m.in_features} (groups {m.group_size})"
         return None
     return f"{name} is a {type(m).__name__}"
+
+
+def _blocks_of_32(g: int) -> bool:
+    """What decode.c assumes of a group: g / 32 blocks of 32, a power of two."""
+    return g > 0 and g % 32 == 0 and (g // 32) & (g // 32 - 1) == 0
 
 
 def unsupported(model: object) -> str | None:
@@ -289,52 +309,73 @@ class NativeStep:
     ) -> Tensor:
         """Logits (B, vocab) for one new token per row (see the module docstring), on
         `threads` threads (default: torch's intra-op count)."""
-        slot = self._caches[0].pos
-        B = len(tokens)
-        if not 0 < B <= self.cache_batch or len(positions) != B or len(starts) != B:
-            raise LaminaError(f"a step takes 1..{self.cache_batch} rows, each with a position")
+        slot, B = self._caches[0].pos, len(tokens)
         if not 0 <= slot < self.cache_len:
             raise LaminaError(f"the KV caches are full ({self.cache_len} tokens)")
+        logits = self._run(tokens, positions, starts, [slot] * B, list(range(B)), threads)
+        for cache in self._caches:
+            cache.pos += 1
+        return logits
+
+    def step_batch(
+        self,
+        tokens: Sequence[int],
+        positions: Sequence[int],
+        slots: Sequence[int],
+        rows: Sequence[int] | None = None,
+        starts: Sequence[int] | None = None,
+        threads: int | None = None,
+    ) -> Tensor:
+        """Logits (B, vocab) for sequences decoded together, each in its own cache row (see
+        the module docstring): row r writes slot slots[r] of cache row rows[r] (default r)
+        and attends that row's slots starts[r] (default 0) ..slots[r]. The caches' `pos` is
+        neither read nor advanced: each sequence's fill is the caller's to keep."""
+        B = len(tokens)
+        rows = list(range(B)) if rows is None else list(rows)
+        starts = [0] * B if starts is None else list(starts)
+        if len(rows) != B or len(set(rows)) != B:
+            raise LaminaError(f"step_batch needs {B} distinct cache rows, got {rows}")
+        for s, r in zip(slots, rows, strict=False):
+            if not (0 <= s < self.cache_len and 0 <= r < self.cache_batch):
+                raise LaminaError(
+                    f"slot {s} (cache length {self.cache_len}) or cache row {r} "
+                    f"(cache batch {self.cache_batch}) out of range"
+                )
+        return self._run(tokens, positions, starts, slots, rows, threads)
+
+    def _run(
+        self,
+        tokens: Sequence[int],
+        positions: Sequence[int],
+        starts: Sequence[int],
+        slots: Sequence[int],
+        rows: Sequence[int],
+        threads: int | None,
+    ) -> Tensor:
+        B = len(tokens)
+        if not 0 < B <= self.cache_batch or not len(positions) == len(starts) == len(slots) == B:
+            raise LaminaError(f"a step takes 1..{self.cache_batch} rows, each with a position")
         vocab = self.config.vocab_size
-        for t, p, s in zip(tokens, positions, starts, strict=True):
+        for t, p, s, slot in zip(tokens, positions, starts, slots, strict=True):
             if not (0 <= t < vocab and 0 <= p < self.block_size and 0 <= s <= slot):
                 raise LaminaError(
                     f"token {t} (vocab {vocab}), position {p} (block {self.block_size}) or "
                     f"first slot {s} (slot {slot}) out of range"
                 )
         arr = ctypes.c_int64 * B
-        tok, pos, first = arr(*tokens), arr(*positions), arr(*starts)  # alive through the call
+        # alive through the call
+        tok, pos, first, at, row = (arr(*v) for v in (tokens, positions, starts, slots, rows))
         logits = torch.empty(B, vocab)
         ok = self._fn(
             ctypes.addressof(self._model),
             B,
-            ctypes.addressof(tok),
-            ctypes.addressof(pos),
-            ctypes.addressof(first),
-            slot,
+            *(ctypes.addressof(v) for v in (tok, pos, first, at, row)),
             logits.data_ptr(),
             threads or torch.get_num_threads(),
         )
         if not ok:
             raise LaminaError("the native step failed (out of memory or threads)")
-        for cache in self._caches:
-            cache.pos += 1
         return logits
-
-
-_off = 0  # depth of `disabled()` blocks
-
-
-@contextmanager
-def disabled() -> Iterator[None]:
-    """Inside this block no new native step is built: PyTorch runs every step (for measuring
-    or testing the PyTorch path itself; `LAMINA_NATIVE=0` does the same for a whole process)."""
-    global _off
-    _off += 1
-    try:
-        yield
-    finally:
-        _off -= 1
 
 
 def usable(model: nn.Module) -> bool:
@@ -343,8 +384,9 @@ def usable(model: nn.Module) -> bool:
 
 
 def native_step(model: GPT, caches: Sequence[KVCache]) -> NativeStep | None:
-    """A `NativeStep` for this model and caches, or None where PyTorch must run the step."""
-    if _off:
+    """A `NativeStep` for this model and caches, or None where PyTorch must run the step
+    (lamina.cpu.native_step() says whether the native one may run here and now)."""
+    if not cpu.native_step():
         return None
     lib = library()
     if lib is None or unsupported(model) is not None:
