@@ -156,9 +156,9 @@ def unsupported(model: object) -> str | None:
         "rotary_dim": c.rotary_dim is not None,
         "longrope": c.rope_scaling is not None and c.rope_scaling.kind == "longrope",
     }
-    for name, used in layer_options.items():
-        if used:
-            return f"{name} is not in the native step"
+    used = [name for name, on in layer_options.items() if on]
+    if used:
+        return f"{', '.join(used)}: not in the native step"
     if c.activation not in ACTIVATIONS:
         return f"activation {c.activation!r}"
     if c.head_dim % 2:
