@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from lamina import quant
+from lamina import cpu, quant
 from lamina.generation import generate
 from lamina.quant import Int4Linear, Int8Embedding, Int8Linear, quantize
 
@@ -76,8 +76,8 @@ def test_q4_1_kept_as_is_gives_the_dequantized_models_logits(real, monkeypatch):
     ids = torch.tensor([tok.encode(PROMPT + " Paris, and the capital of Italy is")])
     with torch.no_grad():
         ref, fast = model(ids), q(ids)
-        monkeypatch.setattr(quant, "_KERNEL", "dequantize")  # the blocks' exact values
-        exact = q(ids)
+        with cpu.using("dequantize"):  # the blocks' exact values
+            exact = q(ids)
     assert (exact - ref).abs().max().item() < 1e-4
     rel = ((fast - ref).norm() / ref.norm()).item()
     assert rel < 0.03, f"kernel path vs dequantized: relative logit error {rel:.4f}"

@@ -174,15 +174,21 @@ class PretrainedTokenizer:
         roles = {f"{r}_token": self.token_text(getattr(self, f"{r}_id")) for r in ROLES}
         return {k: v for k, v in roles.items() if v is not None}
 
-    def render_chat_text(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """The conversation as the chat template writes it."""
+    def render_chat_text(
+        self, messages: list[dict], add_generation_prompt: bool = True, tools: Any = None
+    ) -> str:
+        """The conversation as the chat template writes it (`tools`: the template's `tools`
+        variable, OpenAI's function list, for templates that render them)."""
+        extra = {} if tools is None else {"tools": tools}
         return render_chat_template(
-            self.chat_template, messages, add_generation_prompt, **self._variables()
+            self.chat_template, messages, add_generation_prompt, **self._variables(), **extra
         )
 
-    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    def render_chat(
+        self, messages: list[dict], add_generation_prompt: bool = True, tools: Any = None
+    ) -> list[int]:
         """The rendered conversation's ids (special tokens as themselves; bos only if written)."""
-        return self.encode(self.render_chat_text(messages, add_generation_prompt))
+        return self.encode(self.render_chat_text(messages, add_generation_prompt, tools))
 
     def chat_with_mask(self, messages: list[dict]) -> tuple[list[int], list[bool]]:
         """Ids of the conversation, and True on each token of an assistant turn's text up to and
