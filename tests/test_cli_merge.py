@@ -11,9 +11,9 @@ import torch
 import lamina
 from lamina import GPT, GPTConfig
 from lamina.cli import main
-from lamina.data.tokenizers import CharTokenizer
 from lamina.interop.adapters import save_lora_folder
 from lamina.lora import apply_lora, lora_config
+from lamina.tokenizers.kinds import CharTokenizer
 
 
 @pytest.fixture

@@ -10,10 +10,10 @@ import time
 import pytest
 
 from lamina.bounds import deadline
-from lamina.data.chat import RenderLimits, render_chat_template
 from lamina.errors import LaminaError
 from lamina.files import json_lines, loads_json, read_json
 from lamina.interop.gguf_file import read_gguf
+from lamina.tokenizers.chat_template import RenderLimits, render_chat_template
 
 CHAT = [{"role": "user", "content": "hi"}]
 QUICK = RenderLimits(seconds=0.3)

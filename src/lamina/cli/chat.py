@@ -10,7 +10,7 @@
 In the terminal: `/clear` forgets the conversation, `/system TEXT` sets a new system message
 (`/system` alone goes back to the template's default), `/exit` or Ctrl-D leaves, and Ctrl-C
 stops the current reply without leaving. The history is kept and its KV cache reused, so a
-turn prefills only its new tokens (`lamina.generation.chat`). When the conversation outgrows
+turn prefills only its new tokens (`lamina.generation.conversation`). When the conversation outgrows
 `--context`, the oldest turns are dropped (the system message stays) and a note on stderr
 says so.
 """
@@ -68,7 +68,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def options(args: argparse.Namespace) -> Any:
-    from lamina.generation.chat import ChatOptions
+    from lamina.generation.conversation import ChatOptions
 
     return ChatOptions(
         max_new_tokens=args.max_new_tokens,
@@ -81,7 +81,7 @@ def options(args: argparse.Namespace) -> Any:
 
 def open_chat(args: argparse.Namespace) -> Any:
     """The model behind the conversation, opened through the one model opener."""
-    from lamina.generation.chat import Conversation
+    from lamina.generation.conversation import Conversation
     from lamina.interop.bundle import open_model
     from lamina.modes import check_finite
 

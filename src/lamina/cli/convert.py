@@ -156,7 +156,7 @@ def _to_gguf(source: Path, out: Path, qtype: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    import lamina.data.subword  # noqa: F401 - registers the byte, bpe and gpt2 tokenizer kinds
+    import lamina.tokenizers.subword  # noqa: F401 - registers the byte, bpe and gpt2 tokenizer kinds
 
     source, out = Path(args.source), Path(args.out)
     if args.gguf_type is not None and args.dst_format != "gguf":

@@ -99,8 +99,8 @@ def add_keep_quantized(p: argparse.ArgumentParser) -> None:
         "--keep-quantized",
         action="store_true",
         help="a GGUF file's Q4_0/Q4_1/Q8_0 weights stay quantized as the file holds them: "
-        "less memory, and on x86 CPUs with AVX2 (lamina.native) decoding 2.5x faster than "
-        "the default fp32 path, logits within 1e-4 of it",
+        "less memory, and on x86 CPUs with AVX2 (lamina.native) decoding faster than "
+        "the fp32 path (figures: BENCHMARKS.md), logits within 1e-4 of it",
     )
 
 

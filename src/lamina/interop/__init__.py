@@ -10,7 +10,7 @@
 folders and their family: Mistral, Qwen2, Qwen3 (`load_hf_llama`, `save_hf_llama`). `from_hf`
 reads config.json's `model_type` (llama, mistral, qwen2, qwen3 go to the Llama converter,
 anything else to GPT-2's, which names what it refuses); `save_hf`
-writes a rotary model (positions="rope") as a Llama and any other as GPT-2. ``hf_tokenizer``:
+writes a rotary model (positions="rope") as a Llama and any other as GPT-2. ``lamina.tokenizers.hf_files``:
 the tokenizer files that go with them. ``gguf``: llama.cpp's GGUF files in and out (`load_gguf`,
 `save_gguf`, `read_gguf`; parsing in ``gguf_file``, writing in ``gguf_write``). ``tensor_map``:
 the one table of tensor names (lamina against HF GPT-2, HF Llama and GGUF) with its checker. This package sits above the models and data layers and
@@ -26,7 +26,6 @@ from pathlib import Path
 from torch import nn
 
 from lamina.checkpoint import unwrap
-from lamina.data.tokenizers import Tokenizer
 from lamina.files import read_json
 from lamina.interop.gguf import load_gguf, read_gguf, save_gguf
 from lamina.interop.hf_gpt2 import config_from_hf, hf_config, load_hf_gpt2, save_hf_gpt2
@@ -38,6 +37,7 @@ from lamina.interop.hf_llama import (
     save_hf_llama,
 )
 from lamina.models.gpt import GPT
+from lamina.tokenizers.kinds import Tokenizer
 
 __all__ = [
     "config_from_hf",

@@ -47,11 +47,11 @@ import torch
 from torch import nn
 
 from lamina.checkpoint import check_device, load_model
-from lamina.data.tokenizers import Tokenizer
 from lamina.errors import LaminaError
 from lamina.files import read_json
 from lamina.models.encoder import SequenceClassifier
 from lamina.models.gpt import GPT
+from lamina.tokenizers.kinds import Tokenizer
 
 Kind = Literal["run", "model", "hf", "gguf"]
 GGUF_MAGIC = b"GGUF"
@@ -330,7 +330,7 @@ def _present(d: Path, *names: str) -> tuple[Path, ...]:
 def _open_hf(d: Path, data: dict[str, Any], dev: torch.device, dtype: torch.dtype | None) -> Bundle:
     from lamina.interop.hf_gpt2 import load_hf_gpt2
     from lamina.interop.hf_llama import load_hf_llama
-    from lamina.interop.hf_tokenizer import tokenizer_from_hf
+    from lamina.tokenizers.hf_files import tokenizer_from_hf
 
     model_type = data["model_type"]
     if model_type not in HF_FAMILIES:
@@ -345,8 +345,8 @@ def _open_hf(d: Path, data: dict[str, Any], dev: torch.device, dtype: torch.dtyp
 
 
 def _open_gguf(path: Path, dev: torch.device, dtype: torch.dtype | None, quantized: bool) -> Bundle:
-    from lamina.data.pretrained import PretrainedTokenizer
     from lamina.interop.gguf import load_gguf
+    from lamina.tokenizers.pretrained import PretrainedTokenizer
 
     model, metadata = load_gguf(path, **({"quantized": True} if quantized else {}))
     tokenizer = None  # llama.cpp's "no vocabulary" (a file lamina wrote without one)

@@ -9,7 +9,7 @@ only (qwen2 keeps HF's row order); a GPT-2-layout one becomes arch "gpt2",
 its head always stored as `output.weight` (llama.cpp's own converter writes it too). qtype
 "f16" stores 2-D tensors in F16; "q8_0" stores them in Q8_0 where a row divides into blocks of
 32 (else F16); 1-D tensors (norms, biases) stay F32, as llama.cpp expects. The tokenizer goes
-in as `tokenizer.ggml.*` where it can (see gguf_tokenizer); without one, `tokenizer.ggml.model`
+in as `tokenizer.ggml.*` where it can (see lamina.tokenizers.gguf_metadata); without one, `tokenizer.ggml.model`
 is "none" (llama.cpp then runs token ids only). The file is written
 beside its final name and renamed into place. Deliberately unaware of reading GGUF.
 """
@@ -25,16 +25,16 @@ from torch import nn
 
 import lamina.quant as quant
 from lamina.checkpoint import strip_compiled_prefix, unwrap
-from lamina.data.tokenizers import Tokenizer
 from lamina.errors import LaminaError
 from lamina.files import atomic_write
 from lamina.interop import tensor_map
 from lamina.interop.gguf_file import _gguf
-from lamina.interop.gguf_tokenizer import gguf_tokenizer_metadata
 from lamina.interop.hf_gpt2 import hf_config
 from lamina.interop.hf_llama import hf_llama_config
 from lamina.models.config import GPTConfig
 from lamina.models.gpt import GPT
+from lamina.tokenizers.gguf_metadata import gguf_tokenizer_metadata
+from lamina.tokenizers.kinds import Tokenizer
 
 QTYPES = ("f32", "f16", "q8_0")
 

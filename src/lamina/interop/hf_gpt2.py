@@ -36,13 +36,13 @@ import torch
 from torch import Tensor, nn
 
 from lamina.checkpoint import save_tensors, strip_compiled_prefix, unwrap
-from lamina.data.tokenizers import Tokenizer
 from lamina.errors import LaminaError
 from lamina.files import build_folder, write_json
-from lamina.interop.hf_tokenizer import save_hf_tokenizer
 from lamina.interop.hf_weights import Plan, load_hf_folder
 from lamina.models.config import GPTConfig
 from lamina.models.gpt import GPT
+from lamina.tokenizers.hf_files import save_hf_tokenizer
+from lamina.tokenizers.kinds import Tokenizer
 
 # lamina name inside block i -> (HF name inside h.{i}, stored transposed by HF's Conv1D)
 _BLOCK = {
@@ -237,7 +237,7 @@ def save_hf_gpt2(
 ) -> Path:
     """Write config.json + model.safetensors for GPT2LMHeadModel.from_pretrained(path).
 
-    With a gpt2 or bpe `tokenizer`, its Hugging Face files go alongside (see hf_tokenizer).
+    With a gpt2 or bpe `tokenizer`, its Hugging Face files go alongside (see lamina.tokenizers.hf_files).
     The folder is built beside its final name and swapped in (see `write_hf_folder`).
     """
     inner = unwrap(model)

@@ -41,12 +41,12 @@ from torch import Tensor, nn
 
 from lamina.attention import RopeScaling
 from lamina.checkpoint import strip_compiled_prefix, unwrap
-from lamina.data.tokenizers import Tokenizer
 from lamina.errors import LaminaError
 from lamina.interop.hf_gpt2 import write_hf_folder
 from lamina.interop.hf_weights import Plan, load_hf_folder
 from lamina.models.config import GPTConfig
 from lamina.models.gpt import GPT
+from lamina.tokenizers.kinds import Tokenizer
 
 # the configs' defaults, for fields a config.json leaves out (LlamaConfig's, then each family's)
 _HF_DEFAULTS: dict[str, Any] = dict(
@@ -300,7 +300,7 @@ def save_hf_llama(
 ) -> Path:
     """Write config.json + model.safetensors for LlamaForCausalLM.from_pretrained(path).
 
-    With a bpe `tokenizer`, its tokenizer.json goes alongside (see hf_tokenizer).
+    With a bpe `tokenizer`, its tokenizer.json goes alongside (see lamina.tokenizers.hf_files).
     """
     inner = unwrap(model)
     if not isinstance(inner, GPT):

@@ -1,7 +1,7 @@
 /* lamina's native decode step: one token per row through a whole pre-LN GPT, on AVX2 + FMA.
 
    Built and loaded by lamina/native/build.py (cc -O3 -mavx2 -mfma -fopenmp -shared), driven
-   through ctypes by lamina/native/engine.py, which fills the structs below with pointers to
+   through ctypes by lamina/native/step.py, which fills the structs below with pointers to
    the model's own tensors (nothing is copied) and holds the step equal to the PyTorch model
    in tests/test_native.py.
 
@@ -11,10 +11,10 @@
    is quantized once to int16 in blocks of 32 (a scale per block: ~15 bits, so the result is
    within ~1e-4 of the float path), each block's dot product is integer `vpmaddwd`, and the
    weight's and input's scales multiply the block's integer sum (the shape of llama.cpp's
-   Q4 x Q8 product, with 16-bit inputs: on SmolLM2 they decode as fast as 8-bit ones, 95
-   tok/s either way when measured, and 300 times closer to the float result).
+   Q4 x Q8 product, with 16-bit inputs: on SmolLM2 they decoded as fast as 8-bit ones and
+   300 times closer to the float result; the figures are in BENCHMARKS.md only).
 
-   Weights, as lamina stores them (quant/__init__.py):
+   Weights, as lamina stores them (quant/linear.py):
      LIN_F32   w float (n, k)
      LIN_INT4  w uint8 (n, k/2), element 2i in the low nibble of byte i, 2i+1 in the high one;
                s, mn float (n, k/gs) each: w = q s + mn (lamina's (k/gs, n, 2) scale and
@@ -26,6 +26,7 @@
 */
 #include <immintrin.h>
 #include <math.h>
+#include <stddef.h>
 #include <omp.h>
 #include <pthread.h>
 #include <sched.h>
@@ -648,4 +649,32 @@ int lm_step(const Model *m, int B, const int64_t *tokens, const int64_t *positio
     return 1;
 }
 
-int lm_abi_version(void) { return 2; }
+/* What the loader (build.py) compares before the first call: the build's key, and the sizes and
+   field offsets of the structs above, which must equal those of the ctypes structs in step.py
+   (a field on one side only, or moved, is caught; sizeof catches one missing from this list). */
+#ifndef LM_BUILD_KEY
+#define LM_BUILD_KEY ""
+#endif
+const char *lm_build_key(void) { return LM_BUILD_KEY; }
+
+typedef struct {
+    const char *name;
+    int64_t value;
+} LayoutEntry;
+#define SIZE(T) {#T, (int64_t)sizeof(T)}
+#define AT(T, f) {#T "." #f, (int64_t)offsetof(T, f)}
+static const LayoutEntry LAYOUT[] = {
+    SIZE(Lin),         AT(Lin, kind),       AT(Lin, n),          AT(Lin, k),
+    AT(Lin, gs),       AT(Lin, w),          AT(Lin, s),          AT(Lin, mn),
+    AT(Lin, bias),     SIZE(Layer),         AT(Layer, n1w),      AT(Layer, n1b),
+    AT(Layer, n2w),    AT(Layer, n2b),      AT(Layer, qg),       AT(Layer, kg),
+    AT(Layer, qkv),    AT(Layer, proj),     AT(Layer, fc),       AT(Layer, out),
+    AT(Layer, kc),     AT(Layer, vc),       SIZE(Model),         AT(Model, n_layers),
+    AT(Model, d),      AT(Model, H),        AT(Model, Hkv),      AT(Model, hd),
+    AT(Model, ff),     AT(Model, vocab),    AT(Model, cache_len), AT(Model, norm),
+    AT(Model, act),    AT(Model, qk_norm),  AT(Model, rope),     AT(Model, eps),
+    AT(Model, emb_scale), AT(Model, softcap), AT(Model, emb_kind), AT(Model, emb_gs),
+    AT(Model, emb_w),  AT(Model, emb_s),    AT(Model, pos_table), AT(Model, inv_freq),
+    AT(Model, nfw),    AT(Model, nfb),      AT(Model, head),     AT(Model, layers),
+    {0, 0}};
+const LayoutEntry *lm_layout(void) { return LAYOUT; }

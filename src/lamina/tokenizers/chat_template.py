@@ -24,7 +24,7 @@ no longer folds them at compile time), and so are ``namespace`` values, ``lipsum
 line too.
 
 What this module deliberately does not know: tokens. It renders text; the tokenizer
-(lamina.data.pretrained) encodes it and maps spans to tokens.
+(lamina.tokenizers.pretrained) encodes it and maps spans to tokens.
 """
 
 from __future__ import annotations

@@ -43,17 +43,17 @@ from __future__ import annotations
 
 import ctypes
 import math
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
 
+import lamina.cpu as cpu
 from lamina.attention import KVCache, rotary_frequencies
 from lamina.block import LayerNorm, RMSNorm
 from lamina.errors import LaminaError
 from lamina.models.gpt import GPT
-from lamina.native.build import library
+from lamina.native.build import expect_layout, library
 
 LIN_F32, LIN_INT4, LIN_INT8 = 0, 1, 2
 ACTIVATIONS = {"gelu": 0, "relu": 1, "relu2": 2, "swiglu": 3}
@@ -94,6 +94,9 @@ class _Model(ctypes.Structure):
     )
 
 
+expect_layout(Lin=_Lin, Layer=_Layer, Model=_Model)  # build.py compares decode.c's with these
+
+
 def _float32(t: Tensor | None) -> bool:
     return t is None or (t.dtype == torch.float32 and t.device.type == "cpu")
 
@@ -112,13 +115,18 @@ def _linear_problem(name: str, m: nn.Module) -> str | None:
     if kind == "float" and type(m) is nn.Linear:
         return None if _float32(m.weight) and _float32(m.bias) else f"{name} is not float32"
     if kind == "int4":
-        return None if m.group_size % 32 == 0 else f"{name}: int4 groups of {m.group_size}"
+        return None if _blocks_of_32(m.group_size) else f"{name}: int4 groups of {m.group_size}"
     if kind == "int8":
         g = m.group_size
-        if m.in_features % 32 or (g is not None and (g % 32 or (g // 32) & (g // 32 - 1))):
+        if m.in_features % 32 or (g is not None and not _blocks_of_32(g)):
             return f"{name}: int8 rows of {m.in_features} (groups {m.group_size})"
         return None
     return f"{name} is a {type(m).__name__}"
+
+
+def _blocks_of_32(g: int) -> bool:
+    """What decode.c assumes of a group: g / 32 blocks of 32, a power of two."""
+    return g > 0 and g % 32 == 0 and (g // 32) & (g // 32 - 1) == 0
 
 
 def unsupported(model: object) -> str | None:
@@ -139,9 +147,9 @@ def unsupported(model: object) -> str | None:
         "rotary_dim": c.rotary_dim is not None,
         "longrope": c.rope_scaling is not None and c.rope_scaling.kind == "longrope",
     }
-    for name, used in layer_options.items():
-        if used:
-            return f"{name} is not in the native step"
+    used = [name for name, on in layer_options.items() if on]
+    if used:
+        return f"{', '.join(used)}: not in the native step"
     if c.activation not in ACTIVATIONS:
         return f"activation {c.activation!r}"
     if c.head_dim % 2:
@@ -370,29 +378,15 @@ class NativeStep:
         return logits
 
 
-_off = 0  # depth of `disabled()` blocks
-
-
-@contextmanager
-def disabled() -> Iterator[None]:
-    """Inside this block no new native step is built: PyTorch runs every step (for measuring
-    or testing the PyTorch path itself; `LAMINA_NATIVE=0` does the same for a whole process)."""
-    global _off
-    _off += 1
-    try:
-        yield
-    finally:
-        _off -= 1
-
-
 def usable(model: nn.Module) -> bool:
     """Whether a step may run natively now: eval mode, no gradients being recorded."""
     return not model.training and not torch.is_grad_enabled()
 
 
 def native_step(model: GPT, caches: Sequence[KVCache]) -> NativeStep | None:
-    """A `NativeStep` for this model and caches, or None where PyTorch must run the step."""
-    if _off:
+    """A `NativeStep` for this model and caches, or None where PyTorch must run the step
+    (lamina.cpu.native_step() says whether the native one may run here and now)."""
+    if not cpu.native_step():
         return None
     lib = library()
     if lib is None or unsupported(model) is not None:
