@@ -16,11 +16,11 @@ import torch
 import lamina
 from lamina import GPT, GPTConfig, LaminaError
 from lamina.cli import main
-from lamina.data.tokenizers import CharTokenizer
 from lamina.interop.adapters import save_lora_folder
 from lamina.interop.bundle import files_read
 from lamina.interop.gguf_write import save_gguf
 from lamina.lora import apply_lora
+from lamina.tokenizers.kinds import CharTokenizer
 
 
 def _tiny(vocab: int) -> GPT:
