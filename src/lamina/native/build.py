@@ -217,7 +217,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     p, i = ctypes.c_void_p, ctypes.c_int
     lib.lm_step.argtypes = [p, i, p, p, p, p, p, p, i]
     lib.lm_linear.argtypes = [p, i, p, p, i]
-    lib.lm_step.restype = lib.lm_linear.restype = i
+    lib.lm_dequant.argtypes = [i, p, i, i, p]
+    lib.lm_step.restype = lib.lm_linear.restype = lib.lm_dequant.restype = i
 
 
 def _open(target: Path, record: Path, key: str) -> ctypes.CDLL:
