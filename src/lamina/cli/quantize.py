@@ -61,10 +61,11 @@ def _size(path: Path) -> int:
 def run(args: argparse.Namespace) -> int:
     from lamina.checkpoint import save_model
     from lamina.files import build_folder, check_output_folder
+    from lamina.interop.bundle import model_inputs
     from lamina.quant import quantize, scheme_of
 
     source, out = Path(args.run), Path(args.out)
-    inputs = [("RUN", source)]
+    inputs = model_inputs(source, "RUN")
     check_output_folder(out, force=args.force, inputs=inputs)
     bundle = open_for(source, "quantize", tokenizer=False)
     model, tokenizer = bundle.model, bundle.tokenizer
