@@ -51,8 +51,8 @@ def tiny_folder(d: Path) -> tuple[str, dict[str, str]]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from lamina.data.builtin import builtin_corpus
-    from lamina.data.subword import BPETokenizer
-    from lamina.interop.hf_tokenizer import save_hf_tokenizer
+    from lamina.tokenizers.hf_files import save_hf_tokenizer
+    from lamina.tokenizers.subword import BPETokenizer
 
     tok = BPETokenizer.train(builtin_corpus()[:400_000], 1000)
     torch.manual_seed(0)

@@ -17,7 +17,7 @@ its cache, greedy (argmax), never stopping early.
     lamina-*      lamina.interop.gguf.load_gguf: fp32 (dequantized), int8 / int4 (fp32 then
                   lamina.quant.quantize, int4 in groups of 32), q4_1 (quantized=True: the
                   file's blocks kept); decode steps run natively (lamina.native) where
-                  they can; "-torch" forces PyTorch's step (LAMINA_NATIVE=0), "-compiled"
+                  they can; "-torch" forces PyTorch's step (LAMINA_KERNEL=torch), "-compiled"
                   the compiled fixed-shape step
 
 Compiled variants keep inductor's cache in --cache-dir (default a folder under /tmp): its first
@@ -183,7 +183,7 @@ def run_variant(name: str, a: argparse.Namespace, first: bool) -> dict[str, floa
     env["LAMINA_CACHE_DIR"] = str(native_dir)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
     if name.endswith("-torch"):
-        env["LAMINA_NATIVE"] = "0"
+        env["LAMINA_KERNEL"] = "torch"
     cmd = [
         sys.executable,
         __file__,

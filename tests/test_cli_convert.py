@@ -12,7 +12,7 @@ import torch
 import lamina
 from lamina import GPT, GPTConfig
 from lamina.cli import main
-from lamina.data.subword import BPETokenizer, ByteTokenizer, GPT2Tokenizer
+from lamina.tokenizers.subword import BPETokenizer, ByteTokenizer, GPT2Tokenizer
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()

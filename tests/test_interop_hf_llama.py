@@ -191,7 +191,7 @@ def test_export_writes_the_family_that_expresses_the_model(tmp_path, overrides, 
 def test_tokenizer_json_is_carried_both_ways(tmp_path):
     """A folder with a byte-level BPE tokenizer.json: lamina convert keeps it, and writes it."""
     from lamina.cli import main
-    from lamina.data.subword import BPETokenizer
+    from lamina.tokenizers.subword import BPETokenizer
 
     tok = BPETokenizer.train("the cat sat on the mat; the dog sat on the log. " * 20, 300)
     hf = make_hf(vocab_size=tok.vocab_size, num_hidden_layers=1, num_attention_heads=2)

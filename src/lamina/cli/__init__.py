@@ -1,5 +1,7 @@
 """The `lamina` command: one module per verb, each with `register(subparsers)`.
 
+Model specs of models already on disk (`hf:ORG/NAME`, `ollama:NAME[:TAG]`, `wheel:NAME`) in
+any verb's model argument are resolved to paths before the verb runs (`resolve_model_specs`).
 Errors from bad input (`LaminaError`, files that cannot be read or written) become one line on
 stderr and exit status 2, without a traceback; Ctrl-C exits with 130. A `LaminaWarning` is one
 line, `lamina VERB: warning: ...`. Output that cannot be written is handled once, here, for
@@ -40,6 +42,7 @@ VERBS = [
     "convert",
     "quantize",
     "merge",
+    "models",
 ]
 VERBS += ["lessons", "attention", "plot", "serve"]  # the last three: looking inside a model
 BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a tool killed by a closed pipe
@@ -58,6 +61,22 @@ def build_parser() -> argparse.ArgumentParser:
     for verb in VERBS:
         importlib.import_module(f"lamina.cli.{verb}").register(sub)
     return parser
+
+
+# the arguments that name a model to open, in every verb (MODEL, RUN, SOURCE, --init-from)
+MODEL_ARGS = ("model", "run", "source", "init_from")
+
+
+def resolve_model_specs(args: argparse.Namespace) -> None:
+    """Replace a model spec (hf:ORG/NAME, ollama:NAME[:TAG], wheel:NAME) in any model argument
+    by the path it names on disk, so that every verb, and its checks of inputs against outputs,
+    sees a path; plain paths are left as they are. Nothing is downloaded."""
+    from lamina.interop.discover import SCHEMES, resolve
+
+    for name in MODEL_ARGS:
+        value = getattr(args, name, None)
+        if isinstance(value, str) and value.partition(":")[0] in SCHEMES:
+            setattr(args, name, str(resolve(value)))
 
 
 def check_writable(path: Path, flag: str) -> None:
@@ -157,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)  # --help and --version write to stdout too
         name = f"lamina {args.verb}"
+        resolve_model_specs(args)
         with warnings.catch_warnings():
             warnings.showwarning = _warning_printer(name, warnings.showwarning)
             warnings.simplefilter("always", LaminaWarning)

@@ -10,7 +10,8 @@
 Flags default to None, so a command can tell which were typed. A `Literal` field offers exactly
 its choices (argparse refuses anything else), a bool gets `--x` / `--no-x`, and `int | None`
 takes an int (leaving it out keeps the config's value); a small dataclass (rope_scaling) takes
-a JSON object of its fields, e.g. '{"kind": "linear", "factor": 2}'. A field of any other type is a
+a JSON object of its fields, e.g. '{"kind": "linear", "factor": 2}', and a tuple of strings
+(layer_types) a comma-separated list, e.g. sliding,full. A field of any other type is a
 TypeError when the parser is built, so a new config field cannot go without a flag unnoticed.
 
 Deliberately unaware of what the fields mean: the config validates the values.
@@ -44,7 +45,13 @@ def field_flag(tp: Any) -> dict[str, Any]:
         return {"type": tp}
     if dataclasses.is_dataclass(tp):
         return {"type": _json_object}
+    if typing.get_origin(tp) is tuple and typing.get_args(tp) == (str, ...):
+        return {"type": _comma_list}
     raise TypeError(f"no command-line flag for a field of type {tp}")
+
+
+def _comma_list(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(","))
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -92,8 +99,8 @@ def add_keep_quantized(p: argparse.ArgumentParser) -> None:
         "--keep-quantized",
         action="store_true",
         help="a GGUF file's Q4_0/Q4_1/Q8_0 weights stay quantized as the file holds them: "
-        "less memory, and on x86 CPUs with AVX2 (lamina.native) decoding 2.5x faster than "
-        "the default fp32 path, logits within 1e-4 of it",
+        "less memory, and on x86 CPUs with AVX2 (lamina.native) decoding faster than "
+        "the fp32 path (figures: BENCHMARKS.md), logits within 1e-4 of it",
     )
 
 

@@ -36,7 +36,7 @@ from lamina.errors import LaminaError
 from lamina.files import atomic_write
 
 if TYPE_CHECKING:
-    from lamina.data.tokenizers import Tokenizer
+    from lamina.tokenizers.kinds import Tokenizer
 
 __all__ = [
     "corpus_files",

@@ -47,10 +47,10 @@ import numpy as np
 import torch
 
 from lamina.data.batches import WindowSampler, check_int, fixed_batches
-from lamina.data.tokenizers import Tokenizer, load_tokenizer, tokenizer_hash
 from lamina.errors import LaminaError
 from lamina.files import read_json
 from lamina.schema import Arr, FileName, Int, Obj, OneOf, Str, check
+from lamina.tokenizers.kinds import Tokenizer, load_tokenizer, tokenizer_hash
 
 INDEX_NAME = "index.json"
 FORMAT = "lamina-prepared"

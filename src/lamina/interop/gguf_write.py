@@ -10,7 +10,7 @@ and rope-scaling tensors from `family_gguf.to_gguf`, its tensors under the recor
 stored plus one). GPT-2's head is always stored as `output.weight` (llama.cpp's converter writes
 it too). qtype "f16" stores 2-D tensors in F16; "q8_0" stores them in Q8_0 where a row divides
 into blocks of 32 (else F16); 1-D tensors (norms, biases, rope factors) stay F32, as llama.cpp
-expects. The tokenizer goes in as `tokenizer.ggml.*` where it can (see gguf_tokenizer); without
+expects. The tokenizer goes in as `tokenizer.ggml.*` where it can (see lamina.tokenizers.gguf_metadata); without
 one, `tokenizer.ggml.model` is "none" (llama.cpp then runs token ids only). The file is written
 beside its final name and renamed into place. Deliberately unaware of reading GGUF.
 """
@@ -18,7 +18,6 @@ beside its final name and renamed into place. Deliberately unaware of reading GG
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +27,15 @@ from torch import nn
 
 import lamina.quant as quant
 from lamina.checkpoint import strip_compiled_prefix, unwrap
-from lamina.data.tokenizers import Tokenizer
 from lamina.errors import LaminaError
+from lamina.files import atomic_write
 from lamina.interop import tensor_map
 from lamina.interop.family_gguf import expressing, to_gguf
 from lamina.interop.gguf_file import _gguf
-from lamina.interop.gguf_tokenizer import gguf_tokenizer_metadata
 from lamina.models.config import GPTConfig
 from lamina.models.gpt import GPT
+from lamina.tokenizers.gguf_metadata import gguf_tokenizer_metadata
+from lamina.tokenizers.kinds import Tokenizer
 
 QTYPES = ("f32", "f16", "q8_0")
 
@@ -109,29 +109,24 @@ def save_gguf(
         n: torch.from_numpy(t) for n, t in rope_tensors.items()
     }
     out = Path(path)
-    if out.is_dir():
-        raise LaminaError(f"cannot write a GGUF file at {out}: it is a folder")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-    os.close(fd)
     gguf = _gguf()
-    try:
-        writer = gguf.GGUFWriter(tmp, arch)
-        writer.add_name(getattr(model, "name", None) or "lamina GPT")
-        writer.add_file_type({"f32": 0, "f16": 1, "q8_0": 7}[qtype])
-        for key, value in {**meta, **tok_meta}.items():
-            _add(writer, key, value)
-        if not tok_meta:
-            writer.add_string("tokenizer.ggml.model", "none")
-        for name, t in tensors.items():
-            data, raw = _encode(name, t.numpy(), qtype)
-            writer.add_tensor(name, data, raw_dtype=raw)
+    writer = gguf.GGUFWriter(None, arch)
+    writer.add_name(getattr(model, "name", None) or "lamina GPT")
+    writer.add_file_type({"f32": 0, "f16": 1, "q8_0": 7}[qtype])
+    for key, value in {**meta, **tok_meta}.items():
+        _add(writer, key, value)
+    if not tok_meta:
+        writer.add_string("tokenizer.ggml.model", "none")
+    for name, t in tensors.items():
+        data, raw = _encode(name, t.numpy(), qtype)
+        writer.add_tensor(name, data, raw_dtype=raw)
+
+    def write(f: Any) -> None:  # the writer's one output is atomic_write's file
+        writer.fout, writer.state = [f], gguf.gguf_writer.WriterState.EMPTY
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
-        writer.close()
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        writer.flush()
+
+    atomic_write(out, write, seekable=True)  # a FIFO refused; a link written through
     return out

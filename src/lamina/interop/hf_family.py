@@ -31,7 +31,6 @@ import torch
 from torch import Tensor, nn
 
 from lamina.checkpoint import save_tensors, strip_compiled_prefix, unwrap
-from lamina.data.tokenizers import Tokenizer
 from lamina.errors import LaminaError
 from lamina.files import build_folder, read_json, write_json
 from lamina.interop import tensor_map
@@ -39,10 +38,11 @@ from lamina.interop.families import HF_TYPES, by_hf_type
 from lamina.interop.family import Family
 from lamina.interop.family_config import from_hf, to_hf
 from lamina.interop.family_gguf import expressing
-from lamina.interop.hf_tokenizer import save_hf_tokenizer
 from lamina.interop.hf_weights import Plan, load_hf_folder
 from lamina.models.config import GPTConfig
 from lamina.models.gpt import GPT
+from lamina.tokenizers.hf_files import save_hf_tokenizer
+from lamina.tokenizers.kinds import Tokenizer
 
 
 def family_of(data: Any, where: str = "config.json") -> Family:

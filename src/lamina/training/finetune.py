@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from lamina.data.spec import build_tokenizer
-from lamina.data.tokenizers import Tokenizer
 from lamina.errors import LaminaError
 from lamina.files import read_json
 from lamina.interop.bundle import open_model
@@ -34,6 +33,7 @@ from lamina.models.config import GPTConfig
 from lamina.models.gpt import GPT
 from lamina.modes import check_finite
 from lamina.quant import scheme_of
+from lamina.tokenizers.kinds import Tokenizer
 
 # model fields that change no tensor, so a fine-tune may set them differently from SOURCE
 FREE_FIELDS = ("dropout",)

@@ -48,10 +48,10 @@ import torch
 from torch import nn
 
 from lamina.data.spec import is_kind
-from lamina.data.tokenizers import Tokenizer
 from lamina.errors import LaminaError
 from lamina.files import read_json
 from lamina.modes import check_finite
+from lamina.tokenizers.kinds import Tokenizer
 from lamina.training.config import TrainConfig
 from lamina.training.device import resolve_device, use_bf16
 from lamina.training.lora_option import restore_run_model, save_run_model

@@ -140,24 +140,36 @@ def fit_messages(
 ) -> tuple[list[int], int]:
     """Render `messages`, dropping the oldest turns (a user message and the answers up to the
     next one) until `room` tokens are left for the reply: (ids, messages dropped). A leading
-    system message and the last message always stay; if they alone do not fit, LaminaError."""
+    system message and the last message always stay; if they alone do not fit, LaminaError.
+
+    The fewest turns to drop are found by bisection over the turn boundaries (fewer turns never
+    render longer), so a conversation of n messages costs O(log n) renders, not n."""
     head = messages[:1] if messages and messages[0].get("role") == "system" else []
     turns = messages[len(head) :]
-    dropped = 0
-    while True:
-        ids = render([*head, *turns])
-        if len(ids) + room <= context:
-            return ids, dropped
-        if len(turns) <= 1:
-            raise LaminaError(
-                f"the message is too long for the context: with the system message it is "
-                f"{len(ids):,} tokens, and the context holds {context:,} (with {room} kept "
-                "for the reply)"
-            )
-        cut = next((i for i in range(1, len(turns)) if turns[i].get("role") == "user"), None)
-        cut = len(turns) - 1 if cut is None else cut
-        dropped += cut
-        turns = turns[cut:]
+    ids = render([*head, *turns])
+    if len(ids) + room <= context:
+        return ids, 0
+    # where the kept turns may start: each later user message, and at last the final message
+    cuts = [i for i in range(1, len(turns)) if turns[i].get("role") == "user"]
+    if len(turns) > 1 and (not cuts or cuts[-1] != len(turns) - 1):
+        cuts.append(len(turns) - 1)
+    fits: dict[int, list[int]] = {}
+    lo, hi = 0, len(cuts) - 1  # the first cut that fits lies in cuts[lo..hi], if any
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        got = render([*head, *turns[cuts[mid] :]])
+        if len(got) + room <= context:
+            fits[mid] = got
+            hi = mid - 1
+        else:
+            ids, lo = got, mid + 1
+    if lo >= len(cuts):
+        raise LaminaError(
+            f"the message is too long for the context: with the system message it is "
+            f"{len(ids):,} tokens, and the context holds {context:,} (with {room} kept "
+            "for the reply)"
+        )
+    return fits[lo], cuts[lo]
 
 
 def reply_room(options: ChatOptions, context: int) -> int:
