@@ -240,6 +240,7 @@ class Batcher:
         keep = []
         for seq in waiting:
             if seq.cancel.is_set():
+                seq.sink("done", Done("cancelled", len(seq.ids), 0, 0, ""))
                 continue
             free = [i for i, r in enumerate(self.rows) if r.seq is None]
             if not free:
