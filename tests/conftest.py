@@ -2,7 +2,8 @@
 
 Tests run torch on one thread (see below).
 
-Token caches (``LAMINA_CACHE``) go to a folder of the test session.
+Token caches (``LAMINA_CACHE``) and native builds (``LAMINA_CACHE_DIR``) go to folders of
+the test session.
 
 ``corpus``: a small text file (``CORPUS_TEXT``, ~9.6k characters of Shakespeare dialogue) for
 training tests; one file per test session, which tests only read.
@@ -41,14 +42,21 @@ CORPUS_TEXT = (
 
 @pytest.fixture(scope="session", autouse=True)
 def _token_cache(tmp_path_factory):
-    """Token caches (lamina.data.text_splits) go to a session folder, never ~/.cache."""
-    before = os.environ.get("LAMINA_CACHE")
-    os.environ["LAMINA_CACHE"] = str(tmp_path_factory.mktemp("lamina-cache"))
+    """Token caches (lamina.data.text_splits) and native builds (lamina.native.build) go to
+    session folders, never ~/.cache."""
+    names = ("LAMINA_CACHE", "LAMINA_CACHE_DIR")
+    before = {name: os.environ.get(name) for name in names}
+    for name in names:
+        os.environ[name] = str(tmp_path_factory.mktemp(name.lower().replace("_", "-")))
+    from lamina.native import build
+
+    build.reset()  # a library loaded at import (from the user's cache) is looked up again
     yield
-    if before is None:
-        os.environ.pop("LAMINA_CACHE", None)
-    else:
-        os.environ["LAMINA_CACHE"] = before
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture(scope="session")

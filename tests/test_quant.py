@@ -214,3 +214,9 @@ def test_cached_generation_equals_uncached_for_every_option(scheme, options):
     assert torch.equal(cached, uncached)
     steps = list(lamina.stream(q, torch.tensor([[1, 2, 3]]), 6))
     assert len(steps) == 6
+
+
+@pytest.mark.parametrize("in_features,group_size", [(96, 96), (128, 48), (96, 64), (128, 0)])
+def test_int4_refuses_a_group_size_its_kernels_do_not_take(in_features, group_size):
+    with pytest.raises(LaminaError, match="int4 group_size must be one of 32, 64, 128, 256"):
+        Int4Linear(in_features, 8, False, group_size)

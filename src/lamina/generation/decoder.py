@@ -20,6 +20,13 @@ current window from scratch, so both paths see exactly the same tokens at the sa
 (a test holds them equal token for token). `keep = block_size` slides by one token per step,
 which is the crop-to-block_size rule of `GPT.greedy` (and recomputes on every step).
 
+Two model options also re-prefill, so that the cached path stays equal to the recompute:
+longrope rotary scaling, at the step where the window's longest row first passes
+original_max_positions (its tables switch from the short to the long factors for every
+position, as transformers' do for a full forward); and a sliding window narrower than the cache
+makes the fixed-shape step give way to the ordinary cached one (its one mask cannot hold each
+layer's window).
+
 Deliberately unaware of sampling, stopping and tokenizers: tokens in, logits out.
 """
 
@@ -93,7 +100,9 @@ class Decoder:
         self._step: StepFn | None = None
         self._steady = False
         self._native = None  # the whole cached step in one native call, where it runs
-        if use_cache and (fixed_shape or step is not None):
+        c = model.config
+        windowed = c.sliding_window is not None and c.sliding_window < min(block, capacity)
+        if use_cache and (fixed_shape or step is not None) and not windowed:
             self.caches = fixed_caches(model, B, min(block, capacity), cache_dtype)
             self._step = step or fixed_step
             self._tok = torch.zeros(B, 1, dtype=torch.long, device=ids.device)
@@ -120,10 +129,18 @@ class Decoder:
         self.seq[:, self.length] = tokens
         self.length += 1
         starts = slide(self.starts, self.length, self.block_size, self.keep)
-        if not self.use_cache or starts != self.starts:
+        if not self.use_cache or starts != self.starts or self._rope_switches(starts):
             self.starts = starts
             return self._recompute()
         return self._cached_step()
+
+    def _rope_switches(self, starts: list[int]) -> bool:
+        """Whether this step is the first past longrope's original_max_positions (the newest
+        token's position, the longest row's, equals it)."""
+        s = self.model.config.rope_scaling
+        if s is None or s.kind != "longrope":
+            return False
+        return max(self.length - 1 - st for st in starts) == s.original_max_positions
 
     def tokens(self) -> Tensor:
         """Everything so far, (B, L): the prompts (with their pads) and the decoded tokens."""

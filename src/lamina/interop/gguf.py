@@ -214,12 +214,16 @@ class _LazyState(Mapping[str, Tensor]):
         table: list[tensor_map.Row],
         fetch: Callable[[str], Tensor],
         before: Callable[[], None],
+        apart: frozenset[str] = frozenset(),
     ) -> None:
         self._rows, self._fetch, self._before = {r.lamina: r for r in table}, fetch, before
+        self._apart = apart  # names whose parts come as a list (blocks of different types)
 
-    def __getitem__(self, name: str) -> Tensor:
+    def __getitem__(self, name: str) -> Tensor | list[Tensor]:
         row = self._rows[name]  # KeyError for a name the table lacks, as a dict
         self._before()
+        if name in self._apart:
+            return [p.transform.to_lamina(self._fetch(p.foreign)) for p in row.parts]
         return tensor_map.lamina_tensor(row, self._fetch)
 
     def __iter__(self) -> Iterator[str]:
@@ -233,7 +237,8 @@ def load_gguf(
     path: str | os.PathLike[str], *, quantized: bool = False
 ) -> tuple[GPT, dict[str, Any]]:
     """A lamina GPT (fp32, CPU, eval) from a GGUF file, and the file's metadata; with
-    `quantized`, Q4_0/Q4_1/Q8_0 weights stay quantized, exactly (lamina.quant.from_blocks)."""
+    `quantized`, Q4_0/Q4_1/Q8_0 weights stay quantized, exactly, and Q4_K/Q5_K/Q6_K/Q5_0/Q5_1
+    ones as the file stores them (lamina.quant.from_blocks)."""
     contents = read_gguf(path)
     tensors = contents.tensors
     config, table = gguf_table(contents)
@@ -252,7 +257,8 @@ def load_gguf(
 
         # each tensor read from the file as from_blocks converts it, and the file's pages read
         # so far handed back first: the blocks are never all held at once (peak memory)
-        state = _LazyState(table, fetch, contents.drop_pages)
+        apart = frozenset(n for n, q in kept.items() if isinstance(q, tuple) and len(set(q)) > 1)
+        state = _LazyState(table, fetch, contents.drop_pages, apart)
         model = from_blocks(model, state, kept)
         contents.drop_pages()
         return model, dict(contents.metadata)

@@ -27,8 +27,11 @@ saying why), leaving PyTorch to run the step:
     without gains and shifts; GELU, ReLU, ReLU² or SwiGLU; learned, sinusoidal, rotary or no
     positions; grouped-query attention, QK-norm, biases, embedding scale, logit soft cap);
   * linears that are plain `nn.Linear` (float32), `Int4Linear` or `Int8Linear` (grouped or per
-    row) with input widths a multiple of 32 for the quantized ones; a LoRA-wrapped layer is
-    not covered (merge it first);
+    row) with input widths a multiple of 32 for the quantized ones, or `BlockLinear`s of GGML
+    blocks as a GGUF file holds them (Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q5_1, parts of different
+    kinds stacked by rows); a LoRA-wrapped layer is not covered (merge it first);
+  * a token table that is float32, an `Int8Embedding` or a `BlockEmbedding` (a tied head
+    reading the same blocks);
   * float32 `KVCache`s of one length.
 It computes what the model computes in eval mode without gradients: dropout is not applied,
 so callers use it only then (`usable(model)`). The quantized linears quantize their input to int16 in blocks of 32, so their outputs differ
@@ -53,9 +56,11 @@ from lamina.attention import KVCache, rotary_frequencies
 from lamina.block import LayerNorm, RMSNorm
 from lamina.errors import LaminaError
 from lamina.models.gpt import GPT
-from lamina.native.build import library
+from lamina.native.build import expect_layout, library
 
-LIN_F32, LIN_INT4, LIN_INT8 = 0, 1, 2
+LIN_F32, LIN_INT4, LIN_INT8, LIN_PARTS = 0, 1, 2, 9
+# GGML's blocks as a GGUF file holds them (lamina.quant.kquant), read by decode.c as stored
+GGML_KINDS = {"Q4_K": 3, "Q5_K": 4, "Q6_K": 5, "Q8_0": 6, "Q5_0": 7, "Q5_1": 8}
 ACTIVATIONS = {"gelu": 0, "relu": 1, "relu2": 2, "swiglu": 3}
 _p = ctypes.c_void_p
 
@@ -94,13 +99,17 @@ class _Model(ctypes.Structure):
     )
 
 
+expect_layout(Lin=_Lin, Layer=_Layer, Model=_Model)  # build.py compares decode.c's with these
+
+
 def _float32(t: Tensor | None) -> bool:
     return t is None or (t.dtype == torch.float32 and t.device.type == "cpu")
 
 
 def kind_of(m: nn.Module) -> str | None:
     """ "float" for a plain nn.Linear or nn.Embedding, else the quantized layout a module
-    declares it stores (`native_kind` on lamina.quant's classes: "int4", "int8", "int8-table");
+    declares it stores (`native_kind` on lamina.quant's classes: "int4", "int8", "int8-table",
+    "ggml" and "ggml-table" for GGML's blocks);
     None for anything else (a LoRA wrapper, say)."""
     if type(m) in (nn.Linear, nn.Embedding):
         return "float"
@@ -118,6 +127,9 @@ def _linear_problem(name: str, m: nn.Module) -> str | None:
         if m.in_features % 32 or (g is not None and not _blocks_of_32(g)):
             return f"{name}: int8 rows of {m.in_features} (groups {m.group_size})"
         return None
+    if kind == "ggml":
+        bad = [q for q in m.qtypes if q not in GGML_KINDS]
+        return f"{name}: GGML blocks {', '.join(bad)}" if bad else None
     return f"{name} is a {type(m).__name__}"
 
 
@@ -144,9 +156,9 @@ def unsupported(model: object) -> str | None:
         "rotary_dim": c.rotary_dim is not None,
         "longrope": c.rope_scaling is not None and c.rope_scaling.kind == "longrope",
     }
-    for name, used in layer_options.items():
-        if used:
-            return f"{name} is not in the native step"
+    used = [name for name, on in layer_options.items() if on]
+    if used:
+        return f"{', '.join(used)}: not in the native step"
     if c.activation not in ACTIVATIONS:
         return f"activation {c.activation!r}"
     if c.head_dim % 2:
@@ -156,6 +168,9 @@ def unsupported(model: object) -> str | None:
     if kind_of(wte) == "float":
         if not _float32(wte.weight):
             return "the token table is not float32"
+    elif kind_of(wte) == "ggml-table":
+        if wte.qtype not in GGML_KINDS:
+            return f"token table of GGML blocks {wte.qtype}"
     elif kind_of(wte) != "int8-table":
         return f"token table {type(wte).__name__}"
     if model.embed.wpe is not None and not _float32(model.embed.wpe.weight):
@@ -209,6 +224,7 @@ class _Pointers:
 
     def __init__(self) -> None:
         self.keep: list[Tensor] = []
+        self.structs: list[ctypes.Array[_Lin]] = []  # the parts of LIN_PARTS linears
 
     def t(self, t: Tensor | None) -> int | None:
         """A pointer to t's data (made contiguous float32 or int first if needed)."""
@@ -225,6 +241,21 @@ class _Pointers:
         kind = kind_of(m)
         if kind == "float":
             L.kind, L.gs, L.w = LIN_F32, 0, self.t(m.weight)
+        elif kind == "ggml":
+            parts = m.parts
+            L.n, L.k = m.out_features, m.in_features
+            if len(parts) == 1:
+                self._ggml(L, *parts[0], m.bias)
+                return L
+            array, at = (_Lin * len(parts))(), 0
+            for P, (qtype, rows) in zip(array, parts, strict=True):
+                P.n, P.k = rows.shape[0], m.in_features
+                bias = None if m.bias is None else m.bias[at : at + P.n]
+                self._ggml(P, qtype, rows, bias)
+                at += P.n
+            self.structs.append(array)
+            L.kind, L.gs, L.w, L.bias = LIN_PARTS, len(parts), ctypes.addressof(array), None
+            return L
         elif kind == "int4":
             L.kind, L.gs = LIN_INT4, m.group_size
             scale, low = m.native_scale, m.native_min
@@ -237,6 +268,9 @@ class _Pointers:
         L.n, L.k = m.out_features, m.in_features
         L.bias = self.t(m.bias)
         return L
+
+    def _ggml(self, L: _Lin, qtype: str, rows: Tensor, bias: Tensor | None) -> None:
+        L.kind, L.gs, L.w, L.bias = GGML_KINDS[qtype], 32, self.t(rows), self.t(bias)
 
 
 class NativeStep:
@@ -281,7 +315,9 @@ class NativeStep:
         m.eps, m.softcap = c.layer_norm_eps, c.logit_softcap or 0.0
         emb = model.embed
         m.emb_scale = math.sqrt(c.d_model) if emb.scale else 0.0
-        if kind_of(emb.wte) == "int8-table":
+        if kind_of(emb.wte) == "ggml-table":
+            m.emb_kind, m.emb_gs, m.emb_w = GGML_KINDS[emb.wte.qtype], 32, self._t(emb.wte.blocks)
+        elif kind_of(emb.wte) == "int8-table":
             m.emb_kind, m.emb_gs = LIN_INT8, emb.wte.group_size or c.d_model
             m.emb_w, m.emb_s = self._t(emb.wte.qweight), self._t(emb.wte.scale)
         else:

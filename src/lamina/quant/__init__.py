@@ -9,6 +9,7 @@ Its modules, by concern:
     convert.py      quantize, quantize_structure: a GPT's layers replaced
     saved.py        scheme_of, quantized_tensors, finish_loading: saving and loading
     ggml.py, from_blocks.py   GGUF's quantized blocks kept as lamina's modules
+    kquant.py       BlockLinear, BlockEmbedding: K-quants (and Q8_0, Q5_0, Q5_1) as stored
 Which kernel runs each call (lamina's native one, torch's packed ones, or the weights
 dequantized) is lamina.cpu's choice; the figures are in BENCHMARKS.md.
 
