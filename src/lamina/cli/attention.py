@@ -76,9 +76,9 @@ def out_path(args: argparse.Namespace) -> tuple[Path, str]:
 
     if out.is_dir():
         raise LaminaError(f"--out {out} is a folder: give a file name, e.g. {out / 'maps.png'}")
-    run = Path(args.run)
-    inputs = [("RUN", run / n) for n in ("model.safetensors", "config.json", "tokenizer.json")]
-    check_output_file(out, inputs, "--out")
+    from lamina.interop.bundle import model_inputs
+
+    check_output_file(out, model_inputs(args.run, "RUN"), "--out")
     return out, fmt or "png"
 
 

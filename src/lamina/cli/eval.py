@@ -180,11 +180,10 @@ def run_task(args: argparse.Namespace) -> int:
             raise LaminaError(f"--{flag} must be >= 1, got {value}")
     if args.output:  # the one output rule: never an input, checked before any work
         from lamina.files import check_output_file
+        from lamina.interop.bundle import model_inputs
 
-        inputs = [("--task", args.task), ("--data", args.data), ("MODEL", args.run)]
-        names = ("config.json", "model.safetensors", "tokenizer.json")
-        inputs += [("MODEL", Path(args.run) / n) for n in names]  # a file of the model itself
-        check_output_file(args.output, inputs)
+        inputs = [("--task", args.task), ("--data", args.data)]
+        check_output_file(args.output, inputs + model_inputs(args.run))  # every file it reads
     task = _task(args)  # the task first: a bad file fails before the model is read
     model, tokenizer = _language_model(args.run)
     if task.kind == "perplexity":

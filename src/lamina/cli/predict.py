@@ -101,10 +101,10 @@ def run(args: argparse.Namespace) -> int:
     if bool(args.texts) == bool(args.input):
         raise LaminaError("give texts to label on the command line or --input FILE (one of them)")
     if args.output:
-        inputs = [("--input", None if args.input == "-" else args.input), ("RUN", args.run)]
-        names = ("config.json", "model.safetensors", "tokenizer.json", "labels.json")
-        inputs += [("RUN", Path(args.run) / n) for n in names]  # a file of the model itself
-        check_output_file(args.output, inputs)
+        from lamina.interop.bundle import model_inputs
+
+        inputs = [("--input", None if args.input == "-" else args.input)]
+        check_output_file(args.output, inputs + model_inputs(args.run, "RUN"))
     texts = list(args.texts) if args.texts else read_texts(args.input, args.text_column)
     model, tokenizer, labels = load_classifier(args.run)
     probs, cut = predict_proba(model, tokenizer, texts, args.batch_size)

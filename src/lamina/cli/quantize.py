@@ -60,11 +60,11 @@ def _size(path: Path) -> int:
 def run(args: argparse.Namespace) -> int:
     from lamina.checkpoint import save_model
     from lamina.files import build_folder, check_output_folder
-    from lamina.interop.bundle import open_model
+    from lamina.interop.bundle import model_inputs, open_model
     from lamina.quant import quantize, scheme_of
 
     source, out = Path(args.run), Path(args.out)
-    inputs = [("RUN", source)]
+    inputs = model_inputs(source, "RUN")
     check_output_folder(out, force=args.force, inputs=inputs)
     bundle = open_model(source).require("decoder", tokenizer=False, verb="quantize")
     model, tokenizer = bundle.model, bundle.tokenizer
