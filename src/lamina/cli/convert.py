@@ -28,7 +28,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from lamina.cli import check_writable, need_decoder
+from lamina.cli import check_writable, open_for
 from lamina.errors import LaminaError
 from lamina.files import build_folder, check_output_file, check_output_folder, refuse_overlap
 
@@ -99,21 +99,22 @@ def _check_out_file(out: Path, force: bool, source: Path) -> None:
     check_writable(out.parent, "--out")
 
 
-def _opened(source: Path, kind: str) -> Any:
-    """The bundle of a foreign model, refused in one line if it is not of the --from kind."""
-    from lamina.interop.bundle import open_model
-
-    bundle = open_model(source).require("decoder", tokenizer=False, verb="convert")
-    if bundle.origin.kind != kind:
-        what = "a Hugging Face folder" if kind == "hf" else "a .gguf file"
-        raise LaminaError(f"--from {kind} {source}: not {what} (it is a {bundle.origin.kind})")
+def _opened(source: Path, way: str, kind: str) -> Any:
+    """The bundle of SOURCE, refused in one line if it is not what `way` (--from hf, --from
+    gguf, --to ...) reads: a foreign model of the --from kind, or a lamina folder for --to."""
+    bundle = open_for(source, "convert", tokenizer=False)
+    kinds = ("run", "model") if way == "--to" else (kind,)
+    if bundle.origin.kind not in kinds:
+        what = {"hf": "a Hugging Face folder", "gguf": "a .gguf file"}.get(kind, "")
+        what = "a lamina model or run folder" if way == "--to" else what
+        raise LaminaError(f"{way} {kind} {source}: not {what} (it is a {bundle.origin.kind})")
     return bundle
 
 
 def _from_foreign(source: Path, out: Path, force: bool, kind: str) -> str:
     from lamina.checkpoint import save_model
 
-    bundle = _opened(source, kind)
+    bundle = _opened(source, "--from", kind)
     model, tokenizer = bundle.model, bundle.tokenizer
     build = lambda d: save_model(d, model, tokenizer)  # noqa: E731
     build_folder(out, build, kind="model", force=force, inputs=bundle.inputs("SOURCE"))
@@ -127,11 +128,10 @@ def _from_foreign(source: Path, out: Path, force: bool, kind: str) -> str:
 
 
 def _to_hf(source: Path, out: Path) -> str:
-    from lamina.checkpoint import load_model
     from lamina.interop import save_hf
 
-    model, tokenizer = load_model(source)
-    need_decoder(model, source, "convert --to hf")
+    bundle = _opened(source, "--to", "hf")
+    model, tokenizer = bundle.model, bundle.tokenizer
     save_hf(model, out, tokenizer)
     kind = tokenizer.to_dict()["kind"] if tokenizer is not None else None
     if kind in ("gpt2", "bpe", "pretrained"):
@@ -140,12 +140,11 @@ def _to_hf(source: Path, out: Path) -> str:
 
 
 def _to_gguf(source: Path, out: Path, qtype: str) -> str:
-    from lamina.checkpoint import load_model
     from lamina.interop.gguf import read_gguf, save_gguf
     from lamina.interop.gguf_write import gguf_arch
 
-    model, tokenizer = load_model(source)
-    need_decoder(model, source, "convert --to gguf")
+    bundle = _opened(source, "--to", "gguf")
+    model, tokenizer = bundle.model, bundle.tokenizer
     save_gguf(model, out, tokenizer, qtype)
     kind = tokenizer.to_dict()["kind"] if tokenizer is not None else None
     regular = out.resolve().is_file()  # a character device cannot be read back

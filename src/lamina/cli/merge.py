@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lamina.cli import check_writable
+from lamina.cli import check_writable, open_for
 from lamina.errors import LaminaError
 
 
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from lamina.checkpoint import save_model
     from lamina.files import build_folder, check_output_folder
     from lamina.interop.adapters import export_peft, is_lora_folder, read_lora_folder
-    from lamina.interop.bundle import model_inputs, open_model
+    from lamina.interop.bundle import model_inputs
     from lamina.lora import lora_config, merge_lora
 
     source = Path(args.run)
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     for flag, target in targets:  # before any work: the target, its place, RUN and its base
         check_output_folder(target, force=args.force, inputs=inputs, flag=flag)
         check_writable(target, flag)
-    bundle = open_model(source).require("decoder", tokenizer=False, verb="merge")
+    bundle = open_for(source, "merge", tokenizer=False)
     inputs = bundle.inputs("RUN")  # every file the open read, the base's included
     model = bundle.model
     config = lora_config(model)

@@ -148,13 +148,14 @@ class Bundle:
 
     def require(
         self,
-        what: Literal["decoder", "classifier"] = "decoder",
+        what: Literal["decoder", "classifier", "model"] = "decoder",
         *,
         tokenizer: bool = True,
         verb: str = "",
     ) -> Bundle:
-        """This bundle, if it holds what a verb needs; else one LaminaError saying what is not.
-        `verb` words the error: "sample" gives "... not a GPT: nothing to sample"."""
+        """This bundle, if it holds what a verb needs ("model": a decoder or a classifier);
+        else one LaminaError saying what is not. `verb` words the error: "sample" gives
+        "... not a decoder (GPT): lamina sample needs one". The one model-kind check."""
         where = self.origin.path
         if what == "decoder" and not isinstance(self.model, GPT):
             kind = type(self.model).__name__
@@ -162,8 +163,8 @@ class Bundle:
                 " (a classifier: use lamina predict or lamina eval)" if "Classifier" in kind else ""
             )
             raise LaminaError(
-                f"{where} holds a {kind}, not a decoder (GPT): nothing to "
-                f"{verb or 'generate'}{hint}"
+                f"{where} holds a {kind}, not a decoder (GPT): "
+                f"{f'lamina {verb} needs one' if verb else 'nothing to generate'}{hint}"
             )
         if what == "classifier" and not isinstance(self.model, SequenceClassifier):
             raise LaminaError(
@@ -282,7 +283,7 @@ def _open_lora(
         raise LaminaError(f"{d}: more than {MAX_BASE_CHAIN} LoRA folders are stacked on its base")
     base = _open(where, dev, dtype, False, chain)
     check_base(record, base.origin, str(d))
-    model = apply_lora(base.require("decoder", tokenizer=False, verb="adapt").model, config)
+    model = apply_lora(base.require("decoder", tokenizer=False).model, config)
     load_lora_state(model, tensors, str(d / ADAPTERS_FILE))
     kind: Kind = "run" if (d / "trainer_state.json").is_file() else "model"
     files = _files(d, ADAPTERS_FILE)
