@@ -14,7 +14,7 @@ each read straight into its rows of the output; a transposed one (GPT-2's Conv1D
 copied transposed. Keys and shapes are checked against the plan and the model's shapes before
 anything is read: a missing, unexpected or misshapen tensor is one LaminaError naming it.
 
-Deliberately unaware of model families: the converters (hf_gpt2, hf_llama) write the plans.
+Deliberately unaware of model families: hf_family writes the plans from the family records.
 """
 
 from __future__ import annotations
