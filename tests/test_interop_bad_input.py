@@ -60,7 +60,7 @@ def test_config_that_is_not_gpt2(good):
         ("add_cross_attention", True, "cannot express add_cross_attention"),
         ("activation_function", "gelu", "cannot express activation_function='gelu'"),
         ("n_head", 5, "divisible by n_heads=5"),
-        ("n_layer", "two", "n_layers must be a positive integer"),
+        ("n_layer", "two", "n_layer: expected an integer >= 1"),
     ]:
         (good / "config.json").write_text(json.dumps({**cfg, key: value}))
         refused(good, match)

@@ -46,6 +46,7 @@ from torch import Tensor, nn
 from lamina.checkpoint import load_tensors, save_tensors, unwrap
 from lamina.errors import LaminaError
 from lamina.files import read_json, write_json
+from lamina.interop.hf_config import check_peft_config
 from lamina.interop.hf_family import hf_rows
 from lamina.lora import LoRAConfig, apply_lora, load_lora_state, lora_config, lora_state_dict
 from lamina.models.config import GPTConfig
@@ -189,6 +190,7 @@ def _lora_config_from_peft(data: Any, where: str) -> LoRAConfig:
     if not isinstance(data, dict) or data.get("peft_type") != "LORA":
         got = data.get("peft_type") if isinstance(data, dict) else type(data).__name__
         raise LaminaError(f"{where}: peft_type is {got!r}; lamina reads LORA adapters only")
+    data = check_peft_config(data, where)  # every field its type and range
     refused = [
         (data.get("use_rslora", False), "use_rslora=true"),
         (data.get("use_dora", False), "use_dora=true"),
