@@ -95,7 +95,7 @@ def load_for_inspection(run_dir: str) -> tuple[Any, Any]:
     missing."""
     from lamina.interop.bundle import open_model
 
-    bundle = open_model(run_dir).require("decoder", verb="look at")
+    bundle = open_model(run_dir, quantized=False).require("decoder", verb="look at")
     return bundle.model, bundle.tokenizer
 
 

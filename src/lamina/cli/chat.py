@@ -22,7 +22,7 @@ import json
 import sys
 from typing import Any
 
-from lamina.cli.flags import add_keep_quantized, add_sampling
+from lamina.cli.flags import add_keep_quantized, add_sampling, note_kernel
 from lamina.errors import LaminaError
 
 PROMPT = "> "
@@ -89,6 +89,7 @@ def open_chat(args: argparse.Namespace) -> Any:
         args.model = default_chat_model()
     bundle = open_model(args.model, device=args.device, quantized=args.keep_quantized)
     check_finite(bundle.model, str(args.model))
+    note_kernel("chat", bundle.model)
     if bundle.tokenizer is None:
         raise LaminaError(f"{args.model} has no tokenizer: cannot chat with it")
     return Conversation(bundle.model, bundle.tokenizer, system=args.system, context=args.context)

@@ -94,7 +94,7 @@ def _opened(source: Path, kind: str) -> Any:
     """The bundle of a foreign model, refused in one line if it is not of the --from kind."""
     from lamina.interop.bundle import open_model
 
-    bundle = open_model(source).require("decoder", tokenizer=False, verb="convert")
+    bundle = open_model(source, quantized=False).require("decoder", tokenizer=False, verb="convert")
     if bundle.origin.kind != kind:
         what = "a Hugging Face folder" if kind == "hf" else "a .gguf file"
         raise LaminaError(f"--from {kind} {source}: not {what} (it is a {bundle.origin.kind})")

@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
             _check_target(flag, Path(target), source, args.force)
     if args.out is not None and args.peft is not None and Path(args.out) == Path(args.peft):
         raise LaminaError("--out and --peft must be different folders")
-    bundle = open_model(source).require("decoder", tokenizer=False, verb="merge")
+    bundle = open_model(source, quantized=False).require("decoder", tokenizer=False, verb="merge")
     model = bundle.model
     config = lora_config(model)
     if args.peft is not None:

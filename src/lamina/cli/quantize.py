@@ -66,7 +66,9 @@ def run(args: argparse.Namespace) -> int:
     source, out = Path(args.run), Path(args.out)
     inputs = [("RUN", source)]
     check_output_folder(out, force=args.force, inputs=inputs)
-    bundle = open_model(source).require("decoder", tokenizer=False, verb="quantize")
+    bundle = open_model(source, quantized=False).require(
+        "decoder", tokenizer=False, verb="quantize"
+    )
     model, tokenizer = bundle.model, bundle.tokenizer
     if scheme_of(model) is not None:
         raise LaminaError(f"{source} is already quantized ({scheme_of(model)['scheme']})")

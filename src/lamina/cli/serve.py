@@ -18,7 +18,7 @@ import ipaddress
 import socket
 import sys
 
-from lamina.cli.flags import add_keep_quantized
+from lamina.cli.flags import add_keep_quantized, note_kernel
 from lamina.errors import LaminaError
 
 
@@ -128,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
     bundle = open_model(args.run, quantized=args.keep_quantized).require("decoder", verb="serve")
     model, tokenizer = bundle.model, bundle.tokenizer
     check_finite(model, str(args.run))  # a model with NaN weights is refused, as chat does
+    note_kernel("serve", model)
     limits = Limits(
         max_tokens=args.max_tokens,
         max_prompt_chars=args.max_prompt,

@@ -1,6 +1,6 @@
 """One way to open a model: `open_model(source)` -> Bundle(model, tokenizer, origin).
 
-    open_model(source, *, device="cpu", dtype=None, quantized=False) -> Bundle
+    open_model(source, *, device="cpu", dtype=None, quantized=None) -> Bundle
         (also `lamina.open` and `lamina.open_model`)
 
 The one place that chooses a reader, by what `source` is:
@@ -21,8 +21,12 @@ opening costs about the weight bytes once and never makes random weights first.
 and, computed on first use, their sha256). Its special ids (bos, eos, pad, end of turn) and chat
 template come from the tokenizer when it has them. `require(...)` is how a verb states what it
 needs ("decoder" or "classifier", a tokenizer) and gets one line naming what is missing: no verb
-checks model kinds itself. `quantized=True` keeps a GGUF file's quantized tensors where lamina
-can run them (lamina's own quantized folders are quantized already).
+checks model kinds itself. A GGUF file's quantized tensors stay quantized where lamina can run
+them (`quantized=None`, the default: on the CPU wherever a quantized kernel runs here, as
+`lamina.cpu.keeps_quantized` says, so the native decode step reads the file's blocks as stored);
+`quantized=True` keeps them anyway, `quantized=False` dequantizes them to fp32 (the exact float
+values, for a verb that changes the weights). lamina's own quantized folders are quantized
+already.
 
 Deliberately unaware of what the verbs do with the model.
 """
@@ -147,7 +151,7 @@ def open_model(
     *,
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
-    quantized: bool = False,
+    quantized: bool | None = None,
 ) -> Bundle:
     """Open any model lamina reads (see the module docstring); errors are one LaminaError."""
     from lamina.interop.discover import resolve
@@ -190,7 +194,7 @@ def _open_lora(d: Path, dev: torch.device, dtype: torch.dtype | None) -> Bundle:
     from lamina.lora import apply_lora, load_lora_state
 
     config, record, tensors = read_lora_folder(d)
-    base = open_model(base_path(record, str(d)), device=dev, dtype=dtype)
+    base = open_model(base_path(record, str(d)), device=dev, dtype=dtype, quantized=False)
     check_base(record, base.origin, str(d))
     model = apply_lora(base.require("decoder", tokenizer=False, verb="adapt").model, config)
     load_lora_state(model, tensors, str(d / ADAPTERS_FILE))
@@ -229,10 +233,16 @@ def _open_hf(d: Path, data: dict[str, Any], dev: torch.device, dtype: torch.dtyp
     return Bundle(model.to(dev), tokenizer, Origin("hf", d, files))
 
 
-def _open_gguf(path: Path, dev: torch.device, dtype: torch.dtype | None, quantized: bool) -> Bundle:
+def _open_gguf(
+    path: Path, dev: torch.device, dtype: torch.dtype | None, quantized: bool | None
+) -> Bundle:
     from lamina.interop.gguf import load_gguf
     from lamina.tokenizers.pretrained import PretrainedTokenizer
 
+    if quantized is None:
+        from lamina.cpu import keeps_quantized
+
+        quantized = dtype is None and keeps_quantized(dev.type)
     model, metadata = load_gguf(path, **({"quantized": True} if quantized else {}))
     tokenizer = None  # llama.cpp's "no vocabulary" (a file lamina wrote without one)
     if metadata.get("tokenizer.ggml.model", "none") != "none":
