@@ -18,13 +18,12 @@ that use it are skipped cleanly where the folder is absent.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import pytest
 import torch
-from real_model import smollm2_path
+from real_model import save_smollm2_hf, smollm2_path
 
 # Tests use tiny models, which run fastest on one thread, and several test processes (or other
 # work) may share the cores: OpenMP threads spinning on oversubscribed cores slow tiny kernels
@@ -100,20 +99,5 @@ def smollm2_hf(smollm2_gguf, tmp_path_factory) -> Path:
     tokenizer); each test module that needs transformers' model or tokenizer loads this folder
     instead (about a second), so the reference is still transformers' reading of the same file.
     """
-    transformers = pytest.importorskip("transformers")
-    folder = tmp_path_factory.mktemp("smollm2-hf")
-    name = smollm2_gguf.name
-    tok = transformers.AutoTokenizer.from_pretrained(smollm2_gguf.parent, gguf_file=name)
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        smollm2_gguf.parent, gguf_file=name, torch_dtype=torch.float32
-    )
-    # transformers refuses to save a model it read from GGUF ("not serializable"): write the
-    # config without its quantization entry and the tensors (tied ones once) by hand
-    from safetensors.torch import save_model
-
-    config = model.config.to_dict()
-    config.pop("quantization_config", None)
-    (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
-    save_model(model, str(folder / "model.safetensors"))
-    tok.save_pretrained(folder)
-    return folder
+    pytest.importorskip("transformers")
+    return save_smollm2_hf(smollm2_gguf, tmp_path_factory.mktemp("smollm2-hf"))

@@ -143,7 +143,10 @@ def attention_mask(
 
     Queries are the last t_q of the t_k positions (a cache holds the first t_k - t_q). With a
     sliding `window`, query i also sees only keys j > i - window (applied only where it hides
-    a key: a window at least t_k wide adds no mask).
+    a key: a window at least t_k wide adds no mask). A single query with a padding mask sits
+    at its row's last unmasked key instead: a caller that steps rows at different positions
+    (a fixed-shape cache, a continuous batch) masks the columns past each row's query, and the
+    query always sees itself.
     """
     allowed = None
     q_pos = torch.arange(t_k - t_q, t_k, device=device)[:, None]
@@ -151,7 +154,12 @@ def attention_mask(
     if causal and t_q > 1:
         allowed = (k_pos <= q_pos)[None, None]
     if window is not None and t_k > window:
-        near = (k_pos > q_pos - window)[None, None]
+        if t_q == 1 and padding_mask is not None:
+            seen = (~padding_mask).flip(-1).to(torch.uint8)  # (B, t_k), the last key first
+            last = t_k - 1 - seen.argmax(-1, keepdim=True)  # (B, 1): each row's query column
+            near = (k_pos > last - window)[:, None, None, :]
+        else:
+            near = (k_pos > q_pos - window)[None, None]
         allowed = near if allowed is None else allowed & near
     if padding_mask is not None:
         keep = ~padding_mask[:, None, None, :]

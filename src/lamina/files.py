@@ -127,9 +127,14 @@ def refuse_overlap(
 
 
 def check_output_file(
-    path: str | os.PathLike[str], inputs: Inputs = (), flag: str = "--output"
+    path: str | os.PathLike[str],
+    inputs: Inputs = (),
+    flag: str = "--output",
+    *,
+    seekable: bool = False,
 ) -> Path:
-    """Rules 2 and 3 for a file, before any work: the path to write (a symlink's target)."""
+    """Rules 2 and 3 for a file, before any work: the path to write (a symlink's target).
+    `seekable`: the writer seeks in its file (a GGUF), so a FIFO is refused too."""
     p = Path(path)
     if str(path) == "":
         raise LaminaError(f"{flag} must name a file, got an empty string")
@@ -142,18 +147,23 @@ def check_output_file(
         if stat.S_ISBLK(mode) or stat.S_ISSOCK(mode):
             what = "a block device" if stat.S_ISBLK(mode) else "a socket"
             raise LaminaError(f"{flag} {p} is {what}; lamina writes files, FIFOs and char devices")
+        if seekable and stat.S_ISFIFO(mode):
+            raise LaminaError(f"{flag} {p} is a FIFO; this file is written with seeks: give a file")
     elif not target.parent.is_dir():
         raise LaminaError(f"{flag} {p}: folder {target.parent} does not exist")
     return target
 
 
-def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], Any]) -> None:
+def atomic_write(
+    path: str | os.PathLike[str], write: Callable[[IO[bytes]], Any], *, seekable: bool = False
+) -> None:
     """Call ``write(f)`` on a temp file beside ``path``, fsync it, then ``os.replace`` it.
 
     Readers see either the old file or the complete new one, never a partial write. The
     folder must exist already. The temp file is removed if ``write`` raises. A symlink at
     ``path`` is written through (its target is replaced, the link stays); a character device
-    or a FIFO is written directly; a block device or a socket is refused.
+    or a FIFO is written directly; a block device or a socket is refused (with `seekable`, a
+    FIFO too: for writers that seek).
     """
     p = Path(path)
     target = _real(p)
@@ -161,7 +171,7 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], Any]
     if target.is_dir():
         raise LaminaError(f"cannot write {p}: it is a folder")
     if target.exists() and not target.is_file():
-        check_output_file(p, (), "cannot write")
+        check_output_file(p, (), "cannot write", seekable=seekable)
         with open(target, "wb") as f:  # a device or FIFO: nothing to swap, write it as is
             write(f)
         return

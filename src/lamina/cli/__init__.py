@@ -22,10 +22,13 @@ import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from lamina.errors import LaminaError, LaminaWarning
 from lamina.files import mute_stream
+
+if TYPE_CHECKING:
+    from lamina.interop.bundle import Bundle
 
 # verb modules in the order `lamina --help` lists them (tests/test_cli_foundation.py holds each
 # one to a module of this package)
@@ -96,17 +99,35 @@ def check_writable(path: Path, flag: str) -> None:
         raise LaminaError(f"{flag} {path}: cannot write in {base} ({e.strerror or e})") from None
 
 
-def need_decoder(model: Any, source: str | os.PathLike[str], verb: str) -> None:
-    """Refuse, in one line, a model that is not a decoder (a GPT) for a verb that needs one:
-    a classifier run given to `lamina attention`, `quantize`, `convert`, `sample`, `serve`."""
-    from lamina.models.gpt import GPT
+def open_for(
+    source: str | os.PathLike[str],
+    verb: str,
+    needs: Literal["decoder", "classifier", "model"] = "decoder",
+    *,
+    tokenizer: bool = True,
+    device: str = "cpu",
+    quantized: bool | None = False,
+) -> Bundle:
+    """The one way a verb opens its model: `lamina.open(source)` (`quantized` passed through),
+    then what the verb needs (`Bundle.require`: a decoder, a classifier or either, and a
+    tokenizer unless `tokenizer=False`), then finite weights (`lamina.modes.check_finite`).
+    Each refusal is one LaminaError naming `source` and, for a missing kind, `verb`.
+    `quantized=None` (a verb that only runs the model: lamina.open's own choice, a GGUF's
+    blocks kept where a kernel runs them) also prints one note where PyTorch will run the
+    decode step (`flags.note_kernel`); False (the default) opens float weights."""
+    from lamina.interop.bundle import open_model
+    from lamina.modes import check_finite
 
-    if not isinstance(model, GPT):
-        kind = type(model).__name__
-        hint = " (a classifier: use lamina predict or lamina eval)" if "Classifier" in kind else ""
-        raise LaminaError(
-            f"{source} holds a {kind}, not a decoder (GPT): lamina {verb} needs one{hint}"
-        )
+    bundle = open_model(source, device=device, quantized=quantized)
+    bundle.require(needs, tokenizer=tokenizer, verb=verb)
+    trained_here = bundle.origin.kind == "run"
+    advice = "retrain with a lower --lr" if trained_here else "use another copy of the model"
+    check_finite(bundle.model, str(source), advice=advice)
+    if quantized is None:
+        from lamina.cli.flags import note_kernel
+
+        note_kernel(verb, bundle.model)
+    return bundle
 
 
 class OutputFailed(OSError):

@@ -22,7 +22,8 @@ import json
 import sys
 from typing import Any
 
-from lamina.cli.flags import add_keep_quantized, add_sampling, note_kernel
+from lamina.cli import open_for
+from lamina.cli.flags import add_keep_quantized, add_sampling
 from lamina.errors import LaminaError
 
 PROMPT = "> "
@@ -82,16 +83,10 @@ def options(args: argparse.Namespace) -> Any:
 def open_chat(args: argparse.Namespace) -> Any:
     """The model behind the conversation, opened through the one model opener."""
     from lamina.generation.conversation import Conversation
-    from lamina.interop.bundle import open_model
-    from lamina.modes import check_finite
 
     if args.model is None:
         args.model = default_chat_model()
-    bundle = open_model(args.model, device=args.device, quantized=args.keep_quantized)
-    check_finite(bundle.model, str(args.model))
-    note_kernel("chat", bundle.model)
-    if bundle.tokenizer is None:
-        raise LaminaError(f"{args.model} has no tokenizer: cannot chat with it")
+    bundle = open_for(args.model, "chat", device=args.device, quantized=args.keep_quantized)
     return Conversation(bundle.model, bundle.tokenizer, system=args.system, context=args.context)
 
 

@@ -18,7 +18,12 @@ import io
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from lamina.cli import open_for
+
+if TYPE_CHECKING:
+    from lamina.interop.bundle import Bundle
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -44,11 +49,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def load_classifier(run: str) -> tuple[Any, Any, list[str]]:
-    """(model, tokenizer, label names) of a classifier `lamina.open` reads; else an error."""
-    from lamina.interop.bundle import open_model
-
-    bundle = open_model(run).require("classifier")
+def load_classifier(run: str, bundle: Bundle | None = None) -> tuple[Any, Any, list[str]]:
+    """(model, tokenizer, label names) of a classifier `lamina.open` reads (or of `bundle`,
+    already opened); else an error."""
+    bundle = (bundle or open_for(run, "predict", "classifier")).require("classifier")
     model, tokenizer = bundle.model, bundle.tokenizer
     labels = model.labels or [str(i) for i in range(model.classifier.out_features)]
     return model, tokenizer, labels
@@ -101,10 +105,10 @@ def run(args: argparse.Namespace) -> int:
     if bool(args.texts) == bool(args.input):
         raise LaminaError("give texts to label on the command line or --input FILE (one of them)")
     if args.output:
-        inputs = [("--input", None if args.input == "-" else args.input), ("RUN", args.run)]
-        names = ("config.json", "model.safetensors", "tokenizer.json", "labels.json")
-        inputs += [("RUN", Path(args.run) / n) for n in names]  # a file of the model itself
-        check_output_file(args.output, inputs)
+        from lamina.interop.bundle import model_inputs
+
+        inputs = [("--input", None if args.input == "-" else args.input)]
+        check_output_file(args.output, inputs + model_inputs(args.run, "RUN"))
     texts = list(args.texts) if args.texts else read_texts(args.input, args.text_column)
     model, tokenizer, labels = load_classifier(args.run)
     probs, cut = predict_proba(model, tokenizer, texts, args.batch_size)
@@ -129,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def evaluate_classifier(args: argparse.Namespace) -> int:
+def evaluate_classifier(args: argparse.Namespace, bundle: Bundle | None = None) -> int:
     """`lamina eval RUN [--data FILE]` for a classifier."""
     from lamina.data.labelled import read_labelled
     from lamina.errors import LaminaError
@@ -138,7 +142,7 @@ def evaluate_classifier(args: argparse.Namespace) -> int:
     from lamina.training.registry import load_config
     from lamina.training.run_dir import RunDir
 
-    model, tokenizer, labels = load_classifier(args.run)
+    model, tokenizer, labels = load_classifier(args.run, bundle)
     saved = Path(args.run) / "train_config.json"
     whole = RunDir(args.run).read_train_config() if saved.is_file() else None
     cfg = load_config(whole["train"]) if whole is not None else None

@@ -24,7 +24,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lamina.cli.flags import add_keep_quantized, add_sampling, note_kernel
+from lamina.cli import open_for
+from lamina.cli.flags import add_keep_quantized, add_sampling
 from lamina.errors import LaminaError
 from lamina.generation.prompts import TextStream, encode_prompt, start_id
 
@@ -210,24 +211,19 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from lamina.generation import stream
-    from lamina.interop.bundle import open_model
-    from lamina.modes import check_finite
 
     # --quantize and --dtype bfloat16 start from the float weights, unless --keep-quantized
     keep = args.keep_quantized
     if keep is None and (args.quantize or args.dtype == "bfloat16"):
         keep = False
-    bundle = open_model(args.run, device=args.device, quantized=keep)
-    bundle.require("decoder", verb="sample")
+    bundle = open_for(args.run, "sample", device=args.device, quantized=keep)
     model, tokenizer = bundle.model, bundle.tokenizer
-    check_finite(model, str(args.run))
     if args.quantize:
         from lamina.quant import quantize
 
         quantize(model, args.quantize)
     if args.dtype == "bfloat16":
         model = model.to(torch.bfloat16)
-    note_kernel("sample", model)
     prompt = read_prompt(args, tokenizer)
     given = args.prompt is not None or args.prompt_file is not None
     ids = (

@@ -18,7 +18,8 @@ import ipaddress
 import socket
 import sys
 
-from lamina.cli.flags import add_keep_quantized, note_kernel
+from lamina.cli import open_for
+from lamina.cli.flags import add_keep_quantized
 from lamina.errors import LaminaError
 
 
@@ -121,14 +122,10 @@ def run(args: argparse.Namespace) -> int:
             f"lamina serve needs the serve extra ({exc.name} is missing): "
             "pip install 'lamina[serve]'"
         ) from exc
-    from lamina.interop.bundle import open_model
-    from lamina.modes import check_finite
     from lamina.serve import Engine, Limits, server
 
-    bundle = open_model(args.run, quantized=args.keep_quantized).require("decoder", verb="serve")
+    bundle = open_for(args.run, "serve", quantized=args.keep_quantized)
     model, tokenizer = bundle.model, bundle.tokenizer
-    check_finite(model, str(args.run))  # a model with NaN weights is refused, as chat does
-    note_kernel("serve", model)
     limits = Limits(
         max_tokens=args.max_tokens,
         max_prompt_chars=args.max_prompt,

@@ -20,12 +20,10 @@ current window from scratch, so both paths see exactly the same tokens at the sa
 (a test holds them equal token for token). `keep = block_size` slides by one token per step,
 which is the crop-to-block_size rule of `GPT.greedy` (and recomputes on every step).
 
-Two model options also re-prefill, so that the cached path stays equal to the recompute:
-longrope rotary scaling, at the step where the window's longest row first passes
-original_max_positions (its tables switch from the short to the long factors for every
-position, as transformers' do for a full forward); and a sliding window narrower than the cache
-makes the fixed-shape step give way to the ordinary cached one (its one mask cannot hold each
-layer's window).
+With longrope rotary scaling the decoder also re-prefills at the step where the window's
+longest row first passes original_max_positions: the tables then switch from the short to the
+long factors for every position (as transformers' do for a full forward), so the cached path
+stays equal to the recompute.
 
 Deliberately unaware of sampling, stopping and tokenizers: tokens in, logits out.
 """
@@ -100,9 +98,7 @@ class Decoder:
         self._step: StepFn | None = None
         self._steady = False
         self._native = None  # the whole cached step in one native call, where it runs
-        c = model.config
-        windowed = c.sliding_window is not None and c.sliding_window < min(block, capacity)
-        if use_cache and (fixed_shape or step is not None) and not windowed:
+        if use_cache and (fixed_shape or step is not None):
             self.caches = fixed_caches(model, B, min(block, capacity), cache_dtype)
             self._step = step or fixed_step
             self._tok = torch.zeros(B, 1, dtype=torch.long, device=ids.device)

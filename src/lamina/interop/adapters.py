@@ -14,8 +14,10 @@ base's weights):
                                           {"kind", "path", "sha256"}, "model": the base's
                                           config} + adapters.safetensors
     read_lora_folder(folder) -> (LoRAConfig, base record, tensors);  is_lora_folder(path)
-    base_path(record) -> Path;  check_base(record, origin)   the base it names, refused
-                                          where its sha256 (the bundle Origin's) changed since
+    base_path(record, folder) -> Path     the base it names (a relative path: beside folder)
+    check_base(record, origin)            refused where its sha256 (the bundle Origin's content
+                                          hash: bytes only, so a renamed copy passes) changed
+                                          since the adapters were trained
 The base record is the base bundle's `Origin.to_dict()` ({"kind", "path", "sha256"});
 `lamina.open(folder)` (interop.bundle) opens the base, checks it and applies the adapters.
 
@@ -233,7 +235,7 @@ def check_base(record: Any, origin: Any, where: str = "LoRA folder") -> None:
     """
     if not isinstance(record, dict) or not isinstance(record.get("sha256"), str):
         raise LaminaError(f"{where}: 'base' must be an object with 'path' and 'sha256'")
-    if origin.content_hash != record["sha256"]:
+    if record["sha256"] not in (origin.content_hash, origin.legacy_hash):  # names: older runs
         raise LaminaError(
             f"{where}: its base model {record.get('path')} changed since the adapters were "
             f"trained (sha256 {origin.content_hash[:12]}... != {record['sha256'][:12]}...); "
@@ -241,13 +243,14 @@ def check_base(record: Any, origin: Any, where: str = "LoRA folder") -> None:
         )
 
 
-def base_path(record: Any, where: str = "LoRA folder") -> Path:
-    """The base model a LoRA folder's record names (it must still exist)."""
+def base_path(record: Any, folder: str | os.PathLike[str] = "LoRA folder") -> Path:
+    """The base model a LoRA folder's record names (it must still exist); a relative path is
+    taken beside the folder, never against the working directory."""
     if not isinstance(record, dict) or not isinstance(record.get("path"), str):
-        raise LaminaError(f"{where}: 'base' must be an object with 'path' and 'sha256'")
-    p = Path(record["path"])
+        raise LaminaError(f"{folder}: 'base' must be an object with 'path' and 'sha256'")
+    p = Path(folder) / Path(record["path"]).expanduser()  # an absolute path stays as it is
     if not p.exists():
-        raise LaminaError(f"{where}: its base model {p} is missing")
+        raise LaminaError(f"{folder}: its base model {record['path']} is missing (looked for {p})")
     return p
 
 

@@ -1,7 +1,10 @@
 """One way to open a model: `open_model(source)` -> Bundle(model, tokenizer, origin).
 
-    open_model(source, *, device="cpu", dtype=None, quantized=None) -> Bundle
+    open_model(source, *, device="cpu", dtype=None, quantized=False) -> Bundle
         (also `lamina.open` and `lamina.open_model`)
+    files_read(source) -> paths      every file opening `source` reads (without opening it)
+    model_inputs(source, flag) / Bundle.inputs(flag)    those as `lamina.files` output checks
+                                     take them: what no verb may overwrite
 
 The one place that chooses a reader, by what `source` is:
     a lamina run folder     config.json with "kind" + trainer_state.json   checkpoint.load_model
@@ -17,22 +20,22 @@ Every reader builds the model on the meta device and assigns its tensors as they
 opening costs about the weight bytes once and never makes random weights first.
 
 `Bundle` carries the model (eval mode, on `device`; float32 unless `dtype`), its tokenizer
-(None when the source has none) and its `Origin` (kind, absolute path, the files it came from
-and, computed on first use, their sha256). Its special ids (bos, eos, pad, end of turn) and chat
+(None when the source has none) and its `Origin` (kind, absolute path, the files that hold the
+model and, computed on first use, their content hash: the sha256 of the bytes, so a renamed copy
+has the same; `read`: every file the open read, a LoRA base's included, which is what each
+verb's output check refuses to overwrite: `Bundle.inputs()`). A LoRA folder's base is found
+beside the folder when its record is relative, and a chain of bases that loops is refused. Its special ids (bos, eos, pad, end of turn) and chat
 template come from the tokenizer when it has them. `require(...)` is how a verb states what it
 needs ("decoder" or "classifier", a tokenizer) and gets one line naming what is missing: no verb
-checks model kinds itself. A GGUF file's quantized tensors stay quantized where lamina can run
-them (`quantized=None`, the default: on the CPU wherever a quantized kernel runs here, as
-`lamina.cpu.keeps_quantized` says, so the native decode step reads the file's blocks as stored);
-`quantized=True` keeps them anyway, `quantized=False` dequantizes them to fp32 (the exact float
-values, for a verb that changes the weights). lamina's own quantized folders are quantized
-already.
+checks model kinds itself. `quantized=True` keeps a GGUF file's quantized tensors where lamina
+can run them (lamina's own quantized folders are quantized already).
 
 Deliberately unaware of what the verbs do with the model.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from dataclasses import dataclass
@@ -55,23 +58,43 @@ GGUF_MAGIC = b"GGUF"
 HF_FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "qwen3")
 
 
+MAX_BASE_CHAIN = 8  # LoRA folders whose bases are LoRA folders
+
+
+def _sha256(path: Path, h: Any = None) -> Any:
+    h = hashlib.sha256() if h is None else h
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 22):
+            h.update(chunk)
+    return h
+
+
 @dataclass(frozen=True)
 class Origin:
-    """Where a model came from: its kind, absolute path and the files that hold it."""
+    """Where a model came from: its kind, absolute path, the files that hold it, and every file
+    the open read (`read`: the holding files, tokenizer files, a LoRA base's files...)."""
 
     kind: Kind
     path: Path
     files: tuple[Path, ...] = ()
+    read: tuple[Path, ...] = ()
 
     @cached_property
     def content_hash(self) -> str:
-        """sha256 over the files' names and bytes (computed once, on first use)."""
+        """The files' content, names left out (computed once, on first use): one file's
+        sha256 (what `sha256sum` prints), or the sha256 of each file's, in name order."""
+        digests = [_sha256(f).hexdigest() for f in sorted(self.files, key=lambda f: f.name)]
+        if len(digests) == 1:
+            return digests[0]
+        return hashlib.sha256("".join(d + "\n" for d in digests).encode()).hexdigest()
+
+    @cached_property
+    def legacy_hash(self) -> str:
+        """The hash runs recorded before: sha256 over the files' names and bytes."""
         h = hashlib.sha256()
         for f in sorted(self.files):
             h.update(f.name.encode() + b"\0")
-            with open(f, "rb") as fh:
-                while chunk := fh.read(1 << 22):
-                    h.update(chunk)
+            _sha256(f, h)
         return h.hexdigest()
 
     def to_dict(self) -> dict[str, Any]:
@@ -118,15 +141,21 @@ class Bundle:
     def name(self) -> str:
         return self.origin.path.name
 
+    def inputs(self, flag: str = "MODEL") -> list[tuple[str, Path]]:
+        """What a verb's output must not overwrite: the source and every file the open read,
+        as ``files.refuse_overlap`` takes them."""
+        return _labelled(self.origin.path, self.origin.read, flag)
+
     def require(
         self,
-        what: Literal["decoder", "classifier"] = "decoder",
+        what: Literal["decoder", "classifier", "model"] = "decoder",
         *,
         tokenizer: bool = True,
         verb: str = "",
     ) -> Bundle:
-        """This bundle, if it holds what a verb needs; else one LaminaError saying what is not.
-        `verb` words the error: "sample" gives "... not a GPT: nothing to sample"."""
+        """This bundle, if it holds what a verb needs ("model": a decoder or a classifier);
+        else one LaminaError saying what is not. `verb` words the error: "sample" gives
+        "... not a decoder (GPT): lamina sample needs one". The one model-kind check."""
         where = self.origin.path
         if what == "decoder" and not isinstance(self.model, GPT):
             kind = type(self.model).__name__
@@ -134,8 +163,8 @@ class Bundle:
                 " (a classifier: use lamina predict or lamina eval)" if "Classifier" in kind else ""
             )
             raise LaminaError(
-                f"{where} holds a {kind}, not a decoder (GPT): nothing to "
-                f"{verb or 'generate'}{hint}"
+                f"{where} holds a {kind}, not a decoder (GPT): "
+                f"{f'lamina {verb} needs one' if verb else 'nothing to generate'}{hint}"
             )
         if what == "classifier" and not isinstance(self.model, SequenceClassifier):
             raise LaminaError(
@@ -146,18 +175,66 @@ class Bundle:
         return self
 
 
+def _labelled(source: Path, read: tuple[Path, ...], flag: str) -> list[tuple[str, Path]]:
+    return [(flag, source), *((f"{flag}'s file", f) for f in read if f != source)]
+
+
+def model_inputs(source: str | os.PathLike[str], flag: str = "MODEL") -> list[tuple[str, Path]]:
+    """`Bundle.inputs` before the model is opened (what a verb checks its output against up
+    front): SOURCE and every file opening it will read."""
+    return _labelled(Path(source), files_read(source), flag)
+
+
+def files_read(source: str | os.PathLike[str], _chain: tuple[Path, ...] = ()) -> tuple[Path, ...]:
+    """Every file opening `source` reads (resolved), found without opening it: a GGUF file; a
+    folder's config.json, weights (shards and pytorch_model.bin included) and tokenizer files
+    (tokenizer_config.json, special_tokens_map.json, generation_config.json,
+    chat_template.jinja, vocab.json, merges.txt); a LoRA folder's adapters and its base (the
+    folder or file, and what opening it reads). What it cannot read it leaves out: the open
+    says what is wrong."""
+    p = Path(source).expanduser()
+    if p.is_file():
+        return (p.resolve(),)
+    d = p.resolve()
+    try:
+        data = read_json(d / "config.json") if (d / "config.json").is_file() else None
+    except LaminaError:
+        return (d / "config.json",)
+    if not isinstance(data, dict):
+        return _present(d, "config.json")
+    if "kind" in data and data["kind"] != "lora":
+        return _present(d, *LAMINA_READS)
+    if "kind" not in data:
+        return _present(d, *HF_READS)
+    from lamina.interop.adapters import ADAPTERS_FILE, base_path
+
+    own = _present(d, "config.json", ADAPTERS_FILE)
+    try:
+        base = base_path(data.get("base"), d).resolve()
+    except LaminaError:
+        return own
+    if base in (*_chain, d) or len(_chain) >= MAX_BASE_CHAIN:
+        return own  # the open refuses the loop
+    return tuple(dict.fromkeys((*own, base, *files_read(base, (*_chain, d)))))
+
+
 def open_model(
     source: str | os.PathLike[str],
     *,
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
-    quantized: bool | None = None,
+    quantized: bool = False,
 ) -> Bundle:
     """Open any model lamina reads (see the module docstring); errors are one LaminaError."""
     from lamina.interop.discover import resolve
 
-    dev = check_device(device)
     p = resolve(source)  # hf:ORG/NAME, ollama:NAME[:TAG], wheel:NAME or a path
+    return _open(p, check_device(device), dtype, quantized, ())
+
+
+def _open(
+    p: Path, dev: torch.device, dtype: torch.dtype | None, quantized: bool, chain: tuple[Path, ...]
+) -> Bundle:
     if p.is_file():
         if p.suffix.lower() == ".gguf" or _starts_with(p, GGUF_MAGIC):
             return _open_gguf(p.resolve(), dev, dtype, quantized)
@@ -175,11 +252,12 @@ def open_model(
     data = read_json(p / "config.json")
     d = p.resolve()
     if isinstance(data, dict) and data.get("kind") == "lora":
-        return _open_lora(d, dev, dtype)
+        return _open_lora(d, dev, dtype, chain)
     if isinstance(data, dict) and "kind" in data:
         model, tokenizer = load_model(d, dev, dtype)
         kind: Kind = "run" if (d / "trainer_state.json").is_file() else "model"
-        return Bundle(model, tokenizer, Origin(kind, d, _files(d, "model.safetensors")))
+        files = _files(d, "model.safetensors")
+        return Bundle(model, tokenizer, Origin(kind, d, files, files_read(d)))
     if isinstance(data, dict) and "model_type" in data:
         return _open_hf(d, data, dev, dtype)
     raise LaminaError(
@@ -188,18 +266,28 @@ def open_model(
     )
 
 
-def _open_lora(d: Path, dev: torch.device, dtype: torch.dtype | None) -> Bundle:
+def _open_lora(
+    d: Path, dev: torch.device, dtype: torch.dtype | None, chain: tuple[Path, ...]
+) -> Bundle:
     """A LoRA folder: its base opened (and checked unchanged), the adapters applied."""
     from lamina.interop.adapters import ADAPTERS_FILE, base_path, check_base, read_lora_folder
     from lamina.lora import apply_lora, load_lora_state
 
+    chain = (*chain, d)
     config, record, tensors = read_lora_folder(d)
-    base = open_model(base_path(record, str(d)), device=dev, dtype=dtype, quantized=False)
+    where = base_path(record, d)
+    if where.resolve() in chain:
+        loop = " -> ".join(str(c) for c in (*chain, where.resolve()))
+        raise LaminaError(f"{d}: its chain of LoRA bases loops ({loop})")
+    if len(chain) > MAX_BASE_CHAIN:
+        raise LaminaError(f"{d}: more than {MAX_BASE_CHAIN} LoRA folders are stacked on its base")
+    base = _open(where, dev, dtype, False, chain)
     check_base(record, base.origin, str(d))
-    model = apply_lora(base.require("decoder", tokenizer=False, verb="adapt").model, config)
+    model = apply_lora(base.require("decoder", tokenizer=False).model, config)
     load_lora_state(model, tensors, str(d / ADAPTERS_FILE))
     kind: Kind = "run" if (d / "trainer_state.json").is_file() else "model"
-    return Bundle(model.eval(), base.tokenizer, Origin(kind, d, _files(d, ADAPTERS_FILE)))
+    files = _files(d, ADAPTERS_FILE)
+    return Bundle(model.eval(), base.tokenizer, Origin(kind, d, files, files_read(d)))
 
 
 def _starts_with(path: Path, magic: bytes) -> bool:
@@ -216,6 +304,30 @@ def _files(d: Path, *names: str) -> tuple[Path, ...]:
     return tuple(f for f in dict.fromkeys(found) if f.is_file())
 
 
+# the files each reader may read, beside config.json and the weights (`Origin.read`)
+LAMINA_READS = ("config.json", "model.safetensors", "tokenizer.json", "labels.json")
+HF_READS = (
+    "config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+    "pytorch_model.bin.index.json", "tokenizer.json", "tokenizer_config.json",
+    "special_tokens_map.json", "chat_template.jinja", "generation_config.json", "vocab.json",
+    "merges.txt",
+)  # fmt: skip
+
+
+def _present(d: Path, *names: str) -> tuple[Path, ...]:
+    """Those of `names` in `d` (symlinks resolved), with the shards an index names and any
+    model-*.safetensors / pytorch_model-*.bin: what an open of `d` may have read."""
+    found = [d / n for n in names]
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        if index in names and (d / index).is_file():
+            with contextlib.suppress(LaminaError):
+                weight_map = read_json(d / index).get("weight_map")
+                shards = weight_map.values() if isinstance(weight_map, dict) else ()
+                found += [d / s for s in shards if isinstance(s, str) and "/" not in s]
+    found += sorted(d.glob("model-*.safetensors")) + sorted(d.glob("pytorch_model-*.bin"))
+    return tuple(dict.fromkeys(f.resolve() for f in found if f.is_file()))
+
+
 def _open_hf(d: Path, data: dict[str, Any], dev: torch.device, dtype: torch.dtype | None) -> Bundle:
     from lamina.interop.hf_gpt2 import load_hf_gpt2
     from lamina.interop.hf_llama import load_hf_llama
@@ -230,19 +342,13 @@ def _open_hf(d: Path, data: dict[str, Any], dev: torch.device, dtype: torch.dtyp
     model = (load_hf_gpt2 if model_type == "gpt2" else load_hf_llama)(d, dtype)
     tokenizer = tokenizer_from_hf(d, model.config.vocab_size)
     files = _files(d, "model.safetensors", "pytorch_model.bin", "tokenizer.json")
-    return Bundle(model.to(dev), tokenizer, Origin("hf", d, files))
+    return Bundle(model.to(dev), tokenizer, Origin("hf", d, files, files_read(d)))
 
 
-def _open_gguf(
-    path: Path, dev: torch.device, dtype: torch.dtype | None, quantized: bool | None
-) -> Bundle:
+def _open_gguf(path: Path, dev: torch.device, dtype: torch.dtype | None, quantized: bool) -> Bundle:
     from lamina.interop.gguf import load_gguf
     from lamina.tokenizers.pretrained import PretrainedTokenizer
 
-    if quantized is None:
-        from lamina.cpu import keeps_quantized
-
-        quantized = dtype is None and keeps_quantized(dev.type)
     model, metadata = load_gguf(path, **({"quantized": True} if quantized else {}))
     tokenizer = None  # llama.cpp's "no vocabulary" (a file lamina wrote without one)
     if metadata.get("tokenizer.ggml.model", "none") != "none":
@@ -254,4 +360,4 @@ def _open_gguf(
         )
     if dtype is not None:
         model = model.to(dtype)
-    return Bundle(model.eval().to(dev), tokenizer, Origin("gguf", path, (path,)))
+    return Bundle(model.eval().to(dev), tokenizer, Origin("gguf", path, (path,), files_read(path)))

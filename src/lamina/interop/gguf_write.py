@@ -17,7 +17,6 @@ beside its final name and renamed into place. Deliberately unaware of reading GG
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from torch import nn
 import lamina.quant as quant
 from lamina.checkpoint import strip_compiled_prefix, unwrap
 from lamina.errors import LaminaError
+from lamina.files import atomic_write
 from lamina.interop import tensor_map
 from lamina.interop.gguf_file import _gguf
 from lamina.interop.hf_gpt2 import hf_config
@@ -133,29 +133,24 @@ def save_gguf(
     table = tensor_map.rows(config, shapes, fmt, permute_rope=arch == "llama")
     tensors = tensor_map.to_foreign(table, state)
     out = Path(path)
-    if out.is_dir():
-        raise LaminaError(f"cannot write a GGUF file at {out}: it is a folder")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-    os.close(fd)
     gguf = _gguf()
-    try:
-        writer = gguf.GGUFWriter(tmp, arch)
-        writer.add_name(getattr(model, "name", None) or "lamina GPT")
-        writer.add_file_type({"f32": 0, "f16": 1, "q8_0": 7}[qtype])
-        for key, value in {**_metadata(config, arch), **tok_meta}.items():
-            _add(writer, key, value)
-        if not tok_meta:
-            writer.add_string("tokenizer.ggml.model", "none")
-        for name, t in tensors.items():
-            data, raw = _encode(name, t.numpy(), qtype)
-            writer.add_tensor(name, data, raw_dtype=raw)
+    writer = gguf.GGUFWriter(None, arch)
+    writer.add_name(getattr(model, "name", None) or "lamina GPT")
+    writer.add_file_type({"f32": 0, "f16": 1, "q8_0": 7}[qtype])
+    for key, value in {**_metadata(config, arch), **tok_meta}.items():
+        _add(writer, key, value)
+    if not tok_meta:
+        writer.add_string("tokenizer.ggml.model", "none")
+    for name, t in tensors.items():
+        data, raw = _encode(name, t.numpy(), qtype)
+        writer.add_tensor(name, data, raw_dtype=raw)
+
+    def write(f: Any) -> None:  # the writer's one output is atomic_write's file
+        writer.fout, writer.state = [f], gguf.gguf_writer.WriterState.EMPTY
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
-        writer.close()
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        writer.flush()
+
+    atomic_write(out, write, seekable=True)  # a FIFO refused; a link written through
     return out
