@@ -135,7 +135,7 @@ QWEN_TOOLS = (
 
 
 @functools.lru_cache(maxsize=4)
-def bpe_chat_model(template: str = QWEN_TOOLS, block_size: int = 512):
+def bpe_chat_model(template: str = QWEN_TOOLS, block_size: int = 2048):
     """A tiny random llama-style GPT over a byte-level BPE tokenizer (every byte spellable,
     so any JSON can be written) with `template`; its end-of-turn logit zeroed."""
     from chat_fixtures import talkative

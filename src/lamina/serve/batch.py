@@ -22,9 +22,10 @@ prefix are copied over (n choices of one prompt, many clients with one system pr
 of being prefilled again. A sequence that waits past its `deadline` for a row gets a "busy"
 event (HTTP 503).
 
-A step computes each row as it would alone: the PyTorch step writes each row's key at its own
-position and masks the columns past it; the native step runs where it computes the same
-(one row, or rows at one position). Sampling is per row (its own seeded generator), so a
+A step computes each row as it would alone: the native multi-row step (`NativeStep.step_batch`,
+where the model is covered) reads each weight block once for all rows and writes each row's key
+at that row's length; the PyTorch step otherwise writes each row's key at its own position and
+masks the columns past it. Sampling is per row (its own seeded generator), so a
 request's tokens do not depend on what else is in the batch (a test holds greedy tokens equal).
 
 Events, on the batch thread, to `sink(kind, payload)`: "token" `Token` (one per sampled token,
@@ -240,6 +241,7 @@ class Batcher:
         keep = []
         for seq in waiting:
             if seq.cancel.is_set():
+                seq.sink("done", Done("cancelled", len(seq.ids), 0, 0, ""))
                 continue
             free = [i for i, r in enumerate(self.rows) if r.seq is None]
             if not free:
@@ -308,10 +310,8 @@ class Batcher:
 
     def _step(self, tokens: list[int], lens: list[int]) -> Tensor:
         """Logits (B, V): row r's token at position lens[r], attending its columns 0..lens[r]."""
-        if self._native is not None and usable(self.model) and len(set(lens)) == 1:
-            for c in self.caches:
-                c.pos = lens[0]
-            return self._native.step(tokens, lens, [0] * len(tokens))
+        if self._native is not None and usable(self.model):
+            return self._native.step_batch(tokens, lens, lens)  # rows 0..B-1, each at its length
         width = max(lens) + 1
         device = self.model.reference_tensor().device
         lens_t = torch.tensor(lens, device=device)

@@ -56,6 +56,10 @@ class PrepTimeout(LaminaError):
     """Rendering or compiling a request took longer than allowed (HTTP 500)."""
 
 
+class Stopping(LaminaError):
+    """The server is shutting down (HTTP 503)."""
+
+
 @dataclass(frozen=True)
 class Limits:
     """What one server accepts: per request, and in flight at once."""
@@ -204,18 +208,27 @@ class Engine:
 
         return self._worker.submit(job)
 
-    async def off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """fn(*args) in a prep thread; PrepTimeout after limits.prep_seconds (the thread is
-        left to finish on its own: a daemon)."""
+    async def off_loop(
+        self, fn: Callable[..., Any], *args: Any, cancel: threading.Event | None = None
+    ) -> Any:
+        """fn(*args) in a prep thread; PrepTimeout after limits.prep_seconds, Stopping once
+        `cancel` is set (the server stops). The thread is left to finish on its own: a daemon."""
         future = self._prep.submit(fn, *args)
-        try:
-            return await asyncio.wait_for(asyncio.wrap_future(future), self.limits.prep_seconds)
-        except TimeoutError:
-            future.cancel()
-            raise PrepTimeout(
-                f"preparing the request took over {self.limits.prep_seconds:g} s (the chat "
-                "template or the grammar); it was abandoned"
-            ) from None
+        waiting = asyncio.wrap_future(future)
+        end = time.monotonic() + self.limits.prep_seconds
+        while not waiting.done():
+            left = end - time.monotonic()
+            if left <= 0 or (cancel is not None and cancel.is_set()):
+                future.cancel()
+                waiting.cancel()
+                if left > 0:
+                    raise Stopping("the server is shutting down")
+                raise PrepTimeout(
+                    f"preparing the request took over {self.limits.prep_seconds:g} s (the chat "
+                    "template or the grammar); it was abandoned"
+                )
+            await asyncio.wait({waiting}, timeout=min(left, 0.1))
+        return waiting.result()
 
     @property
     def batcher(self) -> Any:
@@ -231,8 +244,8 @@ class Engine:
 
     def close(self) -> None:
         """Stop the workers and the batch (a job stuck in the model is left to the daemon)."""
-        for workers in (self._worker, self._prep):
-            workers.close()
+        self._worker.close()  # its generations stop at their next token
+        self._prep.close(wait=0.2)  # a stuck template is not waited for
         if self._batcher is not None:
             self._batcher.close()
 

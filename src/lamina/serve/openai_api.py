@@ -40,7 +40,7 @@ from starlette.routing import Route
 from lamina.errors import LaminaError
 from lamina.serve.batch import Done, Token
 from lamina.serve.chat_service import ChatService, Job, RequestError
-from lamina.serve.engine import Busy, PrepTimeout
+from lamina.serve.engine import Busy, PrepTimeout, Stopping
 
 log = logging.getLogger("lamina.serve")
 
@@ -246,14 +246,17 @@ def openai_routes(
         except Busy as exc:
             return openai_error(503, str(exc))
         cancel = threading.Event()
+        streams.add(cancel)  # the server's stop ends this request too
         handed_over = False
         try:
             try:
-                job = await engine.off_loop(service.prepare, req)
+                job = await engine.off_loop(service.prepare, req, cancel=cancel)
             except RequestError as exc:
                 return openai_error(400, str(exc), exc.param)
             except PrepTimeout as exc:
                 return openai_error(500, str(exc))
+            except Stopping as exc:
+                return openai_error(503, str(exc))
             loop = asyncio.get_running_loop()
             queue: asyncio.Queue[tuple[int, str, Any]] = asyncio.Queue()
 
@@ -271,7 +274,6 @@ def openai_routes(
             ident = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
             meta = {"id": ident, "created": int(time.time()), "model": service.name}
             ans = _Answer(service, job, meta)
-            streams.add(cancel)
             first = await queue.get()
             ans.take(first)
             if ans.failure:
