@@ -13,12 +13,8 @@ Above them: native, lora, quant, checkpoint, checks, generation, evals, interop,
 serve and the `lamina` command.
 """
 
-import os
-
-# On a shared CPU, OpenMP threads that spin while waiting slowed each process 8-15x (measured
-# here with another process busy); passive waiting costs nothing measurable when alone. Only
-# effective if torch has not been imported yet; a user's own setting wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Importing lamina changes no environment variable: OpenMP's wait policy is the user's (see
+# BENCHMARKS.md, "Fair benches"); lamina.native's threads meet at barriers of their own.
 
 from lamina.checkpoint import load_model as load
 from lamina.checkpoint import save_model as save
