@@ -12,7 +12,7 @@ per-class precision/recall on --data (a labelled file) or the run's validation s
 (`lamina.cli.predict`).
 
 With --task FILE|NAME: a multiple-choice task (a JSONL file, `lamina.evals.tasks`, or a built-in
-one, `lamina.evals.builtin`) scored as lm-evaluation-harness scores it: acc and acc_norm with
+one, `lamina.evals.builtin_tasks`) scored as lm-evaluation-harness scores it: acc and acc_norm with
 standard errors, the chance baseline, items per second; `--json` keys: model, task, source,
 items, chance, acc, acc_stderr, acc_norm, acc_norm_stderr, method, seconds, items_per_second.
 A perplexity task (a JSONL of {"text"} lines, or `--task perplexity --data FILE` for a whole text
@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
 # -- a task ------------------------------------------------------------------------------------
 def _task(args: argparse.Namespace) -> Any:
     from lamina.errors import LaminaError
-    from lamina.evals.builtin import BUILTIN_TASKS, builtin_task
+    from lamina.evals.builtin_tasks import BUILTIN_TASKS, builtin_task
     from lamina.evals.tasks import Task, read_task
 
     if args.task == "perplexity":
