@@ -43,11 +43,30 @@ FAMILIES = {
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None), True),
     # transformers' qwen3 GGUF reader takes head_dim from Qwen3Config's default, 128
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=128), True),
+    # llama.cpp files Mistral as arch llama, with no window transformers' reader would take
+    "mistral-window": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=16), False),
+    # query_pre_attn_scalar and the caps at the config class's defaults: transformers' GGUF
+    # reader does not read them from the file
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",
+               dict(head_dim=16, sliding_window=16, query_pre_attn_scalar=256), True),
+    # six layers: five sliding, one global (the default pattern, which transformers' GGUF
+    # reader assumes); the global and local rope bases differ
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
+               dict(head_dim=16, sliding_window=16, num_hidden_layers=6,
+                    query_pre_attn_scalar=256), True),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM",
+             dict(original_max_position_embeddings=32,
+                  rope_parameters=dict(rope_type="longrope", rope_theta=10000.0,
+                                       partial_rotary_factor=0.5,
+                                       short_factor=[1.0, 1.5, 2.0], long_factor=[1.2, 3.0, 7.0])),
+             False),
 }  # fmt: skip
 # what lamina writes back: the first family that expresses the model (a Mistral without a
 # window is a Llama)
-MODEL_TYPE = {"llama3": "llama", "smollm2": "llama", "qwen2.5": "qwen2", "mistral": "llama"}
-GGUF_ARCH = {"qwen2.5": "qwen2", "qwen3": "qwen3"}
+MODEL_TYPE = {"llama3": "llama", "smollm2": "llama", "qwen2.5": "qwen2", "mistral": "llama",
+              "mistral-window": "mistral", "gemma3": "gemma3_text"}  # fmt: skip
+GGUF_ARCH = {"qwen2.5": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2", "gemma3": "gemma3",
+             "phi3": "phi3"}  # fmt: skip
 IDS = torch.randint(0, BASE["vocab_size"], (2, BASE["max_position_embeddings"]),
                     generator=torch.Generator().manual_seed(1))  # fmt: skip
 
@@ -143,6 +162,25 @@ def test_family_features_are_the_configs_own(pair):
         "qwen2.5": lambda: c.qkv_bias and not c.bias,
         "mistral": lambda: not c.qkv_bias and not c.bias,
         "qwen3": lambda: c.qk_norm and c.head_dim == 128 and c.d_model == 48,
+        "mistral-window": lambda: c.sliding_window == 16 and c.layer_types is None,
+        "gemma2": lambda: (
+            c.layer_types == ("sliding", "full")
+            and c.attn_softcap == 50.0
+            and c.logit_softcap == 30.0
+            and c.norm_offset == 1.0
+            and c.sandwich_norm
+            and c.activation == "geglu"
+            and c.attn_scale == 256**-0.5
+            and c.embed_scale == 48**0.5
+        ),
+        "gemma3": lambda: (
+            c.layer_types == ("sliding",) * 5 + ("full",)
+            and c.qk_norm
+            and c.rope_theta == 1e6
+            and c.rope_local_theta == 10000.0
+            and c.attn_softcap is None
+        ),
+        "phi3": lambda: c.rotary_dim == 6 and c.rope_scaling.kind == "longrope",
     }[name]
     assert expect(), c
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from lamina.cli import open_for
+from lamina.cli.flags import add_keep_quantized
 
 DEFAULT_WINDOW = 1024  # window cap (tokens): a long-context model's full block is slow
 LOGITS_BUDGET = 1 << 28  # floats of logits one forward may make (1 GiB in fp32)
@@ -103,6 +104,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--text-column", help="classifier: the text column (default: the run's)")
     p.add_argument("--label-column", help="classifier: the label column (default: the run's)")
+    add_keep_quantized(p)
     p.set_defaults(func=run)
 
 
@@ -174,7 +176,7 @@ def run_task(args: argparse.Namespace) -> int:
         inputs = [("--task", args.task), ("--data", args.data)]
         check_output_file(args.output, inputs + model_inputs(args.run))  # every file it reads
     task = _task(args)  # the task first: a bad file fails before the model is read
-    bundle = open_for(args.run, "eval")
+    bundle = open_for(args.run, "eval", quantized=args.keep_quantized)
     model, tokenizer = bundle.model, bundle.tokenizer
     if task.kind == "perplexity":
         return _perplexity(args, task, model, tokenizer)
@@ -270,7 +272,7 @@ def run_validation(args: argparse.Namespace) -> int:
     from lamina.training.run_dir import RunDir
     from lamina.training.split_loss import val_line
 
-    bundle = open_for(args.run, "eval", "model")
+    bundle = open_for(args.run, "eval", "model", quantized=args.keep_quantized)
     if isinstance(bundle.model, SequenceClassifier):
         from lamina.cli.predict import evaluate_classifier
 

@@ -1,4 +1,4 @@
-"""Data (rank 3): text and token files in, integer arrays and (x, y) int64 tensors out.
+"""Layer 3, data: text and token files in, integer arrays and (x, y) int64 tensors out.
 
 Texts become ids through lamina.tokenizers (the layer below); the tokenizer names re-exported
 here (CharTokenizer, Tokenizer, load_tokenizer...) are that package's.

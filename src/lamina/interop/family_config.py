@@ -229,7 +229,7 @@ def to_hf(family: Family, config: GPTConfig, dtype: torch.dtype = torch.float32)
         out["query_pre_attn_scalar"] = (
             round(scalar) if abs(scalar - round(scalar)) < 1e-6 else scalar
         )
-    out |= {"bos_token_id": None, "eos_token_id": None}
+    out |= {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
     out["dtype"] = str(dtype).removeprefix("torch.")
     return out
 
@@ -247,14 +247,21 @@ def differences(a: GPTConfig, b: GPTConfig) -> list[str]:
     out = []
     for k in _FIELDS:
         x, y = getattr(a, k), getattr(b, k)
-        if x == y or (
-            isinstance(x, float) and isinstance(y, float) and math.isclose(x, y, rel_tol=1e-6)
-        ):
-            continue
-        if k == "rope_scaling" and _same_llama3(a, b):
-            continue
-        out.append(f"{k}={x!r}")
+        if not _close(x, y) and not (k == "rope_scaling" and _same_llama3(a, b)):
+            out.append(f"{k}={x!r}")
     return out
+
+
+def _close(x: Any, y: Any) -> bool:
+    """Equal, floats to float32's precision (a GGUF file stores them so), also inside tuples
+    and rope scalings."""
+    if isinstance(x, float) and isinstance(y, float):
+        return math.isclose(x, y, rel_tol=1e-6)
+    if isinstance(x, tuple) and isinstance(y, tuple):
+        return len(x) == len(y) and all(map(_close, x, y))
+    if isinstance(x, RopeScaling) and isinstance(y, RopeScaling):
+        return all(_close(getattr(x, f.name), getattr(y, f.name)) for f in dataclasses.fields(x))
+    return x == y
 
 
 def _same_llama3(a: GPTConfig, b: GPTConfig) -> bool:

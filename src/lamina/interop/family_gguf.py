@@ -23,6 +23,8 @@ queries by (d / heads)^-1/2. Any other `{arch}.` key is refused in one line nami
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -173,11 +175,15 @@ def _read(
                 metadata, a + "rope.scaling.original_context_length", where, None, int
             )
             attn = metadata.get(a + "rope.scaling.attn_factor")
-            fields["rope_scaling"] = RopeScaling(
+            scaling = RopeScaling(
                 "longrope", fields["block_size"] / original, original_max_positions=original,
                 short_factor=fetch(_SHORT).tolist(), long_factor=fetch(_LONG).tolist(),
                 attention_factor=None if attn is None else float(attn),
             )  # fmt: skip
+            default = dataclasses.replace(scaling, attention_factor=None)
+            if attn is not None and math.isclose(default.magnitude, attn, rel_tol=1e-6):
+                scaling = default  # llama.cpp's converter writes the formula's value
+            fields["rope_scaling"] = scaling
             consumed |= {_LONG, _SHORT}
     window = metadata.get(a + "attention.sliding_window") or None
     n = fields["n_layers"]
