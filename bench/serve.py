@@ -62,7 +62,7 @@ def peak_rss_mb(pid: int) -> float:
 
 
 def start(cmd: list[str], port: int, env: dict[str, str]) -> subprocess.Popen:
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     import http.client
 
     for _ in range(1200):  # bounded: 120 s
@@ -74,7 +74,7 @@ def start(cmd: list[str], port: int, env: dict[str, str]) -> subprocess.Popen:
         except OSError:
             pass
         if proc.poll() is not None:
-            raise SystemExit(f"{cmd[:4]} exited: {proc.stderr.read().decode()[-2000:]}")
+            raise SystemExit(f"{cmd[:4]} exited with status {proc.returncode}")
         time.sleep(0.1)
     proc.kill()
     raise SystemExit(f"{cmd[:4]} did not start")
@@ -166,6 +166,7 @@ def main() -> int:
     port = free_port()
     cmd = [sys.executable, "-m", "lamina", "serve", path, "--port", str(port)]
     cmd += ["--slots", str(args.slots), "--context", str(args.context), "--queue", "64"]
+    cmd += ["--keep-quantized"]  # the file's Q4_1 blocks, as llama.cpp reads them
     servers["lamina"] = (start(cmd, port, env), port)
     if not args.no_llama_cpp:
         try:
