@@ -9,7 +9,9 @@ environment only). For each number of clients: that many threads each stream one
 completion of up to --tokens tokens (greedy, distinct prompts; a reply that ends early counts
 what it gave) with the openai client. Reported per run: aggregate tok/s (all completion
 tokens / wall time), mean per-client decode tok/s (tokens after the first / time from first to
-last token), p50 and p95 time to first token, and the server's peak RSS (VmHWM) so far.
+last token), p50 and p95 time to first token, and the server's peak RSS (VmHWM) so far. Then --grammar-rounds pairs of replies,
+one at a time, plain and with a json_schema response_format (interleaved): each kind's decode
+tok/s, and how many schema replies parse and validate.
 
 Beside it, llama.cpp's server from llama-cpp-python (`python -m llama_cpp.server`, extras
 `llama-cpp-python[server]`) on the same file with n_threads=2, run with interrupt_requests off
@@ -145,6 +147,74 @@ def summary(out: list, wall: float) -> dict:
     }
 
 
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "city": {"type": "string"},
+        "hobbies": {"type": "array", "items": {"type": "string"}, "maxItems": 5},
+        "role": {"enum": ["student", "teacher", "engineer", "artist"]},
+    },
+    "required": ["name", "age", "city", "hobbies", "role"],
+    "additionalProperties": False,
+}
+
+
+def constrained(port: int, rounds: int, tokens: int) -> str:
+    """Plain and json_schema replies, interleaved, one at a time: decode tok/s of each and how
+    many schema replies parse and validate (jsonschema)."""
+    import json
+
+    import jsonschema
+    import openai
+
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+    rates: dict[str, list[float]] = {"plain": [], "json_schema": []}
+    valid = finished = 0
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    for i in range(rounds):
+        ask = [{"role": "user", "content": f"Describe person number {i} as JSON."}]
+        for kind in ("plain", "json_schema"):
+            extra = {"response_format": fmt} if kind == "json_schema" else {}
+            stream = client.chat.completions.create(
+                model="m",
+                messages=ask,
+                max_tokens=tokens,
+                temperature=0.7,
+                seed=i,
+                stream=True,
+                stream_options={"include_usage": True},
+                **extra,
+            )
+            text, first, last, n, finish = "", None, None, 0, None
+            for chunk in stream:
+                if chunk.usage is not None:
+                    n = chunk.usage.completion_tokens
+                if chunk.choices and chunk.choices[0].delta.content:
+                    last = time.perf_counter()
+                    first = first or last
+                    text += chunk.choices[0].delta.content
+                if chunk.choices and chunk.choices[0].finish_reason:
+                    finish = chunk.choices[0].finish_reason
+            if first and last and last > first and n > 1:
+                rates[kind].append((n - 1) / (last - first))
+            if kind == "json_schema" and finish == "stop":
+                finished += 1
+                try:
+                    jsonschema.validate(json.loads(text), PERSON)
+                    valid += 1
+                except (ValueError, jsonschema.ValidationError):
+                    pass
+    plain, schema = statistics.median(rates["plain"]), statistics.median(rates["json_schema"])
+    return (
+        f"constrained decoding, {rounds} rounds, one request at a time: plain {plain:.1f} tok/s, "
+        f"json_schema {schema:.1f} tok/s ({100 * (plain / schema - 1):+.1f}% per token); "
+        f"{valid}/{finished} finished schema replies validate ({rounds - finished} cut by "
+        f"max_tokens={tokens})"
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("gguf", nargs="?")
@@ -153,6 +223,7 @@ def main() -> int:
     ap.add_argument("--slots", type=int, default=16)
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--no-llama-cpp", action="store_true")
+    ap.add_argument("--grammar-rounds", type=int, default=4, help="0: skip that part")
     args = ap.parse_args()
     path = args.gguf
     if path is None:
@@ -200,6 +271,8 @@ def main() -> int:
                     f"{r['p50']:.2f} | {r['p95']:.2f} | {peak_rss_mb(pid):.0f} |",
                     flush=True,
                 )
+        if args.grammar_rounds:
+            print(constrained(servers["lamina"][1], args.grammar_rounds, 160), flush=True)
     finally:
         for proc, _ in servers.values():
             proc.terminate()
