@@ -300,7 +300,7 @@ def test_bad_save_requests_are_refused(tmp_path):
     with pytest.raises(LaminaError, match="GGUF type must be one of f32, f16, q8_0"):
         save_gguf(model, tmp_path / "m.gguf", qtype="q4_0")
     post_ln = GPT(GPTConfig.preset("tiny", norm_first=False))
-    with pytest.raises(LaminaError, match="cannot save as GGUF.*post-LN"):
+    with pytest.raises(LaminaError, match="cannot save as GGUF GPT-2: norm_first=False"):
         save_gguf(post_ln, tmp_path / "m.gguf")
     from lamina.quant import quantize
 
@@ -363,8 +363,11 @@ def test_architecture_and_keys_lamina_cannot_use_are_refused(small_file):
         gguf_config({**meta, "llama.rope.scaling.type": "yarn"})
     with pytest.raises(LaminaError, match="llama.expert_count = 8"):
         gguf_config({**meta, "llama.expert_count": 8})
-    with pytest.raises(LaminaError, match="llama.attention.key_length = 32.* 16 wide"):
-        gguf_config({**meta, "llama.attention.key_length": 32})
+    wide = {**meta, "llama.attention.key_length": 32, "llama.attention.value_length": 32,
+            "llama.rope.dimension_count": 32}  # fmt: skip
+    assert gguf_config(wide).head_dim == 32  # a head width of its own (Qwen3, Gemma)
+    with pytest.raises(LaminaError, match="llama.rope.dimension_count = 8: lamina's rotary"):
+        gguf_config({**meta, "llama.rope.dimension_count": 8})
     with pytest.raises(LaminaError, match="lacks llama.block_count"):
         gguf_config({k: v for k, v in meta.items() if k != "llama.block_count"})
 
@@ -378,7 +381,7 @@ def test_missing_unexpected_and_misshapen_tensors_are_named(small_file, tmp_path
     kv.pop("llama.vocab_size")
     cases = {
         "missing blk.1.ffn_up.weight": {k: v for k, v in tensors.items() if k != "blk.1.ffn_up.weight"},
-        "unexpected rope_freqs.weight": {**tensors, "rope_freqs.weight": (np.ones(8, np.float32), None)},
+        "unexpected blk.0.extra.weight": {**tensors, "blk.0.extra.weight": (np.ones(8, np.float32), None)},
         r"blk.0.attn_k.weight has shape \(16, 64\), metadata implies \(32, 64\)": {
             **tensors, "blk.0.attn_k.weight": (np.zeros((16, 64), np.float32), None)},
     }  # fmt: skip

@@ -362,11 +362,11 @@ def test_each_family_s_cached_decode_equals_a_full_recompute_past_the_window(fam
         # from short to long factors mid-decode): the same tokens as recomputing every step
         prompts = [ids[0, :7].tolist(), ids[1, :4].tolist()]
         assert unsupported(ours) is not None  # the native step refuses, PyTorch runs it
-        small = GPT(ours.config.replace(block_size=16)).eval()
+        small = GPT(ours.config.replace(block_size=12)).eval()
         small.load_state_dict(ours.state_dict())
-        cached = generate(small, prompts, 24, use_cache=True)
-        assert torch.equal(cached, generate(small, prompts, 24, use_cache=False)), name
-        assert torch.equal(cached, generate(small, prompts, 24, fixed_shape=True)), name
+        cached = generate(small, prompts, 14, use_cache=True)
+        assert torch.equal(cached, generate(small, prompts, 14, use_cache=False)), name
+        assert torch.equal(cached, generate(small, prompts, 14, fixed_shape=True)), name
 
 
 # --- each option alone: native refuses it by name, the PyTorch step decodes it ----------------
@@ -424,3 +424,19 @@ def test_a_continuous_batch_step_sees_each_row_s_own_window():
     got = model(last, masked, positions=lens[:, None], caches=views)[:, -1]
     for r, s in enumerate(seqs):
         assert (got[r] - model(s[None])[0, -1]).abs().max().item() < 1e-5
+
+
+@torch.no_grad()
+def test_a_conversation_cache_recomputes_where_longrope_changes_its_factors():
+    from lamina.generation.conversation import PrefixCache
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**{**LAMINA, "init_std": 0.3}, **OPTIONS["longrope"])).eval()
+    ids = torch.randint(0, V, (14,)).tolist()
+    cache = PrefixCache(model, 32)
+    got = [cache.prefill(ids[:4])[0]] + [cache.step(t) for t in ids[4:12]]  # crosses 6
+    want = [model(torch.tensor([ids[: n + 1]]))[:, -1] for n in range(3, 12)]
+    for g, w in zip(got, want, strict=True):
+        assert (g - w).abs().max().item() < 1e-4  # keys left short would be ~1e-1 off
+    back, reused = cache.prefill(ids[:5])  # cut back under 6 positions: short factors again
+    assert reused == 0 and (back - model(torch.tensor([ids[:5]]))[:, -1]).abs().max() < 1e-4

@@ -84,13 +84,25 @@ class Reply:
 
 class PrefixCache:
     """KV caches of one sequence plus the ids they hold: a new prompt reuses their common
-    prefix and computes only the rest."""
+    prefix and computes only the rest.
+
+    With longrope rotary scaling the cached keys were rotated with the short or the long
+    factors, as the sequence's length chose when they were computed; where the length now
+    chooses the other set, everything is computed again (the same logits as a fresh forward).
+    """
 
     def __init__(self, model: GPT, capacity: int, dtype: torch.dtype | None = None) -> None:
         self.model, self.capacity = model, capacity
         self.caches = model.make_caches(1, capacity, dtype=dtype)
         self.ids: list[int] = []  # tokens whose keys and values are in `caches`, in order
         self._native: NativeStep | None = None  # built at each prefill (the model's tensors then)
+        self._factors: bool | None = None  # longrope: whether the cached keys used long factors
+
+    def _long_factors(self, length: int) -> bool | None:
+        """Whether a sequence of `length` tokens rotates with longrope's long factors (None
+        without longrope)."""
+        s = self.model.config.rope_scaling
+        return None if s is None or s.kind != "longrope" else length > s.original_max_positions
 
     def prefill(self, ids: list[int]) -> tuple[Tensor, int]:
         """Logits (1, V) after `ids`, computing only what the cache lacks; and how many of
@@ -98,6 +110,9 @@ class PrefixCache:
         if not 0 < len(ids) <= self.capacity:
             raise LaminaError(f"a prompt of {len(ids)} tokens does not fit {self.capacity}")
         reused = min(common_prefix(self.ids, ids), len(ids) - 1)
+        if self._long_factors(len(ids)) != self._factors:
+            reused = 0
+        self._factors = self._long_factors(len(ids))
         del self.ids[reused:]
         for c in self.caches:
             c.pos = reused
@@ -110,6 +125,8 @@ class PrefixCache:
 
     def step(self, token: int) -> Tensor:
         """Append one token; logits (1, V) for the next."""
+        if self._long_factors(len(self.ids) + 1) != self._factors:
+            return self.prefill([*self.ids, token])[0]
         if self._native is not None and usable(self.model):
             logits = self._native.step([token], [self.caches[0].pos], [0])
         else:

@@ -14,7 +14,7 @@ each read straight into its rows of the output; a transposed one (GPT-2's Conv1D
 copied transposed. Keys and shapes are checked against the plan and the model's shapes before
 anything is read: a missing, unexpected or misshapen tensor is one LaminaError naming it.
 
-Deliberately unaware of model families: the converters (hf_gpt2, hf_llama) write the plans.
+Deliberately unaware of model families: hf_family writes the plans from the family records.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from torch import Tensor
 from lamina.checkpoint import assign_state, strip_compiled_prefix, torch_load_refusal
 from lamina.errors import LaminaError
 from lamina.files import read_json
+from lamina.interop.hf_config import check_hf_config
 from lamina.models.config import GPTConfig
 from lamina.models.gpt import GPT
 from lamina.tensorfile import TensorFile
@@ -181,6 +182,17 @@ def gather(
     return state
 
 
+def tied_head_as_embedding(weights: HFWeights, plan: Plan) -> HFWeights:
+    """A tied model's one matrix stored under the head's name only (`lm_head.weight`, as
+    safetensors' `save_model` keeps it: the first of the shared names) read as the embedding,
+    as transformers reads it; anything else unchanged."""
+    embed = next((names[0] for ours, names, _, _ in plan if ours == "embed.wte.weight"), None)
+    present = set(weights.names)
+    if embed is None or embed in present or "lm_head.weight" not in present:
+        return weights
+    return weights.renamed(lambda n: embed if n == "lm_head.weight" else n)
+
+
 def load_hf_folder(
     path: str | os.PathLike[str],
     read_config: Callable[[object, str], GPTConfig],
@@ -195,12 +207,16 @@ def load_hf_folder(
     d = Path(path)
     if not d.is_dir():
         raise LaminaError(f"no such Hugging Face model folder: {d}")
-    config = read_config(read_json(d / "config.json"), str(d / "config.json"))
+    where = str(d / "config.json")
+    config = read_config(check_hf_config(read_json(d / "config.json"), where), where)
     weights = HFWeights.open(d)
     weights = weights.renamed(rename) if rename is not None else weights
     with torch.device("meta"):
         model = GPT(config)
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    state = gather(weights, plan_of(config), shapes, dtype or torch.float32, ignore_of(config))
+    plan = plan_of(config)
+    if config.tie_weights:
+        weights = tied_head_as_embedding(weights, plan)
+    state = gather(weights, plan, shapes, dtype or torch.float32, ignore_of(config))
     assign_state(model, state, str(weights.source))
     return model.eval()

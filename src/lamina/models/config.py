@@ -1,4 +1,4 @@
-"""Layer 4 configs: `GPTConfig` and `EncoderConfig`, validated dataclasses with JSON round trips.
+"""Layer 6 configs: `GPTConfig` and `EncoderConfig`, validated dataclasses with JSON round trips.
 
 Each field says what it is; `__post_init__` rejects bad values with a `LaminaError` that names
 the field and the rule. `GPTConfig.preset(name, **overrides)` gives the named shapes. `from_dict`
@@ -35,6 +35,15 @@ class _ConfigMixin:
         unknown = sorted(set(data) - names)
         if unknown:
             raise LaminaError(f"unknown {cls.__name__} field(s): {', '.join(unknown)}")
+        missing = [
+            f.name
+            for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+            if f.name not in data
+            and f.default is dataclasses.MISSING
+            and f.default_factory is dataclasses.MISSING
+        ]
+        if missing:
+            raise LaminaError(f"a {cls.__name__} needs the field(s) {', '.join(missing)}")
         return cls(**data)
 
     def replace(self, **changes: Any):  # noqa: ANN201 - returns the same type
@@ -111,10 +120,8 @@ class GPTConfig(_ConfigMixin):
             _positive_int("d_ff", self.d_ff)
         _choice("activation", self.activation, ("gelu", "relu", "relu2", "swiglu", "geglu"))
         _choice("positions", self.positions, ("learned", "sinusoidal", "rope"))
-        if not self.init_std > 0:
-            raise LaminaError(f"init_std must be positive, got {self.init_std!r}")
-        if not self.layer_norm_eps > 0:
-            raise LaminaError(f"layer_norm_eps must be positive, got {self.layer_norm_eps!r}")
+        positive_number("init_std", self.init_std)
+        positive_number("layer_norm_eps", self.layer_norm_eps)  # inf refused, as NaN is
         positive_number("rope_theta", self.rope_theta)
         _choice("norm", self.norm, ("layer", "rms"))
         for name in ("norm_gain", "qk_norm", "zero_init_proj"):
