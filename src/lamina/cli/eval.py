@@ -12,7 +12,7 @@ per-class precision/recall on --data (a labelled file) or the run's validation s
 (`lamina.cli.predict`).
 
 With --task FILE|NAME: a multiple-choice task (a JSONL file, `lamina.evals.tasks`, or a built-in
-one, `lamina.evals.builtin`) scored as lm-evaluation-harness scores it: acc and acc_norm with
+one, `lamina.evals.builtin_tasks`) scored as lm-evaluation-harness scores it: acc and acc_norm with
 standard errors, the chance baseline, items per second; `--json` keys: model, task, source,
 items, chance, acc, acc_stderr, acc_norm, acc_norm_stderr, method, seconds, items_per_second.
 A perplexity task (a JSONL of {"text"} lines, or `--task perplexity --data FILE` for a whole text
@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from lamina.cli import open_for
+from lamina.cli.flags import add_keep_quantized
 from lamina.files import to_json
 
 DEFAULT_WINDOW = 1024  # window cap (tokens): a long-context model's full block is slow
@@ -103,6 +104,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--text-column", help="classifier: the text column (default: the run's)")
     p.add_argument("--label-column", help="classifier: the label column (default: the run's)")
+    add_keep_quantized(p)
     p.set_defaults(func=run)
 
 
@@ -134,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
 # -- a task ------------------------------------------------------------------------------------
 def _task(args: argparse.Namespace) -> Any:
     from lamina.errors import LaminaError
-    from lamina.evals.builtin import BUILTIN_TASKS, builtin_task
+    from lamina.evals.builtin_tasks import BUILTIN_TASKS, builtin_task
     from lamina.evals.tasks import Task, read_task
 
     if args.task == "perplexity":
@@ -174,7 +176,7 @@ def run_task(args: argparse.Namespace) -> int:
         inputs = [("--task", args.task), ("--data", args.data)]
         check_output_file(args.output, inputs + model_inputs(args.run))  # every file it reads
     task = _task(args)  # the task first: a bad file fails before the model is read
-    bundle = open_for(args.run, "eval")
+    bundle = open_for(args.run, "eval", quantized=args.keep_quantized)
     model, tokenizer = bundle.model, bundle.tokenizer
     if task.kind == "perplexity":
         return _perplexity(args, task, model, tokenizer)
@@ -273,7 +275,7 @@ def run_validation(args: argparse.Namespace) -> int:
     from lamina.training.run_dir import RunDir
     from lamina.training.split_loss import val_line
 
-    bundle = open_for(args.run, "eval", "model")
+    bundle = open_for(args.run, "eval", "model", quantized=args.keep_quantized)
     if isinstance(bundle.model, SequenceClassifier):
         from lamina.cli.predict import evaluate_classifier
 

@@ -137,7 +137,7 @@ def evaluate_classifier(args: argparse.Namespace, bundle: Bundle | None = None) 
     """`lamina eval RUN [--data FILE]` for a classifier."""
     from lamina.data.labelled import read_labelled
     from lamina.errors import LaminaError
-    from lamina.evals.classify import confusion, scores
+    from lamina.evals.classifier_scores import confusion, scores
     from lamina.training.classify import ClassifyOptions, load_splits, predict_proba
     from lamina.training.registry import load_config
     from lamina.training.run_dir import RunDir
