@@ -94,3 +94,29 @@ def test_flags_and_bf16_agree():
     assert isinstance(cpu.flags(), frozenset)
     if cpu.native_bf16():
         assert {"avx512_bf16", "amx_bf16"} & cpu.flags()
+
+
+def test_lamina_changes_no_process_environment():
+    """No module of src/lamina writes os.environ (a child's env dict is its own business)."""
+    import ast
+    from pathlib import Path
+
+    src = Path(cpu.__file__).parent
+    writes = ("setdefault", "update", "pop", "popitem", "clear", "putenv", "unsetenv")
+    found = []
+    for path in sorted(src.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.Assign, ast.AugAssign, ast.Delete)):
+                targets = getattr(node, "targets", None) or [getattr(node, "target", None)]
+                hit = any(
+                    isinstance(t, ast.Subscript) and "environ" in ast.unparse(t.value)
+                    for t in targets
+                )
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                hit = node.func.attr in writes and "os" in ast.unparse(node.func.value)
+                hit = hit and ("environ" in ast.unparse(node.func) or "env" in node.func.attr)
+            else:
+                hit = False
+            if hit:
+                found.append(f"{path.relative_to(src)}:{node.lineno}")
+    assert not found, f"process environment written at {found}"

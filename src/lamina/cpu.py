@@ -7,6 +7,7 @@
     layer_kernel() -> "native" | "packed" | "dequantize"   what quantized layers prepare for
     call_kernel(x) -> the same, for one call on x (its rows, dtype, device, gradients)
     native_step() -> bool                  whether a decode step may run whole in lamina.native
+    keeps_quantized(device_type) -> bool   whether lamina.open keeps a file's blocks quantized
     fused_adamw(device_type) -> bool       whether AdamW tries torch's fused kernel
     with using("torch"): ...               a kernel for everything inside (tests, benches)
 
@@ -205,6 +206,13 @@ def native_step() -> bool:
     if name == "auto":
         return native_missing() is None
     return KERNELS.get(name, KERNELS["dequantize"]).steps and layer_kernel() == name
+
+
+def keeps_quantized(device_type: str) -> bool:
+    """Whether a model opened to be run keeps a file's quantized weights quantized: where a
+    kernel runs them (lamina's native one or torch's packed ones), not where every call would
+    dequantize them (other devices, or a kernel chosen that way)."""
+    return device_type == "cpu" and layer_kernel() != "dequantize"
 
 
 def fused_adamw(device_type: str) -> bool:

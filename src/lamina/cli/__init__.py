@@ -106,20 +106,32 @@ def open_for(
     *,
     tokenizer: bool = True,
     device: str = "cpu",
-    quantized: bool = False,
+    quantized: bool | None = False,
 ) -> Bundle:
     """The one way a verb opens its model: `lamina.open(source)` (`quantized` passed through),
     then what the verb needs (`Bundle.require`: a decoder, a classifier or either, and a
     tokenizer unless `tokenizer=False`), then finite weights (`lamina.modes.check_finite`).
-    Each refusal is one LaminaError naming `source` and, for a missing kind, `verb`."""
+    Each refusal is one LaminaError naming `source` and, for a missing kind, `verb`.
+    `quantized=None` (a verb that only runs the model: lamina.open's own choice, a GGUF's
+    blocks kept where a kernel runs them) also prints one note where PyTorch will run the
+    decode step (`flags.note_kernel`); False (the default) opens float weights."""
     from lamina.interop.bundle import open_model
     from lamina.modes import check_finite
 
     bundle = open_model(source, device=device, quantized=quantized)
     bundle.require(needs, tokenizer=tokenizer, verb=verb)
     trained_here = bundle.origin.kind == "run"
-    advice = "retrain with a lower --lr" if trained_here else "use another copy of the model"
+    advice = (
+        "it was saved after training diverged: retrain with a lower --lr"
+        if trained_here
+        else "the file is damaged or was written from a model that had diverged: use another "
+        "copy of the model"
+    )
     check_finite(bundle.model, str(source), advice=advice)
+    if quantized is None:
+        from lamina.cli.flags import note_kernel
+
+        note_kernel(verb, bundle.model)
     return bundle
 
 

@@ -212,7 +212,11 @@ def run(args: argparse.Namespace) -> int:
 
     from lamina.generation import stream
 
-    bundle = open_for(args.run, "sample", device=args.device, quantized=args.keep_quantized)
+    # --quantize and --dtype bfloat16 start from the float weights, unless --keep-quantized
+    keep = args.keep_quantized
+    if keep is None and (args.quantize or args.dtype == "bfloat16"):
+        keep = False
+    bundle = open_for(args.run, "sample", device=args.device, quantized=keep)
     model, tokenizer = bundle.model, bundle.tokenizer
     if args.quantize:
         from lamina.quant import quantize

@@ -1,6 +1,6 @@
 """One way to open a model: `open_model(source)` -> Bundle(model, tokenizer, origin).
 
-    open_model(source, *, device="cpu", dtype=None, quantized=False) -> Bundle
+    open_model(source, *, device="cpu", dtype=None, quantized=None) -> Bundle
         (also `lamina.open` and `lamina.open_model`)
     files_read(source) -> paths      every file opening `source` reads (without opening it)
     model_inputs(source, flag) / Bundle.inputs(flag)    those as `lamina.files` output checks
@@ -28,8 +28,12 @@ verb's output check refuses to overwrite: `Bundle.inputs()`). A LoRA folder's ba
 beside the folder when its record is relative, and a chain of bases that loops is refused. Its special ids (bos, eos, pad, end of turn) and chat
 template come from the tokenizer when it has them. `require(...)` is how a verb states what it
 needs ("decoder" or "classifier", a tokenizer) and gets one line naming what is missing: no verb
-checks model kinds itself. `quantized=True` keeps a GGUF file's quantized tensors where lamina
-can run them (lamina's own quantized folders are quantized already).
+checks model kinds itself. A GGUF file's quantized tensors stay quantized where lamina can run
+them (`quantized=None`, the default: on the CPU wherever a quantized kernel runs here, as
+`lamina.cpu.keeps_quantized` says, so the native decode step reads the file's blocks as stored);
+`quantized=True` keeps them anyway, `quantized=False` dequantizes them to fp32 (the exact float
+values, for a verb that changes the weights). lamina's own quantized folders are quantized
+already.
 
 Deliberately unaware of what the verbs do with the model.
 """
@@ -49,7 +53,7 @@ from torch import nn
 
 from lamina.checkpoint import check_device, load_model
 from lamina.errors import LaminaError
-from lamina.files import read_json
+from lamina.files import kind_of, read_json
 from lamina.models.encoder import SequenceClassifier
 from lamina.models.gpt import GPT
 from lamina.tokenizers.kinds import Tokenizer
@@ -223,7 +227,7 @@ def open_model(
     *,
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
-    quantized: bool = False,
+    quantized: bool | None = None,
 ) -> Bundle:
     """Open any model lamina reads (see the module docstring); errors are one LaminaError."""
     from lamina.interop.discover import resolve
@@ -233,7 +237,11 @@ def open_model(
 
 
 def _open(
-    p: Path, dev: torch.device, dtype: torch.dtype | None, quantized: bool, chain: tuple[Path, ...]
+    p: Path,
+    dev: torch.device,
+    dtype: torch.dtype | None,
+    quantized: bool | None,
+    chain: tuple[Path, ...],
 ) -> Bundle:
     if p.is_file():
         if p.suffix.lower() == ".gguf" or _starts_with(p, GGUF_MAGIC):
@@ -244,6 +252,8 @@ def _open(
         )
     if not p.exists():
         raise LaminaError(f"no such model: {p}")
+    if not p.is_dir():
+        raise LaminaError(f"{p} is a {kind_of(p)}: a model is a folder or a .gguf file")
     if not (p / "config.json").is_file():
         raise LaminaError(
             f"{p} is not a model: it has no config.json, so it is not a lamina model or run "
@@ -339,10 +349,16 @@ def _open_hf(d: Path, data: dict[str, Any], dev: torch.device, dtype: torch.dtyp
     return Bundle(model.to(dev), tokenizer, Origin("hf", d, files, files_read(d)))
 
 
-def _open_gguf(path: Path, dev: torch.device, dtype: torch.dtype | None, quantized: bool) -> Bundle:
+def _open_gguf(
+    path: Path, dev: torch.device, dtype: torch.dtype | None, quantized: bool | None
+) -> Bundle:
     from lamina.interop.gguf import load_gguf
     from lamina.tokenizers.pretrained import PretrainedTokenizer
 
+    if quantized is None:
+        from lamina.cpu import keeps_quantized
+
+        quantized = dtype is None and keeps_quantized(dev.type)
     model, metadata = load_gguf(path, **({"quantized": True} if quantized else {}))
     tokenizer = None  # llama.cpp's "no vocabulary" (a file lamina wrote without one)
     if metadata.get("tokenizer.ggml.model", "none") != "none":

@@ -1,4 +1,4 @@
-"""Layer 4, GPT: a decoder-only language model (GPT-2 layout; Llama's layers as options).
+"""Layer 6, GPT: a decoder-only language model (GPT-2 layout; Llama's layers as options).
 
     ids (B, T) -> Embedding (token [* embed_scale] [+ position]) -> n_layers x causal
                TransformerBlock -> final norm -> head Linear(d, vocab, bias=False)
@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from lamina.attention import KVCache, RopeArg
 from lamina.block import TransformerBlock, norm_module
+from lamina.bounds import check_fits
 from lamina.embedding import Embedding, check_ids
 from lamina.errors import LaminaError
 from lamina.models.config import GPTConfig
@@ -143,6 +144,9 @@ class GPT(nn.Module):
         if max_len > c.block_size:
             raise LaminaError(f"cache max_len {max_len} exceeds block_size {c.block_size}")
         ref = self.reference_tensor()
+        _check_cache_fits(
+            c, batch_size, max_len, torch.device(device or ref.device), dtype or ref.dtype
+        )
         return [
             KVCache(
                 batch_size,
@@ -242,3 +246,16 @@ class GPT(nn.Module):
         if exclude_positions and self.embed.wpe is not None:
             n -= self.embed.wpe.weight.numel()
         return n
+
+
+def _check_cache_fits(
+    c: GPTConfig, batch: int, max_len: int, device: torch.device, dtype: torch.dtype
+) -> None:
+    """Refuse KV caches that cannot fit (a GGUF may claim a 2^31-token context) before any
+    allocation, naming their size."""
+    if device.type not in ("cpu", "cuda") or not isinstance(batch, int) or batch <= 0:
+        return  # the meta device allocates nothing; KVCache checks the numbers
+    nbytes = 2 * c.n_layers * batch * c.kv_heads * max_len * c.head_dim * dtype.itemsize
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
+    what = f"KV caches for {batch} x {max_len:,} positions ({c.n_layers} layers)"
+    check_fits(nbytes, what, free)
