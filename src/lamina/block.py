@@ -1,4 +1,4 @@
-"""Layer 3, block: LayerNorm / RMSNorm, activations, feed-forward and the residual block.
+"""Layer 5, block: LayerNorm / RMSNorm, activations, feed-forward and the residual block.
 
     pre-LN  (norm_first=True, GPT-2):  x = x + drop(attn(norm1(x)));  x = x + drop(ff(norm2(x)))
     post-LN (norm_first=False, 2017):  x = norm1(x + drop(attn(x)));  x = norm2(x + drop(ff(x)))

@@ -1,4 +1,4 @@
-"""Layer 1, embedding: token ids -> vectors.
+"""Layer 3, embedding: token ids -> vectors.
 
     x = token_table[ids] (* scale) + position_table[positions]; then dropout
 
@@ -13,7 +13,7 @@ The position table is learned (GPT-2), a fixed sinusoidal buffer (the original T
 not a parameter) or absent ("none": rotary models put positions into attention instead; the
 positions are still range-checked here, and `positions_for` gives them to whoever needs them). `tie_lm_head(head)` makes an output head share the token table's storage.
 
-Deliberately unaware of tokenizers (layer 0), attention and everything above.
+Deliberately unaware of tokenizers (lamina.tokenizers, layer 2), attention and everything above.
 """
 
 from __future__ import annotations

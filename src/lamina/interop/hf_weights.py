@@ -200,6 +200,17 @@ def gather(
     return state
 
 
+def tied_head_as_embedding(weights: HFWeights, plan: Plan) -> HFWeights:
+    """A tied model's one matrix stored under the head's name only (`lm_head.weight`, as
+    safetensors' `save_model` keeps it: the first of the shared names) read as the embedding,
+    as transformers reads it; anything else unchanged."""
+    embed = next((names[0] for ours, names, _, _ in plan if ours == "embed.wte.weight"), None)
+    present = set(weights.names)
+    if embed is None or embed in present or "lm_head.weight" not in present:
+        return weights
+    return weights.renamed(lambda n: embed if n == "lm_head.weight" else n)
+
+
 def load_hf_folder(
     path: str | os.PathLike[str],
     read_config: Callable[[object, str], GPTConfig],
@@ -222,6 +233,9 @@ def load_hf_folder(
     with torch.device("meta"):
         model = GPT(config)
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    plan = plan_of(config)
+    if config.tie_weights:
+        weights = tied_head_as_embedding(weights, plan)
     convert = None
     if quantize is not None:
         if dtype not in (None, torch.float32):
@@ -229,8 +243,6 @@ def load_hf_folder(
         from lamina.quant import on_read
 
         convert = on_read(model, quantize)
-    state = gather(
-        weights, plan_of(config), shapes, dtype or torch.float32, ignore_of(config), convert
-    )
+    state = gather(weights, plan, shapes, dtype or torch.float32, ignore_of(config), convert)
     assign_state(model, state, str(weights.source))
     return model.eval()

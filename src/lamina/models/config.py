@@ -1,4 +1,4 @@
-"""Layer 4 configs: `GPTConfig` and `EncoderConfig`, validated dataclasses with JSON round trips.
+"""Layer 6 configs: `GPTConfig` and `EncoderConfig`, validated dataclasses with JSON round trips.
 
 Each field says what it is; `__post_init__` rejects bad values with a `LaminaError` that names
 the field and the rule. `GPTConfig.preset(name, **overrides)` gives the named shapes. `from_dict`

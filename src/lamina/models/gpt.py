@@ -1,4 +1,4 @@
-"""Layer 4, GPT: a decoder-only language model (GPT-2 layout; Llama's layers as options).
+"""Layer 6, GPT: a decoder-only language model (GPT-2 layout; Llama's layers as options).
 
     ids (B, T) -> Embedding (token [* embed_scale] [+ position]) -> n_layers x causal
                TransformerBlock -> final norm -> head Linear(d, vocab, bias=False)

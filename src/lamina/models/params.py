@@ -1,4 +1,4 @@
-"""Layer 4, parameter counts: by formula, by component, and on the meta device.
+"""Layer 6, parameter counts: by formula, by component, and on the meta device.
 
 The formula for a GPT with width d, feed-forward width f, vocabulary V, context n, L layers,
 H heads of width h (d / H unless d_head sets it) and H_kv key/value heads:

@@ -1,4 +1,4 @@
-"""Tokenizers: every kind lamina runs, and each format's tokenizer files read and written.
+"""Layer 2, tokenizers: every kind lamina runs, and each format's tokenizer files read and written.
 
 ``kinds``: the Tokenizer protocol, the registry of kinds saved as JSON (``save_tokenizer`` /
 ``load_tokenizer``) and the character tokenizer. ``subword``: byte, byte-level BPE trained on a

@@ -1,4 +1,4 @@
-"""Layer 0, subword tokenizers: raw bytes, byte-level BPE learned from your corpus, GPT-2's BPE.
+"""Layer 2, subword tokenizers: raw bytes, byte-level BPE learned from your corpus, GPT-2's BPE.
 
     ByteTokenizer()                   kind "byte": one id per UTF-8 byte, vocab 256
     BPETokenizer.train(text, n)       kind "bpe":  byte-level BPE with at most n ids, trained by
