@@ -119,7 +119,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     from lamina.cli import open_for
-    from lamina.evals.builtin import BUILTIN_TASKS, builtin_task
+    from lamina.evals.builtin_tasks import BUILTIN_TASKS, builtin_task
     from lamina.evals.choice import accuracy, score_items
     from lamina.evals.tasks import read_task, write_task
 

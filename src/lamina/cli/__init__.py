@@ -121,7 +121,12 @@ def open_for(
     bundle = open_model(source, device=device, quantized=quantized)
     bundle.require(needs, tokenizer=tokenizer, verb=verb)
     trained_here = bundle.origin.kind == "run"
-    advice = "retrain with a lower --lr" if trained_here else "use another copy of the model"
+    advice = (
+        "it was saved after training diverged: retrain with a lower --lr"
+        if trained_here
+        else "the file is damaged or was written from a model that had diverged: use another "
+        "copy of the model"
+    )
     check_finite(bundle.model, str(source), advice=advice)
     if quantized is None:
         from lamina.cli.flags import note_kernel

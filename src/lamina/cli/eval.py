@@ -12,7 +12,7 @@ per-class precision/recall on --data (a labelled file) or the run's validation s
 (`lamina.cli.predict`).
 
 With --task FILE|NAME: a multiple-choice task (a JSONL file, `lamina.evals.tasks`, or a built-in
-one, `lamina.evals.builtin`) scored as lm-evaluation-harness scores it: acc and acc_norm with
+one, `lamina.evals.builtin_tasks`) scored as lm-evaluation-harness scores it: acc and acc_norm with
 standard errors, the chance baseline, items per second; `--json` keys: model, task, source,
 items, chance, acc, acc_stderr, acc_norm, acc_norm_stderr, method, seconds, items_per_second.
 A perplexity task (a JSONL of {"text"} lines, or `--task perplexity --data FILE` for a whole text
@@ -27,7 +27,6 @@ NaN or infinity is refused in one line.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
@@ -36,6 +35,7 @@ from typing import Any
 
 from lamina.cli import open_for
 from lamina.cli.flags import add_keep_quantized
+from lamina.files import to_json
 
 DEFAULT_WINDOW = 1024  # window cap (tokens): a long-context model's full block is slow
 LOGITS_BUDGET = 1 << 28  # floats of logits one forward may make (1 GiB in fp32)
@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
 # -- a task ------------------------------------------------------------------------------------
 def _task(args: argparse.Namespace) -> Any:
     from lamina.errors import LaminaError
-    from lamina.evals.builtin import BUILTIN_TASKS, builtin_task
+    from lamina.evals.builtin_tasks import BUILTIN_TASKS, builtin_task
     from lamina.evals.tasks import Task, read_task
 
     if args.task == "perplexity":
@@ -200,15 +200,18 @@ def _choices(args: argparse.Namespace, task: Any, model: Any, tokenizer: Any) ->
         rows = []
         for i, (item, s) in enumerate(zip(task.items, scores, strict=True)):
             extra = task.meta[i] if i < len(task.meta) else {}
-            rows.append({
+            row = {
                 "index": i, "context": item.context, "choices": list(item.choices),
                 "gold": s.gold, "pred": s.pred, "pred_norm": s.pred_norm,
                 "logliks": list(s.logliks), "tokens": list(s.tokens), "acc": s.acc,
-                "acc_norm": s.acc_norm, **extra,
-            })  # fmt: skip
+                "acc_norm": s.acc_norm,
+            }  # fmt: skip
+            clash = {k: v for k, v in extra.items() if k in row}  # never over what was computed
+            row |= {k: v for k, v in extra.items() if k not in row}
+            rows.append(row | ({"task_fields": clash} if clash else {}))
         _write_jsonl(args.output, rows)
     if args.json:
-        print(json.dumps(result))
+        print(to_json(result))
         return 0
     about = f" ({task.about})" if task.about else ""
     print(f"{task.name}{about}: {result['items']:,} items from {task.source}")
@@ -236,7 +239,7 @@ def _perplexity(args: argparse.Namespace, task: Any, model: Any, tokenizer: Any)
     if args.output:
         _write_jsonl(args.output, [{"index": i, **t.as_dict()} for i, t in enumerate(res.parts)])
     if args.json:
-        print(json.dumps(result))
+        print(to_json(result))
         return 0
     print(f"{task.name}: {res.texts:,} texts, {res.tokens:,} tokens scored, {res.chars:,} "
           f"characters, {res.bytes:,} bytes (window {window}, stride {stride})")  # fmt: skip
@@ -253,7 +256,7 @@ def _perplexity(args: argparse.Namespace, task: Any, model: Any, tokenizer: Any)
 def _write_jsonl(path: str, rows: list[dict[str, Any]]) -> None:
     from lamina.files import atomic_write
 
-    blob = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
+    blob = "".join(to_json(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
     atomic_write(path, lambda f: f.write(blob))
     print(f"lamina eval: {len(rows)} items -> {path}", file=sys.stderr)
 
@@ -306,7 +309,7 @@ def run_validation(args: argparse.Namespace) -> int:
     unit = "char" if getattr(tokenizer, "kind", "") == "char" else "token"
     result = {"run": str(args.run), "data": name, **summary(loss, n, unit, chars)}
     if args.json:
-        print(json.dumps(result))
+        print(to_json(result))
         return 0
     where = f"{n:,} tokens" + (f", {chars:,} characters" if chars else "")
     print(f"{result['data']}: validation split, {where}")

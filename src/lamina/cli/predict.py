@@ -15,12 +15,12 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lamina.cli import open_for
+from lamina.files import to_json
 
 if TYPE_CHECKING:
     from lamina.interop.bundle import Bundle
@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     for text, row in zip(texts, probs, strict=True):
         probs_by_label = {lab: round(float(p), 6) for lab, p in zip(labels, row, strict=True)}
         record = {"text": text, "label": labels[int(row.argmax())], "probs": probs_by_label}
-        lines.append(json.dumps(record, ensure_ascii=False) + "\n")
+        lines.append(to_json(record, ensure_ascii=False) + "\n")
     blob = "".join(lines)
     if args.output:
         data = blob.encode("utf-8")
@@ -137,7 +137,7 @@ def evaluate_classifier(args: argparse.Namespace, bundle: Bundle | None = None) 
     """`lamina eval RUN [--data FILE]` for a classifier."""
     from lamina.data.labelled import read_labelled
     from lamina.errors import LaminaError
-    from lamina.evals.classify import confusion, scores
+    from lamina.evals.classifier_scores import confusion, scores
     from lamina.training.classify import ClassifyOptions, load_splits, predict_proba
     from lamina.training.registry import load_config
     from lamina.training.run_dir import RunDir
@@ -172,7 +172,7 @@ def evaluate_classifier(args: argparse.Namespace, bundle: Bundle | None = None) 
         **scores(confusion(truth, probs.argmax(1), len(labels)), labels),
     }
     if args.json:
-        print(json.dumps(result))
+        print(to_json(result))
         return 0
     print(f"{data.source}: {len(truth):,} texts" + (f" ({cut:,} cut to fit)" if cut else ""))
     print(f"  accuracy  {result['accuracy']:.4f}")

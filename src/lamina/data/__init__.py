@@ -10,7 +10,7 @@ tokenized (bpe fit on the training part) and cached on disk (``LAMINA_CACHE``).
 ``labelled``: labelled texts (CSV/TSV/JSONL/folders), stratified splits, classifier ids, padding.
 ``instruct``: chat / instruction files -> tokens and assistant-only loss masks.
 ``genre``: the built-in classification task (comedy, history or tragedy?).
-``sources`` / ``prepare`` / ``shards``: corpora of any size streamed to token shards with a JSON
+``sources`` / ``shard_build`` / ``shards``: corpora of any size streamed to token shards with a JSON
 index (`lamina prepare`), and read back through memory maps (TokenStream, ShardSampler).
 
 What this layer deliberately does not know: models (it never imports ``torch.nn``), devices,

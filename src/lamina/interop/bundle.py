@@ -53,7 +53,7 @@ from torch import nn
 
 from lamina.checkpoint import check_device, load_model
 from lamina.errors import LaminaError
-from lamina.files import read_json
+from lamina.files import kind_of, read_json
 from lamina.models.encoder import SequenceClassifier
 from lamina.models.gpt import GPT
 from lamina.tokenizers.kinds import Tokenizer
@@ -252,6 +252,8 @@ def _open(
         )
     if not p.exists():
         raise LaminaError(f"no such model: {p}")
+    if not p.is_dir():
+        raise LaminaError(f"{p} is a {kind_of(p)}: a model is a folder or a .gguf file")
     if not (p / "config.json").is_file():
         raise LaminaError(
             f"{p} is not a model: it has no config.json, so it is not a lamina model or run "

@@ -53,7 +53,9 @@ def load_source(path: str | os.PathLike[str]) -> Source:
         bundle = open_model(path, quantized=False)
         bundle.require("decoder", tokenizer=False, verb="train --init-from")
     except LaminaError as e:
-        raise LaminaError(f"--init-from {path}: {e}") from None
+        names = (str(path), str(Path(path).expanduser().resolve()))
+        said = str(e) if str(e).startswith(names) else f"{path}: {e}"  # the path said once
+        raise LaminaError(f"--init-from {said}") from None
     model, origin = bundle.model, bundle.origin
     if scheme_of(model) is not None:
         raise LaminaError(f"--init-from {path} is quantized; fine-tune the float model instead")
