@@ -8,10 +8,11 @@
     Sampling(max_tokens, temperature, top_k, top_p, seed, stop, logprobs)
 
 One thread owns the model. Each turn of its loop it (1) runs the calls it was given, (2) admits
-waiting sequences into free rows, (3) prefills one chunk of one admitted prompt and (4) runs
-ONE decode step for every sequence that is decoding, each row at its own position. So a new
-request joins at the next step and a finished one leaves at once; a long prompt is prefilled
-`prefill_chunk` tokens at a time between the others' steps.
+waiting sequences into free rows, (3) prefills up to `prefill_chunk` prompt tokens (the
+admitted prompts in turn, least recently served first: several short ones, or a chunk of a long
+one) and (4) runs ONE decode step for every sequence that is decoding, each row at its own
+position. So a new request joins at the next step and a finished one leaves at once; a long
+prompt is prefilled a chunk at a time between the others' steps.
 
 Memory is fixed at start: `slots` rows of `context` tokens (`model.make_caches(slots,
 context)`). Rows 0..D-1 hold the decoding sequences (kept contiguous, so a step reads a view of
@@ -224,9 +225,12 @@ class Batcher:
 
     def _turn(self) -> None:
         self._admit()
-        prefilling = [r for r in self.rows[self.decoding :] if r.seq is not None]
-        if prefilling:
-            self._prefill(min(prefilling, key=lambda r: r.used))
+        budget = self.chunk  # prompt tokens this turn, over one or several prompts
+        while budget > 0:
+            prefilling = [r for r in self.rows[self.decoding :] if r.seq is not None]
+            if not prefilling:
+                break
+            budget -= self._prefill(min(prefilling, key=lambda r: r.used), budget)
         for i in reversed(range(self.decoding)):
             if self.rows[i].seq.cancel.is_set():
                 self._finish(i, "cancelled")
@@ -277,24 +281,25 @@ class Batcher:
         if s.seed is not None:
             seq.generator = torch.Generator().manual_seed(s.seed)
 
-    def _prefill(self, row: _Row) -> None:
+    def _prefill(self, row: _Row, budget: int) -> int:
+        """Prefill up to `budget` more of the row's prompt; the tokens it computed."""
         seq = row.seq
         i = self.rows.index(row)
         if seq.cancel.is_set():
-            self._release(i, "cancelled")
-            return
+            self._finish(i, "cancelled")
+            return 0
         start = len(row.ids)
-        chunk = seq.ids[start : start + self.chunk]
+        chunk = seq.ids[start : start + budget]
         views = [_RowView(c, i, start) for c in self.caches]
         device = self.model.reference_tensor().device
         logits = self.model(torch.tensor([chunk], device=device), caches=views, last_only=True)
         row.ids.extend(chunk)
         row.used = time.monotonic()
-        if len(row.ids) < len(seq.ids):
-            return
-        self._swap(i, self.decoding)
-        self.decoding += 1
-        self._next(self.decoding - 1, logits[0, -1])
+        if len(row.ids) == len(seq.ids):
+            self._swap(i, self.decoding)
+            self.decoding += 1
+            self._next(self.decoding - 1, logits[0, -1])
+        return len(chunk)
 
     def _decode(self) -> None:
         rows = self.rows[: self.decoding]
