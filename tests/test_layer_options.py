@@ -402,6 +402,8 @@ def test_each_option_is_refused_by_native_by_name_and_decodes_as_a_recompute(opt
     cached = generate(model, prompts, 16, use_cache=True)
     assert torch.equal(cached, generate(model, prompts, 16, use_cache=False))
     assert torch.equal(cached, generate(model, prompts, 16, fixed_shape=True))
+    alone = generate(model, prompts[1:], 16)[0]  # a row computes in a batch what it does alone
+    assert torch.equal(cached[1, 3:], alone)
 
 
 @torch.no_grad()
