@@ -106,15 +106,16 @@ def open_for(
     *,
     tokenizer: bool = True,
     device: str = "cpu",
-    quantized: bool | None = False,
+    quantized: bool | str | None = False,
 ) -> Bundle:
     """The one way a verb opens its model: `lamina.open(source)` (`quantized` passed through),
     then what the verb needs (`Bundle.require`: a decoder, a classifier or either, and a
     tokenizer unless `tokenizer=False`), then finite weights (`lamina.modes.check_finite`).
     Each refusal is one LaminaError naming `source` and, for a missing kind, `verb`.
     `quantized=None` (a verb that only runs the model: lamina.open's own choice, a GGUF's
-    blocks kept where a kernel runs them) also prints one note where PyTorch will run the
-    decode step (`flags.note_kernel`); False (the default) opens float weights."""
+    blocks kept where a kernel runs them), True or "int8"/"int4" also print one note where
+    PyTorch will run the decode step (`flags.note_kernel`); False (the default) opens float
+    weights, for a verb that changes them."""
     from lamina.interop.bundle import open_model
     from lamina.modes import check_finite
 
@@ -128,7 +129,7 @@ def open_for(
         "copy of the model"
     )
     check_finite(bundle.model, str(source), advice=advice)
-    if quantized is None:
+    if quantized is not False:
         from lamina.cli.flags import note_kernel
 
         note_kernel(verb, bundle.model)
