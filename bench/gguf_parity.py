@@ -107,7 +107,7 @@ class _Carry:
 def _tokenizer(meta: dict) -> tuple[object, str]:
     """lamina's pretrained tokenizer of the file where this lamina has it, else the keys."""
     try:
-        from lamina.data.pretrained import PretrainedTokenizer
+        from lamina.tokenizers.pretrained import PretrainedTokenizer
     except ImportError:
         return _Carry(meta), "the original tokenizer.* keys (no pretrained tokenizer kind here)"
     return PretrainedTokenizer.from_gguf_metadata(meta), "lamina's PretrainedTokenizer"

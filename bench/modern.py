@@ -36,9 +36,9 @@ from lamina import GPT, GPTConfig  # noqa: E402
 def hf_llama(config: GPTConfig) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from lamina.interop import hf_llama_config
+    from lamina.interop import hf_config
 
-    fields = hf_llama_config(config)
+    fields = hf_config(config)
     fields = {k: v for k, v in fields.items() if k not in ("architectures", "model_type", "dtype")}
     cfg = LlamaConfig(**fields, use_cache=False)
     cfg._attn_implementation = "sdpa"

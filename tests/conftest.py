@@ -2,7 +2,8 @@
 
 Tests run torch on one thread (see below).
 
-Token caches (``LAMINA_CACHE``) go to a folder of the test session.
+Token caches (``LAMINA_CACHE``) and native builds (``LAMINA_CACHE_DIR``) go to folders of
+the test session.
 
 ``corpus``: a small text file (``CORPUS_TEXT``, ~9.6k characters of Shakespeare dialogue) for
 training tests; one file per test session, which tests only read.
@@ -17,13 +18,12 @@ that use it are skipped cleanly where the folder is absent.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import pytest
 import torch
-from real_model import smollm2_path
+from real_model import save_smollm2_hf, smollm2_path
 
 # Tests use tiny models, which run fastest on one thread, and several test processes (or other
 # work) may share the cores: OpenMP threads spinning on oversubscribed cores slow tiny kernels
@@ -41,14 +41,21 @@ CORPUS_TEXT = (
 
 @pytest.fixture(scope="session", autouse=True)
 def _token_cache(tmp_path_factory):
-    """Token caches (lamina.data.text_splits) go to a session folder, never ~/.cache."""
-    before = os.environ.get("LAMINA_CACHE")
-    os.environ["LAMINA_CACHE"] = str(tmp_path_factory.mktemp("lamina-cache"))
+    """Token caches (lamina.data.text_splits) and native builds (lamina.native.build) go to
+    session folders, never ~/.cache."""
+    names = ("LAMINA_CACHE", "LAMINA_CACHE_DIR")
+    before = {name: os.environ.get(name) for name in names}
+    for name in names:
+        os.environ[name] = str(tmp_path_factory.mktemp(name.lower().replace("_", "-")))
+    from lamina.native import build
+
+    build.reset()  # a library loaded at import (from the user's cache) is looked up again
     yield
-    if before is None:
-        os.environ.pop("LAMINA_CACHE", None)
-    else:
-        os.environ["LAMINA_CACHE"] = before
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture(scope="session")
@@ -92,20 +99,5 @@ def smollm2_hf(smollm2_gguf, tmp_path_factory) -> Path:
     tokenizer); each test module that needs transformers' model or tokenizer loads this folder
     instead (about a second), so the reference is still transformers' reading of the same file.
     """
-    transformers = pytest.importorskip("transformers")
-    folder = tmp_path_factory.mktemp("smollm2-hf")
-    name = smollm2_gguf.name
-    tok = transformers.AutoTokenizer.from_pretrained(smollm2_gguf.parent, gguf_file=name)
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        smollm2_gguf.parent, gguf_file=name, torch_dtype=torch.float32
-    )
-    # transformers refuses to save a model it read from GGUF ("not serializable"): write the
-    # config without its quantization entry and the tensors (tied ones once) by hand
-    from safetensors.torch import save_model
-
-    config = model.config.to_dict()
-    config.pop("quantization_config", None)
-    (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
-    save_model(model, str(folder / "model.safetensors"))
-    tok.save_pretrained(folder)
-    return folder
+    pytest.importorskip("transformers")
+    return save_smollm2_hf(smollm2_gguf, tmp_path_factory.mktemp("smollm2-hf"))

@@ -8,6 +8,7 @@ the ``smollm2_gguf`` fixture (tests/conftest.py), which skips cleanly where the 
 from __future__ import annotations
 
 import importlib.metadata
+import json
 from pathlib import Path
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -24,3 +25,26 @@ def smollm2_path() -> Path | None:
             p = Path(str(f.locate()))
             return p if p.is_file() else None
     return None
+
+
+def save_smollm2_hf(gguf: Path, folder: Path) -> Path:
+    """A Hugging Face folder that transformers makes from the GGUF (model and tokenizer).
+
+    transformers refuses to save a model it read from GGUF ("not serializable"): the config is
+    written without its quantization entry and the tensors by safetensors' `save_model`, which
+    keeps a tied matrix once, under the head's name (`lm_head.weight`)."""
+    import torch
+    import transformers
+    from safetensors.torch import save_model
+
+    tok = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    save_model(model, str(folder / "model.safetensors"))
+    tok.save_pretrained(folder)
+    return folder

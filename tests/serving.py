@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import http.client
 import json
 import socket
@@ -96,3 +97,56 @@ def events(
     finally:
         conn.close()
     return out
+
+
+# A Qwen2.5-style chat template that renders tools and <tool_call> blocks (written for these
+# tests after the shape of Qwen2.5's: tools listed in the system turn, calls as JSON in tags,
+# tool results as <tool_response> in a user turn).
+QWEN_TOOLS = (
+    "{%- if tools %}{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] }}"
+    "{%- else %}{{- 'You are a helpful assistant.' }}{%- endif %}"
+    "{{- '\\n\\n# Tools\\n\\nYou are provided with function signatures within <tools></tools> "
+    "XML tags:\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and "
+    "arguments within <tool_call></tool_call> XML tags.<|im_end|>\\n' }}"
+    "{%- elif messages[0]['role'] == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'user' or (message.role == 'system' and not loop.first) or "
+    "(message.role == 'assistant' and not message.tool_calls) %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'assistant' %}{{- '<|im_start|>assistant' }}"
+    "{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}"
+    "{%- for tool_call in message.tool_calls %}"
+    "{%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}"
+    '{{- \'\\n<tool_call>\\n{"name": "\' + tool_call.name + \'", "arguments": \' }}'
+    "{{- tool_call.arguments | tojson }}{{- '}\\n</tool_call>' }}{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{%- if loop.index0 == 0 or messages[loop.index0 - 1].role != 'tool' %}"
+    "{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}"
+    "{%- endif %}{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+@functools.lru_cache(maxsize=4)
+def bpe_chat_model(template: str = QWEN_TOOLS, block_size: int = 2048):
+    """A tiny random llama-style GPT over a byte-level BPE tokenizer (every byte spellable,
+    so any JSON can be written) with `template`; its end-of-turn logit zeroed."""
+    from chat_fixtures import talkative
+    from tiny_tokenizers import byte_level_bpe
+
+    from lamina.tokenizers.pretrained import PretrainedTokenizer
+
+    hf = byte_level_bpe()
+    hf.add_tokens(["<tool_call>", "</tool_call>"])
+    end = hf.token_to_id("<|im_end|>")
+    tok = PretrainedTokenizer(hf.to_str(), eos_id=end, eot_ids=[end], chat_template=template)
+    torch.manual_seed(0)
+    config = GPTConfig.preset("llama-tiny", vocab_size=tok.vocab_size, block_size=block_size)
+    return talkative(GPT(config).eval(), tok), tok

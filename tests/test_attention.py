@@ -314,3 +314,45 @@ def test_bad_modern_construction_names_the_field_and_value(kwargs, message):
     kwargs = {"d_model": D, "n_heads": H, **kwargs}
     with pytest.raises(LaminaError, match=message):
         MultiHeadAttention(**kwargs)
+
+
+B = 2
+WINDOWED = dict(
+    n_kv_heads=2, rope_theta=1e4, qk_norm=True, norm_offset=1.0, sliding_window=3, rotary_dim=4
+)
+
+
+@pytest.mark.parametrize("scale", [None, 0.7])
+def test_sliding_window_fast_path_equals_reference_with_padding_and_a_cache(scale):
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(D, H, causal=True, scale=scale, **WINDOWED).eval()
+    x = torch.randn(B, 9, D)
+    pads = torch.zeros(B, 9, dtype=torch.bool)
+    pads[1, :2] = True  # row 1 is left-padded
+    outs = {}
+    for impl in ("sdpa", "reference"):
+        attn.impl = impl
+        full, _ = attn(x, pads)
+        cache = KVCache(B, 2, 9, D // H)
+        steps = [attn(x[:, :4], pads[:, :4], cache=cache)[0]]
+        steps += [attn(x[:, t : t + 1], pads[:, : t + 1], cache=cache)[0] for t in range(4, 9)]
+        assert torch.allclose(torch.cat(steps, 1), full, atol=1e-6)
+        outs[impl] = full
+    assert torch.allclose(outs["sdpa"], outs["reference"], atol=1e-6)
+    # a query sees only its last 3 keys: changing key 0 moves outputs 0..2 and no later one
+    moved, _ = attn(torch.cat([torch.randn(B, 1, D), x[:, 1:]], 1), pads)
+    changed = (moved - outs["reference"]).abs().amax((0, 2)) > 0
+    assert changed.tolist() == [True, True, True] + [False] * 6
+
+
+def test_soft_cap_bounds_the_scores_and_takes_the_written_out_path():
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(D, H, causal=True, softcap=0.1).eval()
+    x = torch.randn(B, 5, D) * 10
+    _, w = attn(x, need_weights=True)
+    # scores within +-0.1 after the cap: no weight in a row of i+1 keys is far from 1/(i+1)
+    last = w[..., 4, :]  # (B, H, 5): the row of the last query
+    ratio = (last.amax(-1) / last.amin(-1)).max()
+    assert ratio < torch.exp(torch.tensor(0.2)) + 1e-6
+    attn.impl = "sdpa"  # the cap has no SDPA form: the same written-out result either way
+    assert torch.equal(attn(x)[0], attn(x, need_weights=True)[0])

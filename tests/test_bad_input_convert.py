@@ -12,8 +12,8 @@ import pytest
 import lamina
 from lamina import GPT, GPTConfig, LaminaError, LaminaWarning
 from lamina.cli import main
-from lamina.data.subword import BPETokenizer
-from lamina.interop.hf_tokenizer import save_hf_tokenizer, tokenizer_from_hf
+from lamina.tokenizers.hf_files import save_hf_tokenizer, tokenizer_from_hf
+from lamina.tokenizers.subword import BPETokenizer
 
 CONFIG = GPTConfig(vocab_size=100, block_size=8, d_model=8, n_layers=1, n_heads=2)
 TEXT = "the quick brown fox jumps over the lazy dog. " * 40

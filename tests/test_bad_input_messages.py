@@ -13,7 +13,7 @@ import lamina
 from lamina import GPT, GPTConfig, LaminaError
 from lamina.cli import main
 from lamina.data import CharTokenizer
-from lamina.interop import load_hf_gpt2
+from lamina.interop import load_hf
 
 CONFIG = GPTConfig(vocab_size=8, block_size=8, d_model=8, n_layers=1, n_heads=2)
 
@@ -43,7 +43,7 @@ def test_pickle_refusal_never_suggests_weights_only_false(tmp_path, layout):
     else:
         (d / "pytorch_model.bin").write_bytes(pickle.dumps(payload))
     with pytest.raises(LaminaError) as e:
-        load_hf_gpt2(d)
+        load_hf(d)
     msg = str(e.value)
     assert "\n" not in msg and "weights_only" not in msg and "False" not in msg
     assert "pickle" in msg and "safetensors" in msg and "never runs code" in msg
@@ -56,7 +56,7 @@ def test_truncated_bin_is_called_unreadable_not_unsafe(tmp_path):
     torch.save({"a": torch.zeros(2)}, d / "full.bin")
     (d / "pytorch_model.bin").write_bytes((d / "full.bin").read_bytes()[:100])
     with pytest.raises(LaminaError, match="not a readable PyTorch weights file") as e:
-        load_hf_gpt2(d)
+        load_hf(d)
     assert "weights_only" not in str(e.value)
 
 

@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-from lamina.data import bpe_trainer
-from lamina.data.bpe_trainer import CHUNK_CHARS, text_chunks
 from lamina.data.spec import build_tokenizer
-from lamina.data.subword import BPETokenizer
+from lamina.tokenizers import bpe_trainer
+from lamina.tokenizers.bpe_trainer import CHUNK_CHARS, text_chunks
+from lamina.tokenizers.subword import BPETokenizer
 
 PROSE = "".join(
     f"line {i}: the king and the queen  of {'north' if i % 3 else 'south'}\tsay hello.\n"

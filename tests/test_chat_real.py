@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from lamina.generation import generate
-from lamina.generation.chat import ChatOptions, Conversation
+from lamina.generation.conversation import ChatOptions, Conversation
 from lamina.interop.bundle import open_model
 
 N = 16

@@ -14,11 +14,11 @@ import torch
 
 import lamina
 from lamina.data.labelled import encode_texts, pad_batch
-from lamina.data.tokenizers import CharTokenizer
 from lamina.errors import LaminaError
 from lamina.models.config import EncoderConfig
 from lamina.models.encoder import SequenceClassifier
 from lamina.modes import eval_mode
+from lamina.tokenizers.kinds import CharTokenizer
 from lamina.training.classify import ClassifyObjective, predict_proba
 from lamina.training.classify_metrics import confusion, majority_baseline, scores
 from lamina.training.config import TrainConfig

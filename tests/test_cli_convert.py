@@ -12,7 +12,7 @@ import torch
 import lamina
 from lamina import GPT, GPTConfig
 from lamina.cli import main
-from lamina.data.subword import BPETokenizer, ByteTokenizer, GPT2Tokenizer
+from lamina.tokenizers.subword import BPETokenizer, ByteTokenizer, GPT2Tokenizer
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
@@ -132,7 +132,7 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, capsys):
     assert "model_type 'bert' is not one lamina runs" in one_error_line(capsys)
     lamina.save(tmp_path / "postln", GPT(GPTConfig.preset("tiny", norm_first=False)))
     assert main(["convert", "--to", "hf", str(tmp_path / "postln"), "--out", str(out)]) == 2
-    assert "norm_first=False (post-LN)" in one_error_line(capsys)
+    assert "cannot save as Hugging Face GPT-2: norm_first=False" in one_error_line(capsys)
     assert main(["convert", "--to", "hf", str(tmp_path / "nothing"), "--out", str(out)]) == 2
     one_error_line(capsys)
     assert not out.exists()

@@ -9,8 +9,8 @@ import torch
 import lamina
 from lamina import GPT, GPTConfig
 from lamina.cli import main
-from lamina.data.subword import BPETokenizer
 from lamina.interop.gguf import load_gguf, read_gguf
+from lamina.tokenizers.subword import BPETokenizer
 
 pytest.importorskip("gguf")
 
@@ -103,7 +103,7 @@ def test_bad_input_is_one_line_and_exit_2(llama_run, tmp_path, capsys):
 
 
 def test_a_tokenizer_gguf_cannot_hold_is_one_warning(tmp_path, capsys):
-    from lamina.data.subword import ByteTokenizer
+    from lamina.tokenizers.subword import ByteTokenizer
 
     lamina.save(tmp_path / "run", GPT(GPTConfig.preset("tiny", vocab_size=256)), ByteTokenizer())
     f = tmp_path / "m.gguf"

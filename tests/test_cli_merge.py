@@ -11,9 +11,9 @@ import torch
 import lamina
 from lamina import GPT, GPTConfig
 from lamina.cli import main
-from lamina.data.tokenizers import CharTokenizer
 from lamina.interop.adapters import save_lora_folder
 from lamina.lora import apply_lora, lora_config
+from lamina.tokenizers.kinds import CharTokenizer
 
 
 @pytest.fixture
@@ -77,12 +77,13 @@ def test_refusals_write_nothing(lora_run, tmp_path, capsys):
     assert main(["merge", str(base), "--out", str(tmp_path / "x")]) == 2
     assert "not a LoRA run" in capsys.readouterr().err
     assert main(["merge", str(run), "--out", str(run / "inside")]) == 2
-    assert "overlaps RUN" in capsys.readouterr().err
+    assert "sits inside RUN" in capsys.readouterr().err
     assert main(["merge", str(run)]) == 2
     assert "--out DIR" in capsys.readouterr().err
     (tmp_path / "taken").mkdir()
-    assert main(["merge", str(run), "--out", str(tmp_path / "taken")]) == 2
-    assert "already exists" in capsys.readouterr().err
+    (tmp_path / "taken" / "notes.txt").write_text("mine")
+    assert main(["merge", str(run), "--out", str(tmp_path / "taken"), "--force"]) == 2
+    assert "holds files lamina did not write" in capsys.readouterr().err
     assert not (tmp_path / "x").exists() and not (run / "inside").exists()
     with pytest.raises(lamina.LaminaError, match="LoRA adapters: merge them first"):
         lamina.save(tmp_path / "y", lamina.open(run).model)

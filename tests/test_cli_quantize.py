@@ -10,7 +10,7 @@ import torch
 import lamina
 from lamina import GPT, GPTConfig
 from lamina.cli import main
-from lamina.data.tokenizers import CharTokenizer
+from lamina.tokenizers.kinds import CharTokenizer
 
 
 @pytest.fixture

@@ -113,7 +113,7 @@ def test_prompt_from_a_file_and_from_stdin(run_dir, capsys, tmp_path, monkeypatc
 
 
 def test_an_empty_prompt_uses_the_start_token_when_there_is_one(tmp_path, capsys):
-    from lamina.data.subword import BPETokenizer
+    from lamina.tokenizers.subword import BPETokenizer
 
     tok = BPETokenizer.train(TEXT * 4, 270)
     torch.manual_seed(0)

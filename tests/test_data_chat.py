@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from tiny_tokenizers import CHATML
 
-from lamina.data.chat import assistant_spans, check_messages, render_chat_template
 from lamina.errors import LaminaError
+from lamina.tokenizers.chat_template import assistant_spans, check_messages, render_chat_template
 
 chat_utils = pytest.importorskip("transformers.utils.chat_template_utils")
 

@@ -18,7 +18,7 @@ from lamina.data.instruct import (
     parse_record,
     read_examples,
 )
-from lamina.data.tokenizers import CharTokenizer
+from lamina.tokenizers.kinds import CharTokenizer
 
 CHAT = {
     "messages": [

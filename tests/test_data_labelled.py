@@ -20,8 +20,8 @@ from lamina.data.labelled import (
     read_labelled,
     stratified_split,
 )
-from lamina.data.tokenizers import CharTokenizer
 from lamina.errors import LaminaError
+from lamina.tokenizers.kinds import CharTokenizer
 
 
 def test_csv_with_quoted_newlines_and_chosen_columns(tmp_path):

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from lamina.data import load_tokenizer, save_tokenizer, tokenizer_from_dict
-from lamina.data.pretrained import PretrainedTokenizer
 from lamina.errors import LaminaError
+from lamina.tokenizers.pretrained import PretrainedTokenizer
 
 transformers = pytest.importorskip("transformers")
 tt = pytest.importorskip("tiny_tokenizers")
@@ -193,7 +193,7 @@ def test_round_trip_through_to_dict_and_a_tokenizer_file(smol, tmp_path):
 
 
 def test_hf_folder_written_back_loads_the_same_in_transformers_and_lamina(smol, tmp_path):
-    from lamina.interop.hf_tokenizer import save_hf_tokenizer, tokenizer_from_hf
+    from lamina.tokenizers.hf_files import save_hf_tokenizer, tokenizer_from_hf
 
     names = save_hf_tokenizer(smol, tmp_path)
     assert {"tokenizer.json", "tokenizer_config.json", "generation_config.json"} == set(names)

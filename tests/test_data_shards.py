@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lamina.data.batches import WindowSampler
-from lamina.data.prepare import prepare_corpus
+from lamina.data.shard_build import prepare_corpus
 from lamina.data.shards import ShardSampler, TokenStream, is_prepared, open_prepared
 from lamina.data.sources import corpus_files, read_pieces
 from lamina.errors import LaminaError

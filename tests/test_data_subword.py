@@ -1,4 +1,4 @@
-"""Specification of lamina.data.subword and data.spec: byte, bpe:N and gpt2:DIR tokenizers."""
+"""Specification of lamina.tokenizers.subword and data.spec: byte, bpe:N and gpt2:DIR tokenizers."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from lamina.data import encode_corpus, load_tokenizer, save_tokenizer, tokenizer_from_dict
 from lamina.data.spec import TOKENIZER_SPECS, build_tokenizer
-from lamina.data.subword import EOT, BPETokenizer, ByteTokenizer, GPT2Tokenizer, gpt2_ranks
 from lamina.errors import LaminaError
+from lamina.tokenizers.subword import EOT, BPETokenizer, ByteTokenizer, GPT2Tokenizer, gpt2_ranks
 
 # arbitrary Unicode, plus strings built from pieces that stress byte-level BPE and GPT-2's regex
 PIECES = [

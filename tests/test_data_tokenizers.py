@@ -1,4 +1,4 @@
-"""Specification of lamina.data.tokenizers: char vocabulary, encode/decode, JSON, registry."""
+"""Specification of lamina.tokenizers.kinds: char vocabulary, encode/decode, JSON, registry."""
 
 from __future__ import annotations
 
@@ -146,7 +146,7 @@ def test_registry_dispatches_to_registered_kind():
         with pytest.raises(LaminaError, match="already registered"):
             register_tokenizer("test-letters", lambda d: build(d))
     finally:
-        from lamina.data import tokenizers
+        from lamina.tokenizers import kinds as tokenizers
 
         tokenizers._REGISTRY.pop("test-letters", None)
 

@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 from conftest import CORPUS_TEXT
 
-from lamina.data.subword import BPETokenizer, ByteTokenizer
 from lamina.errors import LaminaError
 from lamina.evals.choice import (
     ChoiceItem,
@@ -22,6 +21,7 @@ from lamina.evals.choice import (
 )
 from lamina.models.config import GPTConfig
 from lamina.models.gpt import GPT
+from lamina.tokenizers.subword import BPETokenizer, ByteTokenizer
 
 
 def tiny_llama(vocab: int, block: int = 64) -> GPT:

@@ -12,8 +12,8 @@ from test_evals_choice import tiny_llama
 
 from lamina.checkpoint import save_model
 from lamina.cli import main
-from lamina.data.subword import BPETokenizer
 from lamina.evals.choice import ChoiceItem, accuracy, score_items
+from lamina.tokenizers.subword import BPETokenizer
 
 ROWS = [
     {

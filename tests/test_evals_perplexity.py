@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 from test_evals_choice import tiny_llama
 
-from lamina.data.subword import ByteTokenizer
 from lamina.errors import LaminaError
 from lamina.evals.perplexity import split_loss, text_perplexity, token_nll, windows
+from lamina.tokenizers.subword import ByteTokenizer
 
 TEXT = "Speak, speak. You are all resolved rather to die than to famish? Résolu. " * 3
 

@@ -1,4 +1,4 @@
-"""Task files (lamina.evals.tasks) and the built-in Shakespeare tasks (lamina.evals.builtin)."""
+"""Task files (lamina.evals.tasks) and the built-in Shakespeare tasks (lamina.evals.builtin_tasks)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 
 from lamina.errors import LaminaError
-from lamina.evals.builtin import BUILTIN_TASKS, TITLES, builtin_task
+from lamina.evals.builtin_tasks import BUILTIN_TASKS, TITLES, builtin_task
 from lamina.evals.choice import ChoiceItem
 from lamina.evals.tasks import read_task, write_task
 

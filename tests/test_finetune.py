@@ -10,9 +10,9 @@ import torch
 
 import lamina
 from lamina.cli import main
-from lamina.data.tokenizers import CharTokenizer
 from lamina.models.config import GPTConfig
 from lamina.models.gpt import GPT
+from lamina.tokenizers.kinds import CharTokenizer
 from lamina.training.config import TrainConfig
 from lamina.training.loop import run_training
 from lamina.training.session import new_session

@@ -24,10 +24,10 @@ from tiny_run import tiny_run
 import lamina
 from lamina.cli import main
 from lamina.data.shards import open_prepared
-from lamina.data.tokenizers import load_tokenizer
 from lamina.errors import LaminaError
 from lamina.models.config import EncoderConfig
 from lamina.models.encoder import SequenceClassifier
+from lamina.tokenizers.kinds import load_tokenizer
 
 SCALARS = (
     st.none()
@@ -125,7 +125,7 @@ def test_config_json(run):
 
 def test_tokenizer_json_of_every_kind(run, tmp_path):
     from lamina.data.spec import build_tokenizer
-    from lamina.data.tokenizers import save_tokenizer
+    from lamina.tokenizers.kinds import save_tokenizer
 
     text = "to be or not to be, that is the question\n" * 20
     for spec in ("char", "byte", "bpe:280"):
@@ -140,7 +140,7 @@ def test_tokenizer_json_of_every_kind(run, tmp_path):
 
 
 def test_labels_and_classifier_config(tmp_path):
-    from lamina.data.tokenizers import CharTokenizer
+    from lamina.tokenizers.kinds import CharTokenizer
 
     torch.manual_seed(0)
     tok = CharTokenizer.from_text("abc ")

@@ -8,7 +8,7 @@ from chat_fixtures import ChatMLChars, talkative  # noqa: I001
 
 from lamina.errors import LaminaError
 from lamina.generation import generate
-from lamina.generation.chat import ChatOptions, Conversation, common_prefix
+from lamina.generation.conversation import ChatOptions, Conversation, common_prefix
 from lamina.models import GPT, GPTConfig
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from lamina.data import CharTokenizer
-from lamina.data.subword import ByteTokenizer
 from lamina.errors import LaminaError
 from lamina.generation import TextStream, encode_prompt, start_id
+from lamina.tokenizers.subword import ByteTokenizer
 
 TEXT = "ROMEO: But soft, what light through yonder window breaks?\n"
 

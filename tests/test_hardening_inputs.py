@@ -16,8 +16,8 @@ from lamina.data.corpus import load_corpus
 from lamina.data.labelled import read_labelled
 from lamina.data.shards import open_prepared
 from lamina.data.sources import corpus_files
-from lamina.data.tokenizers import load_tokenizer
 from lamina.errors import LaminaWarning
+from lamina.tokenizers.kinds import load_tokenizer
 
 
 def corpus_folder(d: Path) -> Path:

@@ -321,7 +321,7 @@ def test_sample_refuses_a_model_with_non_finite_weights(tmp_path, capsys):
 
     import lamina
     from lamina.cli import main
-    from lamina.data.tokenizers import CharTokenizer
+    from lamina.tokenizers.kinds import CharTokenizer
 
     tok = CharTokenizer.from_text("abc\n")
     model = lamina.GPT(lamina.GPTConfig.preset("tiny", vocab_size=tok.vocab_size))

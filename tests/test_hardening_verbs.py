@@ -16,9 +16,9 @@ import torch
 import lamina
 from lamina import GPT, GPTConfig
 from lamina.cli import main
-from lamina.data.tokenizers import CharTokenizer
 from lamina.models.config import EncoderConfig
 from lamina.models.encoder import SequenceClassifier
+from lamina.tokenizers.kinds import CharTokenizer
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 
 import lamina
 from lamina import GPT, GPTConfig, LaminaError
-from lamina.interop import load_hf_gpt2
+from lamina.interop import load_hf
 
 CONFIG = GPTConfig.preset("tiny")  # vocab 100, 32 positions, 32 wide, 2 layers
 
@@ -28,7 +28,7 @@ def good(tmp_path) -> Path:
 
 def refused(path: Path, match: str) -> str:
     with pytest.raises(LaminaError, match=match) as e:
-        load_hf_gpt2(path)
+        load_hf(path)
     msg = str(e.value)
     assert "\n" not in msg, msg
     return msg
@@ -50,17 +50,17 @@ def test_missing_folder_and_missing_weights(tmp_path, good):
 def test_config_that_is_not_gpt2(good):
     """Another model type, no config.json, broken JSON, or a setting lamina cannot run."""
     cfg = json.loads((good / "config.json").read_text())
-    (good / "config.json").write_text(json.dumps({**cfg, "model_type": "llama"}))
-    refused(good, "not a GPT-2 config: model_type is 'llama'")
+    (good / "config.json").write_text(json.dumps({**cfg, "model_type": "falcon"}))
+    refused(good, "model_type 'falcon' is not one lamina runs")
     (good / "config.json").write_text("{oops")
     refused(good, "not valid JSON")
     for key, value, match in [
         ("scale_attn_by_inverse_layer_idx", True, "cannot express scale_attn_by_inverse_layer_idx"),
-        ("scale_attn_weights", False, "cannot express scale_attn_weights=false"),
+        ("scale_attn_weights", False, "cannot express scale_attn_weights=False"),
         ("add_cross_attention", True, "cannot express add_cross_attention"),
         ("activation_function", "gelu", "cannot express activation_function='gelu'"),
         ("n_head", 5, "divisible by n_heads=5"),
-        ("n_layer", "two", "n_layers must be a positive integer"),
+        ("n_layer", "two", "n_layer: expected an integer >= 1"),
     ]:
         (good / "config.json").write_text(json.dumps({**cfg, key: value}))
         refused(good, match)
@@ -88,12 +88,11 @@ def test_unexpected_and_missing_keys_are_listed(good):
         t["transformer.h.2.ln_1.weight"] = torch.zeros(32)
 
     edit_tensors(good, extra)
-    msg = refused(good, "unexpected h.0.attn.rotary.weight, h.2.ln_1.weight")
-    assert msg.endswith(
-        "does not match its config.json: unexpected h.0.attn.rotary.weight, h.2.ln_1.weight"
-    )
+    listed = "unexpected transformer.h.0.attn.rotary.weight, transformer.h.2.ln_1.weight"
+    msg = refused(good, listed)
+    assert msg.endswith(f"does not match its config.json: {listed}")
     edit_tensors(good, lambda t: t.pop("transformer.ln_f.bias"))
-    refused(good, "missing ln_f.bias")
+    refused(good, "missing transformer.ln_f.bias")
 
 
 def test_truncated_safetensors(good):
@@ -147,7 +146,7 @@ def test_sharded_safetensors_load(good):
     index = {"weight_map": {k: s for s, keys in shards.items() for k in keys}}
     (good / "model.safetensors.index.json").write_text(json.dumps(index))
     (good / "model.safetensors").unlink()
-    model = load_hf_gpt2(good)
+    model = load_hf(good)
     assert torch.equal(model.embed.wte.weight, tensors["transformer.wte.weight"])
     for bad in ({"weight_map": {"x": "../a"}}, {"weight_map": ["a.safetensors"]}, []):
         (good / "model.safetensors.index.json").write_text(json.dumps(bad))
@@ -156,7 +155,7 @@ def test_sharded_safetensors_load(good):
 
 def test_export_failure_leaves_nothing(tmp_path, monkeypatch):
     """If writing fails midway, the new folder does not appear (no half-written export)."""
-    import lamina.interop.hf_gpt2 as mod
+    import lamina.interop.hf_family as mod
 
     def boom(*args, **kwargs):
         raise OSError("disk full")

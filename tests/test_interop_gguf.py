@@ -126,7 +126,17 @@ def _write(path, tensors: dict[str, tuple[np.ndarray, object]], arch="llama", **
 
 
 QUANTIZABLE = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]
-K_QUANTS = ["Q4_K", "Q5_K", "Q6_K"]  # gguf-py dequantizes these but cannot quantize them
+# gguf-py dequantizes these but cannot quantize them: random bytes are valid blocks, once the
+# fp16 scales (byte offsets in a block) are made finite; tests/fixtures holds llama.cpp's own
+K_QUANTS = {
+    "Q2_K": (80, 82),
+    "Q3_K": (108,),
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208,),
+    "IQ4_NL": (0,),
+    "IQ4_XS": (0,),
+}
 
 
 def test_dequantize_each_type_matches_gguf_py(tmp_path):
@@ -141,14 +151,12 @@ def test_dequantize_each_type_matches_gguf_py(tmp_path):
             tensors[name] = (values.astype(np.float16), None)
         else:
             tensors[name] = (gguf.quants.quantize(values, qt), qt)
-    for name in K_QUANTS:  # random blocks: valid bytes for these layouts, scales made finite
+    for name, scales in K_QUANTS.items():
         block, size = gguf.GGML_QUANT_SIZES[Q[name]]
         raw = rng.integers(0, 256, (4, 512 // block * size), dtype=np.uint8)
         blocks = raw.reshape(4, -1, size)
-        at = {"Q4_K": 0, "Q5_K": 0, "Q6_K": size - 2}[name]  # where the f16 scale d sits
-        blocks[..., at : at + 2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
-        if name != "Q6_K":
-            blocks[..., 2:4] = np.frombuffer(np.float16(0.02).tobytes(), np.uint8)
+        for at, value in zip(scales, (0.01, 0.02), strict=False):
+            blocks[..., at : at + 2] = np.frombuffer(np.float16(value).tobytes(), np.uint8)
         tensors[name] = (raw, Q[name])
     path = tmp_path / "types.gguf"
     _write(path, tensors)
@@ -159,9 +167,23 @@ def test_dequantize_each_type_matches_gguf_py(tmp_path):
         got = t.dequantize()
         want = data.astype(np.float32) if qt is None else gguf.quants.dequantize(data, qt)
         assert got.dtype == torch.float32 and np.array_equal(got.numpy(), want), name
-        assert np.isfinite(want).all()
+        assert np.isfinite(want).all() and np.abs(want).max() > 0, name
         if name in ("F32", "F16", "BF16", "Q8_0"):  # close to the values themselves
             assert np.abs(want - values).max() < 0.05, name
+
+
+def test_q8_k_is_its_scale_times_its_bytes(tmp_path):
+    # gguf-py has no Q8_K: a block is an fp32 d, 256 int8 q and 16 int16 sums (ggml's block_q8_K)
+    rng = np.random.default_rng(1)
+    d = np.array([0.5, -0.03125, 3.0e-3, 7.0], np.float32)
+    q = rng.integers(-128, 128, (4, 256), dtype=np.int8)
+    sums = q.reshape(4, 16, 16).sum(-1).astype(np.int16)
+    raw = np.concatenate([d.view(np.uint8).reshape(4, 4), q.view(np.uint8), sums.view(np.uint8)], 1)
+    path = tmp_path / "q8k.gguf"
+    _write(path, {"w": (raw.reshape(2, 2 * 292), Q.Q8_K)})
+    got = read_gguf(path).tensors["w"].dequantize()
+    assert got.shape == (2, 512)
+    assert torch.equal(got, torch.from_numpy(d[:, None] * q.astype(np.float32)).reshape(2, 512))
 
 
 def test_metadata_matches_gguf_py_reader(tmp_path):
@@ -192,11 +214,11 @@ def test_metadata_matches_gguf_py_reader(tmp_path):
 
 
 def test_unsupported_type_is_refused_by_name(tmp_path):
-    path = tmp_path / "q2k.gguf"
-    block, size = gguf.GGML_QUANT_SIZES[Q.Q2_K]
-    _write(path, {"w": (np.zeros((2, 256 // block * size), np.uint8), Q.Q2_K)})
+    path = tmp_path / "iq2.gguf"
+    block, size = gguf.GGML_QUANT_SIZES[Q.IQ2_XXS]
+    _write(path, {"w": (np.zeros((2, 256 // block * size), np.uint8), Q.IQ2_XXS)})
     t = read_gguf(path).tensors["w"]
-    with pytest.raises(LaminaError, match="w has type Q2_K, which lamina cannot read"):
+    with pytest.raises(LaminaError, match="w has type IQ2_XXS, which lamina cannot read"):
         t.dequantize()
 
 
@@ -278,7 +300,7 @@ def test_bad_save_requests_are_refused(tmp_path):
     with pytest.raises(LaminaError, match="GGUF type must be one of f32, f16, q8_0"):
         save_gguf(model, tmp_path / "m.gguf", qtype="q4_0")
     post_ln = GPT(GPTConfig.preset("tiny", norm_first=False))
-    with pytest.raises(LaminaError, match="cannot save as GGUF.*post-LN"):
+    with pytest.raises(LaminaError, match="cannot save as GGUF GPT-2: norm_first=False"):
         save_gguf(post_ln, tmp_path / "m.gguf")
     from lamina.quant import quantize
 
@@ -341,8 +363,11 @@ def test_architecture_and_keys_lamina_cannot_use_are_refused(small_file):
         gguf_config({**meta, "llama.rope.scaling.type": "yarn"})
     with pytest.raises(LaminaError, match="llama.expert_count = 8"):
         gguf_config({**meta, "llama.expert_count": 8})
-    with pytest.raises(LaminaError, match="llama.attention.key_length = 32.* 16 wide"):
-        gguf_config({**meta, "llama.attention.key_length": 32})
+    wide = {**meta, "llama.attention.key_length": 32, "llama.attention.value_length": 32,
+            "llama.rope.dimension_count": 32}  # fmt: skip
+    assert gguf_config(wide).head_dim == 32  # a head width of its own (Qwen3, Gemma)
+    with pytest.raises(LaminaError, match="llama.rope.dimension_count = 8: lamina's rotary"):
+        gguf_config({**meta, "llama.rope.dimension_count": 8})
     with pytest.raises(LaminaError, match="lacks llama.block_count"):
         gguf_config({k: v for k, v in meta.items() if k != "llama.block_count"})
 
@@ -356,7 +381,7 @@ def test_missing_unexpected_and_misshapen_tensors_are_named(small_file, tmp_path
     kv.pop("llama.vocab_size")
     cases = {
         "missing blk.1.ffn_up.weight": {k: v for k, v in tensors.items() if k != "blk.1.ffn_up.weight"},
-        "unexpected rope_freqs.weight": {**tensors, "rope_freqs.weight": (np.ones(8, np.float32), None)},
+        "unexpected blk.0.extra.weight": {**tensors, "blk.0.extra.weight": (np.ones(8, np.float32), None)},
         r"blk.0.attn_k.weight has shape \(16, 64\), metadata implies \(32, 64\)": {
             **tensors, "blk.0.attn_k.weight": (np.zeros((16, 64), np.float32), None)},
     }  # fmt: skip

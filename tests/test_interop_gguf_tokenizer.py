@@ -9,7 +9,7 @@ import pytest
 
 from lamina import GPT, GPTConfig
 from lamina.interop.gguf import read_gguf, save_gguf
-from lamina.interop.gguf_tokenizer import (
+from lamina.tokenizers.gguf_metadata import (
     LLAMA3_SPLIT,
     QWEN2_SPLIT,
     gguf_tokenizer_metadata,
@@ -88,7 +88,7 @@ def test_a_tokenizers_json_becomes_gguf_metadata():
 
 
 def test_pretrained_kind_round_trips_through_gguf(tmp_path):
-    pretrained = pytest.importorskip("lamina.data.pretrained")
+    pretrained = pytest.importorskip("lamina.tokenizers.pretrained")
     fake = FakePretrained()
     tok = pretrained.PretrainedTokenizer(
         fake.hf_json, bos_id=1, eos_id=2, pad_id=2, chat_template="{{ messages }}"

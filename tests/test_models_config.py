@@ -95,3 +95,85 @@ def test_bad_gpt_config_names_field_and_value(change, message):
 def test_bad_encoder_config_names_field(change, message):
     with pytest.raises(ValueError, match=message):
         EncoderConfig(**{**dict(vocab_size=64, max_len=12), **change})
+
+
+ROPE = dict(BASE, d_model=16, n_heads=2, n_layers=2, positions="rope", norm="rms")
+LONGROPE = dict(kind="longrope", factor=32.0, original_max_positions=16)
+
+
+def test_layer_options_round_trip_through_json_and_old_configs_keep_todays_layers():
+    c = GPTConfig(
+        **ROPE,
+        sliding_window=4,
+        layer_types=["sliding", "full"],  # a JSON list becomes a tuple
+        rope_local_theta=10.0,
+        attn_softcap=50.0,
+        attn_scale=0.25,
+        embed_scale=4.0,
+        norm_offset=1.0,
+        sandwich_norm=True,
+        activation="geglu",
+        rotary_dim=4,
+        rope_scaling=dict(LONGROPE, short_factor=[1, 2], long_factor=[3.0, 4.0]),
+    )
+    assert c.layer_types == ("sliding", "full") and c.attention_kinds == ("sliding", "full")
+    assert c.rope_scaling.short_factor == (1.0, 2.0) and c.rope_dim == 4 and c.gated
+    assert GPTConfig.from_dict(json.loads(json.dumps(c.to_dict()))) == c
+    old = GPTConfig.from_dict(dict(ROPE))  # a checkpoint saved before these fields existed
+    assert (old.sliding_window, old.layer_types, old.norm_offset, old.sandwich_norm) == (
+        None,
+        None,
+        0.0,
+        False,
+    )
+    assert old.attention_kinds == ("full", "full") and old.rope_dim == 8
+    assert GPTConfig(**ROPE, sliding_window=3).attention_kinds == ("sliding", "sliding")
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(sliding_window=0), "sliding_window must be a positive integer, got 0"),
+        (dict(layer_types=("full",)), "layer_types has 1 entries for n_layers=2"),
+        (dict(layer_types=("full", "local")), "layer_types entry must be one of"),
+        (dict(layer_types="full"), "layer_types must be a list"),
+        (dict(layer_types=("full", "sliding")), "'sliding' layers but sliding_window is null"),
+        (dict(rope_local_theta=0), "rope_local_theta must be a positive number, got 0"),
+        (dict(positions="learned", rope_local_theta=1e4), "rope_local_theta needs positions"),
+        (dict(positions="learned", rotary_dim=4), "rotary_dim needs positions='rope'"),
+        (dict(rotary_dim=3), "rotary_dim must be even and at most head_dim=8, got 3"),
+        (dict(rotary_dim=10), "rotary_dim must be even and at most head_dim=8, got 10"),
+        (dict(attn_softcap=-1.0), "attn_softcap must be a positive number, got -1.0"),
+        (dict(attn_scale=0), "attn_scale must be a positive number, got 0"),
+        (dict(embed_scale=float("inf")), "embed_scale must be a positive number"),
+        (dict(norm_offset="1"), "norm_offset must be a number, got '1'"),
+        (dict(norm="layer", norm_offset=1.0), "norm_offset needs norm='rms'"),
+        (dict(sandwich_norm=1), "sandwich_norm must be true or false"),
+        (dict(norm_first=False, sandwich_norm=True), "sandwich_norm needs pre-LN"),
+        (dict(activation="gegelu"), "activation must be one of"),
+        (dict(rope_scaling=dict(LONGROPE)), "kind 'longrope' needs short_factor"),
+        (
+            dict(rope_scaling=dict(LONGROPE, short_factor=[1] * 4, long_factor=[1] * 3)),
+            "short_factor \\(4\\) and long_factor \\(3\\) must have the same length",
+        ),
+        (
+            dict(rope_scaling=dict(LONGROPE, short_factor=[1] * 3, long_factor=[1] * 3)),
+            "longrope factors number 3; a rotated width of 8 needs 4",
+        ),
+        (
+            dict(rope_scaling=dict(LONGROPE, short_factor=[1, 0, 1, 1], long_factor=[1] * 4)),
+            "short_factor must be positive numbers",
+        ),
+        (
+            dict(rope_scaling=dict(kind="linear", factor=2.0, long_factor=[1.0])),
+            "long_factor belongs to kind 'longrope' only",
+        ),
+        (
+            dict(rope_scaling=dict(kind="linear", factor=2.0, attention_factor=1.0)),
+            "attention_factor belongs to kind 'longrope' only",
+        ),
+    ],
+)
+def test_bad_layer_options_name_field_and_value(change, message):
+    with pytest.raises(LaminaError, match=message):
+        GPTConfig(**{**ROPE, **change})

@@ -83,6 +83,42 @@ def test_formula_equals_built_model_for_every_layer_option(
     assert sum(gpt_param_table(c).values()) == count_params(c)
 
 
+@pytest.mark.parametrize(
+    "sandwich, activation, norm, gain, qk_norm",
+    list(
+        itertools.product(
+            [False, True], ["geglu", "gelu"], ["rms", "layer"], [True, False], [False, True]
+        )
+    ),
+)
+def test_formula_equals_built_model_with_gemma_phi_and_mistral_options(
+    sandwich, activation, norm, gain, qk_norm
+):
+    c = GPTConfig(
+        vocab_size=37,
+        block_size=11,
+        d_model=16,
+        n_heads=4,
+        n_layers=3,
+        positions="rope",
+        norm=norm,
+        norm_gain=gain,
+        qk_norm=qk_norm,
+        activation=activation,
+        d_ff=24,
+        sandwich_norm=sandwich,
+        norm_offset=1.0 if norm == "rms" else 0.0,
+        sliding_window=4,
+        layer_types=("sliding", "full", "sliding"),
+        rope_local_theta=10.0,
+        attn_softcap=5.0,
+        attn_scale=0.5,
+        embed_scale=4.0,
+        rotary_dim=2,
+    )
+    assert count_module_params(meta_model(c)) == count_params(c)
+
+
 def test_smollm_135m_is_its_published_count_and_hugging_face_agrees():
     """134,515,008: SmolLM-135M's parameters (tied head), also counted by transformers."""
     transformers = pytest.importorskip("transformers")

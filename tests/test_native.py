@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import lamina
-from lamina import GPT, GPTConfig, LaminaError, native, quant
+from lamina import GPT, GPTConfig, LaminaError, cpu, native
 from lamina.generation.decoder import Decoder
 from lamina.lora import apply_lora
 from lamina.quant import Int4Linear, Int8Embedding, Int8Linear, quantize, quantize_int8
@@ -156,7 +156,7 @@ def test_float_generation_equals_pytorchs_token_for_token():
     model = _model(**OPTIONS[3])
     prompts = [[5, 6, 7, 8, 9], [10, 11]]  # left-padded: the rows' windows start apart
     fast = lamina.generate(model, prompts, 20)
-    with native.disabled():
+    with cpu.using("torch"):
         slow = lamina.generate(model, prompts, 20)
     assert torch.equal(fast, slow)
 
@@ -168,12 +168,13 @@ def test_windows_jump_past_block_size_as_the_uncached_path():
     assert torch.equal(fast, slow)
 
 
-def test_decoder_uses_it_and_disabled_does_not():
+def test_decoder_uses_it_and_a_pytorch_kernel_does_not():
     model = _model(**OPTIONS[3])
     ids = torch.tensor([[1, 2, 3]])
     assert Decoder(model, ids, [0], 8)._native is not None
-    with native.disabled():
-        assert Decoder(model, ids, [0], 8)._native is None
+    for name in ("torch", "packed", "dequantize"):
+        with cpu.using(name):
+            assert Decoder(model, ids, [0], 8)._native is None, name
     assert Decoder(model, ids, [0], 8, fixed_shape=True)._native is None
 
 
@@ -291,15 +292,15 @@ def test_real_q4_1_steps_equal_the_dequantized_model(smollm2):
     assert torch.equal(got.argmax(-1), want.argmax(-1))
 
 
-def test_real_chat_reply_equals_the_float_models(smollm2, monkeypatch):
-    from lamina.data.pretrained import PretrainedTokenizer
+def test_real_chat_reply_equals_the_float_models(smollm2):
+    from lamina.tokenizers.pretrained import PretrainedTokenizer
 
     q4, f32, meta = smollm2
     tok = PretrainedTokenizer.from_gguf_metadata(meta)
     ids = tok.render_chat([{"role": "user", "content": "Name three colours."}])
     # the prompt through the dequantized weights (where bf16 is native, the per-call kernel is
     # torch's bf16 one), so what is compared is the native decode steps
-    monkeypatch.setattr(quant, "_use_kernel", lambda x: False)
-    fast = lamina.generate(q4, torch.tensor(ids), 24)
+    with cpu.using("native"):  # lamina's kernels only
+        fast = lamina.generate(q4, torch.tensor(ids), 24)
     slow = lamina.generate(f32, torch.tensor(ids), 24)
     assert torch.equal(fast, slow)

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import lamina
-from lamina import GPT, GPTConfig, LaminaError, native, quant
+from lamina import GPT, GPTConfig, LaminaError, cpu, quant
 from lamina.quant import Int4Linear, Int8Linear, quantize, quantize_int4, quantize_int8
 
 
@@ -41,18 +41,18 @@ def test_int4_groups_round_to_within_half_a_step():
 
 
 @pytest.mark.parametrize("kind", ["int8", "int4"])
-def test_kernel_path_equals_dequantized_path(kind, monkeypatch):
-    if quant.kernel() == "dequantize":
+def test_kernel_path_equals_dequantized_path(kind):
+    if cpu.layer_kernel() == "dequantize":
         pytest.skip("this CPU runs only the dequantized path")
     lin = nn.Linear(128, 40)  # 40 rows: int4 pads them to 48 for the kernel
     m = Int8Linear.from_linear(lin) if kind == "int8" else Int4Linear.from_linear(lin, 64)
     x = torch.randn(3, 5, 128)
     fast = m(x)
-    monkeypatch.setattr(quant, "_use_kernel", lambda x: False)
-    slow = m(x)
+    with cpu.using("dequantize"):
+        slow = m(x)
     assert fast.shape == slow.shape == (3, 5, 40) and fast.dtype == torch.float32
     # torch's packed kernels round activations to bf16, the native ones to int16 per 32
-    tol = 2e-4 if quant.kernel() == "native" else 2e-2
+    tol = 2e-4 if cpu.layer_kernel() == "native" else 2e-2
     assert torch.allclose(fast, slow, rtol=tol, atol=tol * slow.abs().max().item())
 
 
@@ -208,9 +208,15 @@ def test_int4_costs_under_5_percent_of_loss(trained):
 def test_cached_generation_equals_uncached_for_every_option(scheme, options):
     q = quantize(_model(**options), scheme, group_size=32)
     prompts = [[5, 6, 7, 8], [9, 10]]
-    with native.disabled():  # PyTorch's cached step (the native one: tests/test_native.py)
+    with cpu.using("torch"):  # PyTorch's cached step (the native one: tests/test_native.py)
         cached = lamina.generate(q, prompts, 12)
     uncached = lamina.generate(q, prompts, 12, use_cache=False)
     assert torch.equal(cached, uncached)
     steps = list(lamina.stream(q, torch.tensor([[1, 2, 3]]), 6))
     assert len(steps) == 6
+
+
+@pytest.mark.parametrize("in_features,group_size", [(96, 96), (128, 48), (96, 64), (128, 0)])
+def test_int4_refuses_a_group_size_its_kernels_do_not_take(in_features, group_size):
+    with pytest.raises(LaminaError, match="int4 group_size must be one of 32, 64, 128, 256"):
+        Int4Linear(in_features, 8, False, group_size)

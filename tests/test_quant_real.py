@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from lamina import quant
+from lamina import cpu, quant
 from lamina.generation import generate
 from lamina.quant import Int4Linear, Int8Embedding, Int8Linear, quantize
 
@@ -22,8 +22,8 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 @pytest.fixture(scope="module")
 def real(smollm2_gguf):
-    from lamina.data.pretrained import PretrainedTokenizer
     from lamina.interop.gguf import load_gguf
+    from lamina.tokenizers.pretrained import PretrainedTokenizer
 
     model, meta = load_gguf(smollm2_gguf)
     tok = PretrainedTokenizer.from_gguf_metadata(meta)
@@ -76,8 +76,8 @@ def test_q4_1_kept_as_is_gives_the_dequantized_models_logits(real, monkeypatch):
     ids = torch.tensor([tok.encode(PROMPT + " Paris, and the capital of Italy is")])
     with torch.no_grad():
         ref, fast = model(ids), q(ids)
-        monkeypatch.setattr(quant, "_KERNEL", "dequantize")  # the blocks' exact values
-        exact = q(ids)
+        with cpu.using("dequantize"):  # the blocks' exact values
+            exact = q(ids)
     assert (exact - ref).abs().max().item() < 1e-4
     rel = ((fast - ref).norm() / ref.norm()).item()
     assert rel < 0.03, f"kernel path vs dequantized: relative logit error {rel:.4f}"

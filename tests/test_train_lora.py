@@ -14,9 +14,9 @@ from safetensors.torch import load_file
 import lamina
 from lamina import GPT, GPTConfig
 from lamina.cli import main
-from lamina.data.tokenizers import CharTokenizer
 from lamina.lora import LoRAConfig, fit_bytes, lora_config
 from lamina.models.params import count_params
+from lamina.tokenizers.kinds import CharTokenizer
 
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
 

@@ -7,7 +7,7 @@ import json
 import torch
 
 from lamina.cli import main
-from lamina.data.prepare import prepare_corpus
+from lamina.data.shard_build import prepare_corpus
 from lamina.data.shards import ShardSampler
 from lamina.training.config import TrainConfig
 from lamina.training.session import new_session, resume_session, save_checkpoint

@@ -7,8 +7,8 @@ import torch
 
 from lamina import GPT, GPTConfig
 from lamina.data.instruct import IGNORE, pad_rows, parse_record
-from lamina.data.tokenizers import CharTokenizer
 from lamina.lora import apply_lora, lora_parameters
+from lamina.tokenizers.kinds import CharTokenizer
 from lamina.training.sft import SFTObjective, row_losses, sft_rows
 
 TOK = CharTokenizer.from_text("abcdefghijklmnopqrstuvwxyz:?=+0123456789 \n")

@@ -10,11 +10,11 @@ import pytest
 from conftest import CORPUS_TEXT
 
 from lamina.cli import main
-from lamina.data import subword
 from lamina.data.spec import build_tokenizer
 from lamina.data.text_splits import cache_root, split_text, text_splits
-from lamina.data.tokenizers import save_tokenizer
 from lamina.errors import LaminaError, LaminaWarning
+from lamina.tokenizers import subword
+from lamina.tokenizers.kinds import save_tokenizer
 from lamina.training.config import TrainConfig
 from lamina.training.loop import run_training
 from lamina.training.session import new_session

@@ -1,20 +1,20 @@
 """lamina: Transformers built layer by layer, each layer proven by invariant checks.
 
-Layers (each imports only the ones below it):
-    0 data       tokenizers, corpora, batch samplers, synthetic tasks   (lamina.data)
-    1 embedding  token + position tables, tying, position offset         (lamina.embedding)
-    2 attention  multi-head self-attention, masks, KV cache              (lamina.attention)
-    3 block      LayerNorm, GELU, feed-forward, residual blocks          (lamina.block)
-    4 models     GPT, Encoder, SequenceClassifier, configs, counts       (lamina.models)
-Above them: checks, training, generation, interop and the `lamina` command.
+Layers (each imports only lower ones; the numbers are tests/test_layers.py's ranks, which the
+README's layer map draws; 0 and 1 are the leaves: errors, files, validation):
+    2 tokenizers  text <-> ids: every kind, each format's tokenizer files (lamina.tokenizers)
+    3 data        corpora, batch samplers, synthetic tasks, labelled texts  (lamina.data)
+    3 embedding   token + position tables, tying, position offset          (lamina.embedding)
+    3 rope        rotary tables and their scalings                          (lamina.rope)
+    4 attention   multi-head self-attention, masks, KV cache                (lamina.attention)
+    5 block       LayerNorm, GELU, feed-forward, residual blocks            (lamina.block)
+    6 models      GPT, Encoder, SequenceClassifier, configs, counts         (lamina.models)
+Above them: native, lora, quant, checkpoint, checks, generation, evals, interop, training,
+serve and the `lamina` command.
 """
 
-import os
-
-# On a shared CPU, OpenMP threads that spin while waiting slowed each process 8-15x (measured
-# here with another process busy); passive waiting costs nothing measurable when alone. Only
-# effective if torch has not been imported yet; a user's own setting wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Importing lamina changes no environment variable: OpenMP's wait policy is the user's (see
+# BENCHMARKS.md, "Fair benches"); lamina.native's threads meet at barriers of their own.
 
 from lamina.checkpoint import load_model as load
 from lamina.checkpoint import save_model as save

@@ -1,40 +1,39 @@
-"""Layer 2, attention: multi-head self-attention with masks, optional weights and a KV cache.
+"""Layer 4, attention: multi-head self-attention with masks, optional weights and a KV cache.
 
     x (B, T, d) -> qkv = x @ W_qkv (one fused projection, [q | k | v] along the output)
     q (B, H, T, hd), k and v (B, H_kv, T, hd)    hd = d / H unless given (Qwen3: d != H hd),
                                                   H_kv = n_kv_heads divides H
     [qk-norm: q, k <- rms_norm(q), rms_norm(k) per head]  [rotary: q, k <- rotate(q), rotate(k)]
-    softmax(q k^T / sqrt(hd) + mask) v -> (B, T, H hd) -> output projection -> (B, T, d)
+    scores = scale q k^T  (scale = 1/sqrt(hd) unless given: Gemma's query_pre_attn_scalar^-1/2)
+    [soft cap: scores <- cap tanh(scores / cap)]   softmax(scores + mask) v -> (B, T, H hd)
+    -> output projection -> (B, T, d)
 
 Grouped-query attention: query head h reads key/value head h // (H / H_kv) (1 = multi-query;
 H_kv = H is plain multi-head attention, with today's weight layout). The projection stays one
 matmul of width (H + 2 H_kv) hd, and the KV cache holds H_kv heads.
 
-Rotary positions (RoPE), half-split layout: dimension j of a head is paired with j + hd/2 and
-the pair is rotated by the angle pos * theta^(-2j/hd). This is Hugging Face Llama's
-`rotate_half` layout (and GPT-NeoX's); Meta's original Llama code pairs (2j, 2j+1) instead
-("interleaved"), and HF's conversion script permutes the rows of W_q and W_k into half-split, so
-HF Llama weights copy into lamina without any permutation. Keys are rotated before they are
-cached, so the cache holds rotated keys and a cached step only rotates its new token.
-`RopeScaling` stretches the frequencies for contexts longer than training: "linear" divides
-every frequency by a factor; "llama3" (Llama 3.1+) divides only the low frequencies (wavelength
-above original_max_positions / low_freq_factor), keeps the high ones (below .../
-high_freq_factor) and blends linearly between, exactly as Hugging Face's `_compute_llama3_parameters`.
-QK-norm (Qwen3, OLMo 2's per-head form) is an RMSNorm over hd with one learned gain (hd,) shared
-by the heads, applied to q and k before the rotation.
+Rotary positions come from `lamina.rope` (tables, scalings, partial rotary; re-exported here).
+Keys are rotated before they are cached, so the cache holds rotated keys and a cached step only
+rotates its new token. QK-norm (Qwen3, Gemma 3, OLMo 2's per-head form) is an RMSNorm over hd
+with one learned gain (hd,) shared by the heads, applied to q and k before the rotation;
+`rms_norm` with an offset applies (offset + gain) in float32, as Gemma's RMSNorm.
 
 Masks:
   * causal (a constructor flag): query i sees keys 0..i (shifted by the cache position);
+  * sliding window W (Mistral, Gemma's local layers): query i sees only keys j > i - W, as
+    transformers' `sliding_window_overlay`; counted in cache slots, which are consecutive
+    positions of a row (cached keys that fell out of the window are masked, not dropped);
   * padding_mask (B, T_keys) bool, True at pads: no query attends to a pad key.
   A query that may see no key at all (a fully padded row) outputs exactly zero, never NaN.
 
 Two paths compute the same thing (a test proves it): the reference path writes the softmax out
 (repeating each key/value head for its group) and can return the attention weights
 (B, H, T_q, T_k); the fast path calls `F.scaled_dot_product_attention` (with `enable_gqa`).
-`need_weights=True` always takes the reference path.
+`need_weights=True` always takes the reference path, and so does a soft cap: tanh acts on the
+scores before the mask and softmax, which SDPA gives no hook for (a float mask only adds).
 Attention dropout is applied only in training mode, on both paths.
 
-`KVCache` is a preallocated (B, H_kv, max_len, d/H) store with an explicit position: each forward
+`KVCache` is a preallocated (B, H_kv, max_len, hd) store with an explicit position: each forward
 with a cache writes its keys and values at the current position and attends to everything stored.
 
 Deliberately unaware of embeddings, blocks and models: it sees vectors and, for rotary
@@ -44,7 +43,6 @@ attention, integer positions, never token ids.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -52,8 +50,26 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lamina.errors import LaminaError
+from lamina.rope import (  # noqa: F401 - re-exported: the rotary names' historical home
+    RopeScaling,
+    apply_rotary,
+    rotary_frequencies,
+    rotary_tables,
+    rotate_half,
+)
 
 AttentionImpl = Literal["sdpa", "reference"]
+RopeArg = tuple[Tensor, Tensor] | dict[str, tuple[Tensor, Tensor]]
+
+
+def rms_norm(x: Tensor, weight: Tensor | None, eps: float, offset: float = 0.0) -> Tensor:
+    """x / sqrt(mean(x^2) + eps) * weight over the last dim. With an offset the gain is
+    (offset + weight), and the whole norm runs in float32 and is cast back (Gemma's RMSNorm);
+    without one, torch's fused kernel in x's dtype (Llama's)."""
+    if not offset:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    gain = None if weight is None else offset + weight.float()
+    return F.rms_norm(x.float(), (x.shape[-1],), gain, eps).to(x.dtype)
 
 
 class KVCache:
@@ -121,109 +137,36 @@ def attention_mask(
     causal: bool,
     padding_mask: Tensor | None,
     device: torch.device,
+    window: int | None = None,
 ) -> Tensor | None:
     """Boolean (B or 1, 1, t_q, t_k) mask, True where a query may attend; None if all may.
 
-    Queries are the last t_q of the t_k positions (a cache holds the first t_k - t_q).
+    Queries are the last t_q of the t_k positions (a cache holds the first t_k - t_q). With a
+    sliding `window`, query i also sees only keys j > i - window (applied only where it hides
+    a key: a window at least t_k wide adds no mask). A single query with a padding mask sits
+    at its row's last unmasked key instead: a caller that steps rows at different positions
+    (a fixed-shape cache, a continuous batch) masks the columns past each row's query, and the
+    query always sees itself.
     """
     allowed = None
-    if causal and t_q > 1:
+    windowed = window is not None and t_k > window
+    if (causal and t_q > 1) or windowed:
         q_pos = torch.arange(t_k - t_q, t_k, device=device)[:, None]
-        allowed = (torch.arange(t_k, device=device)[None, :] <= q_pos)[None, None]
+        k_pos = torch.arange(t_k, device=device)[None, :]
+    if causal and t_q > 1:
+        allowed = (k_pos <= q_pos)[None, None]
+    if windowed:
+        if t_q == 1 and padding_mask is not None:
+            seen = (~padding_mask).flip(-1).to(torch.uint8)  # (B, t_k), the last key first
+            last = t_k - 1 - seen.argmax(-1, keepdim=True)  # (B, 1): each row's query column
+            near = (k_pos > last - window)[:, None, None, :]
+        else:
+            near = (k_pos > q_pos - window)[None, None]
+        allowed = near if allowed is None else allowed & near
     if padding_mask is not None:
         keep = ~padding_mask[:, None, None, :]
         allowed = keep if allowed is None else allowed & keep
     return allowed
-
-
-@dataclass(frozen=True)
-class RopeScaling:
-    """How rotary frequencies are stretched for long contexts (None in a config: not at all).
-
-    kind "linear": every frequency / factor. kind "llama3": low frequencies / factor, high ones
-    kept, a linear blend between (wavelengths compared with original_max_positions divided by
-    low_freq_factor and by high_freq_factor).
-    """
-
-    kind: Literal["linear", "llama3"]
-    factor: float
-    low_freq_factor: float = 1.0  # llama3 only
-    high_freq_factor: float = 4.0  # llama3 only
-    original_max_positions: int = 8192  # llama3 only: the context the model was trained at
-
-    def __post_init__(self) -> None:
-        if self.kind not in ("linear", "llama3"):
-            raise LaminaError(f"rope_scaling kind must be 'linear' or 'llama3', got {self.kind!r}")
-        for name in ("factor", "low_freq_factor", "high_freq_factor"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise LaminaError(f"rope_scaling {name} must be a positive number, got {value!r}")
-        if not self.high_freq_factor > self.low_freq_factor:
-            raise LaminaError(
-                f"rope_scaling high_freq_factor={self.high_freq_factor} must exceed "
-                f"low_freq_factor={self.low_freq_factor}"
-            )
-        n = self.original_max_positions
-        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
-            raise LaminaError(
-                f"rope_scaling original_max_positions must be a positive integer, got {n!r}"
-            )
-
-
-def rotary_frequencies(
-    head_dim: int,
-    theta: float = 10000.0,
-    scaling: RopeScaling | None = None,
-    device: torch.device | str | None = None,
-) -> Tensor:
-    """The (hd/2,) float32 angular frequencies theta^(-2j/hd), stretched by `scaling`."""
-    exponents = torch.arange(0, head_dim, 2, device=device).float() / head_dim
-    inv_freq = 1.0 / (theta**exponents)  # (hd/2,)
-    if scaling is None:
-        return inv_freq
-    if scaling.kind == "linear":
-        return inv_freq / scaling.factor
-    s = scaling
-    wavelen = 2 * math.pi / inv_freq
-    low_wavelen = s.original_max_positions / s.low_freq_factor  # longer: divide by factor
-    high_wavelen = s.original_max_positions / s.high_freq_factor  # shorter: keep
-    scaled = torch.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
-    smooth = (s.original_max_positions / wavelen - s.low_freq_factor) / (
-        s.high_freq_factor - s.low_freq_factor
-    )
-    blended = (1 - smooth) * scaled / s.factor + smooth * scaled
-    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-    return torch.where(medium, blended, scaled)
-
-
-def rotary_tables(
-    positions: Tensor,
-    head_dim: int,
-    theta: float = 10000.0,
-    scaling: RopeScaling | None = None,
-) -> tuple[Tensor, Tensor]:
-    """cos and sin of the rotary angles, each (*positions.shape, head_dim), float32.
-
-    Angle of pair j (dims j and j + hd/2) at position p: p * theta^(-2j/hd), as in Llama
-    (frequencies stretched by `scaling` when given).
-    """
-    inv_freq = rotary_frequencies(head_dim, theta, scaling, positions.device)
-    angles = positions.float()[..., None] * inv_freq  # (..., hd/2)
-    angles = torch.cat([angles, angles], dim=-1)  # (..., hd): the same angle for j and j + hd/2
-    return angles.cos(), angles.sin()
-
-
-def rotate_half(x: Tensor) -> Tensor:
-    """(x1, x2) -> (-x2, x1) on the two halves of the last dim."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate x (B, H, T, hd) by tables (T, hd) or (B, T, hd) from `rotary_tables`."""
-    if cos.dim() == 3:
-        cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, hd): broadcast over heads
-    return (x * cos + rotate_half(x) * sin).to(x.dtype)
 
 
 class MultiHeadAttention(nn.Module):
@@ -244,9 +187,14 @@ class MultiHeadAttention(nn.Module):
             elsewhere). forward's `rope` passes precomputed tables; without it the positions
             are 0..T-1, continuing from the cache.
         rope_scaling: how those tables stretch their frequencies (see `RopeScaling`).
+        rotary_dim: rotate only the first rotary_dim dims of each head (None: all hd).
         qk_norm: RMS-normalise q and k per head (over hd) before the rotation and dot product.
         qk_norm_gain: a learnable gain (hd,) for each of the q and k norms.
+        norm_offset: the qk norms' gains are (norm_offset + gain), in float32 (Gemma 3: 1).
         eps: the qk norms' epsilon.
+        sliding_window: each query sees only the last sliding_window keys (itself included).
+        softcap: scores <- softcap tanh(scores / softcap) before the mask (Gemma 2).
+        scale: the q.k multiplier (None: 1 / sqrt(hd)).
     """
 
     def __init__(
@@ -266,6 +214,11 @@ class MultiHeadAttention(nn.Module):
         eps: float = 1e-5,
         head_dim: int | None = None,
         rope_scaling: RopeScaling | None = None,
+        rotary_dim: int | None = None,
+        norm_offset: float = 0.0,
+        sliding_window: int | None = None,
+        softcap: float | None = None,
+        scale: float | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(n_heads, int) or n_heads <= 0:
@@ -274,10 +227,18 @@ class MultiHeadAttention(nn.Module):
             raise LaminaError(f"d_model must be a positive integer, got {d_model!r}")
         if head_dim is None and d_model % n_heads:
             raise LaminaError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
-        if head_dim is not None and (
-            isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0
+        for name, value in (
+            ("head_dim", head_dim),
+            ("rotary_dim", rotary_dim),
+            ("sliding_window", sliding_window),
         ):
-            raise LaminaError(f"head_dim must be a positive integer, got {head_dim!r}")
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value <= 0
+            ):
+                raise LaminaError(f"{name} must be a positive integer, got {value!r}")
+        for name, value in (("softcap", softcap), ("scale", scale)):
+            if value is not None and not value > 0:
+                raise LaminaError(f"{name} must be a positive number, got {value!r}")
         if not 0.0 <= dropout < 1.0:
             raise LaminaError(f"dropout must be in [0, 1), got {dropout!r}")
         if impl not in ("sdpa", "reference"):
@@ -288,21 +249,26 @@ class MultiHeadAttention(nn.Module):
         if n_heads % n_kv_heads:
             raise LaminaError(f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}")
         hd = d_model // n_heads if head_dim is None else head_dim
+        rd = hd if rotary_dim is None else rotary_dim
         if rope_theta is not None:
             if not rope_theta > 0:
                 raise LaminaError(f"rope_theta must be positive, got {rope_theta!r}")
-            if hd % 2:
-                raise LaminaError(f"rotary positions need an even head dimension, got {hd}")
+            if rd % 2 or rd > hd:
+                what = "head dimension" if rotary_dim is None else f"rotary_dim (<= {hd})"
+                raise LaminaError(f"rotary positions need an even {what}, got {rd}")
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, hd
         self.n_kv_heads, self.rope_theta, self.eps = n_kv_heads, rope_theta, eps
-        self.rope_scaling = rope_scaling
+        self.rope_scaling, self.rotary_dim = rope_scaling, rd
         self.dropout, self.causal, self.impl = dropout, causal, impl
+        self.sliding_window, self.softcap = sliding_window, softcap
+        self.scale = 1.0 / math.sqrt(hd) if scale is None else float(scale)
         self.qkv = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * hd, bias=qkv_bias)
         self.proj = nn.Linear(n_heads * hd, d_model, bias=bias)
-        self.qk_norm = qk_norm
+        self.qk_norm, self.norm_offset = qk_norm, float(norm_offset)
         gain = qk_norm and qk_norm_gain
-        self.q_gain = nn.Parameter(torch.ones(hd)) if gain else None
-        self.k_gain = nn.Parameter(torch.ones(hd)) if gain else None
+        init = 1.0 - self.norm_offset  # the gain a fresh norm applies is 1
+        self.q_gain = nn.Parameter(torch.full((hd,), init)) if gain else None
+        self.k_gain = nn.Parameter(torch.full((hd,), init)) if gain else None
 
     def forward(
         self,
@@ -310,12 +276,13 @@ class MultiHeadAttention(nn.Module):
         padding_mask: Tensor | None = None,
         need_weights: bool = False,
         cache: KVCache | None = None,
-        rope: tuple[Tensor, Tensor] | None = None,
+        rope: RopeArg | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """x (B, T, d) -> (output (B, T, d), weights (B, H, T, T_keys) or None).
 
         padding_mask: (B, T_keys) bool, True at pads; T_keys = T, or cached + T with a cache.
-        rope: (cos, sin) from `rotary_tables` for these T tokens, (T, hd) or (B, T, hd).
+        rope: (cos, sin) from `rotary_tables` for these T tokens, (T, r) or (B, T, r); or a
+            dict of them by layer kind, "full" and "sliding", from which this layer takes its own.
         """
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise LaminaError(f"expected input (B, T, {self.d_model}), got {tuple(x.shape)}")
@@ -326,13 +293,15 @@ class MultiHeadAttention(nn.Module):
         k = k.view(B, T, Hkv, hd).transpose(1, 2)  # (B, H_kv, T, hd)
         v = v.view(B, T, Hkv, hd).transpose(1, 2)
         if self.qk_norm:
-            q = F.rms_norm(q, (hd,), self.q_gain, self.eps)
-            k = F.rms_norm(k, (hd,), self.k_gain, self.eps)
+            q = rms_norm(q, self.q_gain, self.eps, self.norm_offset)
+            k = rms_norm(k, self.k_gain, self.eps, self.norm_offset)
         if self.rope_theta is not None:
+            if isinstance(rope, dict):
+                rope = rope["sliding" if self.sliding_window is not None else "full"]
             if rope is None:
                 start = cache.pos if cache is not None else 0
                 positions = torch.arange(start, start + T, device=x.device)
-                rope = rotary_tables(positions, hd, self.rope_theta, self.rope_scaling)
+                rope = rotary_tables(positions, self.rotary_dim, self.rope_theta, self.rope_scaling)
             q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         if cache is not None:
             k, v = cache.append(k, v)  # (B, H_kv, T_keys, hd)
@@ -347,19 +316,22 @@ class MultiHeadAttention(nn.Module):
                     f"padding_mask must have shape (B, T_keys) = {(B, t_k)}, "
                     f"got {tuple(padding_mask.shape)}"
                 )
+        window = self.sliding_window
         allowed = attention_mask(
-            T, t_k, causal=self.causal, padding_mask=padding_mask, device=x.device
+            T, t_k, causal=self.causal, padding_mask=padding_mask, device=x.device, window=window
         )
         dead = None  # queries with no key to attend to: computed on everything, then zeroed
         if padding_mask is not None:
             dead = ~allowed.any(-1, keepdim=True)  # (B, 1, T, 1)
             allowed = allowed | dead
         p = self.dropout if self.training else 0.0
-        if need_weights or self.impl == "reference":
+        if need_weights or self.impl == "reference" or self.softcap is not None:
             if Hkv != H:  # each key/value head serves H / H_kv consecutive query heads
                 k = k.repeat_interleave(H // Hkv, dim=1)
                 v = v.repeat_interleave(H // Hkv, dim=1)
-            scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))  # (B, H, T, T_keys)
+            scores = (q @ k.transpose(-2, -1)) * self.scale  # (B, H, T, T_keys)
+            if self.softcap is not None:
+                scores = torch.tanh(scores / self.softcap) * self.softcap
             if allowed is not None:
                 scores = scores.masked_fill(~allowed, float("-inf"))
             weights = torch.softmax(scores, dim=-1)
@@ -368,8 +340,13 @@ class MultiHeadAttention(nn.Module):
             out = F.dropout(weights, p, training=True) @ v if p > 0 else weights @ v
         else:
             weights = None
+            plain_causal = window is None or t_k <= window
             use_causal_flag = (
-                self.causal and allowed is not None and padding_mask is None and t_k == T
+                self.causal
+                and allowed is not None
+                and padding_mask is None
+                and t_k == T
+                and plain_causal
             )
             out = F.scaled_dot_product_attention(
                 q,
@@ -378,6 +355,7 @@ class MultiHeadAttention(nn.Module):
                 attn_mask=None if use_causal_flag else allowed,
                 dropout_p=p,
                 is_causal=use_causal_flag,
+                scale=self.scale,
                 enable_gqa=Hkv != H,
             )
             if dead is not None:

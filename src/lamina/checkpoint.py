@@ -33,13 +33,13 @@ from torch import Tensor, nn
 
 import lamina.quant as quant
 from lamina.data.labelled import CLASSIFIER_IDS
-from lamina.data.tokenizers import Tokenizer, load_tokenizer, save_tokenizer
 from lamina.errors import LaminaError
 from lamina.files import atomic_write, read_json, write_json
 from lamina.models.config import EncoderConfig, GPTConfig
 from lamina.models.encoder import Encoder, SequenceClassifier
 from lamina.models.gpt import GPT
 from lamina.tensorfile import TensorFile, read_tensors
+from lamina.tokenizers.kinds import Tokenizer, load_tokenizer, save_tokenizer
 
 FORMAT_VERSION = 1
 COMPILED_PREFIX = "_orig_mod."

@@ -1,6 +1,9 @@
-"""Layer 1, embedding: token ids -> vectors.
+"""Layer 3, embedding: token ids -> vectors.
 
-    x = token_table[ids] (* sqrt(d_model) if scaled) + position_table[positions]; then dropout
+    x = token_table[ids] (* scale) + position_table[positions]; then dropout
+
+The scale is sqrt(d_model) (the original Transformer: `scale=True`) or a given number (Gemma's
+sqrt(d_model) as the model's dtype rounds it: the factor is cast to the table's dtype first).
 
 Shapes: ids (B, T) integer -> (B, T, d_model). Positions are `pos_offset + arange(T)` by
 default, so a generator that feeds one token at a time keeps the stream's positions; a batch with
@@ -10,7 +13,7 @@ The position table is learned (GPT-2), a fixed sinusoidal buffer (the original T
 not a parameter) or absent ("none": rotary models put positions into attention instead; the
 positions are still range-checked here, and `positions_for` gives them to whoever needs them). `tie_lm_head(head)` makes an output head share the token table's storage.
 
-Deliberately unaware of tokenizers (layer 0), attention and everything above.
+Deliberately unaware of tokenizers (lamina.tokenizers, layer 2), attention and everything above.
 """
 
 from __future__ import annotations
@@ -66,7 +69,8 @@ class Embedding(nn.Module):
         d_model: width of each vector.
         dropout: dropout on the sum, active only in training mode.
         positions: "learned" (a parameter), "sinusoidal" (a fixed buffer) or "none" (no table).
-        scale: multiply token vectors by sqrt(d_model) (the original Transformer does).
+        scale: multiply token vectors by sqrt(d_model) (True: the original Transformer does) or
+            by a given positive number (cast to the table's dtype first, as Gemma's is).
         padding_idx: a token id whose row stays zero and gets no gradient.
         init_std: standard deviation of the normal initialisation.
     """
@@ -79,7 +83,7 @@ class Embedding(nn.Module):
         *,
         dropout: float = 0.0,
         positions: PositionKind = "learned",
-        scale: bool = False,
+        scale: bool | float = False,
         padding_idx: int | None = None,
         init_std: float = 0.02,
     ) -> None:
@@ -93,6 +97,8 @@ class Embedding(nn.Module):
                 raise LaminaError(f"{name} must be a positive integer, got {value!r}")
         if not 0.0 <= dropout < 1.0:
             raise LaminaError(f"dropout must be in [0, 1), got {dropout!r}")
+        if not isinstance(scale, bool) and not (isinstance(scale, (int, float)) and scale > 0):
+            raise LaminaError(f"scale must be true, false or a positive number, got {scale!r}")
         if positions not in ("learned", "sinusoidal", "none"):
             raise LaminaError(
                 f"positions must be 'learned', 'sinusoidal' or 'none', got {positions!r}"
@@ -179,8 +185,10 @@ class Embedding(nn.Module):
         """The token + position sum for ids and positions already checked by the caller (no
         host sync: what a compiled decode step calls)."""
         tok = self.wte(ids)
-        if self.scale:
+        if self.scale is True:
             tok = tok * math.sqrt(self.d_model)
+        elif self.scale:
+            tok = tok * torch.tensor(self.scale, dtype=tok.dtype)
         table = self.position_vectors(positions)
         return self.drop(tok if table is None else tok + table.to(tok.dtype))
 

@@ -21,8 +21,15 @@ The output rule, for every verb that writes (a file or a folder):
     front whether it would refuse; ``mark_folder`` / ``is_lamina_folder`` for the marker.
     ``refuse_overlap(out, inputs)``: rule 2.
     ``write_json(path, data)`` / ``read_json(path)``: UTF-8 JSON, written atomically; reading
-    errors name the file.
+    errors name the file. ``loads_json(text, where)`` / ``json_lines(text, source)``: parsing
+    that refuses data nested deeper than ``MAX_JSON_DEPTH`` (one line, never a RecursionError);
+    ``check_depth(value, limit, where)`` measures any JSON-like value without recursing.
+    ``to_json(data, **dumps_args)``: strict JSON text (NaN and infinities become null), what
+    every --json line and JSONL output prints: jq and JSON.parse reject NaN.
     ``fsync_dir(folder)``: make renames inside ``folder`` durable where the platform allows.
+    ``kind_of(path)``: "file", "folder", "FIFO", "character device", ... or "missing" (what a
+    reader says when a path is not the regular file it needs: an existing FIFO is no "not
+    found").
     ``mute_stream(stream)``: point a broken output stream's descriptor at /dev/null.
 
 What this module deliberately does not know: tensors, models, tokenizers and runs.
@@ -32,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import stat
@@ -44,20 +52,27 @@ from lamina.errors import LaminaError
 
 __all__ = [
     "MARKER",
+    "MAX_JSON_DEPTH",
     "atomic_write",
     "build_folder",
+    "check_depth",
     "check_output_file",
     "check_output_folder",
     "fsync_dir",
     "is_lamina_folder",
+    "json_lines",
+    "kind_of",
+    "loads_json",
     "mark_folder",
     "mute_stream",
     "read_json",
     "refuse_overlap",
+    "to_json",
     "write_json",
 ]
 
 MARKER = ".lamina"  # left in every folder lamina builds: `--force` replaces only those
+MAX_JSON_DEPTH = 64  # arrays/objects inside each other; lamina's own formats use 4 at most
 Inputs = Iterable[tuple[str, "str | os.PathLike[str] | None"]]  # (flag or name, path)
 
 
@@ -71,6 +86,19 @@ def mute_stream(stream: Any) -> None:
             os.dup2(null, fd)
         finally:
             os.close(null)
+
+
+def kind_of(path: str | os.PathLike[str]) -> str:
+    """What is at `path` (symlinks followed): "file", "folder", "FIFO", "character device",
+    "block device", "socket", or "missing"."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return "missing"
+    kinds = [(stat.S_ISREG, "file"), (stat.S_ISDIR, "folder"), (stat.S_ISFIFO, "FIFO"),
+             (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
+             (stat.S_ISSOCK, "socket")]  # fmt: skip
+    return next((name for test, name in kinds if test(mode)), "special file")
 
 
 def fsync_dir(folder: str | os.PathLike[str]) -> None:
@@ -120,9 +148,14 @@ def refuse_overlap(
 
 
 def check_output_file(
-    path: str | os.PathLike[str], inputs: Inputs = (), flag: str = "--output"
+    path: str | os.PathLike[str],
+    inputs: Inputs = (),
+    flag: str = "--output",
+    *,
+    seekable: bool = False,
 ) -> Path:
-    """Rules 2 and 3 for a file, before any work: the path to write (a symlink's target)."""
+    """Rules 2 and 3 for a file, before any work: the path to write (a symlink's target).
+    `seekable`: the writer seeks in its file (a GGUF), so a FIFO is refused too."""
     p = Path(path)
     if str(path) == "":
         raise LaminaError(f"{flag} must name a file, got an empty string")
@@ -135,18 +168,23 @@ def check_output_file(
         if stat.S_ISBLK(mode) or stat.S_ISSOCK(mode):
             what = "a block device" if stat.S_ISBLK(mode) else "a socket"
             raise LaminaError(f"{flag} {p} is {what}; lamina writes files, FIFOs and char devices")
+        if seekable and stat.S_ISFIFO(mode):
+            raise LaminaError(f"{flag} {p} is a FIFO; this file is written with seeks: give a file")
     elif not target.parent.is_dir():
         raise LaminaError(f"{flag} {p}: folder {target.parent} does not exist")
     return target
 
 
-def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], Any]) -> None:
+def atomic_write(
+    path: str | os.PathLike[str], write: Callable[[IO[bytes]], Any], *, seekable: bool = False
+) -> None:
     """Call ``write(f)`` on a temp file beside ``path``, fsync it, then ``os.replace`` it.
 
     Readers see either the old file or the complete new one, never a partial write. The
     folder must exist already. The temp file is removed if ``write`` raises. A symlink at
     ``path`` is written through (its target is replaced, the link stays); a character device
-    or a FIFO is written directly; a block device or a socket is refused.
+    or a FIFO is written directly; a block device or a socket is refused (with `seekable`, a
+    FIFO too: for writers that seek).
     """
     p = Path(path)
     target = _real(p)
@@ -154,7 +192,7 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], Any]
     if target.is_dir():
         raise LaminaError(f"cannot write {p}: it is a folder")
     if target.exists() and not target.is_file():
-        check_output_file(p, (), "cannot write")
+        check_output_file(p, (), "cannot write", seekable=seekable)
         with open(target, "wb") as f:  # a device or FIFO: nothing to swap, write it as is
             write(f)
         return
@@ -259,6 +297,21 @@ def build_folder(
     return Path(out)
 
 
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def to_json(data: Any, **dumps_args: Any) -> str:
+    """`json.dumps(data)` as strict JSON: a NaN or an infinity anywhere becomes null."""
+    return json.dumps(_finite(data), allow_nan=False, **dumps_args)
+
+
 def write_json(path: str | os.PathLike[str], data: Any) -> None:
     """Atomic JSON write (temp file, fsync, rename)."""
     payload = (json.dumps(data, indent=2, sort_keys=False) + "\n").encode("utf-8")
@@ -269,7 +322,7 @@ def read_json(path: str | os.PathLike[str]) -> Any:
     """Parse a UTF-8 JSON file; a missing or malformed file raises ``LaminaError`` naming it."""
     p = Path(path)
     try:
-        return json.loads(p.read_text(encoding="utf-8"))
+        return loads_json(p.read_text(encoding="utf-8"), str(p))
     except FileNotFoundError as exc:
         raise LaminaError(f"missing file: {p}") from exc
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -284,6 +337,37 @@ def json_lines(text: str, source: str) -> Iterator[tuple[str, Any]]:
             continue
         where = f"{source} line {n}"
         try:
-            yield where, json.loads(line)
+            yield where, loads_json(line, where)
         except json.JSONDecodeError as exc:
             raise LaminaError(f"{where}: not valid JSON ({exc.msg})") from None
+
+
+def _too_deep(where: str, limit: int) -> LaminaError:
+    return LaminaError(f"{where}: arrays and objects nest deeper than {limit} levels")
+
+
+def check_depth(value: Any, limit: int, where: str) -> Any:
+    """`value` if its lists/dicts nest at most `limit` deep; else LaminaError naming `where`.
+
+    Iterative (no recursion of its own), so any depth is measured without a RecursionError."""
+    stack = [(value, 0)] if isinstance(value, (list, tuple, dict)) else []
+    while stack:
+        item, depth = stack.pop()
+        if depth >= limit:
+            raise _too_deep(where, limit)
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (list, tuple, dict)))
+    return value
+
+
+def loads_json(text: str | bytes, where: str, limit: int = MAX_JSON_DEPTH) -> Any:
+    """json.loads, refusing data nested deeper than `limit` (json's own recursion included);
+    a syntax error is left to the caller (json.JSONDecodeError)."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise _too_deep(where, limit) from None
+    brackets = ("[", "{") if isinstance(text, str) else (b"[", b"{")
+    if sum(text.count(b) for b in brackets) > limit:  # type: ignore[arg-type]
+        check_depth(value, limit, where)
+    return value

@@ -240,7 +240,7 @@ def _segments(model: GPT) -> list[tuple[str, nn.Module, str, list[tuple[str, int
     c = model.config
     hd, f = c.head_dim, c.ff_width
     qkv = [("q", c.n_heads * hd), ("k", c.kv_heads * hd), ("v", c.kv_heads * hd)]
-    fc = [("gate", f), ("up", f)] if c.activation == "swiglu" else [("fc", f)]
+    fc = [("gate", f), ("up", f)] if c.gated else [("fc", f)]
     out = []
     for i, block in enumerate(model.blocks):
         p = f"blocks.{i}."
@@ -368,7 +368,7 @@ def _segment_inputs(config: GPTConfig) -> list[tuple[str, int, int]]:
     """(target, input width, output width) of every segment of one layer, then the head."""
     c = config
     hd, f, d = c.head_dim, c.ff_width, c.d_model
-    fc = [("gate", d, f), ("up", d, f)] if c.activation == "swiglu" else [("fc", d, f)]
+    fc = [("gate", d, f), ("up", d, f)] if c.gated else [("fc", d, f)]
     layer = [("q", d, c.n_heads * hd), ("k", d, c.kv_heads * hd), ("v", d, c.kv_heads * hd)]
     layer += [("o", c.n_heads * hd, d), *fc, ("down", f, d)]  # o reads the H hd heads
     return layer * c.n_layers + [("head", d, c.vocab_size)]

@@ -1,5 +1,7 @@
 """The `lamina` command: one module per verb, each with `register(subparsers)`.
 
+Model specs of models already on disk (`hf:ORG/NAME`, `ollama:NAME[:TAG]`, `wheel:NAME`) in
+any verb's model argument are resolved to paths before the verb runs (`resolve_model_specs`).
 Errors from bad input (`LaminaError`, files that cannot be read or written) become one line on
 stderr and exit status 2, without a traceback; Ctrl-C exits with 130. A `LaminaWarning` is one
 line, `lamina VERB: warning: ...`. Output that cannot be written is handled once, here, for
@@ -20,10 +22,13 @@ import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from lamina.errors import LaminaError, LaminaWarning
 from lamina.files import mute_stream
+
+if TYPE_CHECKING:
+    from lamina.interop.bundle import Bundle
 
 # verb modules in the order `lamina --help` lists them (tests/test_cli_foundation.py holds each
 # one to a module of this package)
@@ -40,6 +45,7 @@ VERBS = [
     "convert",
     "quantize",
     "merge",
+    "models",
 ]
 VERBS += ["lessons", "attention", "plot", "serve"]  # the last three: looking inside a model
 BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a tool killed by a closed pipe
@@ -60,6 +66,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# the arguments that name a model to open, in every verb (MODEL, RUN, SOURCE, --init-from)
+MODEL_ARGS = ("model", "run", "source", "init_from")
+
+
+def resolve_model_specs(args: argparse.Namespace) -> None:
+    """Replace a model spec (hf:ORG/NAME, ollama:NAME[:TAG], wheel:NAME) in any model argument
+    by the path it names on disk, so that every verb, and its checks of inputs against outputs,
+    sees a path; plain paths are left as they are. Nothing is downloaded."""
+    from lamina.interop.discover import SCHEMES, resolve
+
+    for name in MODEL_ARGS:
+        value = getattr(args, name, None)
+        if isinstance(value, str) and value.partition(":")[0] in SCHEMES:
+            setattr(args, name, str(resolve(value)))
+
+
 def check_writable(path: Path, flag: str) -> None:
     """Refuse, before any work, a folder to write into that cannot be made or written: a file
     where a folder should be (`/etc/passwd/x`), a read-only or pseudo file system (`/proc`).
@@ -77,17 +99,41 @@ def check_writable(path: Path, flag: str) -> None:
         raise LaminaError(f"{flag} {path}: cannot write in {base} ({e.strerror or e})") from None
 
 
-def need_decoder(model: Any, source: str | os.PathLike[str], verb: str) -> None:
-    """Refuse, in one line, a model that is not a decoder (a GPT) for a verb that needs one:
-    a classifier run given to `lamina attention`, `quantize`, `convert`, `sample`, `serve`."""
-    from lamina.models.gpt import GPT
+def open_for(
+    source: str | os.PathLike[str],
+    verb: str,
+    needs: Literal["decoder", "classifier", "model"] = "decoder",
+    *,
+    tokenizer: bool = True,
+    device: str = "cpu",
+    quantized: bool | str | None = False,
+) -> Bundle:
+    """The one way a verb opens its model: `lamina.open(source)` (`quantized` passed through),
+    then what the verb needs (`Bundle.require`: a decoder, a classifier or either, and a
+    tokenizer unless `tokenizer=False`), then finite weights (`lamina.modes.check_finite`).
+    Each refusal is one LaminaError naming `source` and, for a missing kind, `verb`.
+    `quantized=None` (a verb that only runs the model: lamina.open's own choice, a GGUF's
+    blocks kept where a kernel runs them), True or "int8"/"int4" also print one note where
+    PyTorch will run the decode step (`flags.note_kernel`); False (the default) opens float
+    weights, for a verb that changes them."""
+    from lamina.interop.bundle import open_model
+    from lamina.modes import check_finite
 
-    if not isinstance(model, GPT):
-        kind = type(model).__name__
-        hint = " (a classifier: use lamina predict or lamina eval)" if "Classifier" in kind else ""
-        raise LaminaError(
-            f"{source} holds a {kind}, not a decoder (GPT): lamina {verb} needs one{hint}"
-        )
+    bundle = open_model(source, device=device, quantized=quantized)
+    bundle.require(needs, tokenizer=tokenizer, verb=verb)
+    trained_here = bundle.origin.kind == "run"
+    advice = (
+        "it was saved after training diverged: retrain with a lower --lr"
+        if trained_here
+        else "the file is damaged or was written from a model that had diverged: use another "
+        "copy of the model"
+    )
+    check_finite(bundle.model, str(source), advice=advice)
+    if quantized is not False:
+        from lamina.cli.flags import note_kernel
+
+        note_kernel(verb, bundle.model)
+    return bundle
 
 
 class OutputFailed(OSError):
@@ -158,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)  # --help and --version write to stdout too
         args.own_process = argv is None  # the command line of this process (not a caller's)
         name = f"lamina {args.verb}"
+        resolve_model_specs(args)
         with warnings.catch_warnings():
             warnings.showwarning = _warning_printer(name, warnings.showwarning)
             warnings.simplefilter("always", LaminaWarning)

@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
 
+from lamina.cli import open_for
 from lamina.errors import LaminaError
 
 MAX_TOKENS = 64
@@ -76,9 +76,9 @@ def out_path(args: argparse.Namespace) -> tuple[Path, str]:
 
     if out.is_dir():
         raise LaminaError(f"--out {out} is a folder: give a file name, e.g. {out / 'maps.png'}")
-    run = Path(args.run)
-    inputs = [("RUN", run / n) for n in ("model.safetensors", "config.json", "tokenizer.json")]
-    check_output_file(out, inputs, "--out")
+    from lamina.interop.origin import model_inputs
+
+    check_output_file(out, model_inputs(args.run, "RUN"), "--out")
     return out, fmt or "png"
 
 
@@ -90,15 +90,6 @@ def pick(name: str, value: int | None, n: int) -> list[int] | None:
     return [value]
 
 
-def load_for_inspection(run_dir: str) -> tuple[Any, Any]:
-    """(model, tokenizer) of any model `lamina.open` reads, or a LaminaError saying what is
-    missing."""
-    from lamina.interop.bundle import open_model
-
-    bundle = open_model(run_dir).require("decoder", verb="look at")
-    return bundle.model, bundle.tokenizer
-
-
 def run(args: argparse.Namespace) -> int:
     if args.max_tokens <= 0:
         raise LaminaError(f"--max-tokens must be positive, got {args.max_tokens}")
@@ -107,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
     from lamina.inspect import attention_maps, head_patterns, token_labels
     from lamina.pictures import attention_grid
 
-    model, tokenizer = load_for_inspection(args.run)
+    bundle = open_for(args.run, "attention")
+    model, tokenizer = bundle.model, bundle.tokenizer
     config = model.config
     layers = pick("layer", args.layer, config.n_layers)
     heads = pick("head", args.head, config.n_heads)

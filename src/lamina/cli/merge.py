@@ -6,18 +6,19 @@ and the result written as an ordinary lamina model folder (config.json, model.sa
 base's tokenizer), which `lamina sample`, `lamina eval` and `lamina convert` read like any other.
 `--peft DIR` also (or instead) writes the adapters as a Hugging Face PEFT folder
 (adapter_config.json + adapter_model.safetensors) for `peft.PeftModel.from_pretrained` on the
-transformers version of the base. Nothing is written unless the whole folder is (each is built
-beside its name and renamed into place).
+transformers version of the base. Each folder is written through `lamina.files.build_folder`:
+built beside its name, marked as lamina's and swapped in whole; `--force` replaces only a folder
+lamina wrote (or an empty one). Every target is checked before any work: it may not be, hold or
+sit inside RUN or any file the open reads (the base's included), nor lie where nothing can be
+written.
 """
 
 from __future__ import annotations
 
 import argparse
-import shutil
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
+from lamina.cli import check_writable, open_for
 from lamina.errors import LaminaError
 
 
@@ -46,38 +47,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--force",
         action="store_true",
-        help="replace --out / --peft if they exist (default: refuse)",
+        help="replace --out / --peft if lamina wrote them (default: refuse)",
     )
     p.set_defaults(func=run)
 
 
-def _check_target(flag: str, target: Path, source: Path, force: bool) -> None:
-    t, s = target.resolve(), source.resolve()
-    if t == s or s in t.parents or t in s.parents:
-        raise LaminaError(f"{flag} {target} overlaps RUN {source}; write somewhere else")
-    if target.exists() and not target.is_dir():
-        raise LaminaError(f"{flag} {target} is a file, not a folder")
-    if target.exists() and not force:
-        raise LaminaError(f"{flag} {target} already exists; pick a new folder or pass --force")
-
-
-def _write_folder(target: Path, write: Callable[[Path], object]) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        write(tmp)
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
 def run(args: argparse.Namespace) -> int:
     from lamina.checkpoint import save_model
+    from lamina.files import build_folder, check_output_folder
     from lamina.interop.adapters import export_peft, is_lora_folder, read_lora_folder
-    from lamina.interop.bundle import open_model
+    from lamina.interop.origin import model_inputs
     from lamina.lora import lora_config, merge_lora
 
     source = Path(args.run)
@@ -85,21 +64,26 @@ def run(args: argparse.Namespace) -> int:
         raise LaminaError("give --out DIR (the merged model) or --peft DIR (a PEFT adapter)")
     if not is_lora_folder(source):
         raise LaminaError(f"{source} is not a LoRA run or folder (config.json kind 'lora')")
-    for flag, target in (("--out", args.out), ("--peft", args.peft)):
-        if target is not None:
-            _check_target(flag, Path(target), source, args.force)
     if args.out is not None and args.peft is not None and Path(args.out) == Path(args.peft):
         raise LaminaError("--out and --peft must be different folders")
-    bundle = open_model(source).require("decoder", tokenizer=False, verb="merge")
+    targets = [(f, Path(t)) for f, t in (("--out", args.out), ("--peft", args.peft)) if t]
+    inputs = model_inputs(source, "RUN")  # its base and every file opening it reads
+    for flag, target in targets:  # before any work: the target, its place, RUN and its base
+        check_output_folder(target, force=args.force, inputs=inputs, flag=flag)
+        check_writable(target, flag)
+    bundle = open_for(source, "merge", tokenizer=False)
+    inputs = bundle.inputs("RUN")  # every file the open read, the base's included
     model = bundle.model
     config = lora_config(model)
     if args.peft is not None:
         base = args.base_name or read_lora_folder(source)[1]["path"]
-        _write_folder(Path(args.peft), lambda d: export_peft(model, d, base))
+        build = lambda d: export_peft(model, d, base)  # noqa: E731
+        build_folder(args.peft, build, kind="peft", force=args.force, inputs=inputs, flag="--peft")
         print(f"wrote {args.peft} (PEFT LoRA adapter: r {config.r}, alpha {config.alpha:g})")
     if args.out is not None:
         merge_lora(model)
-        _write_folder(Path(args.out), lambda d: save_model(d, model, bundle.tokenizer))
+        build = lambda d: save_model(d, model, bundle.tokenizer)  # noqa: E731
+        build_folder(args.out, build, kind="model", force=args.force, inputs=inputs)
         size = (Path(args.out) / "model.safetensors").stat().st_size
         print(
             f"wrote {args.out} (merged: r {config.r}, alpha {config.alpha:g}, targets "

@@ -15,10 +15,15 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from lamina.cli import open_for
+from lamina.files import to_json
+
+if TYPE_CHECKING:
+    from lamina.interop.bundle import Bundle
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -44,11 +49,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def load_classifier(run: str) -> tuple[Any, Any, list[str]]:
-    """(model, tokenizer, label names) of a classifier `lamina.open` reads; else an error."""
-    from lamina.interop.bundle import open_model
-
-    bundle = open_model(run).require("classifier")
+def load_classifier(run: str, bundle: Bundle | None = None) -> tuple[Any, Any, list[str]]:
+    """(model, tokenizer, label names) of a classifier `lamina.open` reads (or of `bundle`,
+    already opened); else an error."""
+    bundle = (bundle or open_for(run, "predict", "classifier")).require("classifier")
     model, tokenizer = bundle.model, bundle.tokenizer
     labels = model.labels or [str(i) for i in range(model.classifier.out_features)]
     return model, tokenizer, labels
@@ -101,10 +105,10 @@ def run(args: argparse.Namespace) -> int:
     if bool(args.texts) == bool(args.input):
         raise LaminaError("give texts to label on the command line or --input FILE (one of them)")
     if args.output:
-        inputs = [("--input", None if args.input == "-" else args.input), ("RUN", args.run)]
-        names = ("config.json", "model.safetensors", "tokenizer.json", "labels.json")
-        inputs += [("RUN", Path(args.run) / n) for n in names]  # a file of the model itself
-        check_output_file(args.output, inputs)
+        from lamina.interop.origin import model_inputs
+
+        inputs = [("--input", None if args.input == "-" else args.input)]
+        check_output_file(args.output, inputs + model_inputs(args.run, "RUN"))
     texts = list(args.texts) if args.texts else read_texts(args.input, args.text_column)
     model, tokenizer, labels = load_classifier(args.run)
     probs, cut = predict_proba(model, tokenizer, texts, args.batch_size)
@@ -118,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     for text, row in zip(texts, probs, strict=True):
         probs_by_label = {lab: round(float(p), 6) for lab, p in zip(labels, row, strict=True)}
         record = {"text": text, "label": labels[int(row.argmax())], "probs": probs_by_label}
-        lines.append(json.dumps(record, ensure_ascii=False) + "\n")
+        lines.append(to_json(record, ensure_ascii=False) + "\n")
     blob = "".join(lines)
     if args.output:
         data = blob.encode("utf-8")
@@ -129,16 +133,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def evaluate_classifier(args: argparse.Namespace) -> int:
+def evaluate_classifier(args: argparse.Namespace, bundle: Bundle | None = None) -> int:
     """`lamina eval RUN [--data FILE]` for a classifier."""
     from lamina.data.labelled import read_labelled
     from lamina.errors import LaminaError
-    from lamina.evals.classify import confusion, scores
+    from lamina.evals.classifier_scores import confusion, scores
     from lamina.training.classify import ClassifyOptions, load_splits, predict_proba
     from lamina.training.registry import load_config
     from lamina.training.run_dir import RunDir
 
-    model, tokenizer, labels = load_classifier(args.run)
+    model, tokenizer, labels = load_classifier(args.run, bundle)
     saved = Path(args.run) / "train_config.json"
     whole = RunDir(args.run).read_train_config() if saved.is_file() else None
     cfg = load_config(whole["train"]) if whole is not None else None
@@ -168,7 +172,7 @@ def evaluate_classifier(args: argparse.Namespace) -> int:
         **scores(confusion(truth, probs.argmax(1), len(labels)), labels),
     }
     if args.json:
-        print(json.dumps(result))
+        print(to_json(result))
         return 0
     print(f"{data.source}: {len(truth):,} texts" + (f" ({cut:,} cut to fit)" if cut else ""))
     print(f"  accuracy  {result['accuracy']:.4f}")

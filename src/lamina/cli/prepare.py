@@ -98,7 +98,7 @@ def _bars(quiet: bool) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lamina.data.prepare import SHARD_TOKENS, prepare_corpus
+    from lamina.data.shard_build import SHARD_TOKENS, prepare_corpus
     from lamina.errors import LaminaError
 
     if not 0.0 <= args.val_fraction < 1.0:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from lamina.cli import open_for
 from lamina.errors import LaminaError
 
 
@@ -60,13 +61,13 @@ def _size(path: Path) -> int:
 def run(args: argparse.Namespace) -> int:
     from lamina.checkpoint import save_model
     from lamina.files import build_folder, check_output_folder
-    from lamina.interop.bundle import open_model
+    from lamina.interop.origin import model_inputs
     from lamina.quant import quantize, scheme_of
 
     source, out = Path(args.run), Path(args.out)
-    inputs = [("RUN", source)]
+    inputs = model_inputs(source, "RUN")
     check_output_folder(out, force=args.force, inputs=inputs)
-    bundle = open_model(source).require("decoder", tokenizer=False, verb="quantize")
+    bundle = open_for(source, "quantize", tokenizer=False)
     model, tokenizer = bundle.model, bundle.tokenizer
     if scheme_of(model) is not None:
         raise LaminaError(f"{source} is already quantized ({scheme_of(model)['scheme']})")

@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from lamina.cli import open_for
 from lamina.cli.flags import add_keep_quantized, add_sampling
 from lamina.errors import LaminaError
 from lamina.generation.prompts import TextStream, encode_prompt, start_id
@@ -210,17 +211,14 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from lamina.generation import stream
-    from lamina.interop.bundle import open_model
-    from lamina.modes import check_finite
 
-    bundle = open_model(args.run, device=args.device, quantized=args.keep_quantized)
-    bundle.require("decoder", verb="sample")
+    # --quantize: lamina.open quantizes (a Hugging Face folder as it reads it, no fp32 copy);
+    # --dtype bfloat16 starts from the float weights
+    keep = args.quantize or args.keep_quantized
+    if keep is None and args.dtype == "bfloat16":
+        keep = False
+    bundle = open_for(args.run, "sample", device=args.device, quantized=keep)
     model, tokenizer = bundle.model, bundle.tokenizer
-    check_finite(model, str(args.run))
-    if args.quantize:
-        from lamina.quant import quantize
-
-        quantize(model, args.quantize)
     if args.dtype == "bfloat16":
         model = model.to(torch.bfloat16)
     prompt = read_prompt(args, tokenizer)

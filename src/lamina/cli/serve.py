@@ -18,6 +18,7 @@ import ipaddress
 import socket
 import sys
 
+from lamina.cli import open_for
 from lamina.cli.flags import add_keep_quantized
 from lamina.errors import LaminaError
 
@@ -57,7 +58,27 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--max-prompt", type=int, default=2000, help="longest prompt in characters (default: 2000)"
     )
     p.add_argument(
-        "--queue", type=int, default=8, help="requests running or waiting at once (default: 8)"
+        "--queue", type=int, default=32, help="requests running or waiting at once (default: 32)"
+    )
+    p.add_argument(
+        "--slots",
+        type=int,
+        default=8,
+        help="sequences decoding together in one batch, each with its own KV cache "
+        "(default: 8); memory is slots x context tokens of KV cache",
+    )
+    p.add_argument(
+        "--context",
+        type=int,
+        default=2048,
+        help="tokens of KV cache per slot, at most the model's block size (default: 2048); "
+        "longer chats drop their oldest turns",
+    )
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=30.0,
+        help="seconds a request may wait for a free slot before a 503 (default: 30)",
     )
     p.add_argument(
         "--max-connections", type=int, default=64, help="open connections at once (default: 64)"
@@ -83,10 +104,12 @@ def check_args(args: argparse.Namespace) -> None:
         )
     if not 0 <= args.port <= 65535:
         raise LaminaError(f"--port must be in 0..65535, got {args.port}")
-    for name in ("max_tokens", "max_prompt", "queue", "max_connections"):
+    for name in ("max_tokens", "max_prompt", "queue", "max_connections", "slots", "context"):
         if getattr(args, name) <= 0:
             flag = "--" + name.replace("_", "-")
             raise LaminaError(f"{flag} must be positive, got {getattr(args, name)}")
+    if not args.wait > 0:
+        raise LaminaError(f"--wait must be a positive number of seconds, got {args.wait}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -99,16 +122,18 @@ def run(args: argparse.Namespace) -> int:
             f"lamina serve needs the serve extra ({exc.name} is missing): "
             "pip install 'lamina[serve]'"
         ) from exc
-    from lamina.interop.bundle import open_model
     from lamina.serve import Engine, Limits, server
 
-    bundle = open_model(args.run, quantized=args.keep_quantized).require("decoder", verb="serve")
+    bundle = open_for(args.run, "serve", quantized=args.keep_quantized)
     model, tokenizer = bundle.model, bundle.tokenizer
     limits = Limits(
         max_tokens=args.max_tokens,
         max_prompt_chars=args.max_prompt,
         queue=args.queue,
         max_connections=args.max_connections,
+        slots=args.slots,
+        context=args.context,
+        wait=args.wait,
     )
     engine = Engine(model, tokenizer, limits)
     family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
@@ -121,7 +146,13 @@ def run(args: argparse.Namespace) -> int:
         raise LaminaError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from exc
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if family == socket.AF_INET6 else host
-    print(f"lamina serve: http://{shown}:{port}/  (Ctrl-C to stop)", flush=True)
+    c = model.config
+    kv_mb = 2 * c.n_layers * c.kv_heads * c.head_dim * 4 * engine.context * args.slots / 2**20
+    print(
+        f"lamina serve: http://{shown}:{port}/  (Ctrl-C to stop; {args.slots} slots x "
+        f"{engine.context} tokens, KV cache {kv_mb:,.0f} MB)",
+        flush=True,
+    )
     from lamina.serve.guard import origins_from_env
 
     srv = server(engine, host, port, origins=(*args.allow_origin, *origins_from_env()))

@@ -1,25 +1,24 @@
-"""Layer 0, data: text and token files in, integer arrays and (x, y) int64 tensors out.
+"""Layer 3, data: text and token files in, integer arrays and (x, y) int64 tensors out.
 
-``tokenizers``: text <-> ids, and a registry of tokenizer kinds saved as JSON.
+Texts become ids through lamina.tokenizers (the layer below); the tokenizer names re-exported
+here (CharTokenizer, Tokenizer, load_tokenizer...) are that package's.
 ``corpus``: read text corpora, encode them to compact numpy arrays, split, save and load.
 ``text_splits``: a corpus cut into training and validation text by characters, each part
 tokenized (bpe fit on the training part) and cached on disk (``LAMINA_CACHE``).
 ``batches``: reproducible random windows of a token array as (x, y) batches.
 ``toy_tasks``: synthetic tasks with known answers (first-last, copy, reverse).
 ``labelled``: labelled texts (CSV/TSV/JSONL/folders), stratified splits, classifier ids, padding.
-``pretrained``: the tokenizer of a real model (any ``tokenizers`` JSON, from a Hugging Face
-folder or GGUF metadata) with its special ids and chat template; ``chat``: chat templates.
+``instruct``: chat / instruction files -> tokens and assistant-only loss masks.
 ``genre``: the built-in classification task (comedy, history or tragedy?).
-``sources`` / ``prepare`` / ``shards``: corpora of any size streamed to token shards with a JSON
+``sources`` / ``shard_build`` / ``shards``: corpora of any size streamed to token shards with a JSON
 index (`lamina prepare`), and read back through memory maps (TokenStream, ShardSampler).
 
 What this layer deliberately does not know: models (it never imports ``torch.nn``), devices,
-training, and every other part of lamina except ``lamina.errors``.
+training, and every other part of lamina except the leaves and ``lamina.tokenizers``.
 """
 
 from __future__ import annotations
 
-from lamina.data import subword as _subword  # noqa: F401 - registers byte, bpe, gpt2
 from lamina.data.batches import WindowSampler, fixed_batches
 from lamina.data.corpus import (
     encode_corpus,
@@ -28,16 +27,6 @@ from lamina.data.corpus import (
     save_tokens,
     split_tokens,
     token_dtype,
-)
-from lamina.data.pretrained import PretrainedTokenizer
-from lamina.data.tokenizers import (
-    CharTokenizer,
-    Tokenizer,
-    known_tokenizer_kinds,
-    load_tokenizer,
-    register_tokenizer,
-    save_tokenizer,
-    tokenizer_from_dict,
 )
 from lamina.data.toy_tasks import (
     IGNORE_INDEX,
@@ -49,6 +38,16 @@ from lamina.data.toy_tasks import (
     reverse_batch,
 )
 from lamina.files import atomic_write
+from lamina.tokenizers import (
+    CharTokenizer,
+    PretrainedTokenizer,
+    Tokenizer,
+    known_tokenizer_kinds,
+    load_tokenizer,
+    register_tokenizer,
+    save_tokenizer,
+    tokenizer_from_dict,
+)
 
 __all__ = [
     "IGNORE_INDEX",

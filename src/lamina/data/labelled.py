@@ -36,9 +36,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lamina.data.tokenizers import Tokenizer
 from lamina.errors import LaminaError, LaminaWarning
 from lamina.files import json_lines
+from lamina.tokenizers.kinds import Tokenizer
 
 PAD, CLS, OFFSET = 0, 1, 2
 CLASSIFIER_IDS = {"pad_id": PAD, "cls_id": CLS, "offset": OFFSET}

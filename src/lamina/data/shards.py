@@ -1,6 +1,6 @@
 """Prepared corpora: token shards on disk with a JSON index, read back through memory maps.
 
-A prepared folder (written by `lamina.data.prepare.prepare_corpus`):
+A prepared folder (written by `lamina.data.shard_build.prepare_corpus`):
 
     DIR/index.json           what is here (INDEX_NAME; its presence marks a prepared folder)
     DIR/tokenizer.json       the tokenizer the ids belong to
@@ -31,7 +31,7 @@ corpus size and however long the run. A ShardSampler draws exactly the starts a
 WindowSampler with the same seed draws over the same ids, and its state names the shard and
 offset of the last window drawn, with the generator state that makes a resume exact.
 
-Deliberately unaware of how shards are written from text (`prepare`), of models and training.
+Deliberately unaware of how shards are written from text (`shard_build`), of models and training.
 """
 
 from __future__ import annotations
@@ -47,10 +47,10 @@ import numpy as np
 import torch
 
 from lamina.data.batches import WindowSampler, check_int, fixed_batches
-from lamina.data.tokenizers import Tokenizer, load_tokenizer, tokenizer_hash
 from lamina.errors import LaminaError
 from lamina.files import read_json
 from lamina.schema import Arr, FileName, Int, Obj, OneOf, Str, check
+from lamina.tokenizers.kinds import Tokenizer, load_tokenizer, tokenizer_hash
 
 INDEX_NAME = "index.json"
 FORMAT = "lamina-prepared"

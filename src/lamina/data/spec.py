@@ -24,9 +24,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from lamina.data.subword import BPETokenizer, ByteTokenizer, GPT2Tokenizer
-from lamina.data.tokenizers import CharTokenizer, Tokenizer, load_tokenizer
 from lamina.errors import LaminaError
+from lamina.tokenizers.kinds import CharTokenizer, Tokenizer, load_tokenizer
+from lamina.tokenizers.subword import BPETokenizer, ByteTokenizer, GPT2Tokenizer
 
 TOKENIZER_SPECS = ("char", "byte", "bpe:N", "gpt2:DIR", "a tokenizer.json or run folder")
 PROGRESS_FROM_CHARS = 1_000_000  # below this, training bpe takes under a second: no progress

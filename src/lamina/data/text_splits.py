@@ -44,9 +44,9 @@ import numpy as np
 
 from lamina.data.corpus import encode_corpus, load_tokens, save_tokens
 from lamina.data.spec import build_tokenizer, saved_tokenizer
-from lamina.data.tokenizers import Tokenizer, load_tokenizer, save_tokenizer
 from lamina.errors import LaminaError, LaminaWarning
 from lamina.files import write_json
+from lamina.tokenizers.kinds import Tokenizer, load_tokenizer, save_tokenizer
 
 CACHE_ENV = "LAMINA_CACHE"
 CACHE_VERSION = 2  # 2: meta.json holds the sha256 of the text and of each array

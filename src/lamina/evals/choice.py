@@ -30,6 +30,9 @@ Two ways to run the model, which agree (tests/test_evals_choice.py):
   (right padding; a causal model's real positions never see the pads).
 bench/eval_parity.py measures which is faster. Items that do not fit the block fall back to
 "batch" (their rows are cut from the left one by one, as lm-eval cuts them).
+Memory is bounded whatever the sizes: no forward holds more than LOGIT_BUDGET logits (2^25,
+128 MiB in fp32), MAX_CHUNK positions or MAX_ROWS rows; a long row runs in chunks of positions
+through KV caches, many choices run in batches of rows (the same sums as one forward).
 
 Deliberately unaware of files, task formats and the command line; takes a model and a
 tokenizer, never opens a model itself.
@@ -153,54 +156,86 @@ def _device(model: nn.Module) -> torch.device:
     return ref().device if ref is not None else next(model.parameters()).device
 
 
-def _gather(logits: Tensor, targets: list[int]) -> float:
-    """Sum of log_softmax(logits)[t, targets[t]]: logits (T, V), in fp32."""
-    logp = F.log_softmax(logits.float(), dim=-1)
-    idx = torch.tensor(targets, device=logits.device)
-    return float(logp.gather(1, idx[:, None]).sum())
+LOGIT_BUDGET = 2**25  # logits (rows x positions x vocab, fp32) of one forward: 128 MiB
+MAX_CHUNK = 1024  # positions per forward (the attention's scores grow with it)
+MAX_ROWS = 64  # choice rows per forward (their KV caches and activations grow with them)
+
+
+def _sum_logp(
+    model: nn.Module, ids: Tensor, spans: list[tuple[int, list[int]]], caches: Any = None
+) -> list[float]:
+    """Per row r of ids (R, W): the sum of log_softmax(logits)[t, targets[t - start]] over the
+    positions t that row's (start, targets) span covers (logits at t predict token t + 1).
+
+    The positions run in chunks of at most LOGIT_BUDGET / (R x vocab) and MAX_CHUNK, continuing
+    through KV caches (the caller's, which may already hold a context, or new ones), so no
+    forward holds more than LOGIT_BUDGET logits whatever W is; the sums equal one forward's."""
+    R, W = ids.shape
+    step = max(1, min(W, MAX_CHUNK, LOGIT_BUDGET // (R * int(model.config.vocab_size))))
+    if step < W and caches is None:
+        caches = model.make_caches(R, W)
+    totals = [0.0] * R
+    for a in range(0, W, step):
+        b = min(W, a + step)
+        logp = F.log_softmax(model(ids[:, a:b], caches=caches).float(), dim=-1)
+        for r, (start, targets) in enumerate(spans):
+            lo, hi = max(a, start), min(b, start + len(targets))
+            if lo < hi:
+                idx = torch.tensor(targets[lo - start : hi - start], device=logp.device)
+                totals[r] += float(logp[r, lo - a : hi - a].gather(1, idx[:, None]).sum())
+    return totals
+
+
+def _rows_per_forward(width: int, vocab: int) -> int:
+    return max(1, min(MAX_ROWS, LOGIT_BUDGET // max(1, width * vocab)))
 
 
 def _rows_batch(
     model: nn.Module, rows: list[tuple[list[int], list[int]]], pad: int = 0
 ) -> list[float]:
-    """Log-likelihood of each (context, continuation) row, all rows in one right-padded forward."""
+    """Log-likelihood of each (context, continuation) row: right-padded forwards of as many
+    rows as fit the budgets (see `_sum_logp`)."""
     limit = _block_size(model) + 1
-    inputs, conts = [], []
-    for ctx, cont in rows:
-        inputs.append((ctx + cont)[-limit:][:-1])
-        conts.append(cont)
-    width = max(len(x) for x in inputs)
-    ids = torch.full((len(inputs), width), pad, dtype=torch.long)
-    for r, x in enumerate(inputs):
-        ids[r, : len(x)] = torch.tensor(x)
-    logits = model(ids.to(_device(model)))
-    out = []
-    for r, (x, cont) in enumerate(zip(inputs, conts, strict=True)):
-        n, scored = len(x), cont[-len(x) :]  # a choice longer than the block: its last tokens
-        out.append(_gather(logits[r, n - len(scored) : n], scored))
+    inputs = [(ctx + cont)[-limit:][:-1] for ctx, cont in rows]
+    out: list[float] = []
+    group = _rows_per_forward(max(len(x) for x in inputs), int(model.config.vocab_size))
+    for g in range(0, len(rows), group):
+        xs, conts = inputs[g : g + group], [cont for _, cont in rows[g : g + group]]
+        ids = torch.full((len(xs), max(len(x) for x in xs)), pad, dtype=torch.long)
+        spans = []
+        for r, (x, cont) in enumerate(zip(xs, conts, strict=True)):
+            ids[r, : len(x)] = torch.tensor(x)
+            scored = cont[-len(x) :]  # a choice longer than the block: its last tokens
+            spans.append((len(x) - len(scored), scored))
+        out += _sum_logp(model, ids.to(_device(model)), spans)
     return out
 
 
 def _item_cached(model: nn.Module, ctx: list[int], conts: list[list[int]]) -> list[float]:
-    """The context once into KV caches, then every choice as one batch continuing from it."""
-    k, longest = len(conts), max(len(c) for c in conts)
+    """The context once into KV caches, then the choices in batches continuing from it."""
+    longest = max(len(c) for c in conts)
     device = _device(model)
-    caches = model.make_caches(k, len(ctx) + longest - 1)
-    first = model(torch.tensor([ctx], device=device), caches=caches, last_only=True)[0, -1]
+    context = model.make_caches(1, len(ctx))
+    first = model(torch.tensor([ctx], device=device), caches=context, last_only=True)[0, -1]
     first_logp = F.log_softmax(first.float(), dim=-1)
     totals = [float(first_logp[c[0]]) for c in conts]
     if longest == 1:
         return totals
-    for cache in caches:  # every choice row starts from the context's keys and values
-        cache.k[1:k, :, : cache.pos] = cache.k[:1, :, : cache.pos]
-        cache.v[1:k, :, : cache.pos] = cache.v[:1, :, : cache.pos]
-    ids = torch.zeros((k, longest - 1), dtype=torch.long)
-    for r, c in enumerate(conts):
-        ids[r, : len(c) - 1] = torch.tensor(c[:-1])
-    logits = model(ids.to(device), caches=caches)
-    for r, c in enumerate(conts):
-        if len(c) > 1:
-            totals[r] += _gather(logits[r, : len(c) - 1], c[1:])
+    group = min(len(conts), _rows_per_forward(longest - 1, int(model.config.vocab_size)))
+    caches = model.make_caches(group, len(ctx) + longest - 1)
+    for g in range(0, len(conts), group):
+        rows = conts[g : g + group]
+        for cache, ctx_cache in zip(caches, context, strict=True):  # each row from the context
+            cache.k[: len(rows), :, : len(ctx)] = ctx_cache.k[:1, :, : len(ctx)]
+            cache.v[: len(rows), :, : len(ctx)] = ctx_cache.v[:1, :, : len(ctx)]
+            cache.pos = len(ctx)
+        width = max(len(c) for c in rows) - 1
+        ids = torch.zeros((len(rows), max(width, 1)), dtype=torch.long)
+        for r, c in enumerate(rows):
+            ids[r, : len(c) - 1] = torch.tensor(c[:-1])
+        spans = [(0, c[1:]) for c in rows]
+        for r, ll in enumerate(_sum_logp(model, ids.to(device), spans, caches)):
+            totals[g + r] += ll
     return totals
 
 

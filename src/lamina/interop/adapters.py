@@ -14,17 +14,21 @@ base's weights):
                                           {"kind", "path", "sha256"}, "model": the base's
                                           config} + adapters.safetensors
     read_lora_folder(folder) -> (LoRAConfig, base record, tensors);  is_lora_folder(path)
-    base_path(record) -> Path;  check_base(record, origin)   the base it names, refused
-                                          where its sha256 (the bundle Origin's) changed since
+    base_path(record, folder) -> Path     the base it names (a relative path: beside folder)
+    check_base(record, origin)            refused where its sha256 (the bundle Origin's content
+                                          hash: bytes only, so a renamed copy passes) changed
+                                          since the adapters were trained
 The base record is the base bundle's `Origin.to_dict()` ({"kind", "path", "sha256"});
 `lamina.open(folder)` (interop.bundle) opens the base, checks it and applies the adapters.
 
-PEFT names come from the one Llama tensor map (hf_llama.tensor_groups): lamina's fused
+PEFT names come from the family table (hf_family.hf_rows: the family the base is written as):
+lamina's fused
 `attn.qkv` adapters "q", "k", "v" are PEFT's separate `self_attn.{q,k,v}_proj` adapters, and
 `ff.fc`'s "gate", "up" are `mlp.{gate,up}_proj`; a key reads
 `base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight` (A is (r, in), B (out, r),
 both sides nn.Linear, so nothing is transposed). PEFT's scaling is lora_alpha / r as lamina's.
-Only Llama-shaped models export (hf_llama_config refuses the rest, naming why). Refused on
+Only families that keep q, k, v and gate, up apart export (Llama, Mistral, Qwen, Gemma; not
+Phi-3's fused qkv_proj, nor GPT-2); the rest is refused, naming why. Refused on
 import, in one line: rsLoRA, DoRA, per-layer rank or alpha patterns, layer subsets, biases,
 regex target_modules, modules_to_save, and targets lamina has no segment for.
 Deliberately unaware of training and of the peft package (never imported).
@@ -42,7 +46,8 @@ from torch import Tensor, nn
 from lamina.checkpoint import load_tensors, save_tensors, unwrap
 from lamina.errors import LaminaError
 from lamina.files import read_json, write_json
-from lamina.interop.hf_llama import hf_llama_config, tensor_groups
+from lamina.interop.hf_config import check_peft_config
+from lamina.interop.hf_family import hf_rows
 from lamina.lora import LoRAConfig, apply_lora, load_lora_state, lora_config, lora_state_dict
 from lamina.models.config import GPTConfig
 from lamina.models.gpt import GPT
@@ -78,8 +83,16 @@ def _gpt(model: nn.Module, what: str) -> GPT:
 
 def peft_names(config: GPTConfig) -> dict[str, str]:
     """lamina adapter key ("blocks.0.attn.qkv.lora_A.q") -> PEFT key, for every segment."""
+    family, table = hf_rows(config)
+    qkv = next((r for r in table if r.lamina.endswith("attn.qkv.weight")), None)
+    if family.name == "gpt2" or qkv is None or len(qkv.parts) != 3:
+        raise LaminaError(
+            f"PEFT adapters of a {family.title} model: lamina writes them for families that keep "
+            "q_proj, k_proj and v_proj apart (Llama, Mistral, Qwen, Gemma)"
+        )
     out = {}
-    for ours, hf_names in tensor_groups(config):
+    for row in table:
+        ours, hf_names = row.lamina, [p.foreign for p in row.parts]
         path, _, kind = ours.rpartition(".")
         if kind != "weight" or path in ("embed.wte", "norm_f") or "norm" in path:
             continue
@@ -159,8 +172,7 @@ def export_peft(model: nn.Module, folder: str | os.PathLike[str], base_name_or_p
     config = lora_config(inner)
     if config is None:
         raise LaminaError("this model has no LoRA adapters to export")
-    hf_llama_config(inner.config)  # refuses models that are not Llama-shaped
-    names = peft_names(inner.config)
+    names = peft_names(inner.config)  # refuses families PEFT names cannot reach
     state = lora_state_dict(inner)
     tensors = {names[k]: v for k, v in state.items()}
     adapted = {k.rsplit(".", 1)[1] for k in state}
@@ -178,6 +190,7 @@ def _lora_config_from_peft(data: Any, where: str) -> LoRAConfig:
     if not isinstance(data, dict) or data.get("peft_type") != "LORA":
         got = data.get("peft_type") if isinstance(data, dict) else type(data).__name__
         raise LaminaError(f"{where}: peft_type is {got!r}; lamina reads LORA adapters only")
+    data = check_peft_config(data, where)  # every field its type and range
     refused = [
         (data.get("use_rslora", False), "use_rslora=true"),
         (data.get("use_dora", False), "use_dora=true"),
@@ -233,7 +246,7 @@ def check_base(record: Any, origin: Any, where: str = "LoRA folder") -> None:
     """
     if not isinstance(record, dict) or not isinstance(record.get("sha256"), str):
         raise LaminaError(f"{where}: 'base' must be an object with 'path' and 'sha256'")
-    if origin.content_hash != record["sha256"]:
+    if record["sha256"] not in (origin.content_hash, origin.legacy_hash):  # names: older runs
         raise LaminaError(
             f"{where}: its base model {record.get('path')} changed since the adapters were "
             f"trained (sha256 {origin.content_hash[:12]}... != {record['sha256'][:12]}...); "
@@ -241,13 +254,14 @@ def check_base(record: Any, origin: Any, where: str = "LoRA folder") -> None:
         )
 
 
-def base_path(record: Any, where: str = "LoRA folder") -> Path:
-    """The base model a LoRA folder's record names (it must still exist)."""
+def base_path(record: Any, folder: str | os.PathLike[str] = "LoRA folder") -> Path:
+    """The base model a LoRA folder's record names (it must still exist); a relative path is
+    taken beside the folder, never against the working directory."""
     if not isinstance(record, dict) or not isinstance(record.get("path"), str):
-        raise LaminaError(f"{where}: 'base' must be an object with 'path' and 'sha256'")
-    p = Path(record["path"])
+        raise LaminaError(f"{folder}: 'base' must be an object with 'path' and 'sha256'")
+    p = Path(folder) / Path(record["path"]).expanduser()  # an absolute path stays as it is
     if not p.exists():
-        raise LaminaError(f"{where}: its base model {p} is missing")
+        raise LaminaError(f"{folder}: its base model {record['path']} is missing (looked for {p})")
     return p
 
 

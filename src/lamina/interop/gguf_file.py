@@ -14,8 +14,11 @@ bytes are there first, so a truncated or corrupt file is refused with one Lamina
 nothing past its end is read. Tensor data must lie, aligned, inside the file. The numbers
 (value types, block sizes) and the dequantizers come from the `gguf` package.
 
-Dequantization covers F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K; other
-types are listed (their blocks can be read raw) but refused by `dequantize`, naming the type.
+Dequantization covers F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, the K-quants Q2_K, Q3_K,
+Q4_K, Q5_K, Q6_K and Q8_K, and IQ4_NL and IQ4_XS, each exactly as gguf-py's `gguf.quants`
+dequantizes it (Q8_K, which gguf-py lacks, is d * q: an fp32 d and 256 int8 q per block, as
+ggml's dequantize_row_q8_K); other types are listed (their blocks can be read raw) but refused
+by `dequantize`, naming the type.
 Big-endian files and GGUF versions other than 2 and 3 are refused. Deliberately unaware of
 models and of what the tensors mean.
 """
@@ -38,9 +41,11 @@ from lamina.errors import LaminaError
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
 DEQUANTIZABLE = (
-    "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K",
+    "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
+    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ4_NL", "IQ4_XS",
 )  # fmt: skip
 MAX_DIMS = 4  # GGML_MAX_DIMS
+MAX_ARRAY_DEPTH = 8  # metadata arrays inside arrays (real files nest at most 2 deep)
 # GGUF value types -> struct format (strings 8 and arrays 9 are handled apart)
 _SCALARS = {
     0: "B",
@@ -91,9 +96,19 @@ class GGUFTensor:
         gguf = _gguf()
         if self.qtype in ("F32", "F16"):
             values = self.raw.astype(np.float32)  # a copy: never a view of the map
+        elif self.qtype == "Q8_K":
+            values = _q8_k(self.raw)
         else:
-            values = gguf.quants.dequantize(self.raw, gguf.GGMLQuantizationType[self.qtype])
+            with np.errstate(all="ignore"):  # a damaged scale: check_finite names the tensor
+                values = gguf.quants.dequantize(self.raw, gguf.GGMLQuantizationType[self.qtype])
         return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(self.shape)
+
+
+def _q8_k(raw: np.ndarray) -> np.ndarray:
+    """Q8_K blocks (fp32 d, 256 int8 q, 16 int16 sums of 16) -> fp32 d * q, block by block."""
+    blocks = np.ascontiguousarray(raw).reshape(-1, 292)
+    d = blocks[:, :4].copy().view(np.float32)
+    return (d * blocks[:, 4:260].view(np.int8).astype(np.float32)).reshape(-1)
 
 
 @dataclass(frozen=True)
@@ -162,7 +177,11 @@ class _Cursor:
             raise LaminaError(f"{self.where}: {what} has unknown value type {vtype} (corrupt?)")
         return self.scalar(_SCALARS[vtype], what)
 
-    def array(self, what: str) -> list[Any]:
+    def array(self, what: str, depth: int = 1) -> list[Any]:
+        if depth > MAX_ARRAY_DEPTH:
+            raise LaminaError(
+                f"{self.where}: {what} nests arrays deeper than {MAX_ARRAY_DEPTH} (corrupt?)"
+            )
         etype = self.scalar("I", what)
         count = self.scalar("Q", what)
         if etype in _NUMPY:  # numbers: one bounded numpy read
@@ -177,7 +196,7 @@ class _Cursor:
             return [self.string(what) for _ in range(count)]
         if etype == ARRAY:
             self.need(count * 12, what)
-            return [self.array(what) for _ in range(count)]
+            return [self.array(what, depth + 1) for _ in range(count)]
         raise LaminaError(f"{self.where}: {what} is an array of unknown type {etype} (corrupt?)")
 
 

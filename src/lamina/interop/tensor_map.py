@@ -1,27 +1,24 @@
-"""One table of tensor names: lamina's GPT against HF GPT-2, HF Llama and GGUF, both directions.
+"""Tensor names, lamina's against a family's HF and GGUF ones, both directions (one mechanism).
 
-    rows(config, lamina_shapes, fmt, **transform_args) -> list[Row]   the rows one model needs
-    check(rows, foreign_shapes, where, ignore=...)    missing / unexpected / misshapen, one line
+    rows(config, lamina_shapes, family, fmt) -> list[Row]   fmt "hf" or "gguf": the rows of
+                                                    one model, from the family record's table
+    foreign_shapes(family, config, fmt) -> {foreign name: shape}   what a file would hold
+    check(rows, foreign_shapes, where, implied)     missing / unexpected / misshapen, one line
     to_lamina(rows, fetch) -> {lamina name: Tensor}   fetch(foreign name) -> Tensor
     to_foreign(rows, state) -> {foreign name: Tensor}
 
-Formats (`FORMATS`): "hf-gpt2" (names inside `transformer.`; the caller strips or adds it),
-"hf-llama", "gguf-gpt2", "gguf-llama" (llama.cpp's names; also qwen2's). A row is one lamina
-tensor and the foreign tensors it is made of: several when lamina fuses what the other keeps
-apart ([q | k | v] in `attn.qkv`, [gate | up] in `ff.fc`), stacked along dim 0. Each part has a
-transform:
+The names live in the records (`families`): each lamina tensor -> (HF spec, GGUF spec). A row
+is one lamina tensor and the foreign tensors it is made of: several when lamina fuses what the
+other keeps apart ([q | k | v] in `attn.qkv`, [gate | up] in `ff.fc`), stacked along dim 0.
+Each part has a transform:
 - "T": HF GPT-2's Conv1D stores (in, out), the transpose of nn.Linear's (out, in);
-- "Rq" / "Rk": llama.cpp's converter permutes the rows of q (n_heads) and k (n_kv_heads) for
-  its interleaved rotary layout (`LlamaModel.permute`: rows viewed as (heads, 2, hd / 2) and
-  the last two axes swapped); lamina, like HF, pairs the two halves of each head. Only with
-  `permute_rope=True` (GGUF llama; qwen2's converter does not permute).
-The table covers a lamina GPT of either layout; which rows apply follows from the lamina
-model's own tensor names (its `state_dict` on the meta device), and a lamina tensor with no
-name in the format is refused. A tied head is not a row (it is the token table).
-The GGUF reader and writer (gguf, gguf_write) go through it; the Hugging Face converters
-(hf_gpt2, hf_llama) still keep their own lists, which a test holds equal to the hf columns
-here (moving them onto this table is the next step). Deliberately unaware of files and of how
-the foreign tensors are read.
+- "Rq" / "Rk": llama.cpp's converter permutes the rows of q (n_heads) and k (n_kv_heads) of
+  arch llama for its interleaved rotary layout (`LlamaModel.permute`: rows viewed as (heads, 2,
+  hd / 2) and the last two axes swapped); lamina, like HF, pairs the two halves of each head;
+- "+1": llama.cpp stores Gemma's `1 + weight` norm gains with the one added.
+Which rows apply follows from the lamina model's own tensor names (its `state_dict` on the meta
+device); a lamina tensor with no name in the family's format is refused. A tied head is not a
+row (it is the token table). Deliberately unaware of files and of how tensors are read.
 """
 
 from __future__ import annotations
@@ -33,46 +30,11 @@ import torch
 from torch import Tensor
 
 from lamina.errors import LaminaError
+from lamina.interop.family import Family
 from lamina.models.config import GPTConfig
+from lamina.models.gpt import GPT
 
-FORMATS = ("hf-gpt2", "hf-llama", "gguf-gpt2", "gguf-llama")
-
-# lamina name inside blocks.{i} -> foreign names in (hf-gpt2 h.{i}, hf-llama model.layers.{i},
-# gguf-gpt2 blk.{i}, gguf-llama blk.{i}); "a|b|c": parts stacked along dim 0; ":X" a transform
-# fmt: off
-_BLOCK: dict[str, tuple[str | None, ...]] = {
-    "norm1.weight": ("ln_1.weight", "input_layernorm.weight", "attn_norm.weight", "attn_norm.weight"),
-    "norm1.bias": ("ln_1.bias", None, "attn_norm.bias", None),
-    "attn.qkv.weight": (
-        "attn.c_attn.weight:T",
-        "self_attn.q_proj.weight|self_attn.k_proj.weight|self_attn.v_proj.weight",
-        "attn_qkv.weight",
-        "attn_q.weight:Rq|attn_k.weight:Rk|attn_v.weight",
-    ),
-    "attn.qkv.bias": (
-        "attn.c_attn.bias",
-        "self_attn.q_proj.bias|self_attn.k_proj.bias|self_attn.v_proj.bias",
-        "attn_qkv.bias",
-        "attn_q.bias:Rq|attn_k.bias:Rk|attn_v.bias",
-    ),
-    "attn.proj.weight": ("attn.c_proj.weight:T", "self_attn.o_proj.weight", "attn_output.weight", "attn_output.weight"),
-    "attn.proj.bias": ("attn.c_proj.bias", "self_attn.o_proj.bias", "attn_output.bias", "attn_output.bias"),
-    "norm2.weight": ("ln_2.weight", "post_attention_layernorm.weight", "ffn_norm.weight", "ffn_norm.weight"),
-    "norm2.bias": ("ln_2.bias", None, "ffn_norm.bias", None),
-    "ff.fc.weight": ("mlp.c_fc.weight:T", "mlp.gate_proj.weight|mlp.up_proj.weight", "ffn_up.weight", "ffn_gate.weight|ffn_up.weight"),
-    "ff.fc.bias": ("mlp.c_fc.bias", "mlp.gate_proj.bias|mlp.up_proj.bias", "ffn_up.bias", "ffn_gate.bias|ffn_up.bias"),
-    "ff.proj.weight": ("mlp.c_proj.weight:T", "mlp.down_proj.weight", "ffn_down.weight", "ffn_down.weight"),
-    "ff.proj.bias": ("mlp.c_proj.bias", "mlp.down_proj.bias", "ffn_down.bias", "ffn_down.bias"),
-}
-_TOP: dict[str, tuple[str | None, ...]] = {
-    "embed.wte.weight": ("wte.weight", "model.embed_tokens.weight", "token_embd.weight", "token_embd.weight"),
-    "embed.wpe.weight": ("wpe.weight", None, "position_embd.weight", None),
-    "norm_f.weight": ("ln_f.weight", "model.norm.weight", "output_norm.weight", "output_norm.weight"),
-    "norm_f.bias": ("ln_f.bias", None, "output_norm.bias", None),
-    "head.weight": ("lm_head.weight", "lm_head.weight", "output.weight", "output.weight"),
-}
-_PREFIX = {"hf-gpt2": "h.{i}.", "hf-llama": "model.layers.{i}.", "gguf-gpt2": "blk.{i}.", "gguf-llama": "blk.{i}."}
-# fmt: on
+FORMATS = ("hf", "gguf")
 
 
 @dataclass(frozen=True)
@@ -91,6 +53,7 @@ def _same(t: Tensor) -> Tensor:
 
 SAME = Transform("same", _same, _same, lambda s: s)
 TRANSPOSE = Transform("transposed", lambda t: t.t(), lambda t: t.t(), lambda s: s[::-1])
+PLUS_ONE = Transform("stored plus one", lambda t: t - 1, lambda t: t + 1, lambda s: s)
 
 
 def rope_permutation(n_heads: int) -> Transform:
@@ -141,42 +104,35 @@ def _split_rows(config: GPTConfig, name: str, n_parts: int, rows: int) -> list[i
     return [rows // n_parts] * n_parts  # [gate | up]
 
 
-def _lookup(name: str, fmt: str) -> tuple[str | None, str]:
-    """(foreign spec, prefix) of a lamina name in `fmt`; KeyError if the table lacks it."""
-    col = FORMATS.index(fmt)
-    head, _, rest = name.partition(".")
-    if head == "blocks":
-        i, _, inner = rest.partition(".")
-        return _BLOCK[inner][col], _PREFIX[fmt].format(i=i)
-    return _TOP[name][col], ""
-
-
 def rows(
-    config: GPTConfig,
-    lamina_shapes: Mapping[str, tuple[int, ...]],
-    fmt: str,
-    *,
-    permute_rope: bool = False,
+    config: GPTConfig, lamina_shapes: Mapping[str, tuple[int, ...]], family: Family, fmt: str
 ) -> list[Row]:
-    """The rows for a model with these lamina tensors (a tied head left out) in format `fmt`."""
+    """The rows for a model with these lamina tensors (a tied head left out) as `family` in
+    format `fmt` ("hf" or "gguf")."""
     if fmt not in FORMATS:
         raise LaminaError(f"unknown tensor format {fmt!r}; choose from {', '.join(FORMATS)}")
-    transforms = {"T": TRANSPOSE, "Rq": SAME, "Rk": SAME}
-    if permute_rope:
-        transforms |= {
-            "Rq": rope_permutation(config.n_heads),
-            "Rk": rope_permutation(config.kv_heads),
-        }
+    col = FORMATS.index(fmt)
+    transforms = {
+        "T": TRANSPOSE,
+        "+1": PLUS_ONE,
+        "Rq": rope_permutation(config.n_heads),
+        "Rk": rope_permutation(config.kv_heads),
+    }
+    block = family.hf_block if fmt == "hf" else "blk.{i}."
     out = []
     for name, shape in lamina_shapes.items():
         if name == "head.weight" and config.tie_weights:
             continue
-        try:
-            spec, prefix = _lookup(name, fmt)
-        except KeyError:
-            spec, prefix = None, ""
+        head, _, rest = name.partition(".")
+        if head == "blocks":
+            i, _, inner = rest.partition(".")
+            spec, prefix = family.block.get(inner, (None, None))[col], block.format(i=i)
+        else:
+            spec, prefix = family.top.get(name, (None, None))[col], ""
         if spec is None:
-            raise LaminaError(f"lamina tensor {name} has no counterpart in the {fmt} format")
+            raise LaminaError(
+                f"lamina tensor {name} has no counterpart in the {family.title} {fmt} format"
+            )
         pieces = [p.partition(":") for p in spec.split("|")]
         sizes = _split_rows(config, name, len(pieces), shape[0])
         parts = tuple(
@@ -185,6 +141,19 @@ def rows(
         )
         out.append(Row(name, tuple(shape), parts))
     return out
+
+
+def lamina_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
+    """Every stored tensor of a GPT of `config` and its shape (built on the meta device)."""
+    with torch.device("meta"):
+        model = GPT(config)
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def foreign_shapes(family: Family, config: GPTConfig, fmt: str) -> dict[str, tuple[int, ...]]:
+    """The foreign tensors (name -> shape) a file of `config` as `family` holds."""
+    table = rows(config, lamina_shapes(config), family, fmt)
+    return {p.foreign: s for r in table for p, s in zip(r.parts, r.foreign_shapes(), strict=True)}
 
 
 def _listed(keys: list[str], limit: int = 8) -> str:

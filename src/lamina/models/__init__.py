@@ -1,4 +1,4 @@
-"""Layer 4: models built from the layers below (GPT decoder, encoder + classifier), their
+"""Layer 6: models built from the layers below (GPT decoder, encoder + classifier), their
 configs and parameter counts."""
 
 from lamina.models.config import GPT_PRESETS, EncoderConfig, GPTConfig

@@ -1,4 +1,4 @@
-"""Layer 4 configs: `GPTConfig` and `EncoderConfig`, validated dataclasses with JSON round trips.
+"""Layer 6 configs: `GPTConfig` and `EncoderConfig`, validated dataclasses with JSON round trips.
 
 Each field says what it is; `__post_init__` rejects bad values with a `LaminaError` that names
 the field and the rule. `GPTConfig.preset(name, **overrides)` gives the named shapes. `from_dict`
@@ -11,8 +11,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from lamina.attention import RopeScaling
 from lamina.errors import LaminaError
+from lamina.rope import RopeScaling
 from lamina.validate import boolean as _bool
 from lamina.validate import choice as _choice
 from lamina.validate import fraction as _dropout
@@ -35,6 +35,15 @@ class _ConfigMixin:
         unknown = sorted(set(data) - names)
         if unknown:
             raise LaminaError(f"unknown {cls.__name__} field(s): {', '.join(unknown)}")
+        missing = [
+            f.name
+            for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+            if f.name not in data
+            and f.default is dataclasses.MISSING
+            and f.default_factory is dataclasses.MISSING
+        ]
+        if missing:
+            raise LaminaError(f"a {cls.__name__} needs the field(s) {', '.join(missing)}")
         return cls(**data)
 
     def replace(self, **changes: Any):  # noqa: ANN201 - returns the same type
@@ -59,8 +68,9 @@ class GPTConfig(_ConfigMixin):
     qkv_bias: bool = True  # bias on the fused QKV projection (GPT-2 has it)
     bias: bool = True  # bias on the other linear layers and LayerNorms' shift
     d_ff: int | None = None  # feed-forward hidden width; None means 4 * d_model
-    # swiglu: gated, d_ff is the width of each of its two input projections (Llama's convention)
-    activation: Literal["gelu", "relu", "relu2", "swiglu"] = "gelu"
+    # swiglu, geglu: gated, d_ff is the width of each of their two input projections (Llama's
+    # convention); geglu gates with GELU's tanh approximation (Gemma)
+    activation: Literal["gelu", "relu", "relu2", "swiglu", "geglu"] = "gelu"
     norm_first: bool = True  # pre-LN blocks (GPT-2); False gives post-LN
     # rope: rotary positions inside attention (no position table)
     positions: Literal["learned", "sinusoidal", "rope"] = "learned"
@@ -74,8 +84,20 @@ class GPTConfig(_ConfigMixin):
     logit_softcap: float | None = None  # logits <- cap * tanh(logits / cap); None: off
     zero_init_proj: bool = False  # residual output projections start at zero
     d_head: int | None = None  # width of each head; None means d_model / n_heads (Qwen3: set)
-    # rotary frequencies stretched for long contexts ("linear", "llama3"); None: plain RoPE
+    # rotary frequencies stretched for long contexts ("linear", "llama3", "longrope"); None:
+    # plain RoPE
     rope_scaling: RopeScaling | None = None
+    # query i sees keys j with i - sliding_window < j <= i (on the layers that slide)
+    sliding_window: int | None = None
+    # per layer "full" or "sliding"; None: every layer slides if sliding_window is set (Mistral)
+    layer_types: tuple[str, ...] | None = None
+    rope_local_theta: float | None = None  # rotary base of sliding layers, without rope_scaling
+    attn_softcap: float | None = None  # attention scores <- cap * tanh(scores / cap)
+    attn_scale: float | None = None  # the q.k multiplier; None: 1 / sqrt(head_dim)
+    embed_scale: float | None = None  # token vectors times it (Gemma: sqrt(d_model))
+    norm_offset: float = 0.0  # RMSNorm gains are (norm_offset + weight), in float32 (Gemma: 1)
+    sandwich_norm: bool = False  # norms on attention and feed-forward outputs (Gemma 2/3)
+    rotary_dim: int | None = None  # rotate only the first rotary_dim dims of a head (Phi-3)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "d_model", "n_heads", "n_layers"):
@@ -96,12 +118,10 @@ class GPTConfig(_ConfigMixin):
             _bool(name, getattr(self, name))
         if self.d_ff is not None:
             _positive_int("d_ff", self.d_ff)
-        _choice("activation", self.activation, ("gelu", "relu", "relu2", "swiglu"))
+        _choice("activation", self.activation, ("gelu", "relu", "relu2", "swiglu", "geglu"))
         _choice("positions", self.positions, ("learned", "sinusoidal", "rope"))
-        if not self.init_std > 0:
-            raise LaminaError(f"init_std must be positive, got {self.init_std!r}")
-        if not self.layer_norm_eps > 0:
-            raise LaminaError(f"layer_norm_eps must be positive, got {self.layer_norm_eps!r}")
+        positive_number("init_std", self.init_std)
+        positive_number("layer_norm_eps", self.layer_norm_eps)  # inf refused, as NaN is
         positive_number("rope_theta", self.rope_theta)
         _choice("norm", self.norm, ("layer", "rms"))
         for name in ("norm_gain", "qk_norm", "zero_init_proj"):
@@ -112,7 +132,7 @@ class GPTConfig(_ConfigMixin):
                 raise LaminaError(
                     f"n_heads={self.n_heads} must be divisible by n_kv_heads={self.n_kv_heads}"
                 )
-        if self.positions == "rope" and self.head_dim % 2:
+        if self.positions == "rope" and self.rotary_dim is None and self.head_dim % 2:
             how = (
                 f"d_head = {self.d_head}"
                 if self.d_head
@@ -121,11 +141,80 @@ class GPTConfig(_ConfigMixin):
             raise LaminaError(f"positions='rope' needs an even head dimension: {how}")
         if self.logit_softcap is not None:
             positive_number("logit_softcap", self.logit_softcap)
+        self._check_layer_options()
+
+    def _check_layer_options(self) -> None:
+        """The options of Gemma, Phi-3 and Mistral layers (see their field comments)."""
+        rope = self.positions == "rope"
+        if self.sliding_window is not None:
+            _positive_int("sliding_window", self.sliding_window)
+        if self.layer_types is not None:
+            if isinstance(self.layer_types, (str, bytes)) or not hasattr(
+                self.layer_types, "__iter__"
+            ):
+                raise LaminaError(f"layer_types must be a list, got {self.layer_types!r}")
+            kinds = tuple(self.layer_types)  # a JSON list becomes a tuple
+            object.__setattr__(self, "layer_types", kinds)
+            for kind in kinds:
+                _choice("layer_types entry", kind, ("full", "sliding"))
+            if len(kinds) != self.n_layers:
+                raise LaminaError(
+                    f"layer_types has {len(kinds)} entries for n_layers={self.n_layers}"
+                )
+            if "sliding" in kinds and self.sliding_window is None:
+                raise LaminaError("layer_types has 'sliding' layers but sliding_window is null")
+        for name in ("rope_local_theta", "rotary_dim"):
+            if getattr(self, name) is not None and not rope:
+                raise LaminaError(f"{name} needs positions='rope', got {self.positions!r}")
+        if self.rope_local_theta is not None:
+            positive_number("rope_local_theta", self.rope_local_theta)
+        for name in ("attn_softcap", "attn_scale", "embed_scale"):
+            if getattr(self, name) is not None:
+                positive_number(name, getattr(self, name))
+        offset = self.norm_offset
+        if isinstance(offset, bool) or not isinstance(offset, (int, float)) or offset != offset:
+            raise LaminaError(f"norm_offset must be a number, got {offset!r}")
+        if offset and self.norm != "rms":
+            raise LaminaError(f"norm_offset needs norm='rms', got norm={self.norm!r}")
+        _bool("sandwich_norm", self.sandwich_norm)
+        if self.sandwich_norm and not self.norm_first:
+            raise LaminaError("sandwich_norm needs pre-LN blocks (norm_first=true)")
+        if self.rotary_dim is not None:
+            _positive_int("rotary_dim", self.rotary_dim)
+            if self.rotary_dim % 2 or self.rotary_dim > self.head_dim:
+                raise LaminaError(
+                    f"rotary_dim must be even and at most head_dim={self.head_dim}, "
+                    f"got {self.rotary_dim}"
+                )
+        s = self.rope_scaling
+        if s is not None and s.kind == "longrope" and 2 * len(s.short_factor) != self.rope_dim:
+            raise LaminaError(
+                f"rope_scaling longrope factors number {len(s.short_factor)}; a rotated width "
+                f"of {self.rope_dim} needs {self.rope_dim // 2}"
+            )
 
     @property
     def head_dim(self) -> int:
         """Width of each head: d_head, or d_model / n_heads when that is None."""
         return self.d_model // self.n_heads if self.d_head is None else self.d_head
+
+    @property
+    def rope_dim(self) -> int:
+        """Dims of each head that rotate: rotary_dim, or head_dim when that is None."""
+        return self.head_dim if self.rotary_dim is None else self.rotary_dim
+
+    @property
+    def attention_kinds(self) -> tuple[str, ...]:
+        """Each layer's attention, "full" or "sliding": layer_types, else every layer slides
+        when sliding_window is set, else none does."""
+        if self.layer_types is not None:
+            return self.layer_types
+        return ("sliding" if self.sliding_window is not None else "full",) * self.n_layers
+
+    @property
+    def gated(self) -> bool:
+        """Whether the feed-forward input is [gate | up], 2 d_ff wide (swiglu, geglu)."""
+        return self.activation in ("swiglu", "geglu")
 
     @property
     def kv_heads(self) -> int:

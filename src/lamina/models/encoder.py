@@ -1,4 +1,4 @@
-"""Layer 4, encoder: a bidirectional Transformer encoder and a sequence classifier on top.
+"""Layer 6, encoder: a bidirectional Transformer encoder and a sequence classifier on top.
 
     ids (B, T) -> token table (pad row zero) * sqrt(d) + positions (sinusoidal or learned)
                -> dropout

@@ -1,12 +1,15 @@
-"""Layer 4, GPT: a decoder-only language model (GPT-2 layout; Llama's layers as options).
+"""Layer 6, GPT: a decoder-only language model (GPT-2 layout; Llama's layers as options).
 
-    ids (B, T) -> Embedding (token [+ position]) -> n_layers x causal TransformerBlock
-               -> final norm -> head Linear(d, vocab, bias=False) -> logits (B, T, vocab)
-               [-> cap * tanh(logits / cap) with `logit_softcap`]
+    ids (B, T) -> Embedding (token [* embed_scale] [+ position]) -> n_layers x causal
+               TransformerBlock -> final norm -> head Linear(d, vocab, bias=False)
+               -> logits (B, T, vocab) [-> cap * tanh(logits / cap) with `logit_softcap`]
 
 With positions="rope" the embedding has no position table: the positions (the same ones a
 table would have used) become rotary tables, computed once per forward and shared by every
-layer's attention. The head shares the token table when `tie_weights` (stored once, counted
+layer's attention (with `rope_local_theta`, a second set for the sliding layers). Layer i's
+attention is "full" or "sliding" (`GPTConfig.attention_kinds`): a sliding one sees only the
+last `sliding_window` keys; every layer gets the config's soft cap, scale, norm offset,
+sandwich norms and partial rotary. The head shares the token table when `tie_weights` (stored once, counted
 once). Weights start as GPT-2's: normal(0, init_std), residual output projections scaled by
 1/sqrt(2 * n_layers) (or zero with `zero_init_proj`), biases zero. `forward` also takes per-layer KV caches (positions then continue from the cache),
 a key-padding mask and explicit positions, which batched generation needs; `greedy` is the
@@ -22,12 +25,14 @@ import math
 import torch
 from torch import Tensor, nn
 
-from lamina.attention import KVCache, rotary_tables
+from lamina.attention import KVCache, RopeArg
 from lamina.block import TransformerBlock, norm_module
+from lamina.bounds import check_fits
 from lamina.embedding import Embedding, check_ids
 from lamina.errors import LaminaError
 from lamina.models.config import GPTConfig
 from lamina.modes import eval_mode
+from lamina.rope import rotary_tables
 
 
 class GPT(nn.Module):
@@ -45,32 +50,12 @@ class GPT(nn.Module):
             dropout=c.dropout,
             positions="none" if c.positions == "rope" else c.positions,
             init_std=c.init_std,
+            scale=c.embed_scale or False,
         )
-        self.blocks = nn.ModuleList(
-            TransformerBlock(
-                c.d_model,
-                c.n_heads,
-                d_ff=c.ff_width,
-                dropout=c.dropout,
-                norm_first=c.norm_first,
-                causal=True,
-                activation=c.activation,
-                qkv_bias=c.qkv_bias,
-                bias=c.bias,
-                eps=c.layer_norm_eps,
-                norm=c.norm,
-                norm_gain=c.norm_gain,
-                n_kv_heads=c.n_kv_heads,
-                rope_theta=c.rope_theta if c.positions == "rope" else None,
-                qk_norm=c.qk_norm,
-                head_dim=c.d_head,
-                rope_scaling=c.rope_scaling,
-            )
-            for _ in range(c.n_layers)
-        )
+        self.blocks = nn.ModuleList(self._block(kind) for kind in c.attention_kinds)
         # post-LN blocks already end in a norm; pre-LN needs a final one (GPT-2's ln_f)
         self.norm_f = (
-            norm_module(c.norm, c.d_model, c.layer_norm_eps, c.bias, c.norm_gain)
+            norm_module(c.norm, c.d_model, c.layer_norm_eps, c.bias, c.norm_gain, c.norm_offset)
             if c.norm_first
             else nn.Identity()
         )
@@ -78,6 +63,39 @@ class GPT(nn.Module):
         self.reset_parameters()
         if c.tie_weights:
             self.embed.tie_lm_head(self.head)
+
+    def _block(self, kind: str) -> TransformerBlock:
+        """One layer; `kind` "sliding" gives it the window (and the local rotary base)."""
+        c = self.config
+        sliding = kind == "sliding"
+        local = sliding and c.rope_local_theta is not None
+        return TransformerBlock(
+            c.d_model,
+            c.n_heads,
+            d_ff=c.ff_width,
+            dropout=c.dropout,
+            norm_first=c.norm_first,
+            causal=True,
+            activation=c.activation,
+            qkv_bias=c.qkv_bias,
+            bias=c.bias,
+            eps=c.layer_norm_eps,
+            norm=c.norm,
+            norm_gain=c.norm_gain,
+            n_kv_heads=c.n_kv_heads,
+            rope_theta=(c.rope_local_theta if local else c.rope_theta)
+            if c.positions == "rope"
+            else None,
+            qk_norm=c.qk_norm,
+            head_dim=c.d_head,
+            rope_scaling=None if local else c.rope_scaling,
+            rotary_dim=c.rotary_dim,
+            norm_offset=c.norm_offset,
+            sandwich_norm=c.sandwich_norm,
+            sliding_window=c.sliding_window if sliding else None,
+            attn_softcap=c.attn_softcap,
+            attn_scale=c.attn_scale,
+        )
 
     def reset_parameters(self) -> None:
         c = self.config
@@ -126,6 +144,9 @@ class GPT(nn.Module):
         if max_len > c.block_size:
             raise LaminaError(f"cache max_len {max_len} exceeds block_size {c.block_size}")
         ref = self.reference_tensor()
+        _check_cache_fits(
+            c, batch_size, max_len, torch.device(device or ref.device), dtype or ref.dtype
+        )
         return [
             KVCache(
                 batch_size,
@@ -178,12 +199,16 @@ class GPT(nn.Module):
         pos = self.embed.positions_for(ids.shape[1], pos_offset, positions, ids.device)
         return self.embed.embed_checked(ids, pos), self.rope_tables(pos)
 
-    def rope_tables(self, positions: Tensor) -> tuple[Tensor, Tensor] | None:
-        """Rotary (cos, sin) tables for checked positions; None unless positions="rope"."""
+    def rope_tables(self, positions: Tensor) -> RopeArg | None:
+        """Rotary (cos, sin) tables for checked positions; None unless positions="rope". With
+        `rope_local_theta` and sliding layers: {"full": tables, "sliding": local tables}."""
         c = self.config
         if c.positions != "rope":
             return None
-        return rotary_tables(positions, c.head_dim, c.rope_theta, c.rope_scaling)
+        tables = rotary_tables(positions, c.rope_dim, c.rope_theta, c.rope_scaling)
+        if c.rope_local_theta is None or "sliding" not in c.attention_kinds:
+            return tables
+        return {"full": tables, "sliding": rotary_tables(positions, c.rope_dim, c.rope_local_theta)}
 
     @torch.no_grad()
     def attention_weights(self, ids: Tensor, padding_mask: Tensor | None = None) -> list[Tensor]:
@@ -221,3 +246,16 @@ class GPT(nn.Module):
         if exclude_positions and self.embed.wpe is not None:
             n -= self.embed.wpe.weight.numel()
         return n
+
+
+def _check_cache_fits(
+    c: GPTConfig, batch: int, max_len: int, device: torch.device, dtype: torch.dtype
+) -> None:
+    """Refuse KV caches that cannot fit (a GGUF may claim a 2^31-token context) before any
+    allocation, naming their size."""
+    if device.type not in ("cpu", "cuda") or not isinstance(batch, int) or batch <= 0:
+        return  # the meta device allocates nothing; KVCache checks the numbers
+    nbytes = 2 * c.n_layers * batch * c.kv_heads * max_len * c.head_dim * dtype.itemsize
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
+    what = f"KV caches for {batch} x {max_len:,} positions ({c.n_layers} layers)"
+    check_fits(nbytes, what, free)

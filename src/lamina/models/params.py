@@ -1,4 +1,4 @@
-"""Layer 4, parameter counts: by formula, by component, and on the meta device.
+"""Layer 6, parameter counts: by formula, by component, and on the meta device.
 
 The formula for a GPT with width d, feed-forward width f, vocabulary V, context n, L layers,
 H heads of width h (d / H unless d_head sets it) and H_kv key/value heads:
@@ -6,9 +6,10 @@ H heads of width h (d / H unless d_head sets it) and H_kv key/value heads:
     embeddings  V d + n d                     (no position parameters when sinusoidal or rope)
     attention   L (d (H + 2 H_kv) h + [(H + 2 H_kv) h] + H h d + [d] + <2 h>)
                                               [qkv bias], [bias], <qk-norm gains>
-    feed-fwd    L (d g f + [g f] + f d + [d])  g = 2 for SwiGLU (gate and up), else 1
-    norms       (2 L + 1)(<d> + [d])           <gain>, [bias] (LayerNorm only; RMSNorm has no
-                                              shift); no final norm when post-LN
+    feed-fwd    L (d g f + [g f] + f d + [d])  g = 2 for SwiGLU and GeGLU (gate and up), else 1
+    norms       (s L + 1)(<d> + [d])           <gain>, [bias] (LayerNorm only; RMSNorm has no
+                                              shift); s = 2, or 4 with sandwich norms; no final
+                                              norm when post-LN
     head        V d                            (0 when tied to the token table)
 
 `count_params(config)` must equal the parameters of the built model for every config (a test
@@ -34,14 +35,15 @@ def gpt_param_table(config: GPTConfig, tied: bool | None = None) -> dict[str, in
     norm = gain * d + (b * d if c.norm == "layer" else 0)
     qkv = (c.n_heads + 2 * c.kv_heads) * c.head_dim  # output width of the fused projection
     qk_norm = 2 * c.head_dim * gain if c.qk_norm else 0
-    g = 2 if c.activation == "swiglu" else 1
+    g = 2 if c.gated else 1
+    per_layer = 4 if c.sandwich_norm else 2  # norm1, norm2 [, post_attn_norm, post_ff_norm]
     return {
         "token embedding": c.vocab_size * d,
         "position embedding": c.block_size * d if c.positions == "learned" else 0,
         "attention": L
         * (d * qkv + int(c.qkv_bias) * qkv + c.n_heads * c.head_dim * d + b * d + qk_norm),
         "feed-forward": L * (d * g * f + b * g * f + f * d + b * d),
-        "norms": (2 * L + int(c.norm_first)) * norm,
+        "norms": (per_layer * L + int(c.norm_first)) * norm,
         "head": 0 if tied else c.vocab_size * d,
     }
 

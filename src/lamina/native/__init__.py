@@ -1,22 +1,45 @@
-"""Native (C, AVX2) kernels for decoding at batch 1; see engine.py and decode.c.
+"""Native (C, AVX2) kernels for decoding at batch 1; see step.py and decode.c.
 
     native_step(model, caches) -> NativeStep | None     the whole decode step in one call
     available() -> bool; reason() -> why not             built and loadable here
-    with disabled(): ...                                 PyTorch runs every step inside
+    unsupported(model) -> why this model is not covered; usable(model) -> may it run now
 
-Deliberately optional: where it cannot be built (no compiler, no AVX2, `LAMINA_NATIVE=0`)
-everything runs in PyTorch as before.
+Deliberately optional: where it cannot be built (no compiler, no AVX2) or lamina.cpu's policy
+says otherwise (`LAMINA_KERNEL=torch`, `with lamina.cpu.using("torch"):`), everything runs in
+PyTorch as before. The engine's names load on first use, so that lamina.cpu can ask
+lamina.native.build (a leaf) without importing the models.
 """
 
 from __future__ import annotations
 
-from lamina.native.build import library, reason
-from lamina.native.engine import NativeStep, disabled, native_step, unsupported, usable
+from typing import Any
+
+import lamina.native.build as build
+
+_ENGINE = ("NativeStep", "native_step", "unsupported", "usable")
 
 
 def available() -> bool:
-    """Whether the native library is built and loaded on this machine."""
-    return library() is not None
+    """Whether the native library is built and loaded on this machine (lamina.cpu's
+    `native_missing` says why not)."""
+    from lamina.cpu import native_missing
+
+    return native_missing() is None
 
 
-__all__ = ["NativeStep", "available", "disabled", "native_step", "reason", "unsupported", "usable"]
+def reason() -> str | None:
+    """Why the native library does not run here (None when it does)."""
+    from lamina.cpu import native_missing
+
+    return native_missing()
+
+
+def __getattr__(name: str) -> Any:
+    if name in _ENGINE:
+        from lamina.native import step
+
+        return getattr(step, name)
+    raise AttributeError(f"module 'lamina.native' has no attribute {name!r}")
+
+
+__all__ = ["NativeStep", "available", "build", "native_step", "reason", "unsupported", "usable"]

@@ -1,7 +1,7 @@
 /* lamina's native decode step: one token per row through a whole pre-LN GPT, on AVX2 + FMA.
 
    Built and loaded by lamina/native/build.py (cc -O3 -mavx2 -mfma -fopenmp -shared), driven
-   through ctypes by lamina/native/engine.py, which fills the structs below with pointers to
+   through ctypes by lamina/native/step.py, which fills the structs below with pointers to
    the model's own tensors (nothing is copied) and holds the step equal to the PyTorch model
    in tests/test_native.py.
 
@@ -11,10 +11,10 @@
    is quantized once to int16 in blocks of 32 (a scale per block: ~15 bits, so the result is
    within ~1e-4 of the float path), each block's dot product is integer `vpmaddwd`, and the
    weight's and input's scales multiply the block's integer sum (the shape of llama.cpp's
-   Q4 x Q8 product, with 16-bit inputs: on SmolLM2 they decode as fast as 8-bit ones, 95
-   tok/s either way when measured, and 300 times closer to the float result).
+   Q4 x Q8 product, with 16-bit inputs: on SmolLM2 they decoded as fast as 8-bit ones and
+   300 times closer to the float result; the figures are in BENCHMARKS.md only).
 
-   Weights, as lamina stores them (quant/__init__.py):
+   Weights, as lamina stores them (quant/linear.py):
      LIN_F32   w float (n, k)
      LIN_INT4  w uint8 (n, k/2), element 2i in the low nibble of byte i, 2i+1 in the high one;
                s, mn float (n, k/gs) each: w = q s + mn (lamina's (k/gs, n, 2) scale and
@@ -23,9 +23,17 @@
      LIN_INT8  w int8 (n, k); s float (n, k/gs): w = q scale (gs = k: a scale per row)
    The int4 dot product reads a block's 16 bytes as [16 low nibbles | 16 high nibbles], so the
    input is quantized in that order ([even elements | odd elements] per block of 32).
+     LIN_Q4K .. LIN_Q5_1  w GGML's blocks as a GGUF file stores them (lamina/quant/kquant.py):
+               Q4_K, Q5_K, Q6_K super-blocks of 256, Q8_0, Q5_0, Q5_1 blocks of 32; each 32
+               weights unpacked to int16 with their scales decoded once per super-block, the
+               input in natural order (see "GGML's blocks")
+     LIN_PARTS w an array of gs Lins of those kinds stacked by rows (a fused q/k/v whose parts
+               the file typed apart)
+   The token table is float, int8 or one of the GGML kinds (a row dequantized per lookup).
 */
 #include <immintrin.h>
 #include <math.h>
+#include <stddef.h>
 #include <omp.h>
 #include <pthread.h>
 #include <sched.h>
@@ -35,6 +43,9 @@
 #include <string.h>
 
 enum { LIN_F32 = 0, LIN_INT4 = 1, LIN_INT8 = 2 };
+/* GGML's blocks as a GGUF file stores them (see "GGML's blocks" below), and a linear made of
+   row ranges of different kinds (a fused q/k/v whose parts the file typed apart) */
+enum { LIN_Q4K = 3, LIN_Q5K = 4, LIN_Q6K = 5, LIN_Q8_0 = 6, LIN_Q5_0 = 7, LIN_Q5_1 = 8, LIN_PARTS = 9 };
 enum { NORM_LAYER = 0, NORM_RMS = 1 };
 enum { ACT_GELU = 0, ACT_RELU = 1, ACT_RELU2 = 2, ACT_SWIGLU = 3 };
 
@@ -44,7 +55,7 @@ typedef struct {
     const float *s;  /* scales: int4 (n, k/gs); int8 (n, k/gs) */
     const float *mn; /* int4 only: minimums (n, k/gs) */
     const float *bias;
-} Lin;
+} Lin; /* GGML kinds: w the rows' blocks; LIN_PARTS: w an array of gs Lins, stacked by rows */
 
 typedef struct {
     const float *n1w, *n1b, *n2w, *n2b; /* norm gains and shifts, NULL where absent */
@@ -222,8 +233,9 @@ typedef struct {
 
 #define QMAX 32767.0f /* inputs quantized to int16 per block of 32 */
 
+/* gs: the weight groups whose input sums sx holds (0: none) */
 static void quantize_rows(const float *x, int B, int k, int perm, int gs, Act *a) {
-    int nb = k / 32, per = gs / 32;
+    int nb = k / 32, per = gs > 0 ? gs / 32 : 1;
     for (int r = 0; r < B; r++) {
         const float *xr = x + (size_t)r * k;
         int16_t *q = a->q + (size_t)r * k;
@@ -246,7 +258,7 @@ static void quantize_rows(const float *x, int B, int k, int perm, int gs, Act *a
             else
                 memcpy(qb, t, sizeof t);
             a->dx[r * nb + b] = d;
-            if (perm) {
+            if (gs > 0) {
                 float *g = &a->sx[r * (nb / per) + b / per];
                 *g = (b % per ? *g : 0.0f) + d * (float)sum;
             }
@@ -256,7 +268,10 @@ static void quantize_rows(const float *x, int B, int k, int perm, int gs, Act *a
 
 static void prepare_act(const Lin *L, const float *x, int B, Act *a) {
     a->x = x;
-    if (L->kind != LIN_F32) quantize_rows(x, B, L->k, L->kind == LIN_INT4, L->gs, a);
+    if (L->kind == LIN_PARTS) L = (const Lin *)L->w; /* parts are all GGML kinds: one form */
+    if (L->kind == LIN_INT4) quantize_rows(x, B, L->k, 1, L->gs, a);
+    else if (L->kind == LIN_INT8) quantize_rows(x, B, L->k, 0, 0, a);
+    else if (L->kind != LIN_F32) quantize_rows(x, B, L->k, 0, 32, a); /* GGML: natural order */
 }
 
 /* a block's integer dot product, 8 partial sums: int4 weights (16 bytes) x int16 inputs */
@@ -327,10 +342,266 @@ static inline float row_q8(const Lin *L, int n, const int16_t *xq, const float *
     return sum;
 }
 
-/* y[r, n] (+)= x[r] . w[n] + bias[n] for output rows n0..n1 and input rows r < B */
 #define TILE 8 /* input rows sharing one unpacked weight block */
+
+/* ------------------------------------------------------------------ GGML's blocks, as stored */
+
+/* A GGUF tensor's rows kept as the file holds them: each row k/256 super-blocks (Q4_K, Q5_K,
+   Q6_K) or k/32 blocks (Q8_0, Q5_0, Q5_1) of GGML's layout, read here 32 weights at a time as
+   int16 q with a float scale for each 16 (s0, s1) and a minimum for the 32:
+   w = s q + mn. The super-blocks' 6-bit scales are decoded once per super-block. */
+
+enum { PER_SB_MAX = 8 };
+
+static inline int kq_per(int kind) { return kind <= LIN_Q6K ? 256 : 32; }
+static inline int kq_bytes(int kind) {
+    switch (kind) {
+    case LIN_Q4K: return 144;
+    case LIN_Q5K: return 176;
+    case LIN_Q6K: return 210;
+    case LIN_Q8_0: return 34;
+    case LIN_Q5_0: return 22;
+    default: return 24; /* LIN_Q5_1 */
+    }
+}
+static inline size_t kq_row_bytes(int kind, int k) { return (size_t)(k / kq_per(kind)) * kq_bytes(kind); }
+
+/* IEEE half -> float, exactly (the file's fp16 scales; no F16C needed) */
+static inline float half(const uint8_t *p) {
+    const uint32_t h = (uint32_t)p[0] | (uint32_t)p[1] << 8;
+    const uint32_t sign = (h & 0x8000u) << 16, e = (h >> 10) & 31, m = h & 0x3ff;
+    union { uint32_t u; float f; } v;
+    if (e == 0) {
+        float f = (float)m * 5.9604644775390625e-8f; /* 2^-24 */
+        return sign ? -f : f;
+    }
+    v.u = sign | (e == 31 ? 0x7f800000u | m << 13 : (e + 112) << 23 | m << 13);
+    return v.f;
+}
+
+/* the scales (s: one per 16 weights) and minimums (mn: one per 32) of a super-block or block */
+static inline __attribute__((always_inline)) void kq_scales(int kind, const uint8_t *blk, float *s, float *mn) {
+    if (kind == LIN_Q4K || kind == LIN_Q5K) {
+        const float d = half(blk), dmin = half(blk + 2);
+        const uint8_t *q = blk + 4;
+        for (int j = 0; j < 8; j++) {
+            int sc, m;
+            if (j < 4) sc = q[j] & 63, m = q[j + 4] & 63;
+            else sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4), m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+            s[2 * j] = s[2 * j + 1] = d * (float)sc;
+            mn[j] = -(dmin * (float)m);
+        }
+    } else if (kind == LIN_Q6K) {
+        const float d = half(blk + 208);
+        const int8_t *sc = (const int8_t *)(blk + 192);
+        for (int g = 0; g < 16; g++) s[g] = d * (float)sc[g];
+        for (int j = 0; j < 8; j++) mn[j] = 0.0f;
+    } else {
+        const float d = half(blk);
+        s[0] = s[1] = d;
+        mn[0] = kind == LIN_Q8_0 ? 0.0f : kind == LIN_Q5_0 ? -16.0f * d : half(blk + 2);
+    }
+}
+
+/* 32 bits (little-endian) -> 32 bytes, 0x10 where the bit is set */
+static inline __m256i bits_to_16s(uint32_t bits) {
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32((int)bits),
+        _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL, 0x0303030303030303LL));
+    const __m256i mask = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, mask), mask);
+    return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+}
+
+/* weights j*32 .. j*32+31 of a super-block (j = 0 for a block of 32) as two vectors of 16 int16 */
+static inline __attribute__((always_inline)) void kq_unpack(int kind, const uint8_t *blk, int j, __m256i *w0, __m256i *w1) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256i q;
+    if (kind == LIN_Q4K || kind == LIN_Q5K) {
+        const uint8_t *qs = blk + (kind == LIN_Q4K ? 16 : 48) + 32 * (j / 2);
+        __m256i raw = _mm256_loadu_si256((const __m256i *)qs);
+        q = _mm256_and_si256(j & 1 ? _mm256_srli_epi16(raw, 4) : raw, m4);
+        if (kind == LIN_Q5K) {
+            __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 16));
+            __m256i hb = _mm256_and_si256(_mm256_srli_epi16(qh, j), _mm256_set1_epi8(1));
+            q = _mm256_or_si256(q, _mm256_slli_epi16(hb, 4));
+        }
+    } else if (kind == LIN_Q6K) {
+        const int n = j / 4, t = j % 4;
+        __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 64 * n + 32 * (t & 1)));
+        __m256i lo = _mm256_and_si256(t >= 2 ? _mm256_srli_epi16(raw, 4) : raw, m4);
+        __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * n));
+        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * t), _mm256_set1_epi8(3));
+        q = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+        const __m256i off = _mm256_set1_epi16(32);
+        *w0 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(q)), off);
+        *w1 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(q, 1)), off);
+        return;
+    } else if (kind == LIN_Q8_0) {
+        *w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 2)));
+        *w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 18)));
+        return;
+    } else { /* Q5_0, Q5_1: 16 bytes of nibbles (weights i and i + 16), 32 high bits */
+        const uint8_t *qh = blk + (kind == LIN_Q5_0 ? 2 : 4);
+        uint32_t bits;
+        memcpy(&bits, qh, 4);
+        __m128i raw = _mm_loadu_si128((const __m128i *)(qh + 4));
+        __m256i nib = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
+        q = _mm256_or_si256(_mm256_and_si256(nib, m4), bits_to_16s(bits));
+    }
+    *w0 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(q));
+    *w1 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(q, 1));
+}
+
+/* x . row for one weight row of kind `kind` (int16 inputs xq, scales dx and sums sx per 32) */
+static inline __attribute__((always_inline)) float row_kq(int kind, const uint8_t *row, int k, const int16_t *xq,
+                                                          const float *dx, const float *sx) {
+    const int per = kq_per(kind), bs = kq_bytes(kind), sub = per / 32, nsb = k / per;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    float msum = 0.0f, s[16], mn[PER_SB_MAX];
+    for (int sb = 0; sb < nsb; sb++) {
+        const uint8_t *blk = row + (size_t)sb * bs;
+        kq_scales(kind, blk, s, mn);
+        for (int j = 0; j < sub; j++) {
+            const int b = sb * sub + j;
+            __m256i w0, w1;
+            kq_unpack(kind, blk, j, &w0, &w1);
+            const __m256i *xb = (const __m256i *)(xq + 32 * b);
+            __m256i p0 = _mm256_madd_epi16(w0, _mm256_loadu_si256(xb));
+            __m256i p1 = _mm256_madd_epi16(w1, _mm256_loadu_si256(xb + 1));
+            if (kind == LIN_Q6K) {
+                acc0 = _mm256_fmadd_ps(_mm256_set1_ps(s[2 * j] * dx[b]), _mm256_cvtepi32_ps(p0), acc0);
+                acc1 = _mm256_fmadd_ps(_mm256_set1_ps(s[2 * j + 1] * dx[b]), _mm256_cvtepi32_ps(p1), acc1);
+            } else {
+                __m256 v = _mm256_cvtepi32_ps(_mm256_add_epi32(p0, p1));
+                if (b & 1) acc1 = _mm256_fmadd_ps(_mm256_set1_ps(s[2 * j] * dx[b]), v, acc1);
+                else acc0 = _mm256_fmadd_ps(_mm256_set1_ps(s[2 * j] * dx[b]), v, acc0);
+                msum += mn[j] * sx[b];
+            }
+        }
+    }
+    return hsum(_mm256_add_ps(acc0, acc1)) + msum;
+}
+
+/* the same for up to TILE input rows at once, each weight block unpacked once for all */
+static inline __attribute__((always_inline)) void tile_kq(int kind, const uint8_t *row, int k, int rows, const Act *a,
+                                                          int r0, float *v) {
+    const int per = kq_per(kind), bs = kq_bytes(kind), sub = per / 32, nsb = k / per, nb = k / 32;
+    __m256 acc[TILE];
+    float msum[TILE], s[16], mn[PER_SB_MAX];
+    for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps(), msum[r] = 0.0f;
+    for (int sb = 0; sb < nsb; sb++) {
+        const uint8_t *blk = row + (size_t)sb * bs;
+        kq_scales(kind, blk, s, mn);
+        for (int j = 0; j < sub; j++) {
+            const int b = sb * sub + j;
+            __m256i w0, w1;
+            kq_unpack(kind, blk, j, &w0, &w1);
+            for (int r = 0; r < rows; r++) {
+                const __m256i *xb = (const __m256i *)(a->q + (size_t)(r0 + r) * k + 32 * b);
+                const float dxb = a->dx[(size_t)(r0 + r) * nb + b];
+                __m256i p0 = _mm256_madd_epi16(w0, _mm256_loadu_si256(xb));
+                __m256i p1 = _mm256_madd_epi16(w1, _mm256_loadu_si256(xb + 1));
+                if (kind == LIN_Q6K) {
+                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(s[2 * j] * dxb), _mm256_cvtepi32_ps(p0), acc[r]);
+                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(s[2 * j + 1] * dxb), _mm256_cvtepi32_ps(p1), acc[r]);
+                } else {
+                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(s[2 * j] * dxb),
+                                             _mm256_cvtepi32_ps(_mm256_add_epi32(p0, p1)), acc[r]);
+                    msum[r] += mn[j] * a->sx[(size_t)(r0 + r) * nb + b];
+                }
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++) v[r] = hsum(acc[r]) + msum[r];
+}
+
+/* one weight row of kind `kind` -> k floats, exactly GGML's (and gguf-py's) dequantization */
+static void kq_dequant_row(int kind, const uint8_t *row, int k, float *y) {
+    const int per = kq_per(kind), bs = kq_bytes(kind), sub = per / 32, nsb = k / per;
+    float s[16], mn[PER_SB_MAX];
+    int16_t q[32];
+    for (int sb = 0; sb < nsb; sb++) {
+        const uint8_t *blk = row + (size_t)sb * bs;
+        kq_scales(kind, blk, s, mn);
+        for (int j = 0; j < sub; j++) {
+            __m256i w0, w1;
+            kq_unpack(kind, blk, j, &w0, &w1);
+            _mm256_storeu_si256((__m256i *)q, w0);
+            _mm256_storeu_si256((__m256i *)(q + 16), w1);
+            float *o = y + (size_t)(sb * sub + j) * 32;
+            for (int i = 0; i < 32; i++) {
+                const float p = s[2 * j + i / 16] * (float)q[i]; /* exact but for Q6_K's one rounding */
+                o[i] = mn[j] != 0.0f ? p + mn[j] : p;
+            }
+        }
+    }
+}
+
+#define KQ_CASES(F) F(LIN_Q4K) F(LIN_Q5K) F(LIN_Q6K) F(LIN_Q8_0) F(LIN_Q5_0) F(LIN_Q5_1)
+
+static float row_kq_any(int kind, const uint8_t *row, int k, const int16_t *xq, const float *dx, const float *sx) {
+    switch (kind) {
+#define ROW_CASE(K) case K: return row_kq(K, row, k, xq, dx, sx);
+        KQ_CASES(ROW_CASE)
+#undef ROW_CASE
+    }
+    return 0.0f;
+}
+
+static void tile_kq_any(int kind, const uint8_t *row, int k, int rows, const Act *a, int r0, float *v) {
+    switch (kind) {
+#define TILE_CASE(K) case K: tile_kq(K, row, k, rows, a, r0, v); return;
+        KQ_CASES(TILE_CASE)
+#undef TILE_CASE
+    }
+}
+
+/* rows n0..n1 of a GGML-block linear into y (as lin_rows) */
+static void lin_rows_kq(const Lin *L, int B, const Act *a, float *y, int ystride, int n0, int n1, int accumulate) {
+    const int k = L->k, nb = k / 32;
+    const size_t rb = kq_row_bytes(L->kind, k);
+    for (int n = n0; n < n1; n++) {
+        const uint8_t *row = (const uint8_t *)L->w + (size_t)n * rb;
+        const float bias = L->bias ? L->bias[n] : 0.0f;
+        for (int r0 = 0; r0 < B; r0 += TILE) {
+            const int rows = B - r0 < TILE ? B - r0 : TILE;
+            float v[TILE];
+            if (rows == 1)
+                v[0] = row_kq_any(L->kind, row, k, a->q + (size_t)r0 * k, a->dx + (size_t)r0 * nb, a->sx + (size_t)r0 * nb);
+            else
+                tile_kq_any(L->kind, row, k, rows, a, r0, v);
+            for (int r = 0; r < rows; r++) {
+                float *o = y + (size_t)(r0 + r) * ystride + n;
+                *o = (accumulate ? *o : 0.0f) + v[r] + bias;
+            }
+        }
+    }
+}
+
+/* rows 0..n of a GGML-block tensor -> floats (n, k): for lamina's PyTorch path and its tests */
+int lm_dequant(int kind, const void *w, int n, int k, float *y) {
+    if (kind < LIN_Q4K || kind > LIN_Q5_1 || k % kq_per(kind)) return 0;
+    const size_t rb = kq_row_bytes(kind, k);
+    for (int r = 0; r < n; r++) kq_dequant_row(kind, (const uint8_t *)w + (size_t)r * rb, k, y + (size_t)r * k);
+    return 1;
+}
+
+/* y[r, n] (+)= x[r] . w[n] + bias[n] for output rows n0..n1 and input rows r < B */
 static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, int n0, int n1,
                      int accumulate) {
+    if (L->kind == LIN_PARTS) { /* each part's rows, at their offset */
+        const Lin *parts = (const Lin *)L->w;
+        for (int i = 0, off = 0; i < L->gs; off += parts[i].n, i++) {
+            const int lo = n0 > off ? n0 : off, hi = n1 < off + parts[i].n ? n1 : off + parts[i].n;
+            if (lo < hi) lin_rows(&parts[i], B, a, y + off, ystride, lo - off, hi - off, accumulate);
+        }
+        return;
+    }
+    if (L->kind >= LIN_Q4K) {
+        lin_rows_kq(L, B, a, y, ystride, n0, n1, accumulate);
+        return;
+    }
     const int k = L->k, nb = k / 32, groups = L->gs ? k / L->gs : 1; /* float: gs 0 */
     const int sh = groups == 1 ? 31 : __builtin_ctz(L->gs / 32);
     for (int n = n0; n < n1; n++) {
@@ -422,8 +693,7 @@ int lm_linear(const Lin *L, int B, const float *x, float *y, int nthreads) {
 typedef struct {
     const Model *m;
     int B;
-    const int64_t *tokens, *positions, *starts;
-    int64_t slot;
+    const int64_t *tokens, *positions, *starts, *slots, *rows;
     float *logits;
     Barrier bar;
     /* scratch */
@@ -451,6 +721,8 @@ static void embed(const Model *m, int64_t tok, int64_t pos, float *x) {
     const int d = m->d;
     if (m->emb_kind == LIN_F32) {
         memcpy(x, (const float *)m->emb_w + (size_t)tok * d, d * sizeof(float));
+    } else if (m->emb_kind >= LIN_Q4K) {
+        kq_dequant_row(m->emb_kind, (const uint8_t *)m->emb_w + (size_t)tok * kq_row_bytes(m->emb_kind, d), d, x);
     } else {
         const int8_t *q = (const int8_t *)m->emb_w + (size_t)tok * d;
         const int groups = d / m->emb_gs;
@@ -499,7 +771,7 @@ static void step_job(void *p, int tid, int nt) {
             const float *v = S->qkv + (size_t)r * qkv_n + (size_t)(H + Hkv + kh) * hd;
             if (m->qk_norm) rms_head(k, hd, ly->kg, m->eps);
             if (m->rope) rope(k, S->cs + r * h2, S->sn + r * h2, hd);
-            size_t at = r * bstride + (size_t)kh * L * hd + (size_t)S->slot * hd;
+            size_t at = S->rows[r] * bstride + (size_t)kh * L * hd + (size_t)S->slots[r] * hd;
             memcpy(ly->kc + at, k, hd * sizeof(float));
             memcpy(ly->vc + at, v, hd * sizeof(float));
             for (int h = kh * group; h < (kh + 1) * group; h++) {
@@ -517,9 +789,9 @@ static void step_job(void *p, int tid, int nt) {
         for (int t = tid; t < B * Hkv * nch; t += nt) {
             const int r = t / (Hkv * nch), kh = (t / nch) % Hkv, c = t % nch;
             const int64_t first = S->starts[r];
-            const int n = (int)(S->slot - first + 1), c0 = c * CHUNK;
+            const int n = (int)(S->slots[r] - first + 1), c0 = c * CHUNK;
             const int len = n - c0 < CHUNK ? n - c0 : CHUNK;
-            const size_t base = r * bstride + (size_t)kh * L * hd + (size_t)(first + c0) * hd;
+            const size_t base = S->rows[r] * bstride + (size_t)kh * L * hd + (size_t)(first + c0) * hd;
             const float *kb = ly->kc + base, *vb = ly->vc + base;
             for (int g = 0; g < group; g++) {
                 const int h = kh * group + g;
@@ -609,10 +881,13 @@ static void step_job(void *p, int tid, int nt) {
 
 static int max3(int a, int b, int c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
 
-/* One token per row: writes every layer's key and value at `slot`, attends slots
-   starts[r]..slot, and fills logits (B, vocab). Returns 1, or 0 on failure. */
+/* One token per row r: writes every layer's key and value at slot slots[r] of cache row
+   rows[r], attends that row's slots starts[r]..slots[r], and fills logits (B, vocab). Rows of
+   one call may stand at different slots (sequences batched together, each in its own cache
+   row); every weight block is read once for all of them. Returns 1, or 0 on failure. */
 int lm_step(const Model *m, int B, const int64_t *tokens, const int64_t *positions,
-            const int64_t *starts, int64_t slot, float *logits, int nthreads) {
+            const int64_t *starts, const int64_t *slots, const int64_t *rows, float *logits,
+            int nthreads) {
     if (nthreads < 1) nthreads = 1;
     if (nthreads > 256) nthreads = 256;
     const int d = m->d, hd = m->hd, qkv_n = (m->H + 2 * m->Hkv) * hd;
@@ -623,7 +898,7 @@ int lm_step(const Model *m, int B, const int64_t *tokens, const int64_t *positio
     float *buf = (float *)malloc(floats * sizeof(float) + (size_t)B * kmax * sizeof(int16_t) + 64);
     if (!buf) return 0;
     Step S = {.m = m, .B = B, .tokens = tokens, .positions = positions, .starts = starts,
-              .slot = slot, .logits = logits};
+              .slots = slots, .rows = rows, .logits = logits};
     atomic_init(&S.bar.n, nthreads);
     atomic_init(&S.bar.count, 0);
     atomic_init(&S.bar.phase, 0);
@@ -646,4 +921,32 @@ int lm_step(const Model *m, int B, const int64_t *tokens, const int64_t *positio
     return 1;
 }
 
-int lm_abi_version(void) { return 1; }
+/* What the loader (build.py) compares before the first call: the build's key, and the sizes and
+   field offsets of the structs above, which must equal those of the ctypes structs in step.py
+   (a field on one side only, or moved, is caught; sizeof catches one missing from this list). */
+#ifndef LM_BUILD_KEY
+#define LM_BUILD_KEY ""
+#endif
+const char *lm_build_key(void) { return LM_BUILD_KEY; }
+
+typedef struct {
+    const char *name;
+    int64_t value;
+} LayoutEntry;
+#define SIZE(T) {#T, (int64_t)sizeof(T)}
+#define AT(T, f) {#T "." #f, (int64_t)offsetof(T, f)}
+static const LayoutEntry LAYOUT[] = {
+    SIZE(Lin),         AT(Lin, kind),       AT(Lin, n),          AT(Lin, k),
+    AT(Lin, gs),       AT(Lin, w),          AT(Lin, s),          AT(Lin, mn),
+    AT(Lin, bias),     SIZE(Layer),         AT(Layer, n1w),      AT(Layer, n1b),
+    AT(Layer, n2w),    AT(Layer, n2b),      AT(Layer, qg),       AT(Layer, kg),
+    AT(Layer, qkv),    AT(Layer, proj),     AT(Layer, fc),       AT(Layer, out),
+    AT(Layer, kc),     AT(Layer, vc),       SIZE(Model),         AT(Model, n_layers),
+    AT(Model, d),      AT(Model, H),        AT(Model, Hkv),      AT(Model, hd),
+    AT(Model, ff),     AT(Model, vocab),    AT(Model, cache_len), AT(Model, norm),
+    AT(Model, act),    AT(Model, qk_norm),  AT(Model, rope),     AT(Model, eps),
+    AT(Model, emb_scale), AT(Model, softcap), AT(Model, emb_kind), AT(Model, emb_gs),
+    AT(Model, emb_w),  AT(Model, emb_s),    AT(Model, pos_table), AT(Model, inv_freq),
+    AT(Model, nfw),    AT(Model, nfb),      AT(Model, head),     AT(Model, layers),
+    {0, 0}};
+const LayoutEntry *lm_layout(void) { return LAYOUT; }

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from lamina.errors import LaminaError
+from lamina.quant.kquant import KEPT, row_width
 
 GROUP = 32
 _BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}
@@ -82,13 +83,20 @@ def blocks_to_int4(raw: Any, qtype: str, shape: tuple[int, int]) -> tuple[Tensor
 
 
 def row_bytes(raw: Any, qtype: str, shape: tuple[int, int]) -> Tensor:
-    """A quantized tensor's bytes as (N, bytes per row) uint8: each row its own K / 32 blocks.
+    """A quantized tensor's bytes as (N, bytes per row) uint8: each row its own blocks (of 32,
+    or the K-quants' super-blocks of 256; any qtype of BLOCK_QTYPES or kquant.KEPT).
 
     Row operations (reordering, concatenating tensors of one qtype) are exact on this form, so a
     loader can apply its row transforms (llama's q/k permutation, fused qkv) before converting.
     """
-    n, _ = shape
-    rows = _blocks(raw, qtype, shape).reshape(n, -1)
+    n, k = shape
+    if qtype in KEPT and qtype not in _BLOCK_BYTES:
+        data = np.ascontiguousarray(np.asarray(raw)).view(np.uint8).reshape(-1)
+        if data.size != n * row_width(qtype, k):
+            raise LaminaError(f"{qtype} tensor of shape {shape} has {data.size} bytes")
+        rows = data.reshape(n, -1)
+    else:
+        rows = _blocks(raw, qtype, shape).reshape(n, -1)
     with warnings.catch_warnings():  # a read-only view (a file's map): no copy, never written
         warnings.simplefilter("ignore", UserWarning)
         return torch.from_numpy(rows)

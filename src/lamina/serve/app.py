@@ -38,7 +38,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from lamina.errors import LaminaError
-from lamina.serve.chat import ChatService
+from lamina.serve.chat_service import ChatService
 from lamina.serve.engine import Busy, Engine
 from lamina.serve.guard import Guard
 from lamina.serve.openai_api import openai_routes
@@ -51,7 +51,11 @@ def error(status: int, message: str, **headers: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status, headers=headers or None)
 
 
+MAX_DEPTH = 64  # nesting of arrays and objects a request body may have
+
+
 async def read_json(request: Request) -> Any:
+    """The body as JSON: at most MAX_BODY bytes and MAX_DEPTH levels (LaminaError otherwise)."""
     if int(request.headers.get("content-length") or 0) > MAX_BODY:
         raise LaminaError(f"request body is over {MAX_BODY} bytes")
     body = b""
@@ -60,9 +64,24 @@ async def read_json(request: Request) -> Any:
         if len(body) > MAX_BODY:
             raise LaminaError(f"request body is over {MAX_BODY} bytes")
     try:
-        return json.loads(body)
+        value = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise LaminaError(f"the request body is not valid JSON ({exc})") from exc
+    except RecursionError:
+        raise LaminaError(f"the request body nests deeper than {MAX_DEPTH} levels") from None
+    check_depth(value)
+    return value
+
+
+def check_depth(value: Any, limit: int = MAX_DEPTH) -> None:
+    """LaminaError if lists and dicts nest deeper than `limit` (walked without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, (list, dict)):
+            if depth > limit:
+                raise LaminaError(f"the request body nests deeper than {limit} levels")
+            stack.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
 
 
 def sse(name: str, data: dict[str, Any]) -> bytes:
@@ -175,7 +194,7 @@ def create_app(
         Route("/api/generate", guarded(generate), methods=["POST"]),
         Route("/api/attention", guarded(attention), methods=["POST"]),
         Route("/chat", guarded(chat_page)),
-        *openai_routes(ChatService(engine, model_name), read_json, guarded, streams),
+        *openai_routes(ChatService(engine, model_name), read_json, streams),
         Mount("/static", StaticFiles(directory=str(static)), name="static"),
     ]
     handlers = {HTTPException: http_error}

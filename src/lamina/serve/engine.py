@@ -1,18 +1,25 @@
-"""The model behind the playground: checked requests, one job at a time, a bounded queue.
+"""The model behind the server: checked requests, bounded admission, off-loop workers, the batch.
 
     Engine(model, tokenizer, limits)
         .generate_request(body) -> GenerateRequest      (LaminaError naming the field if bad)
         .attention_request(body) -> text
         .submit(fn, *args) -> concurrent Future          (Busy when the queue is full)
-        .run_generation(req, cancel, emit)               (in the worker thread; emits events)
+        .admit() -> Ticket                               (Busy when full; .release() once done)
+        await .off_loop(fn, *args)                       fn in a prep thread, at most
+                                                         limits.prep_seconds (PrepTimeout)
+        .batcher                                         the continuous batch (`batch.py`),
+                                                         made at first use
+        .run_generation(req, cancel, emit)               (worker thread; emits events)
         .run_attention(text) -> dict                     (maps, patterns, next-token table)
 
-All model work runs on one worker thread (a single-thread executor), so requests to a model run
-one at a time, in order, and never on the event loop. At most `limits.queue` jobs are admitted
-(running or waiting); past that `submit` raises `Busy` at once, so a flood of requests gets
-503 answers instead of a growing queue. A generation checks its `cancel` event before every
-token: a client that disconnects stops its generation at the next token, and a job cancelled
-while it waited does no work.
+Nothing that touches the model or a template runs on the event loop. The playground's jobs
+(/api/generate, /api/attention) run one at a time on a worker thread; the OpenAI routes render
+and compile in prep threads, then decode in the batch (`limits.slots` KV-cache rows of
+`limits.context` tokens). Every thread is a daemon: a job stuck in a model or a template never
+holds the process when it stops. At most `limits.queue` requests are admitted at once (running,
+preparing or waiting for a slot); past that `submit` / `admit` raise `Busy` at once, so a flood
+gets 503 answers instead of a growing queue. A generation checks its `cancel` event before
+every token: a client that disconnects stops its generation at the next token.
 
 Prompts are encoded and generated text is streamed by `lamina.generation` (`encode_prompt`,
 `TextStream`), as `lamina sample` does; a generation ends at the tokenizer's end-of-turn ids.
@@ -22,11 +29,13 @@ Deliberately unaware of HTTP: `app.py` turns requests into calls and events into
 
 from __future__ import annotations
 
+import asyncio
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +52,14 @@ class Busy(LaminaError):
     """The queue is full: try again later (HTTP 503)."""
 
 
+class PrepTimeout(LaminaError):
+    """Rendering or compiling a request took longer than allowed (HTTP 500)."""
+
+
+class Stopping(LaminaError):
+    """The server is shutting down (HTTP 503)."""
+
+
 @dataclass(frozen=True)
 class Limits:
     """What one server accepts: per request, and in flight at once."""
@@ -50,9 +67,14 @@ class Limits:
     max_tokens: int = 400  # most tokens one generation may ask for
     max_prompt_chars: int = 2000  # longest prompt (characters)
     attention_tokens: int = 128  # /api/attention looks at the last N tokens of a text at most
-    queue: int = 8  # jobs admitted at once (one running, the rest waiting); more get 503
+    queue: int = 32  # requests admitted at once (running, preparing, waiting); more get 503
     max_connections: int = 64  # open HTTP connections; uvicorn answers 503 past it
     top_k_table: int = 5  # alternatives shown per token
+    slots: int = 8  # sequences decoding at once (KV-cache rows)
+    context: int = 2048  # tokens of KV cache per slot (at most the model's block_size)
+    wait: float = 30.0  # seconds a request may wait for a free slot, then 503
+    prep_seconds: float = 10.0  # seconds rendering a template / compiling a grammar may take
+    prefill_chunk: int = 256  # prompt tokens prefilled between two decode steps
 
 
 @dataclass(frozen=True)
@@ -83,7 +105,10 @@ class Engine:
             raise LaminaError("the playground needs a model with a tokenizer (tokenizer.json)")
         self.model, self.tokenizer = model, tokenizer
         self.limits = limits or Limits()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lamina-model")
+        self.context = min(model.config.block_size, self.limits.context)
+        self._worker = Workers(1, "lamina-model")
+        self._prep = Workers(2, "lamina-prep")
+        self._batcher: Any = None
         self._lock = threading.Lock()
         self.admitted = 0  # jobs running or waiting
         self.served = 0
@@ -101,6 +126,8 @@ class Engine:
                 "max_prompt_chars": self.limits.max_prompt_chars,
                 "attention_tokens": self.limits.attention_tokens,
                 "queue": self.limits.queue,
+                "slots": self.limits.slots,
+                "context": self.context,
             },
         }
 
@@ -157,24 +184,70 @@ class Engine:
         return text
 
     # -- the queue -----------------------------------------------------------------------------
-    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+    def admit(self) -> Ticket:
+        """A place among the admitted requests (Busy if none is left); release it when done."""
         with self._lock:
             if self.admitted >= self.limits.queue:
                 raise Busy(f"busy: {self.admitted} requests are running or queued; try again soon")
             self.admitted += 1
+        return Ticket(self)
+
+    def _leave(self) -> None:
+        with self._lock:
+            self.admitted -= 1
+            self.served += 1
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        ticket = self.admit()
 
         def job() -> Any:
             try:
                 return fn(*args)
             finally:
-                with self._lock:
-                    self.admitted -= 1
-                    self.served += 1
+                ticket.release()
 
-        return self._executor.submit(job)
+        return self._worker.submit(job)
+
+    async def off_loop(
+        self, fn: Callable[..., Any], *args: Any, cancel: threading.Event | None = None
+    ) -> Any:
+        """fn(*args) in a prep thread; PrepTimeout after limits.prep_seconds, Stopping once
+        `cancel` is set (the server stops). The thread is left to finish on its own: a daemon."""
+        future = self._prep.submit(fn, *args)
+        waiting = asyncio.wrap_future(future)
+        end = time.monotonic() + self.limits.prep_seconds
+        while not waiting.done():
+            left = end - time.monotonic()
+            if left <= 0 or (cancel is not None and cancel.is_set()):
+                future.cancel()
+                waiting.cancel()
+                if left > 0:
+                    raise Stopping("the server is shutting down")
+                raise PrepTimeout(
+                    f"preparing the request took over {self.limits.prep_seconds:g} s (the chat "
+                    "template or the grammar); it was abandoned"
+                )
+            await asyncio.wait({waiting}, timeout=min(left, 0.1))
+        return waiting.result()
+
+    @property
+    def batcher(self) -> Any:
+        with self._lock:
+            if self._batcher is None:
+                from lamina.serve.batch import Batcher
+
+                lim = self.limits
+                self._batcher = Batcher(
+                    self.model, self.tokenizer, lim.slots, self.context, lim.prefill_chunk
+                )
+            return self._batcher
 
     def close(self) -> None:
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        """Stop the workers and the batch (a job stuck in the model is left to the daemon)."""
+        self._worker.close()  # its generations stop at their next token
+        self._prep.close(wait=0.2)  # a stuck template is not waited for
+        if self._batcher is not None:
+            self._batcher.close()
 
     # -- jobs (worker thread) ------------------------------------------------------------------
     def run_generation(
@@ -251,3 +324,63 @@ class Engine:
             "patterns": [[p.to_dict() | {"caption": p.caption()} for p in row] for row in patterns],
             "table": [r.to_dict() for r in table],
         }
+
+
+class Ticket:
+    """One admitted request; `release` (idempotent) gives its place back."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine, self._done = engine, False
+
+    def release(self) -> None:
+        if not self._done:
+            self._done = True
+            self._engine._leave()
+
+
+class Workers:
+    """A few daemon threads running submitted calls in order (a ThreadPoolExecutor's threads
+    are joined at exit, so one stuck call would keep the process from stopping)."""
+
+    def __init__(self, n: int, name: str) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._closed = False
+        self._threads = [
+            threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True) for i in range(n)
+        ]
+        for t in self._threads:
+            t.start()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        future: Future = Future()
+        if self._closed:
+            future.cancel()
+        else:
+            self._jobs.put((future, fn, args))
+        return future
+
+    def _run(self) -> None:
+        while (item := self._jobs.get()) is not None:
+            future, fn, args = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:  # handed to whoever waits on the future
+                future.set_exception(exc)
+
+    def close(self, wait: float = 2.0) -> None:
+        """Cancel what waits; let running calls end (up to `wait` seconds, then leave them)."""
+        self._closed = True
+        while True:
+            try:
+                item = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                item[0].cancel()
+        for _ in self._threads:
+            self._jobs.put(None)
+        end = time.monotonic() + wait
+        for t in self._threads:
+            t.join(timeout=max(0.0, end - time.monotonic()))

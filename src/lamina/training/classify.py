@@ -51,11 +51,11 @@ from lamina.data.labelled import (
     stratified_split,
 )
 from lamina.data.spec import build_tokenizer
-from lamina.data.tokenizers import CharTokenizer, Tokenizer, load_tokenizer
 from lamina.errors import LaminaError
 from lamina.models.config import EncoderConfig
 from lamina.models.encoder import SequenceClassifier
 from lamina.modes import eval_mode
+from lamina.tokenizers.kinds import CharTokenizer, Tokenizer, load_tokenizer
 from lamina.training.classify_metrics import confusion, confusion_png, majority_baseline, scores
 from lamina.training.config import TrainConfig
 from lamina.training.defaults import option

@@ -1,4 +1,4 @@
-"""The confusion matrix as a PNG, beside the metrics (from `lamina.evals.classify`, their one home).
+"""The confusion matrix as a PNG, beside the metrics (from `lamina.evals.classifier_scores`, their one home).
 
     confusion(y_true, y_pred, n_classes) -> (K, K) int64    rows: true label, columns: predicted
     scores(conf, names) -> {"accuracy", "macro_f1", "precision/<name>", "recall/<name>"}
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from lamina.evals.classify import confusion, majority_baseline, per_class, scores
+from lamina.evals.classifier_scores import confusion, majority_baseline, per_class, scores
 
 __all__ = ["confusion", "confusion_png", "majority_baseline", "per_class", "scores"]
 

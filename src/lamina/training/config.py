@@ -255,8 +255,9 @@ class TrainConfig:
     )
     init_from: str | None = option(
         None,
-        "fine-tune: start from the model in this lamina run or model folder, or Hugging Face "
-        "folder; its shape and tokenizer come with it, the optimizer starts fresh",
+        "fine-tune: start from any model lamina opens (a lamina run or model folder, a Hugging "
+        "Face folder, a GGUF file, dequantized to fp32); its shape and tokenizer come with it, "
+        "the optimizer starts fresh",
         metavar="SOURCE",
     )
     # the task's own fields: an instance of its registry entry's options class (None: its

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from lamina.quant import native_bf16
+from lamina.cpu import native_bf16
 
 Situation = Literal["cpu", "gpu", "first-last"]
 

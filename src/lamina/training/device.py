@@ -8,7 +8,7 @@
         refused before it is built
 
 The measured reasons for the bf16 rule are in BENCHMARKS.md ("Training"); whether a CPU has
-native bf16 is `lamina.quant.native_bf16`, the one test for it.
+native bf16 is `lamina.cpu.native_bf16`, the one test for it.
 
 Deliberately unaware of tasks, the loop, checkpoints and the command line.
 """
@@ -19,11 +19,11 @@ import os
 
 import torch
 
+from lamina.cpu import native_bf16
 from lamina.errors import LaminaError
 from lamina.lora import LoRAConfig, fit_bytes
 from lamina.models.config import GPTConfig
 from lamina.models.params import count_params
-from lamina.quant import native_bf16
 
 # bf16 autocast pays off on CPUs only with native bf16 matrix units (AMX / AVX512-BF16) and
 # only for wide enough matrices: measured slower than fp32 at 128 wide, faster at 384.

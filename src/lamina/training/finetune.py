@@ -31,7 +31,6 @@ import torch
 
 from lamina.checkpoint import assign_state
 from lamina.data.spec import build_tokenizer
-from lamina.data.tokenizers import Tokenizer
 from lamina.errors import LaminaError
 from lamina.files import read_json
 from lamina.interop.bundle import open_model
@@ -39,6 +38,7 @@ from lamina.models.config import GPTConfig
 from lamina.models.gpt import GPT
 from lamina.modes import check_finite
 from lamina.quant import scheme_of
+from lamina.tokenizers.kinds import Tokenizer
 from lamina.training.qlora import wants_quantized
 
 # model fields that change no tensor, so a fine-tune may set them differently from SOURCE
@@ -58,9 +58,11 @@ def load_source(path: str | os.PathLike[str], base: str = "float") -> Source:
     blocks are kept as stored (no float copy of them is made)."""
     try:
         bundle = open_model(path, quantized=wants_quantized(base))
-        bundle = bundle.require("decoder", tokenizer=False, verb="fine-tune")
+        bundle.require("decoder", tokenizer=False, verb="train --init-from")
     except LaminaError as e:
-        raise LaminaError(f"--init-from {path}: {e}") from None
+        names = (str(path), str(Path(path).expanduser().resolve()))
+        said = str(e) if str(e).startswith(names) else f"{path}: {e}"  # the path said once
+        raise LaminaError(f"--init-from {said}") from None
     model, origin = bundle.model, bundle.origin
     if scheme_of(model) is not None and base == "float":
         raise LaminaError(f"--init-from {path} is quantized; fine-tune the float model instead")

@@ -44,10 +44,10 @@ from torch import Tensor, nn
 from lamina.data.builtin import corpus_text
 from lamina.data.shards import eval_batches_for, is_prepared, open_prepared, sampler_for
 from lamina.data.text_splits import text_splits
-from lamina.data.tokenizers import Tokenizer, load_tokenizer
 from lamina.errors import LaminaError
 from lamina.models.config import GPTConfig
 from lamina.models.gpt import GPT
+from lamina.tokenizers.kinds import Tokenizer, load_tokenizer
 from lamina.training.config import FINE_TUNE_SEQ_LEN, TrainConfig
 from lamina.training.device import check_model_fits, resolve_device
 from lamina.training.finetune import load_source, source_config, source_model, source_tokenizer

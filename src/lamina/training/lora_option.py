@@ -26,10 +26,10 @@ from typing import Any, Literal
 from torch import nn
 
 from lamina.checkpoint import load_state, load_tensors, save_model, unwrap
-from lamina.data.tokenizers import Tokenizer
 from lamina.errors import LaminaError
 from lamina.interop.adapters import ADAPTERS_FILE, read_lora_folder, save_lora_folder
 from lamina.lora import DEFAULT_TARGETS, LoRAConfig, apply_lora, load_lora_state, lora_config
+from lamina.tokenizers.kinds import Tokenizer
 from lamina.training.defaults import option
 from lamina.training.qlora import BASES, base_model
 from lamina.validate import boolean, choice

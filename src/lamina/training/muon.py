@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 from torch.optim.adam import adam
 
+from lamina.cpu import fused_adamw
 from lamina.errors import LaminaError
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
@@ -127,7 +128,7 @@ class MuonAdamW(torch.optim.Optimizer):
         beta1, beta2 = group["betas"]
         adam(
             params, grads, exp_avgs, exp_avg_sqs, [], steps,
-            fused=params[0].device.type == "cpu" or None, decoupled_weight_decay=True,
+            fused=fused_adamw(params[0].device.type) or None, decoupled_weight_decay=True,
             lr=group["lr"], beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"],
             eps=group["eps"], amsgrad=False, maximize=False,
         )  # fmt: skip

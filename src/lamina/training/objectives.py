@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from lamina.data.tokenizers import Tokenizer
+from lamina.tokenizers.kinds import Tokenizer
 
 Batch = tuple[Tensor, ...]
 

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from lamina.cpu import fused_adamw
 from lamina.errors import LaminaError
 from lamina.training.config import TrainConfig
 
@@ -115,7 +116,8 @@ def build_optimizer(
             raise LaminaError(f"muon_ns_dtype must be fp32 or bf16, got {ns_dtype!r}")
         return MuonAdamW(groups, lr=lr, betas=betas, ns_dtype=dtype)
     groups = param_groups(model, weight_decay, **scales)
-    if fused is not False:
+    device = next((p.device.type for p in model.parameters()), "cpu")
+    if fused or (fused is None and fused_adamw(device)):
         try:
             return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=True)
         except (RuntimeError, TypeError, ValueError):

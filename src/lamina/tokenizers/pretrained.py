@@ -33,10 +33,10 @@ from typing import Any
 
 import numpy as np
 
-from lamina.data.chat import assistant_spans, render_chat_template
-from lamina.data.gguf_vocab import gguf_tokenizer_json
-from lamina.data.tokenizers import check_token_ids, register_tokenizer
 from lamina.errors import LaminaError
+from lamina.tokenizers.chat_template import assistant_spans, render_chat_template
+from lamina.tokenizers.gguf_vocab import gguf_tokenizer_json
+from lamina.tokenizers.kinds import check_token_ids, register_tokenizer
 
 END_OF_TURN = (
     "<|im_end|>",
@@ -174,15 +174,21 @@ class PretrainedTokenizer:
         roles = {f"{r}_token": self.token_text(getattr(self, f"{r}_id")) for r in ROLES}
         return {k: v for k, v in roles.items() if v is not None}
 
-    def render_chat_text(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """The conversation as the chat template writes it."""
+    def render_chat_text(
+        self, messages: list[dict], add_generation_prompt: bool = True, tools: Any = None
+    ) -> str:
+        """The conversation as the chat template writes it (`tools`: the template's `tools`
+        variable, OpenAI's function list, for templates that render them)."""
+        extra = {} if tools is None else {"tools": tools}
         return render_chat_template(
-            self.chat_template, messages, add_generation_prompt, **self._variables()
+            self.chat_template, messages, add_generation_prompt, **self._variables(), **extra
         )
 
-    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    def render_chat(
+        self, messages: list[dict], add_generation_prompt: bool = True, tools: Any = None
+    ) -> list[int]:
         """The rendered conversation's ids (special tokens as themselves; bos only if written)."""
-        return self.encode(self.render_chat_text(messages, add_generation_prompt))
+        return self.encode(self.render_chat_text(messages, add_generation_prompt, tools))
 
     def chat_with_mask(self, messages: list[dict]) -> tuple[list[int], list[bool]]:
         """Ids of the conversation, and True on each token of an assistant turn's text up to and
@@ -236,7 +242,7 @@ class PretrainedTokenizer:
     @classmethod
     def from_hf_folder(cls, directory: str | Path) -> PretrainedTokenizer:
         """From a Hugging Face folder's tokenizer.json and its companions (hf_folder.py)."""
-        from lamina.data.hf_folder import read_hf_tokenizer
+        from lamina.tokenizers.hf_folder import read_hf_tokenizer
 
         fields, extra_eot = read_hf_tokenizer(Path(directory))
         return cls(**fields)._with_end_of_turn(extra_eot)

@@ -84,13 +84,25 @@ class Reply:
 
 class PrefixCache:
     """KV caches of one sequence plus the ids they hold: a new prompt reuses their common
-    prefix and computes only the rest."""
+    prefix and computes only the rest.
+
+    With longrope rotary scaling the cached keys were rotated with the short or the long
+    factors, as the sequence's length chose when they were computed; where the length now
+    chooses the other set, everything is computed again (the same logits as a fresh forward).
+    """
 
     def __init__(self, model: GPT, capacity: int, dtype: torch.dtype | None = None) -> None:
         self.model, self.capacity = model, capacity
         self.caches = model.make_caches(1, capacity, dtype=dtype)
         self.ids: list[int] = []  # tokens whose keys and values are in `caches`, in order
         self._native: NativeStep | None = None  # built at each prefill (the model's tensors then)
+        self._factors: bool | None = None  # longrope: whether the cached keys used long factors
+
+    def _long_factors(self, length: int) -> bool | None:
+        """Whether a sequence of `length` tokens rotates with longrope's long factors (None
+        without longrope)."""
+        s = self.model.config.rope_scaling
+        return None if s is None or s.kind != "longrope" else length > s.original_max_positions
 
     def prefill(self, ids: list[int]) -> tuple[Tensor, int]:
         """Logits (1, V) after `ids`, computing only what the cache lacks; and how many of
@@ -98,6 +110,9 @@ class PrefixCache:
         if not 0 < len(ids) <= self.capacity:
             raise LaminaError(f"a prompt of {len(ids)} tokens does not fit {self.capacity}")
         reused = min(common_prefix(self.ids, ids), len(ids) - 1)
+        if self._long_factors(len(ids)) != self._factors:
+            reused = 0
+        self._factors = self._long_factors(len(ids))
         del self.ids[reused:]
         for c in self.caches:
             c.pos = reused
@@ -110,6 +125,8 @@ class PrefixCache:
 
     def step(self, token: int) -> Tensor:
         """Append one token; logits (1, V) for the next."""
+        if self._long_factors(len(self.ids) + 1) != self._factors:
+            return self.prefill([*self.ids, token])[0]
         if self._native is not None and usable(self.model):
             logits = self._native.step([token], [self.caches[0].pos], [0])
         else:
@@ -140,24 +157,36 @@ def fit_messages(
 ) -> tuple[list[int], int]:
     """Render `messages`, dropping the oldest turns (a user message and the answers up to the
     next one) until `room` tokens are left for the reply: (ids, messages dropped). A leading
-    system message and the last message always stay; if they alone do not fit, LaminaError."""
+    system message and the last message always stay; if they alone do not fit, LaminaError.
+
+    The fewest turns to drop are found by bisection over the turn boundaries (fewer turns never
+    render longer), so a conversation of n messages costs O(log n) renders, not n."""
     head = messages[:1] if messages and messages[0].get("role") == "system" else []
     turns = messages[len(head) :]
-    dropped = 0
-    while True:
-        ids = render([*head, *turns])
-        if len(ids) + room <= context:
-            return ids, dropped
-        if len(turns) <= 1:
-            raise LaminaError(
-                f"the message is too long for the context: with the system message it is "
-                f"{len(ids):,} tokens, and the context holds {context:,} (with {room} kept "
-                "for the reply)"
-            )
-        cut = next((i for i in range(1, len(turns)) if turns[i].get("role") == "user"), None)
-        cut = len(turns) - 1 if cut is None else cut
-        dropped += cut
-        turns = turns[cut:]
+    ids = render([*head, *turns])
+    if len(ids) + room <= context:
+        return ids, 0
+    # where the kept turns may start: each later user message, and at last the final message
+    cuts = [i for i in range(1, len(turns)) if turns[i].get("role") == "user"]
+    if len(turns) > 1 and (not cuts or cuts[-1] != len(turns) - 1):
+        cuts.append(len(turns) - 1)
+    fits: dict[int, list[int]] = {}
+    lo, hi = 0, len(cuts) - 1  # the first cut that fits lies in cuts[lo..hi], if any
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        got = render([*head, *turns[cuts[mid] :]])
+        if len(got) + room <= context:
+            fits[mid] = got
+            hi = mid - 1
+        else:
+            ids, lo = got, mid + 1
+    if lo >= len(cuts):
+        raise LaminaError(
+            f"the message is too long for the context: with the system message it is "
+            f"{len(ids):,} tokens, and the context holds {context:,} (with {room} kept "
+            "for the reply)"
+        )
+    return fits[lo], cuts[lo]
 
 
 def reply_room(options: ChatOptions, context: int) -> int:

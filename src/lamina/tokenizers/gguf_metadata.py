@@ -25,9 +25,9 @@ import json
 import warnings
 from typing import Any
 
-from lamina.data.gguf_vocab import LLAMA3_SPLIT, QWEN2_SPLIT
-from lamina.data.tokenizers import Tokenizer
 from lamina.errors import LaminaError, LaminaWarning
+from lamina.tokenizers.gguf_vocab import LLAMA3_SPLIT, QWEN2_SPLIT
+from lamina.tokenizers.kinds import Tokenizer
 
 NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5  # llama.cpp token types
 EOT = "<|endoftext|>"

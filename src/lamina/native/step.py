@@ -2,12 +2,24 @@
 
     engine = native_step(model, caches)        # None: not built here, or this model isn't covered
     logits = engine.step(tokens, positions, starts)   # (B, vocab) float32
+    logits = engine.step_batch(tokens, positions, slots, rows=None, starts=None)  # (B, vocab)
 
-One call runs every layer for one new token per row: it writes each layer's key and value at
-the caches' `pos`, lets row r attend cache slots starts[r]..pos, returns the logits and advances
-every cache's `pos` by one, as a PyTorch step through the caches does. The model's own tensors are read in place (pointers into them, kept
-alive here), so building an engine costs no copy and about a millisecond; build one per
-generation, since it sees the tensors the model holds at that moment.
+One call runs every layer for one new token per row. `step` writes each layer's key and value
+at the caches' `pos`, lets row r attend cache slots starts[r]..pos, returns the logits and
+advances every cache's `pos` by one, as a PyTorch step through the caches does.
+
+`step_batch` is for sequences decoded together at different lengths (a server's continuous
+batching): batch row r is the sequence held in cache row rows[r] (default r); its new key and
+value go to slot slots[r] of that row, and it attends that row's slots starts[r] (default 0)
+..slots[r]. Nothing else about the caches is read or changed (their `pos` stays): the caller
+keeps each sequence's length (its next slot) and fills a new sequence's row as it likes, e.g.
+a PyTorch prefill through caches of batch 1 whose k and v are copied into row j of these
+caches. The rows of a call share every weight block they read (the tiled multi-row path), so
+B sequences cost far less than B separate steps; each row's logits are those it would get
+decoded alone (tests/test_native.py holds them equal). The model's own tensors are read in
+place (pointers into them, kept alive here), so building an engine costs no copy and about a
+millisecond; build one per generation (or per server), since it sees the tensors the model
+holds at that moment.
 
 What it covers, and otherwise returns None from `native_step` (with `unsupported(model)`
 saying why), leaving PyTorch to run the step:
@@ -15,8 +27,11 @@ saying why), leaving PyTorch to run the step:
     without gains and shifts; GELU, ReLU, ReLU² or SwiGLU; learned, sinusoidal, rotary or no
     positions; grouped-query attention, QK-norm, biases, embedding scale, logit soft cap);
   * linears that are plain `nn.Linear` (float32), `Int4Linear` or `Int8Linear` (grouped or per
-    row) with input widths a multiple of 32 for the quantized ones; a LoRA-wrapped layer is
-    not covered (merge it first);
+    row) with input widths a multiple of 32 for the quantized ones, or `BlockLinear`s of GGML
+    blocks as a GGUF file holds them (Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q5_1, parts of different
+    kinds stacked by rows); a LoRA-wrapped layer is not covered (merge it first);
+  * a token table that is float32, an `Int8Embedding` or a `BlockEmbedding` (a tied head
+    reading the same blocks);
   * float32 `KVCache`s of one length.
 It computes what the model computes in eval mode without gradients: dropout is not applied,
 so callers use it only then (`usable(model)`). The quantized linears quantize their input to int16 in blocks of 32, so their outputs differ
@@ -31,19 +46,21 @@ from __future__ import annotations
 
 import ctypes
 import math
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
 
+import lamina.cpu as cpu
 from lamina.attention import KVCache, rotary_frequencies
 from lamina.block import LayerNorm, RMSNorm
 from lamina.errors import LaminaError
 from lamina.models.gpt import GPT
-from lamina.native.build import library
+from lamina.native.build import expect_layout, library
 
-LIN_F32, LIN_INT4, LIN_INT8 = 0, 1, 2
+LIN_F32, LIN_INT4, LIN_INT8, LIN_PARTS = 0, 1, 2, 9
+# GGML's blocks as a GGUF file holds them (lamina.quant.kquant), read by decode.c as stored
+GGML_KINDS = {"Q4_K": 3, "Q5_K": 4, "Q6_K": 5, "Q8_0": 6, "Q5_0": 7, "Q5_1": 8}
 ACTIVATIONS = {"gelu": 0, "relu": 1, "relu2": 2, "swiglu": 3}
 _p = ctypes.c_void_p
 
@@ -82,13 +99,17 @@ class _Model(ctypes.Structure):
     )
 
 
+expect_layout(Lin=_Lin, Layer=_Layer, Model=_Model)  # build.py compares decode.c's with these
+
+
 def _float32(t: Tensor | None) -> bool:
     return t is None or (t.dtype == torch.float32 and t.device.type == "cpu")
 
 
 def kind_of(m: nn.Module) -> str | None:
     """ "float" for a plain nn.Linear or nn.Embedding, else the quantized layout a module
-    declares it stores (`native_kind` on lamina.quant's classes: "int4", "int8", "int8-table");
+    declares it stores (`native_kind` on lamina.quant's classes: "int4", "int8", "int8-table",
+    "ggml" and "ggml-table" for GGML's blocks);
     None for anything else (a LoRA wrapper, say)."""
     if type(m) in (nn.Linear, nn.Embedding):
         return "float"
@@ -100,13 +121,21 @@ def _linear_problem(name: str, m: nn.Module) -> str | None:
     if kind == "float" and type(m) is nn.Linear:
         return None if _float32(m.weight) and _float32(m.bias) else f"{name} is not float32"
     if kind == "int4":
-        return None if m.group_size % 32 == 0 else f"{name}: int4 groups of {m.group_size}"
+        return None if _blocks_of_32(m.group_size) else f"{name}: int4 groups of {m.group_size}"
     if kind == "int8":
         g = m.group_size
-        if m.in_features % 32 or (g is not None and (g % 32 or (g // 32) & (g // 32 - 1))):
+        if m.in_features % 32 or (g is not None and not _blocks_of_32(g)):
             return f"{name}: int8 rows of {m.in_features} (groups {m.group_size})"
         return None
+    if kind == "ggml":
+        bad = [q for q in m.qtypes if q not in GGML_KINDS]
+        return f"{name}: GGML blocks {', '.join(bad)}" if bad else None
     return f"{name} is a {type(m).__name__}"
+
+
+def _blocks_of_32(g: int) -> bool:
+    """What decode.c assumes of a group: g / 32 blocks of 32, a power of two."""
+    return g > 0 and g % 32 == 0 and (g // 32) & (g // 32 - 1) == 0
 
 
 def unsupported(model: object) -> str | None:
@@ -116,6 +145,20 @@ def unsupported(model: object) -> str | None:
     c = model.config
     if not c.norm_first:
         return "post-LN blocks"
+    layer_options = {  # Gemma, Phi-3 and Mistral layers: the PyTorch step runs them
+        "sliding_window": c.sliding_window is not None,
+        "rope_local_theta": c.rope_local_theta is not None,
+        "attn_softcap": c.attn_softcap is not None,
+        "attn_scale": c.attn_scale is not None,
+        "embed_scale": c.embed_scale is not None,
+        "norm_offset": c.norm_offset != 0,
+        "sandwich_norm": c.sandwich_norm,
+        "rotary_dim": c.rotary_dim is not None,
+        "longrope": c.rope_scaling is not None and c.rope_scaling.kind == "longrope",
+    }
+    used = [name for name, on in layer_options.items() if on]
+    if used:
+        return f"{', '.join(used)}: not in the native step"
     if c.activation not in ACTIVATIONS:
         return f"activation {c.activation!r}"
     if c.head_dim % 2:
@@ -125,6 +168,9 @@ def unsupported(model: object) -> str | None:
     if kind_of(wte) == "float":
         if not _float32(wte.weight):
             return "the token table is not float32"
+    elif kind_of(wte) == "ggml-table":
+        if wte.qtype not in GGML_KINDS:
+            return f"token table of GGML blocks {wte.qtype}"
     elif kind_of(wte) != "int8-table":
         return f"token table {type(wte).__name__}"
     if model.embed.wpe is not None and not _float32(model.embed.wpe.weight):
@@ -178,6 +224,7 @@ class _Pointers:
 
     def __init__(self) -> None:
         self.keep: list[Tensor] = []
+        self.structs: list[ctypes.Array[_Lin]] = []  # the parts of LIN_PARTS linears
 
     def t(self, t: Tensor | None) -> int | None:
         """A pointer to t's data (made contiguous float32 or int first if needed)."""
@@ -194,6 +241,21 @@ class _Pointers:
         kind = kind_of(m)
         if kind == "float":
             L.kind, L.gs, L.w = LIN_F32, 0, self.t(m.weight)
+        elif kind == "ggml":
+            parts = m.parts
+            L.n, L.k = m.out_features, m.in_features
+            if len(parts) == 1:
+                self._ggml(L, *parts[0], m.bias)
+                return L
+            array, at = (_Lin * len(parts))(), 0
+            for P, (qtype, rows) in zip(array, parts, strict=True):
+                P.n, P.k = rows.shape[0], m.in_features
+                bias = None if m.bias is None else m.bias[at : at + P.n]
+                self._ggml(P, qtype, rows, bias)
+                at += P.n
+            self.structs.append(array)
+            L.kind, L.gs, L.w, L.bias = LIN_PARTS, len(parts), ctypes.addressof(array), None
+            return L
         elif kind == "int4":
             L.kind, L.gs = LIN_INT4, m.group_size
             scale, low = m.native_scale, m.native_min
@@ -206,6 +268,9 @@ class _Pointers:
         L.n, L.k = m.out_features, m.in_features
         L.bias = self.t(m.bias)
         return L
+
+    def _ggml(self, L: _Lin, qtype: str, rows: Tensor, bias: Tensor | None) -> None:
+        L.kind, L.gs, L.w, L.bias = GGML_KINDS[qtype], 32, self.t(rows), self.t(bias)
 
 
 class NativeStep:
@@ -250,7 +315,9 @@ class NativeStep:
         m.eps, m.softcap = c.layer_norm_eps, c.logit_softcap or 0.0
         emb = model.embed
         m.emb_scale = math.sqrt(c.d_model) if emb.scale else 0.0
-        if kind_of(emb.wte) == "int8-table":
+        if kind_of(emb.wte) == "ggml-table":
+            m.emb_kind, m.emb_gs, m.emb_w = GGML_KINDS[emb.wte.qtype], 32, self._t(emb.wte.blocks)
+        elif kind_of(emb.wte) == "int8-table":
             m.emb_kind, m.emb_gs = LIN_INT8, emb.wte.group_size or c.d_model
             m.emb_w, m.emb_s = self._t(emb.wte.qweight), self._t(emb.wte.scale)
         else:
@@ -275,52 +342,73 @@ class NativeStep:
     ) -> Tensor:
         """Logits (B, vocab) for one new token per row (see the module docstring), on
         `threads` threads (default: torch's intra-op count)."""
-        slot = self._caches[0].pos
-        B = len(tokens)
-        if not 0 < B <= self.cache_batch or len(positions) != B or len(starts) != B:
-            raise LaminaError(f"a step takes 1..{self.cache_batch} rows, each with a position")
+        slot, B = self._caches[0].pos, len(tokens)
         if not 0 <= slot < self.cache_len:
             raise LaminaError(f"the KV caches are full ({self.cache_len} tokens)")
+        logits = self._run(tokens, positions, starts, [slot] * B, list(range(B)), threads)
+        for cache in self._caches:
+            cache.pos += 1
+        return logits
+
+    def step_batch(
+        self,
+        tokens: Sequence[int],
+        positions: Sequence[int],
+        slots: Sequence[int],
+        rows: Sequence[int] | None = None,
+        starts: Sequence[int] | None = None,
+        threads: int | None = None,
+    ) -> Tensor:
+        """Logits (B, vocab) for sequences decoded together, each in its own cache row (see
+        the module docstring): row r writes slot slots[r] of cache row rows[r] (default r)
+        and attends that row's slots starts[r] (default 0) ..slots[r]. The caches' `pos` is
+        neither read nor advanced: each sequence's fill is the caller's to keep."""
+        B = len(tokens)
+        rows = list(range(B)) if rows is None else list(rows)
+        starts = [0] * B if starts is None else list(starts)
+        if len(rows) != B or len(set(rows)) != B:
+            raise LaminaError(f"step_batch needs {B} distinct cache rows, got {rows}")
+        for s, r in zip(slots, rows, strict=False):
+            if not (0 <= s < self.cache_len and 0 <= r < self.cache_batch):
+                raise LaminaError(
+                    f"slot {s} (cache length {self.cache_len}) or cache row {r} "
+                    f"(cache batch {self.cache_batch}) out of range"
+                )
+        return self._run(tokens, positions, starts, slots, rows, threads)
+
+    def _run(
+        self,
+        tokens: Sequence[int],
+        positions: Sequence[int],
+        starts: Sequence[int],
+        slots: Sequence[int],
+        rows: Sequence[int],
+        threads: int | None,
+    ) -> Tensor:
+        B = len(tokens)
+        if not 0 < B <= self.cache_batch or not len(positions) == len(starts) == len(slots) == B:
+            raise LaminaError(f"a step takes 1..{self.cache_batch} rows, each with a position")
         vocab = self.config.vocab_size
-        for t, p, s in zip(tokens, positions, starts, strict=True):
+        for t, p, s, slot in zip(tokens, positions, starts, slots, strict=True):
             if not (0 <= t < vocab and 0 <= p < self.block_size and 0 <= s <= slot):
                 raise LaminaError(
                     f"token {t} (vocab {vocab}), position {p} (block {self.block_size}) or "
                     f"first slot {s} (slot {slot}) out of range"
                 )
         arr = ctypes.c_int64 * B
-        tok, pos, first = arr(*tokens), arr(*positions), arr(*starts)  # alive through the call
+        # alive through the call
+        tok, pos, first, at, row = (arr(*v) for v in (tokens, positions, starts, slots, rows))
         logits = torch.empty(B, vocab)
         ok = self._fn(
             ctypes.addressof(self._model),
             B,
-            ctypes.addressof(tok),
-            ctypes.addressof(pos),
-            ctypes.addressof(first),
-            slot,
+            *(ctypes.addressof(v) for v in (tok, pos, first, at, row)),
             logits.data_ptr(),
             threads or torch.get_num_threads(),
         )
         if not ok:
             raise LaminaError("the native step failed (out of memory or threads)")
-        for cache in self._caches:
-            cache.pos += 1
         return logits
-
-
-_off = 0  # depth of `disabled()` blocks
-
-
-@contextmanager
-def disabled() -> Iterator[None]:
-    """Inside this block no new native step is built: PyTorch runs every step (for measuring
-    or testing the PyTorch path itself; `LAMINA_NATIVE=0` does the same for a whole process)."""
-    global _off
-    _off += 1
-    try:
-        yield
-    finally:
-        _off -= 1
 
 
 def usable(model: nn.Module) -> bool:
@@ -329,8 +417,9 @@ def usable(model: nn.Module) -> bool:
 
 
 def native_step(model: GPT, caches: Sequence[KVCache]) -> NativeStep | None:
-    """A `NativeStep` for this model and caches, or None where PyTorch must run the step."""
-    if _off:
+    """A `NativeStep` for this model and caches, or None where PyTorch must run the step
+    (lamina.cpu.native_step() says whether the native one may run here and now)."""
+    if not cpu.native_step():
         return None
     lib = library()
     if lib is None or unsupported(model) is not None:

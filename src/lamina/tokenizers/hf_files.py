@@ -31,11 +31,11 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from lamina.data.pretrained import PretrainedTokenizer
-from lamina.data.subword import EOT, GPT2_SHA256, BPETokenizer, GPT2Tokenizer
-from lamina.data.tokenizers import Tokenizer
 from lamina.errors import LaminaError, LaminaWarning
 from lamina.files import atomic_write, write_json
+from lamina.tokenizers.kinds import Tokenizer
+from lamina.tokenizers.pretrained import PretrainedTokenizer
+from lamina.tokenizers.subword import EOT, GPT2_SHA256, BPETokenizer, GPT2Tokenizer
 
 
 def _read_text(path: Path) -> str:

@@ -41,15 +41,15 @@ from lamina.data.corpus import token_dtype
 from lamina.data.shards import FORMAT, INDEX_NAME, VERSION, ShardWriter
 from lamina.data.sources import Progress, corpus_files, read_pieces, total_bytes
 from lamina.data.spec import build_tokenizer, saved_tokenizer
-from lamina.data.subword import EOT, BPETokenizer, GPT2Tokenizer
-from lamina.data.tokenizers import (
+from lamina.errors import LaminaError
+from lamina.files import build_folder, check_output_folder, write_json
+from lamina.tokenizers.kinds import (
     CharTokenizer,
     Tokenizer,
     save_tokenizer,
     tokenizer_hash,
 )
-from lamina.errors import LaminaError
-from lamina.files import build_folder, check_output_folder, write_json
+from lamina.tokenizers.subword import EOT, BPETokenizer, GPT2Tokenizer
 
 BATCH_CHARS = 16 << 20
 SHARD_TOKENS = 1 << 28
@@ -108,7 +108,7 @@ def _train_bpe(texts: Iterator[str], vocab_size: int) -> BPETokenizer:
     """`BPETokenizer.train`'s settings, fed short texts one by one: the `tokenizers` trainer
     holds a single long string's pre-tokenized words all at once (780 MB for 8 MB of text),
     but only counts when fed pieces (40 MB)."""
-    from lamina.data.bpe_trainer import bpe_setup
+    from lamina.tokenizers.bpe_trainer import bpe_setup
 
     tok, trainer = bpe_setup(vocab_size, [EOT])
     tok.train_from_iterator(texts, trainer=trainer)

@@ -1,4 +1,4 @@
-"""Layer 0, subword tokenizers: raw bytes, byte-level BPE learned from your corpus, GPT-2's BPE.
+"""Layer 2, subword tokenizers: raw bytes, byte-level BPE learned from your corpus, GPT-2's BPE.
 
     ByteTokenizer()                   kind "byte": one id per UTF-8 byte, vocab 256
     BPETokenizer.train(text, n)       kind "bpe":  byte-level BPE with at most n ids, trained by
@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from lamina.data.tokenizers import check_token_ids, register_tokenizer
 from lamina.errors import LaminaError
+from lamina.tokenizers.kinds import check_token_ids, register_tokenizer
 
 EOT = "<|endoftext|>"
 GPT2_SHA256 = {
@@ -155,7 +155,7 @@ class BPETokenizer:
         _utf8(text)
         if not text:
             raise LaminaError("cannot train a BPE tokenizer on empty text")
-        from lamina.data.bpe_trainer import train_bpe_json
+        from lamina.tokenizers.bpe_trainer import train_bpe_json
 
         return cls(train_bpe_json(text, vocab_size, [EOT], progress))
 

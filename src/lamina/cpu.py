@@ -1,0 +1,221 @@
+"""The kernel policy: which code runs a quantized layer, a decode step or an optimizer here.
+
+    flags() -> {"avx2", "fma", ...}        the CPU's flags (/proc/cpuinfo; empty elsewhere)
+    native_bf16() -> bool                  bf16 dot products in hardware, used by torch
+    native_missing() -> str | None         why lamina.native cannot run here (None: it runs)
+    choice() -> "auto" | a kernel name     what the user asked for (using(), LAMINA_KERNEL)
+    layer_kernel() -> "native" | "packed" | "dequantize"   what quantized layers prepare for
+    call_kernel(x) -> the same, for one call on x (its rows, dtype, device, gradients)
+    native_step() -> bool                  whether a decode step may run whole in lamina.native
+    keeps_quantized(device_type) -> bool   whether lamina.open keeps a file's blocks quantized
+    fused_adamw(device_type) -> bool       whether AdamW tries torch's fused kernel
+    with using("torch"): ...               a kernel for everything inside (tests, benches)
+
+The kernels (`KERNELS`, one entry each; measured in bench/decode_kernels.py and
+bench/real_decode.py, figures in BENCHMARKS.md only):
+  * "native": lamina.native's AVX2 kernels (x86-64 Linux with AVX2 + FMA and a C compiler):
+    the whole decode step in one call, and quantized linears of up to 32 float32 rows.
+  * "packed": torch's int8/int4 kernels with bf16 activations (``torch._weight_int8pack_mm``,
+    ``torch._weight_int4pack_mm_for_cpu``); where bf16 is emulated, for up to 32 rows.
+  * "dequantize": the weights dequantized for each call; runs anywhere (GPUs included).
+  * "torch": not a kernel but a choice: PyTorch only, the best of "packed" and "dequantize".
+A call the chosen kernel does not take (too many rows, a gradient to record, not on the CPU)
+runs dequantized. "auto" takes "packed" where bf16 is native (it measured fastest at batch 1
+there) for the layers, else the first entry that runs here; the decode step runs natively
+wherever lamina.native does, unless the choice names a PyTorch kernel.
+
+One environment variable sets the choice for a process; `using` overrides it in a block:
+
+    LAMINA_KERNEL=auto|native|packed|dequantize|torch     (default auto)
+
+A forced kernel that cannot run here is refused naming why. Deliberately unaware of models:
+the quantized layers, the decoder and the optimizers ask it; lamina.native.build compiles.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+from torch import Tensor
+
+import lamina.native.build as build
+from lamina.errors import LaminaError
+
+ENV = "LAMINA_KERNEL"
+RETIRED_ENV = ("LAMINA_NATIVE", "LAMINA_QUANT_KERNEL")  # refused, naming ENV
+MAX_ROWS = 32  # rows a per-call kernel takes where it wins (bench/decode_kernels.py)
+
+
+@cache
+def flags() -> frozenset[str]:
+    """The flags of /proc/cpuinfo (empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return frozenset(next((ln for ln in f if ln.startswith("flags")), "").split()[2:])
+    except OSError:
+        return frozenset()
+
+
+def _x86() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64", "i686")
+
+
+@cache
+def native_bf16() -> bool:
+    """True where the CPU does bf16 dot products in hardware (AVX512-BF16 or AMX) and torch's
+    oneDNN uses them: the one test for "bf16 is fast here" (the packed kernels, training's
+    --dtype auto, Muon's Newton-Schulz precision)."""
+    if not {"avx512_bf16", "amx_bf16"} & flags():
+        return False
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return True
+
+
+def _native_platform() -> str | None:
+    if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"the native step is for x86-64 Linux, not {platform.system()} {platform.machine()}"
+    missing = {"avx2", "fma"} - flags()
+    return f"this CPU lacks {' and '.join(sorted(missing))}" if missing else None
+
+
+def native_missing() -> str | None:
+    """Why lamina.native cannot run here (the platform, the CPU, the compiler or the build);
+    None where its library is built and loaded (building it the first time, ~1 s)."""
+    why = _native_platform()
+    if why is None and build.library() is None:
+        why = build.reason()
+    return why
+
+
+def _packed_missing() -> str | None:
+    if native_bf16() or (_x86() and "avx2" in flags()):
+        return None
+    return "torch's packed kernels are measured only on x86 with AVX2 or native bf16"
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One entry of the policy."""
+
+    name: str
+    missing: Callable[[], str | None]  # why it cannot run here (None: it can)
+    takes: Callable[[int, torch.dtype], bool]  # whether a call of so many rows goes through it
+    steps: bool = False  # runs the whole decode step too
+    first_if: Callable[[], bool] = lambda: False  # auto takes it before the others where true
+
+
+KERNELS: dict[str, Kernel] = {
+    k.name: k
+    for k in (
+        Kernel(
+            "native",
+            native_missing,
+            lambda rows, dtype: dtype == torch.float32 and rows <= MAX_ROWS,
+            steps=True,
+        ),
+        Kernel(
+            "packed",
+            _packed_missing,
+            lambda rows, dtype: native_bf16() or rows <= MAX_ROWS,
+            first_if=native_bf16,
+        ),
+        Kernel("dequantize", lambda: None, lambda rows, dtype: False),
+    )
+}
+
+
+def choices() -> tuple[str, ...]:
+    """The names a choice may take: "auto", each kernel, "torch"."""
+    return ("auto", *KERNELS, "torch")
+
+
+_using: ContextVar[str | None] = ContextVar("lamina_kernel", default=None)
+
+
+def _check(name: str, where: str) -> str:
+    if name not in choices():
+        raise LaminaError(f"{where} must be one of {', '.join(choices())}, got {name!r}")
+    return name
+
+
+def choice() -> str:
+    """What was asked for: the innermost `using`, else $LAMINA_KERNEL, else "auto"."""
+    inner = _using.get()
+    if inner is not None:
+        return inner
+    for old in RETIRED_ENV:
+        if os.environ.get(old, "").strip():
+            raise LaminaError(f"{old} is retired: set {ENV} (one of {', '.join(choices())})")
+    return _check(os.environ.get(ENV, "").strip() or "auto", ENV)
+
+
+@contextmanager
+def using(name: str) -> Iterator[None]:
+    """Run everything inside with kernel `name` (one of `choices()`; "auto" restores the policy's
+    own choice). Layers prepared before keep their kernel-side tensors; a call whose layer was
+    prepared for another kernel runs dequantized."""
+    token = _using.set(_check(name, "the kernel"))
+    try:
+        yield
+    finally:
+        _using.reset(token)
+
+
+@cache
+def _auto(pytorch_only: bool) -> str:
+    order = [k for k in KERNELS.values() if not (pytorch_only and k.steps)]
+    order.sort(key=lambda k: not k.first_if())  # stable: the table's order otherwise
+    return next(k.name for k in order if k.missing() is None)
+
+
+def layer_kernel() -> str:
+    """The kernel quantized layers prepare for and use (see the module docstring)."""
+    name = choice()
+    if name in ("auto", "torch"):
+        return _auto(name == "torch")
+    why = KERNELS[name].missing()
+    if why is not None:
+        raise LaminaError(f"{ENV}={name}, but {why}")
+    return name
+
+
+def call_kernel(x: Tensor) -> str:
+    """The kernel one call on x runs: the layers' kernel where it takes x, else "dequantize"
+    (the int8/int4 kernels record no gradients, so a LoRA over a quantized base runs
+    dequantized while training)."""
+    if (x.requires_grad and torch.is_grad_enabled()) or x.device.type != "cpu":
+        return "dequantize"
+    name = layer_kernel()
+    rows = x.numel() // max(1, x.shape[-1])
+    return name if KERNELS[name].takes(rows, x.dtype) else "dequantize"
+
+
+def native_step() -> bool:
+    """Whether a decode step may run whole in lamina.native (the model and caches permitting:
+    lamina.native.unsupported says which it covers)."""
+    name = choice()
+    if name == "auto":
+        return native_missing() is None
+    return KERNELS.get(name, KERNELS["dequantize"]).steps and layer_kernel() == name
+
+
+def keeps_quantized(device_type: str) -> bool:
+    """Whether a model opened to be run keeps a file's quantized weights quantized: where a
+    kernel runs them (lamina's native one or torch's packed ones), not where every call would
+    dequantize them (other devices, or a kernel chosen that way)."""
+    return device_type == "cpu" and layer_kernel() != "dequantize"
+
+
+def fused_adamw(device_type: str) -> bool:
+    """Whether AdamW tries torch's fused kernel on this device (CPU and CUDA have one; a
+    failure to build it falls back to the plain loop)."""
+    return device_type in ("cpu", "cuda")

@@ -1,0 +1,157 @@
+"""GGUF's quantized rows kept as the file stores them: a linear and a token table of GGML blocks.
+
+    BlockLinear(in_features, out_features, parts, bias)   parts: [(qtype, rows uint8), ...]
+    BlockEmbedding(qtype, rows, embedding_dim)             a token table of one qtype
+    dequantize_blocks(qtype, rows, width) -> float32 (N, width), GGML's values exactly
+    KEPT: the qtypes held this way ("Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q5_0", "Q5_1")
+
+`rows` is (N, bytes per row) uint8: each weight row its width / 256 super-blocks (Q4_K 144
+bytes, Q5_K 176, Q6_K 210; 6-bit scales and minimums per 32, or int8 scales per 16 for Q6_K)
+or width / 32 blocks (Q8_0 34, Q5_0 22, Q5_1 24), in GGML's own layout, untouched. A linear may
+stack parts of different qtypes by rows (a fused q/k/v whose v the file typed apart, as
+llama.cpp's Q4_K_M does), so a model keeps every such tensor at its file size.
+
+The native kernels (lamina/native/decode.c, "GGML's blocks") read these rows as they are: the
+decode step, and a call of up to ``lamina.cpu.MAX_ROWS`` float32 rows, quantize the input to int16
+per 32 and take integer dot products per 32 weights (within ~1e-4 of the dequantized matmul).
+Other calls (a long prefill, gradients, no native library) dequantize the rows and run in fp32:
+through the native dequantizer where it is built, else gguf-py's `gguf.quants.dequantize`; the
+two give the same floats (tests/test_kquant.py holds them equal bit for bit).
+
+Deliberately unaware of files and tensor names: the loader hands in the rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+import lamina.cpu as cpu
+from lamina.errors import LaminaError
+from lamina.native.build import library
+from lamina.native.step import GGML_KINDS
+from lamina.native.step import linear as native_linear
+
+# qtype -> (weights per block, bytes per block)
+BLOCKS = {
+    "Q4_K": (256, 144),
+    "Q5_K": (256, 176),
+    "Q6_K": (256, 210),
+    "Q8_0": (32, 34),
+    "Q5_0": (32, 22),
+    "Q5_1": (32, 24),
+}
+KEPT = tuple(BLOCKS)
+
+
+def row_width(qtype: str, width: int) -> int:
+    """Bytes of one row of `width` weights in `qtype` (refused where blocks cannot tile it)."""
+    if qtype not in BLOCKS:
+        raise LaminaError(f"no kept form for GGML type {qtype!r}; one of {', '.join(KEPT)}")
+    per, size = BLOCKS[qtype]
+    if width <= 0 or width % per:
+        raise LaminaError(f"{qtype} rows hold whole blocks of {per} weights, got width {width}")
+    return width // per * size
+
+
+def _checked(qtype: str, rows: Tensor, width: int) -> Tensor:
+    want = row_width(qtype, width)
+    if rows.dtype != torch.uint8 or rows.dim() != 2 or rows.shape[1] != want:
+        raise LaminaError(
+            f"{qtype} rows of width {width} must be uint8 (N, {want}), got "
+            f"{rows.dtype} {tuple(rows.shape)}"
+        )
+    return rows
+
+
+def dequantize_blocks(qtype: str, rows: Tensor, width: int) -> Tensor:
+    """(N, bytes per row) of `qtype` -> float32 (N, width): GGML's dequantization exactly."""
+    rows = _checked(qtype, rows, width).contiguous()
+    lib = library()
+    if lib is not None:
+        out = torch.empty(rows.shape[0], width)
+        if lib.lm_dequant(GGML_KINDS[qtype], rows.data_ptr(), rows.shape[0], width, out.data_ptr()):
+            return out
+    import gguf  # the reference dequantizer, where lamina.native is not built
+
+    with np.errstate(all="ignore"):  # a damaged scale: check_finite names the tensor
+        values = gguf.quants.dequantize(rows.numpy(), gguf.GGMLQuantizationType[qtype])
+    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(-1, width)
+
+
+def _native_call(x: Tensor) -> bool:
+    """Whether x (rows, in) goes through the native kernel, the one kernel that reads these
+    blocks (else they are dequantized): where lamina.native runs, the user's kernel choice
+    (lamina.cpu) allows it, and the call is one it takes."""
+    if x.device.type != "cpu" or x.dtype != torch.float32:
+        return False
+    if (x.requires_grad and torch.is_grad_enabled()) or cpu.choice() not in ("auto", "native"):
+        return False
+    return x.numel() // max(1, x.shape[-1]) <= cpu.MAX_ROWS and cpu.native_missing() is None
+
+
+class BlockLinear(nn.Module):
+    """y = x @ W.T + bias, W's rows GGML blocks as a GGUF file holds them (see the module)."""
+
+    native_kind = "ggml"  # lamina.native reads `parts` as they are
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        parts: Sequence[tuple[str, Tensor]],
+        bias: Tensor | None = None,
+    ) -> None:
+        super().__init__()
+        if not parts or sum(int(r.shape[0]) for _, r in parts) != out_features:
+            raise LaminaError(f"BlockLinear parts must stack to {out_features} rows")
+        self.in_features, self.out_features = in_features, out_features
+        self.qtypes = tuple(q for q, _ in parts)
+        for i, (qtype, rows) in enumerate(parts):
+            self.register_buffer(f"blocks_{i}", _checked(qtype, rows, in_features))
+        self.bias = None if bias is None else nn.Parameter(bias.float(), requires_grad=False)
+
+    @property
+    def parts(self) -> list[tuple[str, Tensor]]:
+        return [(q, getattr(self, f"blocks_{i}")) for i, q in enumerate(self.qtypes)]
+
+    def dequantized(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        w = [dequantize_blocks(q, r, self.in_features) for q, r in self.parts]
+        return torch.cat(w).to(dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        flat = x.reshape(-1, self.in_features)
+        if _native_call(flat):
+            y = native_linear(self, flat)  # the bias included
+        else:
+            y = flat.float() @ self.dequantized().T
+            if self.bias is not None:
+                y = y + self.bias
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        kinds = "+".join(self.qtypes)
+        return f"in={self.in_features}, out={self.out_features}, {kinds} (GGML blocks)"
+
+
+class BlockEmbedding(nn.Module):
+    """A token table of GGML blocks (one qtype); a lookup dequantizes the rows it reads."""
+
+    native_kind = "ggml-table"
+
+    def __init__(self, qtype: str, rows: Tensor, embedding_dim: int) -> None:
+        super().__init__()
+        self.qtype, self.embedding_dim = qtype, embedding_dim
+        self.num_embeddings, self.padding_idx = int(rows.shape[0]), None
+        self.register_buffer("blocks", _checked(qtype, rows, embedding_dim))
+
+    def forward(self, ids: Tensor) -> Tensor:
+        flat = ids.reshape(-1)
+        rows = dequantize_blocks(self.qtype, self.blocks[flat], self.embedding_dim)
+        return rows.reshape(*ids.shape, self.embedding_dim)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, {self.qtype} (GGML blocks)"

@@ -1,0 +1,288 @@
+"""lamina's quantized modules: Int8Linear, Int4Linear and Int8Embedding, and the math they use.
+
+    quantize_int8(w) -> q int8 (N, K), scale (N,)                  w ~ q * scale[:, None]
+    quantize_int4(w, group_size) -> nibbles uint8 (N, K // 2), scales_and_zeros (K // gs, N, 2)
+
+int8: w ~ q * s, q in [-127, 127], one scale per output row (absmax / 127), or one per group of
+``group_size`` inputs (GGUF's Q8_0, kept exact: see quant/ggml.py); torch's packed kernel takes a
+scale per row, so there a grouped layer gets a per-row requantized copy (the saved form stays
+exact; the native kernel reads the groups as they are).
+int4: w ~ (q - 8) * s + z per group of ``group_size`` inputs, q in [0, 15] (min/max per group:
+s = (max - min) / 15, z = min + 8 s), PyTorch's convention; stored unpacked (two values per
+byte, low nibble first) and packed for the CPU kernel when loaded, since the packed layout is
+the kernel's, not a file format.
+
+Which kernel a call runs is lamina.cpu's choice (`layer_kernel` when a layer is prepared,
+`call_kernel` for each call); the output is cast back to the input's dtype, so the rest of the
+model runs as before (fp32 norms, softmax, KV cache).
+
+Deliberately unaware of models, files and training (a quantized layer has no gradients).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+import lamina.cpu as cpu
+from lamina.errors import LaminaError
+from lamina.native.step import int4_rows
+from lamina.native.step import linear as native_linear
+
+INT4_GROUP_SIZES = (32, 64, 128, 256)
+
+
+def _prepared_for(t: Tensor) -> str | None:
+    """The kernel a layer on t's device prepares for (None off the CPU)."""
+    return cpu.layer_kernel() if t.device.type == "cpu" else None
+
+
+def quantize_int8(w: Tensor) -> tuple[Tensor, Tensor]:
+    """(N, K) float -> q int8 (N, K), scale float32 (N,): w ~ q * scale[:, None]."""
+    w = w.detach().float()
+    scale = (torch.maximum(w.amax(1), -w.amin(1)) / 127).clamp(min=1e-12)  # no |w| copy
+    q = (w / scale[:, None]).round_().clamp_(-127, 127).to(torch.int8)  # one float temporary
+    return q, scale
+
+
+def quantize_int4(w: Tensor, group_size: int) -> tuple[Tensor, Tensor]:
+    """(N, K) float -> nibbles uint8 (N, K // 2), scales_and_zeros float32 (K // gs, N, 2)."""
+    w = w.detach().float()
+    n, k = w.shape
+    g = w.reshape(n, k // group_size, group_size)
+    lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
+    scale = ((hi - lo) / 15).clamp(min=1e-12)
+    q = (g - lo).div_(scale).round_().clamp_(0, 15).to(torch.uint8).reshape(n, k)
+    zero = lo + 8 * scale
+    sz = torch.stack([scale.reshape(n, -1), zero.reshape(n, -1)], -1).transpose(0, 1)
+    return q[:, 0::2] | (q[:, 1::2] << 4), sz.contiguous()
+
+
+def _unpack_nibbles(packed: Tensor) -> Tensor:
+    n, half = packed.shape
+    q = torch.empty(n, half * 2, dtype=torch.uint8, device=packed.device)
+    q[:, 0::2], q[:, 1::2] = packed & 15, packed >> 4
+    return q
+
+
+def _empty_bias(n: int, bias: bool, device: Any) -> nn.Parameter | None:
+    return nn.Parameter(torch.empty(n, device=device), requires_grad=False) if bias else None
+
+
+def _copied_bias(linear: nn.Linear) -> nn.Parameter | None:
+    if linear.bias is None:
+        return None
+    return nn.Parameter(linear.bias.detach().float().clone(), requires_grad=False)
+
+
+def _finish(m: Int8Linear | Int4Linear, x: Tensor, y: Tensor) -> Tensor:
+    """Add the bias and give the output the input's leading dimensions."""
+    if m.bias is not None:
+        y = y + m.bias.to(y.dtype)
+    return y.reshape(*x.shape[:-1], m.out_features)
+
+
+def _dequantize_int8(
+    q: Tensor, scale: Tensor, group_size: int | None, dtype: torch.dtype = torch.float32
+) -> Tensor:
+    if group_size is None:
+        return q.to(dtype) * scale.to(dtype)[:, None]
+    n, k = q.shape
+    g = q.to(dtype).reshape(n, k // group_size, group_size)
+    return (g * scale.to(dtype)[..., None]).reshape(n, k)
+
+
+class Int8Linear(nn.Module):
+    """y = x @ (q * scale).T + bias, with q int8 (out, in) and a scale per output row (scale
+    (out,)) or per group of ``group_size`` inputs of a row (scale (out, in // group_size))."""
+
+    native_kind = "int8"  # the layout lamina.native reads (qweight, scale, group_size)
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool,
+        device: Any = None,
+        group_size: int | None = None,
+    ):
+        super().__init__()
+        self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
+        self.register_buffer(
+            "qweight", torch.empty(out_features, in_features, dtype=torch.int8, device=device)
+        )
+        groups = () if group_size is None else (in_features // group_size,)
+        self.register_buffer("scale", torch.empty(out_features, *groups, device=device))
+        # the kernel's inputs (see prepare): a per-row int8 weight (qweight itself unless
+        # grouped) and its scales in bf16
+        self.register_buffer("kernel_weight", None, persistent=False)
+        self.register_buffer("kernel_scale", None, persistent=False)
+        self.bias = _empty_bias(out_features, bias, device)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> Int8Linear:
+        m = cls(linear.in_features, linear.out_features, linear.bias is not None)
+        m.qweight, m.scale = quantize_int8(linear.weight)
+        m.bias = _copied_bias(linear)
+        return m.prepare()
+
+    def prepare(self) -> Int8Linear:
+        """Build the kernel's inputs (stored, which torch.compile needs) where it runs."""
+        self.kernel_weight = self.kernel_scale = None
+        if _prepared_for(self.qweight) != "packed":  # the native kernel reads qweight and scale
+            return self
+        if self.group_size is None:
+            self.kernel_weight, scale = self.qweight, self.scale
+        else:  # the kernel takes one scale per row: a per-row copy of the exact grouped form
+            self.kernel_weight, scale = self._per_row_copy()
+        self.kernel_scale = scale.to(torch.bfloat16)
+        return self
+
+    def dequantized(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        return _dequantize_int8(self.qweight, self.scale, self.group_size, dtype)
+
+    def _per_row_copy(self, chunk: int = 4096) -> tuple[Tensor, Tensor]:
+        """Requantize the grouped weights per row, a few rows at a time (no full fp32 copy)."""
+        q, scales = torch.empty_like(self.qweight), torch.empty(self.out_features)
+        for i in range(0, self.out_features, chunk):
+            rows = _dequantize_int8(
+                self.qweight[i : i + chunk], self.scale[i : i + chunk], self.group_size
+            )
+            q[i : i + chunk], scales[i : i + chunk] = quantize_int8(rows)
+        return q, scales
+
+    def forward(self, x: Tensor) -> Tensor:
+        flat = x.reshape(-1, self.in_features)
+        run = cpu.call_kernel(x)
+        if run == "native":
+            return native_linear(self, flat).to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        if run == "packed" and self.kernel_scale is not None:
+            y = torch._weight_int8pack_mm(
+                flat.to(torch.bfloat16).contiguous(), self.kernel_weight, self.kernel_scale
+            ).to(x.dtype)
+        else:
+            y = flat @ self.dequantized(x.dtype).T
+        return _finish(self, x, y)
+
+    def extra_repr(self) -> str:
+        g = "" if self.group_size is None else f", group_size={self.group_size}"
+        return (
+            f"in={self.in_features}, out={self.out_features}, int8{g}, bias={self.bias is not None}"
+        )
+
+
+class Int4Linear(nn.Module):
+    """y = x @ W.T + bias, W in int4 with a scale and zero per group of ``group_size`` inputs."""
+
+    native_kind = "int4"  # lamina.native reads qweight and native_scale / native_min
+
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool, group_size: int, device: Any = None
+    ):
+        super().__init__()
+        if group_size not in INT4_GROUP_SIZES or in_features % group_size:
+            raise LaminaError(
+                f"int4 group_size must be one of {', '.join(map(str, INT4_GROUP_SIZES))} and "
+                f"divide the input width {in_features}, got {group_size!r}"
+            )
+        self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
+        self.register_buffer(
+            "qweight", torch.empty(out_features, in_features // 2, dtype=torch.uint8, device=device)
+        )
+        self.register_buffer(
+            "scales_and_zeros",
+            torch.empty(in_features // group_size, out_features, 2, device=device),
+        )
+        self.bias = _empty_bias(out_features, bias, device)
+        # the CPU kernel's packed layout, rows padded to a multiple of 16 (see prepare)
+        self.register_buffer("kernel_weight", None, persistent=False)
+        self.register_buffer("kernel_sz", None, persistent=False)
+        # the native kernel's (N, K // gs) scales and minimums (w = q s + min), see prepare
+        self.register_buffer("native_scale", None, persistent=False)
+        self.register_buffer("native_min", None, persistent=False)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, group_size: int) -> Int4Linear:
+        m = cls(linear.in_features, linear.out_features, linear.bias is not None, group_size)
+        m.qweight, m.scales_and_zeros = quantize_int4(linear.weight, group_size)
+        m.bias = _copied_bias(linear)
+        return m.prepare()
+
+    def dequantized(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        q = _unpack_nibbles(self.qweight).float()
+        n, k = q.shape
+        s, z = self.scales_and_zeros.transpose(0, 1).unbind(-1)  # (N, K // gs) each
+        g = (q.reshape(n, k // self.group_size, self.group_size) - 8) * s[..., None] + z[..., None]
+        return g.reshape(n, k).to(dtype)
+
+    def prepare(self) -> Int4Linear:
+        """Lay the scales out for the native kernel, or pack the weights for torch's (where
+        each runs); the saved form stays as it is."""
+        self.kernel_weight = self.kernel_sz = self.native_scale = self.native_min = None
+        kernel = _prepared_for(self.qweight)
+        if kernel == "native":
+            self.native_scale, self.native_min = int4_rows(self.scales_and_zeros)
+            return self
+        if kernel != "packed":
+            return self
+        q = _unpack_nibbles(self.qweight).to(torch.int32)
+        sz = self.scales_and_zeros
+        pad = -self.out_features % 16
+        if pad:
+            q = F.pad(q, (0, 0, 0, pad))
+            sz = F.pad(sz, (0, 0, 0, pad))
+        self.kernel_weight = torch._convert_weight_to_int4pack_for_cpu(q.contiguous(), 1)
+        self.kernel_sz = sz.to(torch.bfloat16).contiguous()
+        return self
+
+    def forward(self, x: Tensor) -> Tensor:
+        flat = x.reshape(-1, self.in_features)
+        run = cpu.call_kernel(x)
+        if run == "native":  # reads native_scale, or makes it where prepared for another
+            return native_linear(self, flat).to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        if run == "packed" and self.kernel_weight is not None:
+            y = torch._weight_int4pack_mm_for_cpu(
+                flat.to(torch.bfloat16).contiguous(),
+                self.kernel_weight,
+                self.group_size,
+                self.kernel_sz,
+            )
+            y = y[:, : self.out_features].to(x.dtype)
+        else:
+            y = flat @ self.dequantized(x.dtype).T
+        return _finish(self, x, y)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, int4, group_size={self.group_size}"
+
+
+class Int8Embedding(nn.Module):
+    """A token table stored as int8 rows with a scale per row (scale (V,)) or per group of
+    ``group_size`` columns (scale (V, D // group_size)); a lookup dequantizes its rows."""
+
+    native_kind = "int8-table"
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        device: Any = None,
+        group_size: int | None = None,
+    ):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        self.padding_idx, self.group_size = None, group_size
+        self.register_buffer(
+            "qweight", torch.empty(num_embeddings, embedding_dim, dtype=torch.int8, device=device)
+        )
+        groups = () if group_size is None else (embedding_dim // group_size,)
+        self.register_buffer("scale", torch.empty(num_embeddings, *groups, device=device))
+
+    def forward(self, ids: Tensor) -> Tensor:
+        if self.group_size is None:
+            return self.qweight[ids].float() * self.scale[ids].unsqueeze(-1)
+        rows = self.qweight[ids].float().unflatten(-1, (-1, self.group_size))
+        return (rows * self.scale[ids].unsqueeze(-1)).flatten(-2)

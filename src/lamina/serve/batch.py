@@ -1,0 +1,402 @@
+"""Continuous batching: many sequences decode together, each in its own row of one KV cache.
+
+    Batcher(model, tokenizer, slots, context, prefill_chunk=256)
+        .submit(seq)                 queue a `Sequence` (any thread); its sink gets the events
+        .call(fn, *args) -> Future   run fn on the batch thread between two steps
+        .close()
+    Sequence(ids, sampling, sink, constraint=None, cancel=None, deadline=None)
+    Sampling(max_tokens, temperature, top_k, top_p, seed, stop, logprobs)
+
+One thread owns the model. Each turn of its loop it (1) runs the calls it was given, (2) admits
+waiting sequences into free rows, (3) prefills up to `prefill_chunk` prompt tokens (the
+admitted prompts in turn, least recently served first: several short ones, or a chunk of a long
+one) and (4) runs ONE decode step for every sequence that is decoding, each row at its own
+position. So a new request joins at the next step and a finished one leaves at once; a long
+prompt is prefilled a chunk at a time between the others' steps.
+
+Memory is fixed at start: `slots` rows of `context` tokens (`model.make_caches(slots,
+context)`). Rows 0..D-1 hold the decoding sequences (kept contiguous, so a step reads a view of
+the cache, never a gathered copy); a row that finishes is swapped to the end of that range. A
+row keeps its tokens after its sequence ends: a new prompt goes to the free row sharing its
+longest prefix, and when another row shares more, that row's keys and values for the shared
+prefix are copied over (n choices of one prompt, many clients with one system prompt) instead
+of being prefilled again. A sequence that waits past its `deadline` for a row gets a "busy"
+event (HTTP 503).
+
+A step computes each row as it would alone: the native multi-row step (`NativeStep.step_batch`,
+where the model is covered) reads each weight block once for all rows and writes each row's key
+at that row's length; the PyTorch step otherwise writes each row's key at its own position and
+masks the columns past it. Sampling is per row (its own seeded generator), so a
+request's tokens do not depend on what else is in the batch (a test holds greedy tokens equal).
+
+Events, on the batch thread, to `sink(kind, payload)`: "token" `Token` (one per sampled token,
+with its new text), then "done" `Done`; or "error" (a message: the step failed or its logits
+were not finite) or "busy". Deliberately unaware of HTTP and of OpenAI's shapes.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lamina.generation.conversation import common_prefix
+from lamina.generation.prompts import TextStream
+from lamina.generation.sampling import sample
+from lamina.native import native_step, usable
+
+log = logging.getLogger("lamina.serve")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How one sequence is sampled and when it stops."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    logprobs: int | None = None  # None: none; k >= 0: the token's log-probability and top k
+
+
+@dataclass(frozen=True)
+class Token:
+    id: int
+    text: str  # the text this token completes ("" while a character or a stop is pending)
+    logprob: float | None = None
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class Done:
+    finish: str  # "stop", "length" or "cancelled"
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    text: str  # the whole text
+
+
+class Sequence:
+    """One prompt to continue; see the module docstring."""
+
+    def __init__(
+        self,
+        ids: list[int],
+        sampling: Sampling,
+        sink: Callable[[str, Any], None],
+        *,
+        constraint: Any = None,
+        cancel: threading.Event | None = None,
+        deadline: float | None = None,
+    ) -> None:
+        self.ids, self.sampling, self.sink = list(ids), sampling, sink
+        self.constraint, self.deadline = constraint, deadline
+        self.cancel = cancel or threading.Event()
+        self.out: list[int] = []
+        self.pending: int | None = None  # sampled, not yet in the cache
+        self.cached = 0
+        self.text: TextStream | None = None
+        self.generator: torch.Generator | None = None
+
+
+@dataclass
+class _Row:
+    ids: list[int] = field(default_factory=list)  # tokens whose keys and values it holds
+    seq: Sequence | None = None
+    used: float = 0.0
+
+
+class _RowsView:
+    """A layer's cache as the model sees it during a step: row r writes at lens[r]; keys up
+    to the longest row are returned (a view), the caller masks each row's columns past it."""
+
+    def __init__(self, cache: Any, lens: Tensor, width: int) -> None:
+        self.c, self.lens, self.width, self.pos = cache, lens, width, 0
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        B = k.shape[0]
+        rows = torch.arange(B)
+        self.c.k[rows, :, self.lens] = k[:, :, 0]
+        self.c.v[rows, :, self.lens] = v[:, :, 0]
+        return self.c.k[:B, :, : self.width], self.c.v[:B, :, : self.width]
+
+
+class _RowView:
+    """One row's cache from column `start` on (a prefill chunk)."""
+
+    def __init__(self, cache: Any, row: int, start: int) -> None:
+        self.c, self.row, self.pos = cache, row, start
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        end = self.pos + k.shape[2]
+        r = self.row
+        self.c.k[r, :, self.pos : end] = k[0]
+        self.c.v[r, :, self.pos : end] = v[0]
+        self.pos = end
+        return self.c.k[r : r + 1, :, :end], self.c.v[r : r + 1, :, :end]
+
+
+class Batcher:
+    """See the module docstring."""
+
+    def __init__(
+        self, model: Any, tokenizer: Any, slots: int, context: int, prefill_chunk: int = 256
+    ) -> None:
+        self.model, self.tokenizer = model.eval(), tokenizer
+        self.slots, self.context, self.chunk = slots, context, prefill_chunk
+        self.caches = model.make_caches(slots, context)
+        self.rows = [_Row() for _ in range(slots)]
+        self.decoding = 0  # rows[:decoding] are decoding
+        self.eot = frozenset(getattr(tokenizer, "eot_ids", ()) or ())
+        self._native = native_step(model, self.caches)
+        self._waiting: collections.deque[Sequence] = collections.deque()
+        self._calls: collections.deque[tuple[Future, Callable, tuple]] = collections.deque()
+        self._wake = threading.Condition()
+        self._stop = False
+        self.steps = 0  # decode steps run (for tests and the bench)
+        self.widest = 0  # the most rows one step has decoded
+        self.thread = threading.Thread(target=self._loop, name="lamina-batch", daemon=True)
+        self.thread.start()
+
+    # -- any thread ----------------------------------------------------------------------------
+    def submit(self, seq: Sequence) -> None:
+        with self._wake:
+            self._waiting.append(seq)
+            self._wake.notify()
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Future:
+        future: Future = Future()
+        with self._wake:
+            self._calls.append((future, fn, args))
+            self._wake.notify()
+        return future
+
+    def close(self) -> None:
+        with self._wake:
+            self._stop = True
+            self._wake.notify()
+        self.thread.join(timeout=2)  # a daemon: a step stuck in the model does not hold exit
+
+    @property
+    def busy_rows(self) -> int:
+        return sum(r.seq is not None for r in self.rows)
+
+    # -- the batch thread ----------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while not self._stop and not (
+                    self._calls or self._waiting or any(r.seq for r in self.rows)
+                ):
+                    self._wake.wait(timeout=1.0)
+                if self._stop:
+                    break
+                calls = list(self._calls)
+                self._calls.clear()
+            for future, fn, args in calls:
+                if future.set_running_or_notify_cancel():
+                    try:
+                        future.set_result(fn(*args))
+                    except BaseException as exc:  # handed to the caller
+                        future.set_exception(exc)
+            try:
+                with torch.no_grad():
+                    self._turn()
+            except Exception as exc:  # the step failed: its sequences end with an error
+                log.error("batch step failed: %s: %s", type(exc).__name__, exc)
+                for row in self.rows:
+                    if row.seq is not None:
+                        row.seq.sink("error", f"generation failed: {type(exc).__name__}: {exc}")
+                    row.seq = None
+                    row.ids.clear()  # the caches may hold half a step
+                self.decoding = 0
+        for seq in [*self._waiting, *(r.seq for r in self.rows if r.seq)]:
+            seq.sink("error", "the server is shutting down")
+
+    def _turn(self) -> None:
+        self._admit()
+        budget = self.chunk  # prompt tokens this turn, over one or several prompts
+        while budget > 0:
+            prefilling = [r for r in self.rows[self.decoding :] if r.seq is not None]
+            if not prefilling:
+                break
+            budget -= self._prefill(min(prefilling, key=lambda r: r.used), budget)
+        for i in reversed(range(self.decoding)):
+            if self.rows[i].seq.cancel.is_set():
+                self._finish(i, "cancelled")
+        if self.decoding:
+            self._decode()
+
+    def _admit(self) -> None:
+        now = time.monotonic()
+        with self._wake:
+            waiting = list(self._waiting)
+            self._waiting.clear()
+        keep = []
+        for seq in waiting:
+            if seq.cancel.is_set():
+                seq.sink("done", Done("cancelled", len(seq.ids), 0, 0, ""))
+                continue
+            free = [i for i, r in enumerate(self.rows) if r.seq is None]
+            if not free:
+                if seq.deadline is not None and now > seq.deadline:
+                    seq.sink("busy", f"no free slot within the wait limit ({self.slots} slots)")
+                else:
+                    keep.append(seq)
+                continue
+            self._place(seq, free)
+        with self._wake:
+            self._waiting.extendleft(reversed(keep))
+
+    def _place(self, seq: Sequence, free: list[int]) -> None:
+        """Give `seq` the free row sharing its longest prefix (least recently used on a tie);
+        copy a longer shared prefix from another row."""
+        limit = len(seq.ids) - 1  # the last prompt token is always computed (its logits)
+        shared = [min(common_prefix(r.ids, seq.ids), limit) for r in self.rows]
+        i = max(free, key=lambda j: (shared[j], -self.rows[j].used))
+        row = self.rows[i]
+        best = max(range(len(self.rows)), key=lambda j: shared[j])
+        if shared[best] > shared[i]:
+            n = shared[best]
+            for c in self.caches:
+                c.k[i, :, :n] = c.k[best, :, :n]
+                c.v[i, :, :n] = c.v[best, :, :n]
+            row.ids = list(self.rows[best].ids[:n])
+        else:
+            del row.ids[shared[i] :]
+        seq.cached = len(row.ids)
+        row.seq, row.used = seq, time.monotonic()
+        s = seq.sampling
+        seq.text = TextStream(self.tokenizer, s.stop, include_stop=False)
+        if s.seed is not None:
+            seq.generator = torch.Generator().manual_seed(s.seed)
+
+    def _prefill(self, row: _Row, budget: int) -> int:
+        """Prefill up to `budget` more of the row's prompt; the tokens it computed."""
+        seq = row.seq
+        i = self.rows.index(row)
+        if seq.cancel.is_set():
+            self._finish(i, "cancelled")
+            return 0
+        start = len(row.ids)
+        chunk = seq.ids[start : start + budget]
+        views = [_RowView(c, i, start) for c in self.caches]
+        device = self.model.reference_tensor().device
+        logits = self.model(torch.tensor([chunk], device=device), caches=views, last_only=True)
+        row.ids.extend(chunk)
+        row.used = time.monotonic()
+        if len(row.ids) == len(seq.ids):
+            self._swap(i, self.decoding)
+            self.decoding += 1
+            self._next(self.decoding - 1, logits[0, -1])
+        return len(chunk)
+
+    def _decode(self) -> None:
+        rows = self.rows[: self.decoding]
+        tokens = [r.seq.pending for r in rows]
+        lens = [len(r.ids) for r in rows]
+        logits = self._step(tokens, lens)
+        self.steps += 1
+        self.widest = max(self.widest, len(rows))
+        for r, t in zip(rows, tokens, strict=True):
+            r.ids.append(t)
+        for i in reversed(range(len(rows))):
+            self._next(i, logits[i])
+
+    def _step(self, tokens: list[int], lens: list[int]) -> Tensor:
+        """Logits (B, V): row r's token at position lens[r], attending its columns 0..lens[r]."""
+        if self._native is not None and usable(self.model):
+            return self._native.step_batch(tokens, lens, lens)  # rows 0..B-1, each at its length
+        width = max(lens) + 1
+        device = self.model.reference_tensor().device
+        lens_t = torch.tensor(lens, device=device)
+        views = [_RowsView(c, lens_t, width) for c in self.caches]
+        masked = torch.arange(width, device=device)[None, :] > lens_t[:, None]
+        ids = torch.tensor(tokens, device=device)[:, None]
+        out = self.model(
+            ids, masked if masked.any() else None, positions=lens_t[:, None], caches=views
+        )
+        return out[:, -1]
+
+    def _next(self, i: int, logits: Tensor) -> None:
+        """Sample row i's next token from its logits (V,); emit it; finish the row if done."""
+        row = self.rows[i]
+        seq, s = row.seq, row.seq.sampling
+        logits = logits.float()
+        if not torch.isfinite(logits).any() or torch.isnan(logits).any():
+            self._fail(row, "the model produced non-finite logits (NaN or infinity)")
+            self._release(i, None)
+            return
+        raw = logits
+        if seq.constraint is not None:
+            allowed = seq.constraint.allowed(logits.shape[-1])
+            if not bool(allowed.any()):
+                self._fail(row, "the output grammar allows no next token")
+                self._release(i, None)
+                return
+            logits = logits.masked_fill(~allowed, float("-inf"))
+        token = int(sample(logits[None], s.temperature, s.top_k, s.top_p, seq.generator)[0])
+        lp, top = None, ()
+        if s.logprobs is not None:
+            logp = torch.log_softmax(raw, -1)
+            lp = float(logp[token])
+            if s.logprobs:
+                v, ix = logp.topk(s.logprobs)
+                top = tuple(zip(ix.tolist(), v.tolist(), strict=True))
+        if token in self.eot:
+            self._finish(i, "stop")
+            return
+        if seq.constraint is not None:
+            seq.constraint.consume(token)
+        seq.out.append(token)
+        text = seq.text.push(token)
+        seq.sink("token", Token(token, text, lp, top))
+        if seq.text.stopped or (seq.constraint is not None and seq.constraint.done):
+            self._finish(i, "stop")
+        elif len(seq.out) >= s.max_tokens or len(row.ids) >= self.context:
+            self._finish(i, "length")
+        else:
+            seq.pending = token
+
+    def _finish(self, i: int, reason: str) -> None:
+        seq = self.rows[i].seq
+        if rest := seq.text.flush():  # held back: an incomplete character, a stop's start
+            seq.sink("token", Token(-1, rest))
+        seq.sink("done", Done(reason, len(seq.ids), seq.cached, len(seq.out), seq.text.text))
+        self._release(i, reason)
+
+    def _fail(self, row: _Row, message: str) -> None:
+        log.error("%s", message)
+        row.seq.sink("error", message)
+
+    def _release(self, i: int, reason: str | None) -> None:
+        row = self.rows[i]
+        row.seq = None
+        row.used = time.monotonic()
+        if reason is None:
+            row.ids.clear()
+        if i < self.decoding:
+            self._swap(i, self.decoding - 1)
+            self.decoding -= 1
+
+    def _swap(self, i: int, j: int) -> None:
+        if i == j:
+            return
+        n = max(len(self.rows[i].ids), len(self.rows[j].ids))
+        if n:
+            for c in self.caches:
+                for t in (c.k, c.v):
+                    tmp = t[i, :, :n].clone()
+                    t[i, :, :n] = t[j, :, :n]
+                    t[j, :, :n] = tmp
+        self.rows[i], self.rows[j] = self.rows[j], self.rows[i]

@@ -1,0 +1,131 @@
+"""Issue 35, classes 1 and 2: every chat-template render is bounded in time and size, and every
+reader has a depth bound; each case is one LaminaError line, never a hang or a traceback."""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+
+import pytest
+
+from lamina.bounds import deadline
+from lamina.errors import LaminaError
+from lamina.files import json_lines, loads_json, read_json
+from lamina.interop.gguf_file import read_gguf
+from lamina.tokenizers.chat_template import RenderLimits, render_chat_template
+
+CHAT = [{"role": "user", "content": "hi"}]
+QUICK = RenderLimits(seconds=0.3)
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+        "{% macro f(n) %}{% for i in range(100000) %}{% endfor %}{{ f(n) }}{% endmacro %}{{ f(0) }}",
+    ],
+    ids=["nested-loops", "recursive-macro"],
+)
+def test_a_render_that_runs_on_is_stopped_at_its_deadline(template):
+    t0 = time.perf_counter()
+    with pytest.raises(LaminaError, match=r"took longer than 0.3 s|RecursionError"):
+        render_chat_template(template, CHAT, limits=QUICK)
+    assert time.perf_counter() - t0 < 3.0
+
+
+@pytest.mark.parametrize(
+    ("template", "match"),
+    [
+        ("{{ lipsum(n=10000000) }}", "lipsum"),
+        ("{{ 'x' * 50000000 }}", r"'\*' result \(a str\) has 50,000,000 items"),  # was folded
+        ("{{ [1] * 50000000 }}", "a list"),
+        ("{{ 7 ** 100000000 }}", "bits"),
+        ("{{ strftime_now('%Y' * 2000) }}", "strftime_now format is 4000 long"),
+        (
+            "{% set ns = namespace(x='ab') %}{% for i in range(30) %}"
+            "{% set ns.x = ns.x ~ ns.x %}{% endfor %}{{ ns.x }}",
+            "namespace value 'x'",
+        ),
+        ("{% for i in range(100000) %}{{ 'y' * 100 }}{% endfor %}", "more than 4,194,304 char"),
+    ],
+)
+def test_a_render_that_would_build_too_much_is_refused_before_it_does(template, match):
+    with pytest.raises(LaminaError, match=match):
+        render_chat_template(template, CHAT)
+
+
+def test_the_output_cap_is_the_callers_to_set():
+    text = "{% for m in messages %}{{ m.content }}{% endfor %}"
+    assert render_chat_template(text, [{"role": "user", "content": "z" * 900}]) == "z" * 900
+    with pytest.raises(LaminaError, match="more than 800 characters"):
+        render_chat_template(
+            text, [{"role": "user", "content": "z" * 900}], limits=RenderLimits(max_chars=800)
+        )
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{{ " + "(" * 5000 + "1" + ")" * 5000 + " }}",  # RecursionError in jinja2's parser
+        "{% if %}",  # a plain syntax error
+    ],
+)
+def test_every_compile_error_is_one_line(template):
+    with pytest.raises(LaminaError, match="chat template does not parse") as e:
+        render_chat_template(template, CHAT)
+    assert "\n" not in str(e.value)
+
+
+def test_a_huge_template_is_refused_before_it_is_compiled():
+    with pytest.raises(LaminaError, match="over the 1,048,576 limit"):
+        render_chat_template("x" * (2**20 + 1), CHAT)
+
+
+def test_the_deadline_stops_only_its_own_thread_and_never_fires_late():
+    hits = []
+
+    def spin():
+        try:
+            with deadline(0.1, "spinning"):
+                while True:
+                    pass
+        except LaminaError as e:
+            hits.append(str(e))
+
+    other = threading.Thread(target=spin)
+    other.start()
+    with deadline(0.05, "quick work"):
+        total = sum(range(1000))
+    time.sleep(0.3)  # past both deadlines: nothing may land here
+    other.join()
+    assert total == 499500 and hits == ["spinning took longer than 0.1 s, so it was stopped"]
+
+
+def test_json_nested_past_the_depth_limit_is_one_line(tmp_path):
+    deep = "[" * 100_000 + "]" * 100_000
+    with pytest.raises(LaminaError, match="tasks.jsonl line 2: arrays and objects nest deeper"):
+        list(json_lines('{"a": 1}\n' + deep, "tasks.jsonl"))
+    with pytest.raises(LaminaError, match="nest deeper than 64"):
+        loads_json('{"a":' * 70 + "1" + "}" * 70, "x")
+    assert loads_json("[" * 64 + "]" * 64, "x") is not None
+    assert loads_json('"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["', "x")
+    (tmp_path / "config.json").write_text(deep)
+    with pytest.raises(LaminaError, match="config.json: arrays and objects nest deeper"):
+        read_json(tmp_path / "config.json")
+
+
+def _gguf_with_nested_array(depth: int) -> bytes:
+    key = b"deep"
+    kv = struct.pack("<Q", len(key)) + key + struct.pack("<I", 9)
+    for _ in range(depth):
+        kv += struct.pack("<IQ", 9, 1)  # an array of one array
+    kv += struct.pack("<IQ", 4, 0)  # ... of no uint32
+    return b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + kv
+
+
+def test_a_gguf_metadata_array_nested_1000_deep_is_one_line(tmp_path):
+    p = tmp_path / "deep.gguf"
+    p.write_bytes(_gguf_with_nested_array(1000))
+    with pytest.raises(LaminaError, match="nests arrays deeper than 8"):
+        read_gguf(p)

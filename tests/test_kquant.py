@@ -1,0 +1,158 @@
+"""K-quants kept as GGUF stores them (lamina.quant.kquant, native/decode.c's GGML kernels), on
+blocks made by gguf-py's layouts and on the files llama.cpp's quantizer wrote (tests/fixtures)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+import lamina
+from lamina import LaminaError, native
+from lamina.interop.gguf import load_gguf
+from lamina.interop.gguf_file import read_gguf
+from lamina.quant.kquant import BLOCKS, BlockEmbedding, BlockLinear, dequantize_blocks
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FILES = sorted(FIXTURES.glob("kquant-*.gguf"))
+Q = gguf.GGMLQuantizationType
+# where each type's fp16 scales sit in a block: random bytes elsewhere are valid blocks
+SCALES = {
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208,),
+    "Q8_0": (0,),
+    "Q5_0": (0,),
+    "Q5_1": (0, 2),
+}
+
+
+def _native() -> bool:
+    return native.reason() is None and native.available()
+
+
+def _rows(qtype: str, n: int, k: int, seed: int = 0) -> torch.Tensor:
+    rng = np.random.default_rng(seed)
+    per, size = BLOCKS[qtype]
+    raw = rng.integers(0, 256, (n, k // per * size), dtype=np.uint8)
+    blocks = raw.reshape(n, -1, size)
+    for at in SCALES[qtype]:
+        d = rng.uniform(0.001, 0.004, blocks.shape[:2]).astype(np.float16)
+        blocks[..., at : at + 2] = d[..., None].view(np.uint8)
+    return torch.from_numpy(raw)
+
+
+@pytest.mark.parametrize("qtype", list(BLOCKS))
+def test_dequantize_is_gguf_py_bit_for_bit(qtype):
+    rows = _rows(qtype, 6, 512)
+    want = gguf.quants.dequantize(rows.numpy(), Q[qtype])
+    got = dequantize_blocks(qtype, rows, 512)  # the native dequantizer where it is built
+    assert np.array_equal(got.numpy(), want) and np.abs(want).max() > 0
+
+
+def test_llama_cpp_blocks_read_bit_for_bit_and_near_the_source(tmp_path):
+    # the fixtures' blocks, quantized by llama.cpp: lamina's reading (native where kept, gguf-py
+    # otherwise) equals gguf-py's, and each is near the float weights llama.cpp quantized
+    spec = importlib.util.spec_from_file_location("make_kquants", FIXTURES / "make_kquants.py")
+    maker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(maker)
+    maker.write_source(tmp_path / "f32.gguf")  # the same seed: the very source weights
+    source = read_gguf(tmp_path / "f32.gguf").tensors
+    bound = {"Q8_0": 0.01, "Q6_K": 0.03, "Q5_K": 0.06, "Q4_K": 0.12, "IQ4_NL": 0.12,
+             "IQ4_XS": 0.12, "Q3_K": 0.25, "Q2_K": 0.5}  # fmt: skip
+    seen = set()
+    assert len(FILES) == 8
+    for path in FILES:
+        for name, t in read_gguf(path).tensors.items():
+            if t.qtype == "F32":
+                continue
+            got = t.dequantize()
+            want = gguf.quants.dequantize(t.raw, Q[t.qtype])
+            assert np.array_equal(got.numpy(), want), (path.name, name)
+            if t.qtype in BLOCKS:
+                rows = torch.from_numpy(np.array(t.raw))
+                assert torch.equal(dequantize_blocks(t.qtype, rows, t.shape[1]), got)
+            ref = source[name].dequantize()
+            err = ((got - ref).norm() / ref.norm()).item()
+            assert err < bound[t.qtype], (path.name, name, t.qtype, err)
+            seen.add(t.qtype)
+    assert seen == set(bound)
+
+
+@pytest.mark.skipif(not _native(), reason="lamina.native not built here")
+def test_block_linear_native_calls_match_the_dequantized_matmul():
+    parts = [("Q4_K", _rows("Q4_K", 40, 512, 1)), ("Q6_K", _rows("Q6_K", 24, 512, 2)),
+             ("Q5_0", _rows("Q5_0", 16, 512, 3)), ("Q8_0", _rows("Q8_0", 8, 512, 4))]  # fmt: skip
+    for chosen in (parts[:1], parts[1:2], parts):
+        n = sum(r.shape[0] for _, r in chosen)
+        m = BlockLinear(512, n, chosen, torch.randn(n))
+        w = m.dequantized()
+        for rows in (1, 9, 40):  # one row, the tiled path, dequantized fp32 (> 32 rows)
+            x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
+            want = x @ w.T + m.bias
+            err = ((m(x) - want).norm() / want.norm()).item()
+            assert err < (1e-4 if rows <= 32 else 1e-6), (m, rows, err)
+
+
+def test_block_modules_refuse_rows_that_do_not_fit():
+    with pytest.raises(LaminaError, match="Q4_K rows hold whole blocks of 256"):
+        BlockLinear(96, 4, [("Q4_K", torch.zeros(4, 54, dtype=torch.uint8))])
+    with pytest.raises(LaminaError, match="must be uint8"):
+        BlockEmbedding("Q6_K", torch.zeros(4, 100, dtype=torch.uint8), 256)
+    with pytest.raises(LaminaError, match="no kept form"):
+        BlockLinear(256, 4, [("Q2_K", torch.zeros(4, 84, dtype=torch.uint8))])
+
+
+KEPT_FILES = ["Q4_K_M", "Q5_K_M", "Q6_K"]
+
+
+@pytest.fixture(scope="module")
+def models():
+    out = {}
+    for name in KEPT_FILES:
+        path = FIXTURES / f"kquant-{name}.gguf"
+        out[name] = (load_gguf(path, quantized=True)[0], load_gguf(path)[0], path)
+    return out
+
+
+@pytest.mark.parametrize("name", KEPT_FILES)
+def test_kept_as_the_file_types_them_at_its_size(models, name):
+    kept, _, path = models[name]
+    types = {n: t.qtype for n, t in read_gguf(path).tensors.items()}
+    table = kept.embed.wte
+    assert isinstance(table, BlockEmbedding) and table.qtype == types["token_embd.weight"]
+    assert kept.head.parts[0][1] is table.blocks  # tied: the head reads the table's own rows
+    for i, block in enumerate(kept.blocks):
+        qkv = block.attn.qkv
+        assert isinstance(qkv, BlockLinear)
+        assert qkv.qtypes in ((types[f"blk.{i}.attn_q.weight"],), tuple(
+            types[f"blk.{i}.attn_{p}.weight"] for p in "qkv"))  # fmt: skip
+        assert block.ff.proj.qtypes == (types[f"blk.{i}.ffn_down.weight"],)
+    held = sum(b.nbytes for n, b in kept.named_buffers() if "blocks" in n)  # the tie once
+    in_file = sum(t.nbytes for t in read_gguf(path).tensors.values() if t.qtype != "F32")
+    assert held == in_file
+
+
+@pytest.mark.skipif(not _native(), reason="lamina.native not built here")
+@pytest.mark.parametrize("name", KEPT_FILES)
+def test_native_steps_within_kernel_tolerance_and_greedy_tokens_equal(models, name):
+    kept, ref, _ = models[name]
+    ids = torch.randint(3, 320, (2, 20), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        caches = kept.make_caches(2, 20)
+        ref(ids[:, :10], caches=caches)  # the same cache for both
+        engine = native.native_step(kept, caches)
+        assert engine is not None, native.unsupported(kept)
+        got = torch.stack(
+            [engine.step(ids[:, t].tolist(), [t] * 2, [0] * 2) for t in range(10, 20)], 1
+        )
+        want = ref(ids)[:, 10:]
+    err = ((got - want).norm() / want.norm()).item()
+    assert err < 1e-3, err  # inputs rounded to int16 per 32: ~1e-4
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+    prompt = [[1, 40, 41, 300, 7]]
+    assert torch.equal(lamina.generate(kept, prompt, 32), lamina.generate(ref, prompt, 32))

@@ -1,0 +1,98 @@
+"""The native step's batched decode (NativeStep.step_batch): sequences of different lengths,
+each in its own cache row, decoded together equal each decoded alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lamina import GPT, GPTConfig, LaminaError, native, quantize
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built():
+    why = native.reason()
+    if why is not None and any(s in why for s in ("lacks", "x86-64", "no C compiler", "=0")):
+        pytest.skip(f"native step not available here: {why}")
+    assert native.available(), why
+
+
+def _model(scheme: str) -> GPT:
+    torch.manual_seed(3)
+    cfg = GPTConfig(
+        vocab_size=97, block_size=64, d_model=64, n_heads=4, n_layers=2, d_ff=128,
+        positions="rope", norm="rms", activation="swiglu", n_kv_heads=2, bias=False,
+    )  # fmt: skip
+    model = GPT(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(4)
+    return quantize(model, "int4", group_size=32) if scheme == "int4" else model
+
+
+def _alone(model: GPT, prompt: list[int], steps: int) -> tuple[list[int], list[torch.Tensor]]:
+    """Greedy tokens and logits of one sequence decoded by itself through `step`."""
+    with torch.no_grad():
+        caches = model.make_caches(1, 40)
+        if len(prompt) > 1:
+            model(torch.tensor([prompt[:-1]]), caches=caches)
+        engine = native.native_step(model, caches)
+        tok, out, got = prompt[-1], [], []
+        for _ in range(steps):
+            row = engine.step([tok], [caches[0].pos], [0])[0]
+            got.append(row)
+            tok = int(row.argmax())
+            out.append(tok)
+    return out, got
+
+
+@pytest.mark.parametrize("scheme", ["fp32", "int4"])
+def test_batched_rows_equal_each_row_decoded_alone(scheme):
+    model = _model(scheme)
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [12], [13, 14, 15]]  # three lengths
+    rows = [2, 0, 1]  # each sequence in its own cache row, not in batch order
+    steps = 12
+    with torch.no_grad():
+        caches = model.make_caches(3, 40)
+        for prompt, row in zip(prompts, rows, strict=True):  # each row filled by itself
+            own = model.make_caches(1, 40)
+            if len(prompt) > 1:
+                model(torch.tensor([prompt[:-1]]), caches=own)
+            for c, o in zip(caches, own, strict=True):
+                c.k[row, :, : o.pos], c.v[row, :, : o.pos] = o.k[0, :, : o.pos], o.v[0, :, : o.pos]
+        engine = native.native_step(model, caches)
+        slots = [len(p) - 1 for p in prompts]
+        toks = [p[-1] for p in prompts]
+        outs, logits = [[] for _ in prompts], [[] for _ in prompts]
+        for _ in range(steps):
+            got = engine.step_batch(toks, slots, slots, rows=rows)
+            for i in range(3):
+                logits[i].append(got[i])
+                toks[i] = int(got[i].argmax())
+                outs[i].append(toks[i])
+            slots = [s + 1 for s in slots]
+    assert all(c.pos == 0 for c in caches)  # step_batch leaves the caches' pos alone
+    for i, prompt in enumerate(prompts):
+        want_toks, want = _alone(model, prompt, steps)
+        assert outs[i] == want_toks, i
+        diff = (torch.stack(logits[i]) - torch.stack(want)).abs().max().item()
+        scale = torch.stack(want).abs().max().item()
+        # the tiled path sums a row's blocks in another order than the one-row path (int4: a
+        # scale part and a minimum part that nearly cancel, so the order shows more)
+        assert diff <= (1e-5 if scheme == "fp32" else 1e-4) * scale, (i, diff, scale)
+
+
+def test_bad_batches_are_refused():
+    model = _model("fp32")
+    with torch.no_grad():
+        caches = model.make_caches(2, 8)
+    engine = native.native_step(model, caches)
+    for args, kw in (
+        (([1, 2], [0, 0], [0, 0]), {"rows": [1, 1]}),  # two sequences in one cache row
+        (([1, 2], [0, 0], [0, 8]), {}),  # slot past the caches
+        (([1, 2], [0, 0], [0, 0]), {"rows": [0, 2]}),  # a row the caches lack
+        (([1, 2], [0, 0], [0, 1]), {"starts": [0, 2]}),  # first slot after the slot
+        (([1, 2, 3], [0, 0, 0], [0, 0, 0]), {"rows": [0, 1, 0]}),
+    ):
+        with pytest.raises(LaminaError):
+            engine.step_batch(*args, **kw)

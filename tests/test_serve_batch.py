@@ -1,0 +1,161 @@
+"""lamina serve's continuous batch: requests decode together, each as it would alone; n
+choices; log-probabilities; bounded memory; a request that finds no slot in time gets 503."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("starlette")
+openai = pytest.importorskip("openai")
+
+import torch  # noqa: E402
+from chat_fixtures import ChatMLChars, talkative  # noqa: E402
+from serving import live_server, request  # noqa: E402
+
+from lamina.models import GPT, GPTConfig  # noqa: E402
+from lamina.serve import Engine, Limits  # noqa: E402
+from lamina.serve.batch import Sampling, Sequence  # noqa: E402
+
+PROMPTS = ["Hi", "Tell me about the sea, please", "What?", "A much longer question here, yes?"]
+
+
+def chat_engine(**limits) -> Engine:
+    tok = ChatMLChars()
+    torch.manual_seed(0)
+    config = GPTConfig.preset("llama-tiny", vocab_size=tok.vocab_size, block_size=256)
+    model = talkative(GPT(config).eval(), tok)
+    return Engine(model, tok, Limits(max_tokens=64, **limits))
+
+
+@pytest.fixture(scope="module")
+def server():
+    engine = chat_engine(slots=4, context=256)
+    with live_server(engine) as addr:
+        client = openai.OpenAI(base_url=f"http://{addr[0]}:{addr[1]}/v1", api_key="none")
+        yield engine, addr, client
+
+
+def ask(client, text: str, **kw):
+    return client.chat.completions.create(
+        model="x", messages=[{"role": "user", "content": text}], **kw
+    )
+
+
+def test_requests_decode_together_and_each_gets_what_it_gets_alone(server):
+    engine, _, client = server
+    alone = [
+        ask(client, p, max_tokens=24, temperature=0).choices[0].message.content for p in PROMPTS
+    ]
+    steps = engine.batcher.steps
+    got: dict[int, str] = {}
+
+    def one(i: int) -> None:
+        got[i] = ask(client, PROMPTS[i], max_tokens=24, temperature=0).choices[0].message.content
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(PROMPTS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert [got[i] for i in range(len(PROMPTS))] == alone
+    assert engine.batcher.widest >= 2  # some steps decoded several requests at once
+    assert engine.batcher.steps - steps < sum(len(a) for a in alone)
+
+
+def test_n_choices_are_n_sequences_seeded_one_after_another(server):
+    _, _, client = server
+    r = ask(client, "Hi", max_tokens=12, temperature=1.0, seed=5, n=3)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    texts = [c.message.content for c in r.choices]
+    for i in range(3):
+        alone = ask(client, "Hi", max_tokens=12, temperature=1.0, seed=5 + i)
+        assert alone.choices[0].message.content == texts[i]
+    assert r.usage.completion_tokens == sum(len(t) for t in texts if t) or r.usage.completion_tokens
+    greedy = ask(client, "Hi", max_tokens=8, temperature=0, n=2)
+    assert greedy.choices[0].message.content == greedy.choices[1].message.content
+
+
+def test_logprobs_are_the_models_log_softmax(server):
+    engine, addr, client = server
+    r = ask(client, "Hi", max_tokens=4, temperature=0, logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == 4 and all(len(c.top_logprobs) == 3 for c in content)
+    tok = engine.tokenizer
+    ids = tok.render_chat([{"role": "user", "content": "Hi"}])
+    with torch.no_grad():
+        ref = torch.log_softmax(engine.model(torch.tensor([ids]))[0, -1], -1)
+    first = content[0]
+    assert first.token == r.choices[0].message.content[0]
+    assert first.logprob == pytest.approx(float(ref.max()), abs=1e-4)
+    assert [t.logprob for t in first.top_logprobs] == pytest.approx(
+        ref.topk(3).values.tolist(), abs=1e-4
+    )
+    c = client.completions.create(model="x", prompt="Hi", max_tokens=3, temperature=0, logprobs=2)
+    lp = c.choices[0].logprobs
+    assert len(lp.tokens) == 3 and len(lp.top_logprobs[0]) <= 2 and lp.text_offset[0] == 0
+    status, _, body = request(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "a"}], "top_logprobs": 2},
+    )
+    assert status == 400 and body["error"]["param"] == "top_logprobs"
+
+
+def test_memory_is_the_configured_slots_and_context(server):
+    engine, _, _ = server
+    c = engine.model.config
+    k = engine.batcher.caches[0].k
+    assert tuple(k.shape) == (4, c.kv_heads, 256, c.head_dim)
+    assert len(engine.batcher.caches) == c.n_layers
+
+
+class Slow:
+    """A constraint that allows every token but takes its time (holds a slot for a while)."""
+
+    done = False
+
+    def allowed(self, n):
+        time.sleep(0.01)
+        mask = torch.ones(n, dtype=torch.bool)
+        mask[list(ChatMLChars().eot_ids)] = False  # never ends by itself
+        return mask
+
+    def consume(self, token):
+        pass
+
+
+def test_a_request_that_finds_no_free_slot_in_time_gets_503():
+    engine = chat_engine(slots=1, context=256, wait=0.3)
+    with live_server(engine) as addr:
+        stop = threading.Event()
+        ended = threading.Event()
+        hold = Sequence(
+            ChatMLChars().encode("Hi"),
+            Sampling(max_tokens=200, temperature=1.0),
+            lambda kind, _: ended.set() if kind != "token" else None,
+            constraint=Slow(),
+            cancel=stop,
+        )
+        engine.batcher.submit(hold)
+        time.sleep(0.1)
+        t0 = time.perf_counter()
+        status, resp, body = request(
+            addr, "POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}]}
+        )
+        waited = time.perf_counter() - t0
+        stop.set()
+        assert status == 503 and resp.getheader("retry-after") == "1", body
+        assert set(body["error"]) == {"message", "type", "param", "code"}
+        assert "slot" in body["error"]["message"] and 0.25 < waited < 5
+        assert ended.wait(5)
+        status, _, body = request(
+            addr,
+            "POST",
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "a"}], "max_tokens": 3},
+        )
+        assert status == 200 and body["choices"][0]["finish_reason"] in ("stop", "length")
