@@ -12,7 +12,7 @@ import pytest
 import lamina
 from lamina import GPT, GPTConfig
 from lamina.cli import main
-from lamina.data.tokenizers import CharTokenizer
+from lamina.tokenizers.kinds import CharTokenizer
 from lamina.training import sizing
 from lamina.training.progress import Heartbeat
 from lamina.training.sizing import MICRO_TOKENS, STEP_SHARE, choose
