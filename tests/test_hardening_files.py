@@ -17,8 +17,8 @@ import lamina
 from lamina import GPT, GPTConfig, LaminaError
 from lamina.cli import main
 from lamina.interop.adapters import save_lora_folder
-from lamina.interop.bundle import files_read
 from lamina.interop.gguf_write import save_gguf
+from lamina.interop.origin import files_read
 from lamina.lora import apply_lora
 from lamina.tokenizers.kinds import CharTokenizer
 

@@ -202,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     name = "lamina"  # "lamina VERB" once the verb is known
     try:
         args = build_parser().parse_args(argv)  # --help and --version write to stdout too
+        args.own_process = argv is None  # the command line of this process (not a caller's)
         name = f"lamina {args.verb}"
         resolve_model_specs(args)
         with warnings.catch_warnings():

@@ -88,14 +88,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _check_out(out: Path, force: bool, source: Path) -> None:
-    from lamina.interop.bundle import model_inputs
+    from lamina.interop.origin import model_inputs
 
     check_output_folder(out, force=force, inputs=model_inputs(source, "SOURCE"))
     check_writable(out, "--out")  # a file in the way, a read-only place: refused up front
 
 
 def _check_out_file(out: Path, force: bool, source: Path) -> None:
-    from lamina.interop.bundle import model_inputs
+    from lamina.interop.origin import model_inputs
 
     inputs = model_inputs(source, "SOURCE")
     check_output_file(out, inputs, "--out", seekable=True)

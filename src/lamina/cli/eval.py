@@ -171,7 +171,7 @@ def run_task(args: argparse.Namespace) -> int:
             raise LaminaError(f"--{flag} must be >= 1, got {value}")
     if args.output:  # the one output rule: never an input, checked before any work
         from lamina.files import check_output_file
-        from lamina.interop.bundle import model_inputs
+        from lamina.interop.origin import model_inputs
 
         inputs = [("--task", args.task), ("--data", args.data)]
         check_output_file(args.output, inputs + model_inputs(args.run))  # every file it reads

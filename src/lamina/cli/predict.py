@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     if bool(args.texts) == bool(args.input):
         raise LaminaError("give texts to label on the command line or --input FILE (one of them)")
     if args.output:
-        from lamina.interop.bundle import model_inputs
+        from lamina.interop.origin import model_inputs
 
         inputs = [("--input", None if args.input == "-" else args.input)]
         check_output_file(args.output, inputs + model_inputs(args.run, "RUN"))

@@ -136,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
         wait=args.wait,
     )
     engine = Engine(model, tokenizer, limits)
+    _ = engine.batcher  # the slots' KV caches, allocated now: one that cannot fit is refused here
     family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -52,6 +52,7 @@ from lamina.generation.conversation import common_prefix
 from lamina.generation.prompts import TextStream
 from lamina.generation.sampling import sample
 from lamina.native import native_step, usable
+from lamina.serve.kv_rows import copy_prefix, prefill_row, swap_rows, torch_step
 
 log = logging.getLogger("lamina.serve")
 
@@ -114,36 +115,6 @@ class _Row:
     ids: list[int] = field(default_factory=list)  # tokens whose keys and values it holds
     seq: Sequence | None = None
     used: float = 0.0
-
-
-class _RowsView:
-    """A layer's cache as the model sees it during a step: row r writes at lens[r]; keys up
-    to the longest row are returned (a view), the caller masks each row's columns past it."""
-
-    def __init__(self, cache: Any, lens: Tensor, width: int) -> None:
-        self.c, self.lens, self.width, self.pos = cache, lens, width, 0
-
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        B = k.shape[0]
-        rows = torch.arange(B)
-        self.c.k[rows, :, self.lens] = k[:, :, 0]
-        self.c.v[rows, :, self.lens] = v[:, :, 0]
-        return self.c.k[:B, :, : self.width], self.c.v[:B, :, : self.width]
-
-
-class _RowView:
-    """One row's cache from column `start` on (a prefill chunk)."""
-
-    def __init__(self, cache: Any, row: int, start: int) -> None:
-        self.c, self.row, self.pos = cache, row, start
-
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        end = self.pos + k.shape[2]
-        r = self.row
-        self.c.k[r, :, self.pos : end] = k[0]
-        self.c.v[r, :, self.pos : end] = v[0]
-        self.pos = end
-        return self.c.k[r : r + 1, :, :end], self.c.v[r : r + 1, :, :end]
 
 
 class Batcher:
@@ -268,9 +239,7 @@ class Batcher:
         best = max(range(len(self.rows)), key=lambda j: shared[j])
         if shared[best] > shared[i]:
             n = shared[best]
-            for c in self.caches:
-                c.k[i, :, :n] = c.k[best, :, :n]
-                c.v[i, :, :n] = c.v[best, :, :n]
+            copy_prefix(self.caches, best, i, n)
             row.ids = list(self.rows[best].ids[:n])
         else:
             del row.ids[shared[i] :]
@@ -290,9 +259,7 @@ class Batcher:
             return 0
         start = len(row.ids)
         chunk = seq.ids[start : start + budget]
-        views = [_RowView(c, i, start) for c in self.caches]
-        device = self.model.reference_tensor().device
-        logits = self.model(torch.tensor([chunk], device=device), caches=views, last_only=True)
+        logits = prefill_row(self.model, self.caches, i, start, chunk)
         row.ids.extend(chunk)
         row.used = time.monotonic()
         if len(row.ids) == len(seq.ids):
@@ -317,16 +284,7 @@ class Batcher:
         """Logits (B, V): row r's token at position lens[r], attending its columns 0..lens[r]."""
         if self._native is not None and usable(self.model):
             return self._native.step_batch(tokens, lens, lens)  # rows 0..B-1, each at its length
-        width = max(lens) + 1
-        device = self.model.reference_tensor().device
-        lens_t = torch.tensor(lens, device=device)
-        views = [_RowsView(c, lens_t, width) for c in self.caches]
-        masked = torch.arange(width, device=device)[None, :] > lens_t[:, None]
-        ids = torch.tensor(tokens, device=device)[:, None]
-        out = self.model(
-            ids, masked if masked.any() else None, positions=lens_t[:, None], caches=views
-        )
-        return out[:, -1]
+        return torch_step(self.model, self.caches, tokens, lens)
 
     def _next(self, i: int, logits: Tensor) -> None:
         """Sample row i's next token from its logits (V,); emit it; finish the row if done."""
@@ -390,13 +348,6 @@ class Batcher:
             self.decoding -= 1
 
     def _swap(self, i: int, j: int) -> None:
-        if i == j:
-            return
-        n = max(len(self.rows[i].ids), len(self.rows[j].ids))
-        if n:
-            for c in self.caches:
-                for t in (c.k, c.v):
-                    tmp = t[i, :, :n].clone()
-                    t[i, :, :n] = t[j, :, :n]
-                    t[j, :, :n] = tmp
-        self.rows[i], self.rows[j] = self.rows[j], self.rows[i]
+        if i != j:
+            swap_rows(self.caches, i, j, max(len(self.rows[i].ids), len(self.rows[j].ids)))
+            self.rows[i], self.rows[j] = self.rows[j], self.rows[i]

@@ -111,12 +111,13 @@ class TimeBudget:
             return self._first_step or self.first_guess
         return (now - mark_time) / (steps_done - mark_steps)
 
-    def observe(self, steps_done: int, now: float) -> None:
-        """Call after each step with the number of steps done in this budget and the clock."""
+    def observe(self, steps_done: int, now: float, took: float | None = None) -> None:
+        """Call after each step with the number of steps done in this budget and the clock
+        (`took`: the step's own seconds, so that setup before the first is not counted)."""
         if self.start is None:
             raise LaminaError("TimeBudget.begin() must be called first")
         if steps_done == 1:
-            self._first_step = now - self.start
+            self._first_step = now - self.start if took is None else took
         if steps_done == self.settle and self._mark is None:
             self._mark = (steps_done, now)
 
@@ -127,6 +128,8 @@ class TimeBudget:
         left = self.seconds - (now - self.start) - self.reserve
         rate = max(self.seconds_per_step(steps_done, now), 1e-6)
         more = int(left // rate)
+        if steps_done == 0 and left > 0:  # nothing measured yet: the first step is tried
+            more = max(more, 1)
         return step + max(0, more)
 
     def elapsed(self, now: float) -> float:

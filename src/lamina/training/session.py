@@ -155,6 +155,10 @@ def new_session(
     val_data = getattr(cfg.options, "val_data", None)  # a task's own input (classify's)
     inputs = [("--data", cfg.data), ("--val-data", val_data), ("--init-from", cfg.init_from)]
     inputs.append(("--tokenizer", cfg.tokenizer))  # a path (a run, a file); a kind never exists
+    if cfg.init_from is not None:  # every file opening it reads (a LoRA run's base, ...)
+        from lamina.interop.origin import model_inputs
+
+        inputs += model_inputs(cfg.init_from, "--init-from")
     run = RunDir.create(out, force=force, inputs=inputs) if out is not None else None
     try:
         session = _build(cfg.replace(out=absolute(out) if out is not None else None), run, None)
