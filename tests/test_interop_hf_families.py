@@ -269,3 +269,28 @@ def test_what_a_family_cannot_run_is_refused_by_name(config, message):
 
     with pytest.raises(LaminaError, match=message):
         config_from_hf({**BASE, **config})
+
+
+@pytest.mark.parametrize("name", ["gemma3", "phi3"])
+def test_peft_adapters_of_a_family(name, tmp_path):
+    """LoRA adapters on a Gemma 3 export under the record's names and peft applies them with
+    lamina's logits; Phi-3's fused qkv_proj has no per-projection PEFT name: refused by name."""
+    peft = pytest.importorskip("peft")
+    from lamina.interop.adapters import export_peft
+    from lamina.lora import apply_lora
+
+    build(name).save_pretrained(tmp_path / "base")
+    ours = apply_lora(lamina.open(tmp_path / "base").model, r=2, alpha=4, targets="all")
+    with torch.no_grad():
+        for n, p in ours.named_parameters():
+            if ".lora_B." in n:
+                p.normal_(0, 0.1)
+    if name == "phi3":
+        with pytest.raises(LaminaError, match="PEFT adapters of a Phi-3 model"):
+            export_peft(ours, tmp_path / "adapter", str(tmp_path / "base"))
+        return
+    export_peft(ours, tmp_path / "adapter", str(tmp_path / "base"))
+    base = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base")
+    theirs = peft.PeftModel.from_pretrained(base, tmp_path / "adapter").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(IDS).logits, ours(IDS), atol=1e-5, rtol=0)
