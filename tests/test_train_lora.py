@@ -126,3 +126,27 @@ def test_sft_task_trains_on_chats_with_the_prompt_masked(base, tmp_path, capsys)
     )
     assert "done at step 3" in said
     assert (tmp_path / "sft" / "adapters.safetensors").is_file()
+
+
+def test_sft_evaluates_on_a_held_out_file_on_assistant_tokens_only(base, tmp_path, capsys):
+    """--val-data (same formats as --data) is what an SFT run evaluates: all of --data trains,
+    and the held-out loss counts exactly the completion tokens of the held-out file."""
+    chats, held = tmp_path / "chats.jsonl", tmp_path / "held.jsonl"
+    rows = [{"prompt": f"{n}?", "completion": "yes" if n % 2 else "no"} for n in range(40)]
+    chats.write_text("\n".join(json.dumps(r) for r in rows), encoding="utf-8")
+    held_rows = [{"prompt": f"{n}?", "completion": a} for n, a in ((1, "yes"), (4, "no"))]
+    held.write_text("\n".join(json.dumps(r) for r in held_rows), encoding="utf-8")
+    args = ["train", "--task", "sft", "--init-from", str(base / "base"), "--data", str(chats)]
+    args += ["--lora", "--max-steps", "2", "--batch-size", "4", "--quiet", "--val-data"]
+    assert main([*args, str(held), "--out", str(tmp_path / "sft")]) == 0
+    capsys.readouterr()
+    from lamina.data.instruct import encode_example, parse_record
+
+    tok = lamina.open_model(base / "base").tokenizer
+    want = sum(sum(encode_example(tok, parse_record(r, "x"))[1][1:]) for r in held_rows)
+    metrics = [json.loads(x) for x in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[0]["val_target_tokens"] == want
+    train = json.loads((tmp_path / "sft" / "train_config.json").read_text())["train"]
+    assert train["options"]["val_data"] == str(held)
+    assert main([*args[:-1], "--task", "lm", "--val-data", str(held)]) == 2
+    assert "applies to --task classify / sft, not lm" in capsys.readouterr().err

@@ -149,11 +149,13 @@ def attention_mask(
     query always sees itself.
     """
     allowed = None
-    q_pos = torch.arange(t_k - t_q, t_k, device=device)[:, None]
-    k_pos = torch.arange(t_k, device=device)[None, :]
+    windowed = window is not None and t_k > window
+    if (causal and t_q > 1) or windowed:
+        q_pos = torch.arange(t_k - t_q, t_k, device=device)[:, None]
+        k_pos = torch.arange(t_k, device=device)[None, :]
     if causal and t_q > 1:
         allowed = (k_pos <= q_pos)[None, None]
-    if window is not None and t_k > window:
+    if windowed:
         if t_q == 1 and padding_mask is not None:
             seen = (~padding_mask).flip(-1).to(torch.uint8)  # (B, t_k), the last key first
             last = t_k - 1 - seen.argmax(-1, keepdim=True)  # (B, 1): each row's query column

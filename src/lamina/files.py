@@ -24,7 +24,12 @@ The output rule, for every verb that writes (a file or a folder):
     errors name the file. ``loads_json(text, where)`` / ``json_lines(text, source)``: parsing
     that refuses data nested deeper than ``MAX_JSON_DEPTH`` (one line, never a RecursionError);
     ``check_depth(value, limit, where)`` measures any JSON-like value without recursing.
+    ``to_json(data, **dumps_args)``: strict JSON text (NaN and infinities become null), what
+    every --json line and JSONL output prints: jq and JSON.parse reject NaN.
     ``fsync_dir(folder)``: make renames inside ``folder`` durable where the platform allows.
+    ``kind_of(path)``: "file", "folder", "FIFO", "character device", ... or "missing" (what a
+    reader says when a path is not the regular file it needs: an existing FIFO is no "not
+    found").
     ``mute_stream(stream)``: point a broken output stream's descriptor at /dev/null.
 
 What this module deliberately does not know: tensors, models, tokenizers and runs.
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import stat
@@ -52,14 +58,17 @@ __all__ = [
     "check_depth",
     "check_output_file",
     "check_output_folder",
+    "check_writable",
     "fsync_dir",
     "is_lamina_folder",
     "json_lines",
+    "kind_of",
     "loads_json",
     "mark_folder",
     "mute_stream",
     "read_json",
     "refuse_overlap",
+    "to_json",
     "write_json",
 ]
 
@@ -78,6 +87,19 @@ def mute_stream(stream: Any) -> None:
             os.dup2(null, fd)
         finally:
             os.close(null)
+
+
+def kind_of(path: str | os.PathLike[str]) -> str:
+    """What is at `path` (symlinks followed): "file", "folder", "FIFO", "character device",
+    "block device", "socket", or "missing"."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return "missing"
+    kinds = [(stat.S_ISREG, "file"), (stat.S_ISDIR, "folder"), (stat.S_ISFIFO, "FIFO"),
+             (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
+             (stat.S_ISSOCK, "socket")]  # fmt: skip
+    return next((name for test, name in kinds if test(mode)), "special file")
 
 
 def fsync_dir(folder: str | os.PathLike[str]) -> None:
@@ -151,6 +173,8 @@ def check_output_file(
             raise LaminaError(f"{flag} {p} is a FIFO; this file is written with seeks: give a file")
     elif not target.parent.is_dir():
         raise LaminaError(f"{flag} {p}: folder {target.parent} does not exist")
+    else:
+        check_writable(target.parent, flag, shown=p)
     return target
 
 
@@ -225,12 +249,27 @@ def check_output_folder(
             )
         if not force:
             raise LaminaError(f"{flag} {p} already exists; pick a new folder or pass --force")
-    base = target
+    check_writable(target, flag, shown=p)
+    return target
+
+
+def check_writable(path: str | os.PathLike[str], flag: str, shown: Any = None) -> None:
+    """Refuse, before any work, a place that cannot be written: a file where a folder should
+    be (`/etc/passwd/x`), a read-only or pseudo file system (`/proc`). Probes by creating and
+    removing one empty temp file in the nearest existing folder; errors name `flag` and
+    `shown` (default `path`), never a temp path."""
+    shown = path if shown is None else shown
+    base = Path(path)
     while not base.exists() and base.parent != base:
         base = base.parent
     if not base.is_dir():
-        raise LaminaError(f"{flag} {p}: {base} is a file, not a folder")
-    return target
+        raise LaminaError(f"{flag} {shown}: {base} is a file, not a folder")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".lamina-probe-", dir=base)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise LaminaError(f"{flag} {shown}: cannot write in {base} ({e.strerror or e})") from None
 
 
 def build_folder(
@@ -274,6 +313,21 @@ def build_folder(
         shutil.rmtree(old, ignore_errors=True)
     fsync_dir(target.parent)
     return Path(out)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def to_json(data: Any, **dumps_args: Any) -> str:
+    """`json.dumps(data)` as strict JSON: a NaN or an infinity anywhere becomes null."""
+    return json.dumps(_finite(data), allow_nan=False, **dumps_args)
 
 
 def write_json(path: str | os.PathLike[str], data: Any) -> None:

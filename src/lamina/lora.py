@@ -25,6 +25,11 @@ table, which merging would change too). Presets: "qv", "attn" (q k v o), "mlp" (
 down), "all" (attn + mlp). A target the model does not have (gate on a GELU model) is skipped;
 a list naming nothing the model has is refused.
 
+Over a quantized base, gradients reach the input through the dequantized matmul
+(`frozen_linear`: the weights dequantized in the forward and again in the backward, never kept
+in float between them); the quantized linears no adapter wraps (a tied head, an untargeted
+projection) are wrapped in FrozenLinear for that, and unwrapped by merge_lora.
+
 Deliberately unaware of files, tokenizers, optimizers and training loops (the model's
 `lora_parameters` are what an optimizer gets); it never imports quant: a quantized base is
 anything with `dequantized(dtype)`, rebuilt through its own `from_linear` on merge.
@@ -38,10 +43,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lamina.errors import LaminaError
+from lamina.frozen_linear import FrozenLinear, frozen_linear
 from lamina.models.config import GPTConfig
 from lamina.models.gpt import GPT
 from lamina.models.params import count_params
@@ -176,8 +181,7 @@ class LoRALinear(nn.Module):
 
     def _base(self, x: Tensor) -> Tensor:
         if is_quantized(self.base) and torch.is_grad_enabled():
-            # the int8/int4 CPU kernels have no backward; the dequantized matmul has one
-            return F.linear(x, self.base.dequantized(x.dtype), self.base.bias)
+            return frozen_linear(x, self.base)
         return self.base(x)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -285,8 +289,15 @@ def apply_lora(model: GPT, config: LoRAConfig | None = None, **fields: Any) -> G
     for parent, attr, segs, adapted in plan:
         wrapped = LoRALinear(getattr(parent, attr), segs, adapted, config)
         setattr(parent, attr, wrapped.train(parent.training))  # the model's mode, not train()
+    for _, parent, attr, _ in _segments(model):  # the other quantized linears pass gradients
+        if is_quantized(getattr(parent, attr)):
+            setattr(parent, attr, FrozenLinear(getattr(parent, attr)))
     model.lora = config
     return model
+
+
+def _frozen(model: nn.Module) -> list[tuple[str, FrozenLinear]]:
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, FrozenLinear)]
 
 
 def lora_modules(model: nn.Module) -> dict[str, LoRALinear]:
@@ -339,10 +350,10 @@ def merge_lora(model: GPT) -> GPT:
     """
     if lora_config(model) is None:
         raise LaminaError("this model has no LoRA adapters to merge")
-    for path, m in lora_modules(model).items():
+    for path, m in [*lora_modules(model).items(), *_frozen(model)]:
         parent_path, _, attr = path.rpartition(".")
         parent = model.get_submodule(parent_path) if parent_path else model
-        setattr(parent, attr, m.merged())
+        setattr(parent, attr, m.base if isinstance(m, FrozenLinear) else m.merged())
     del model.lora
     if getattr(model, "quantization", None) is None:
         for p in model.parameters():

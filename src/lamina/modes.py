@@ -49,12 +49,16 @@ def non_finite(module: nn.Module) -> str | None:
     return None
 
 
-def check_finite(module: nn.Module, where: str, advice: str = "retrain with a lower --lr") -> None:
+DIVERGED = "it was saved after training diverged: retrain with a lower --lr"
+
+
+def check_finite(module: nn.Module, where: str, advice: str = DIVERGED) -> None:
     """Refuse a model whose weights hold NaN or infinity, naming `where` and the tensor;
-    `advice` is what the user can do (the default suits a run that diverged)."""
+    `advice` is the likely cause and what the user can do (the default suits a run that
+    diverged; a downloaded file is damaged or was written from a diverged model)."""
     name = non_finite(module)
     if name is not None:
         raise LaminaError(
-            f"{where}: the model's weights are not finite (NaN or infinity in {name}); it was "
-            f"saved after training diverged and cannot be used - {advice}"
+            f"{where}: the model's weights are not finite (NaN or infinity in {name}), so it "
+            f"cannot be used; {advice}"
         )

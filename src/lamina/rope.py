@@ -16,8 +16,9 @@ rotary (Phi-3's partial_rotary_factor, GPT-NeoX's rotary_pct) rotates only the f
     between, exactly as transformers' `_compute_llama3_parameters`;
   * "longrope" (Phi-3 128k, Phi-4-mini): inv_freq[j] = theta^(-2j/r) / ext[j], with
     ext = short_factor while the sequence is at most original_max_positions long and
-    long_factor past it (the sequence length is the largest position + 1, over the whole
-    batch, as transformers' `longrope_frequency_update` decides it); cos and sin are multiplied
+    long_factor past it (the sequence length is the largest position + 1, as transformers'
+    `longrope_frequency_update` decides it; for (B, T) positions each row decides for itself,
+    so a row computes in a batch what it computes alone); cos and sin are multiplied
     by attention_factor, by default sqrt(1 + ln(factor) / ln(original_max_positions)) (1 when
     factor <= 1), as `_compute_longrope_parameters`. A cached decode that crosses
     original_max_positions keeps its earlier keys rotated with the short factors, as
@@ -173,13 +174,15 @@ def rotary_tables(
 
     `head_dim` is the rotated width r. Angle of pair j (dims j and j + r/2) at position p:
     p * theta^(-2j/r), frequencies stretched by `scaling` when given. For longrope the short or
-    long factors are chosen on the device (no host sync), by the largest position.
+    long factors are chosen on the device (no host sync), by the largest position (of each row,
+    for (B, T) positions).
     """
     inv_freq = rotary_frequencies(head_dim, theta, scaling, positions.device)
     if scaling is not None and scaling.kind == "longrope":
         long = rotary_frequencies(head_dim, theta, scaling, positions.device, long=True)
-        past = positions.max() + 1 > scaling.original_max_positions
-        inv_freq = torch.where(past, long, inv_freq)
+        last = positions.amax(-1, keepdim=True) if positions.dim() > 1 else positions.max()
+        past = last + 1 > scaling.original_max_positions  # () or (B, 1)
+        inv_freq = torch.where(past[..., None], long, inv_freq)  # (r/2,) or (B, 1, r/2)
     angles = positions.float()[..., None] * inv_freq  # (..., r/2)
     angles = torch.cat([angles, angles], dim=-1)  # (..., r): the same angle for j and j + r/2
     cos, sin = angles.cos(), angles.sin()

@@ -58,7 +58,7 @@ class TensorFile:
                 if not 2 <= n <= min(MAX_HEADER, size - 8):
                     raise LaminaError(f"{p} is not a readable safetensors file (bad header size)")
                 header = json.loads(f.read(n).decode("utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError) as e:
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:  # nested deep
             raise LaminaError(f"{p} is not a readable safetensors file ({e})") from None
         if not isinstance(header, dict):
             raise LaminaError(f"{p} is not a readable safetensors file (header is not an object)")

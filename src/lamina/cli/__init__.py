@@ -18,7 +18,6 @@ import errno
 import importlib
 import os
 import sys
-import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -83,20 +82,10 @@ def resolve_model_specs(args: argparse.Namespace) -> None:
 
 
 def check_writable(path: Path, flag: str) -> None:
-    """Refuse, before any work, a folder to write into that cannot be made or written: a file
-    where a folder should be (`/etc/passwd/x`), a read-only or pseudo file system (`/proc`).
-    Probes by creating and removing one empty temp file in the nearest existing folder."""
-    base = path
-    while not base.exists() and base.parent != base:
-        base = base.parent
-    if not base.is_dir():
-        raise LaminaError(f"{flag} {path}: {base} is a file, not a folder")
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".lamina-probe-", dir=base)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
-        raise LaminaError(f"{flag} {path}: cannot write in {base} ({e.strerror or e})") from None
+    """Refuse, before any work, a place that cannot be written (`lamina.files.check_writable`)."""
+    from lamina.files import check_writable as probe
+
+    probe(path, flag)
 
 
 def open_for(
@@ -106,24 +95,30 @@ def open_for(
     *,
     tokenizer: bool = True,
     device: str = "cpu",
-    quantized: bool | None = False,
+    quantized: bool | str | None = False,
 ) -> Bundle:
     """The one way a verb opens its model: `lamina.open(source)` (`quantized` passed through),
     then what the verb needs (`Bundle.require`: a decoder, a classifier or either, and a
     tokenizer unless `tokenizer=False`), then finite weights (`lamina.modes.check_finite`).
     Each refusal is one LaminaError naming `source` and, for a missing kind, `verb`.
     `quantized=None` (a verb that only runs the model: lamina.open's own choice, a GGUF's
-    blocks kept where a kernel runs them) also prints one note where PyTorch will run the
-    decode step (`flags.note_kernel`); False (the default) opens float weights."""
+    blocks kept where a kernel runs them), True or "int8"/"int4" also print one note where
+    PyTorch will run the decode step (`flags.note_kernel`); False (the default) opens float
+    weights, for a verb that changes them."""
     from lamina.interop.bundle import open_model
     from lamina.modes import check_finite
 
     bundle = open_model(source, device=device, quantized=quantized)
     bundle.require(needs, tokenizer=tokenizer, verb=verb)
     trained_here = bundle.origin.kind == "run"
-    advice = "retrain with a lower --lr" if trained_here else "use another copy of the model"
+    advice = (
+        "it was saved after training diverged: retrain with a lower --lr"
+        if trained_here
+        else "the file is damaged or was written from a model that had diverged: use another "
+        "copy of the model"
+    )
     check_finite(bundle.model, str(source), advice=advice)
-    if quantized is None:
+    if quantized is not False:
         from lamina.cli.flags import note_kernel
 
         note_kernel(verb, bundle.model)
@@ -196,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     name = "lamina"  # "lamina VERB" once the verb is known
     try:
         args = build_parser().parse_args(argv)  # --help and --version write to stdout too
+        args.own_process = argv is None  # the command line of this process (not a caller's)
         name = f"lamina {args.verb}"
         resolve_model_specs(args)
         with warnings.catch_warnings():

@@ -76,7 +76,7 @@ def out_path(args: argparse.Namespace) -> tuple[Path, str]:
 
     if out.is_dir():
         raise LaminaError(f"--out {out} is a folder: give a file name, e.g. {out / 'maps.png'}")
-    from lamina.interop.bundle import model_inputs
+    from lamina.interop.origin import model_inputs
 
     check_output_file(out, model_inputs(args.run, "RUN"), "--out")
     return out, fmt or "png"

@@ -30,7 +30,13 @@ from typing import Any
 
 from lamina.cli import check_writable, open_for
 from lamina.errors import LaminaError
-from lamina.files import build_folder, check_output_file, check_output_folder, refuse_overlap
+from lamina.files import (
+    build_folder,
+    check_output_file,
+    check_output_folder,
+    kind_of,
+    refuse_overlap,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -82,14 +88,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _check_out(out: Path, force: bool, source: Path) -> None:
-    from lamina.interop.bundle import model_inputs
+    from lamina.interop.origin import model_inputs
 
     check_output_folder(out, force=force, inputs=model_inputs(source, "SOURCE"))
     check_writable(out, "--out")  # a file in the way, a read-only place: refused up front
 
 
 def _check_out_file(out: Path, force: bool, source: Path) -> None:
-    from lamina.interop.bundle import model_inputs
+    from lamina.interop.origin import model_inputs
 
     inputs = model_inputs(source, "SOURCE")
     check_output_file(out, inputs, "--out", seekable=True)
@@ -161,7 +167,8 @@ def run(args: argparse.Namespace) -> int:
     if args.gguf_type is not None and args.dst_format != "gguf":
         raise LaminaError("--type applies to --to gguf only")
     if args.src_format == "gguf" and not source.is_file():
-        what = "a folder" if source.is_dir() else "not found"
+        kind = kind_of(source)
+        what = "not found" if kind == "missing" else f"a {kind}"
         raise LaminaError(f"--from gguf {source}: {what}; expected a .gguf file")
     if args.dst_format == "gguf":
         _check_out_file(out, args.force, source)

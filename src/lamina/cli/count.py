@@ -14,6 +14,7 @@ from pathlib import Path
 
 from lamina.cli.flags import add_config_overrides, config_overrides
 from lamina.errors import LaminaError
+from lamina.files import loads_json
 from lamina.models.config import GPT_PRESETS, GPTConfig
 
 META_MAX_LAYERS = 512  # deeper than any published GPT; building meta modules stays < 1 s
@@ -23,7 +24,7 @@ def config_from_args(args: argparse.Namespace) -> GPTConfig:
     if getattr(args, "config", None):
         path = Path(args.config)
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = loads_json(path.read_text(encoding="utf-8"), str(path))
         except json.JSONDecodeError as exc:
             raise LaminaError(f"{path} is not valid JSON: {exc}") from exc
         base = GPTConfig.from_dict(data.get("model", data) if isinstance(data, dict) else data)

@@ -27,7 +27,6 @@ NaN or infinity is refused in one line.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
@@ -36,6 +35,7 @@ from typing import Any
 
 from lamina.cli import open_for
 from lamina.cli.flags import add_keep_quantized
+from lamina.files import to_json
 
 DEFAULT_WINDOW = 1024  # window cap (tokens): a long-context model's full block is slow
 LOGITS_BUDGET = 1 << 28  # floats of logits one forward may make (1 GiB in fp32)
@@ -171,7 +171,7 @@ def run_task(args: argparse.Namespace) -> int:
             raise LaminaError(f"--{flag} must be >= 1, got {value}")
     if args.output:  # the one output rule: never an input, checked before any work
         from lamina.files import check_output_file
-        from lamina.interop.bundle import model_inputs
+        from lamina.interop.origin import model_inputs
 
         inputs = [("--task", args.task), ("--data", args.data)]
         check_output_file(args.output, inputs + model_inputs(args.run))  # every file it reads
@@ -200,15 +200,18 @@ def _choices(args: argparse.Namespace, task: Any, model: Any, tokenizer: Any) ->
         rows = []
         for i, (item, s) in enumerate(zip(task.items, scores, strict=True)):
             extra = task.meta[i] if i < len(task.meta) else {}
-            rows.append({
+            row = {
                 "index": i, "context": item.context, "choices": list(item.choices),
                 "gold": s.gold, "pred": s.pred, "pred_norm": s.pred_norm,
                 "logliks": list(s.logliks), "tokens": list(s.tokens), "acc": s.acc,
-                "acc_norm": s.acc_norm, **extra,
-            })  # fmt: skip
+                "acc_norm": s.acc_norm,
+            }  # fmt: skip
+            clash = {k: v for k, v in extra.items() if k in row}  # never over what was computed
+            row |= {k: v for k, v in extra.items() if k not in row}
+            rows.append(row | ({"task_fields": clash} if clash else {}))
         _write_jsonl(args.output, rows)
     if args.json:
-        print(json.dumps(result))
+        print(to_json(result))
         return 0
     about = f" ({task.about})" if task.about else ""
     print(f"{task.name}{about}: {result['items']:,} items from {task.source}")
@@ -236,7 +239,7 @@ def _perplexity(args: argparse.Namespace, task: Any, model: Any, tokenizer: Any)
     if args.output:
         _write_jsonl(args.output, [{"index": i, **t.as_dict()} for i, t in enumerate(res.parts)])
     if args.json:
-        print(json.dumps(result))
+        print(to_json(result))
         return 0
     print(f"{task.name}: {res.texts:,} texts, {res.tokens:,} tokens scored, {res.chars:,} "
           f"characters, {res.bytes:,} bytes (window {window}, stride {stride})")  # fmt: skip
@@ -253,7 +256,7 @@ def _perplexity(args: argparse.Namespace, task: Any, model: Any, tokenizer: Any)
 def _write_jsonl(path: str, rows: list[dict[str, Any]]) -> None:
     from lamina.files import atomic_write
 
-    blob = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
+    blob = "".join(to_json(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
     atomic_write(path, lambda f: f.write(blob))
     print(f"lamina eval: {len(rows)} items -> {path}", file=sys.stderr)
 
@@ -306,7 +309,7 @@ def run_validation(args: argparse.Namespace) -> int:
     unit = "char" if getattr(tokenizer, "kind", "") == "char" else "token"
     result = {"run": str(args.run), "data": name, **summary(loss, n, unit, chars)}
     if args.json:
-        print(json.dumps(result))
+        print(to_json(result))
         return 0
     where = f"{n:,} tokens" + (f", {chars:,} characters" if chars else "")
     print(f"{result['data']}: validation split, {where}")

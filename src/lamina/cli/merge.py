@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from lamina.checkpoint import save_model
     from lamina.files import build_folder, check_output_folder
     from lamina.interop.adapters import export_peft, is_lora_folder, read_lora_folder
-    from lamina.interop.bundle import model_inputs
+    from lamina.interop.origin import model_inputs
     from lamina.lora import lora_config, merge_lora
 
     source = Path(args.run)

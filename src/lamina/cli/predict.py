@@ -15,12 +15,12 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lamina.cli import open_for
+from lamina.files import to_json
 
 if TYPE_CHECKING:
     from lamina.interop.bundle import Bundle
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     if bool(args.texts) == bool(args.input):
         raise LaminaError("give texts to label on the command line or --input FILE (one of them)")
     if args.output:
-        from lamina.interop.bundle import model_inputs
+        from lamina.interop.origin import model_inputs
 
         inputs = [("--input", None if args.input == "-" else args.input)]
         check_output_file(args.output, inputs + model_inputs(args.run, "RUN"))
@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     for text, row in zip(texts, probs, strict=True):
         probs_by_label = {lab: round(float(p), 6) for lab, p in zip(labels, row, strict=True)}
         record = {"text": text, "label": labels[int(row.argmax())], "probs": probs_by_label}
-        lines.append(json.dumps(record, ensure_ascii=False) + "\n")
+        lines.append(to_json(record, ensure_ascii=False) + "\n")
     blob = "".join(lines)
     if args.output:
         data = blob.encode("utf-8")
@@ -172,7 +172,7 @@ def evaluate_classifier(args: argparse.Namespace, bundle: Bundle | None = None) 
         **scores(confusion(truth, probs.argmax(1), len(labels)), labels),
     }
     if args.json:
-        print(json.dumps(result))
+        print(to_json(result))
         return 0
     print(f"{data.source}: {len(truth):,} texts" + (f" ({cut:,} cut to fit)" if cut else ""))
     print(f"  accuracy  {result['accuracy']:.4f}")

@@ -61,7 +61,7 @@ def _size(path: Path) -> int:
 def run(args: argparse.Namespace) -> int:
     from lamina.checkpoint import save_model
     from lamina.files import build_folder, check_output_folder
-    from lamina.interop.bundle import model_inputs
+    from lamina.interop.origin import model_inputs
     from lamina.quant import quantize, scheme_of
 
     source, out = Path(args.run), Path(args.out)

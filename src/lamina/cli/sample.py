@@ -212,16 +212,13 @@ def run(args: argparse.Namespace) -> int:
 
     from lamina.generation import stream
 
-    # --quantize and --dtype bfloat16 start from the float weights, unless --keep-quantized
-    keep = args.keep_quantized
-    if keep is None and (args.quantize or args.dtype == "bfloat16"):
+    # --quantize: lamina.open quantizes (a Hugging Face folder as it reads it, no fp32 copy);
+    # --dtype bfloat16 starts from the float weights
+    keep = args.quantize or args.keep_quantized
+    if keep is None and args.dtype == "bfloat16":
         keep = False
     bundle = open_for(args.run, "sample", device=args.device, quantized=keep)
     model, tokenizer = bundle.model, bundle.tokenizer
-    if args.quantize:
-        from lamina.quant import quantize
-
-        quantize(model, args.quantize)
     if args.dtype == "bfloat16":
         model = model.to(torch.bfloat16)
     prompt = read_prompt(args, tokenizer)

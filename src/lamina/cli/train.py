@@ -14,7 +14,10 @@ Refused up front, in one line: --nproc below 1, --fsdp without --nproc >= 2, an 
 task's option given to another task; a negative --seed (TrainConfig: seeds are >= 0). The run directory is locked while training (a second `lamina
 train` on it is refused naming the first one's pid). Progress survives a broken stdout (e.g.
 `| head`): output stops, training and checkpoints go on. A run that ends before its first step
-(a --max-time shorter than the setup) exits 1 and says so.
+(a --max-time shorter than the setup) exits 1 and says so. With --max-time (and neither
+--batch-size nor --micro-batch-size typed, one process, not a resume) a probe step sizes the
+batch, the evaluations and the warmup to the budget first (`training.sizing`); the budget
+counts from the process's start.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import typing
 from typing import Any
 
 from lamina.cli.flags import add_config_overrides, config_overrides, field_flag
-from lamina.training.config import parse_duration
+from lamina.training.schedule import parse_duration
 
 
 def train_flags() -> list[tuple[str, str, dict[str, Any], str]]:
@@ -150,8 +153,22 @@ def check_flags(args: argparse.Namespace, given: dict[str, Any]) -> None:
             raise LaminaError(f"--{name} must name a folder, got an empty string")
 
 
+def process_age() -> float:
+    """Seconds since this process started, from /proc (0.0 where it cannot be read)."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            started_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime", encoding="ascii") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - started_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def run(args: argparse.Namespace) -> int:
-    started = time.perf_counter()
+    # --max-time counts from the start of the process (interpreter, imports) when this command
+    # is the process's own; a caller's main([...]) counts from the call
+    started = time.perf_counter() - (process_age() if getattr(args, "own_process", False) else 0)
     given = given_flags(args)
     check_flags(args, given)
     if "max_time" in given:
@@ -198,7 +215,7 @@ def _train(
             make_config(given), out=where, force=args.force, command=command, **layout
         )
     try:
-        return _run(args, session, world, out, started)
+        return _run(args, session, world, out, started, set(given))
     finally:
         if session.run is not None:
             session.run.release()
@@ -211,11 +228,14 @@ def _same_folder(a: str, b: str) -> bool:
         return os.path.abspath(a) == os.path.abspath(b)
 
 
-def _run(args: argparse.Namespace, session: Any, world: Any, out: str, started: float) -> int:
+def _run(
+    args: argparse.Namespace, session: Any, world: Any, out: str, started: float, given: set[str]
+) -> int:
     from lamina.training.distributed import place
     from lamina.training.loop import run_training
     from lamina.training.progress import safe_print
     from lamina.training.registry import finished
+    from lamina.training.sizing import size_to_budget
 
     if world.writer and session.run.stale_pid:
         print(
@@ -224,6 +244,11 @@ def _run(args: argparse.Namespace, session: Any, world: Any, out: str, started: 
             file=sys.stderr,
         )
     placement = place(session, world)
+    clock, started_at = world.timing(started, session.cfg.max_time is not None)
+    sized = {"batch_size", "micro_batch_size"} & given
+    if session.cfg.max_time and world.size == 1 and not args.resume and not sized:
+        session = size_to_budget(session, placement, clock, clock() - started_at, given,
+                                 safe_print)  # fmt: skip
     c = session.cfg
     budget = f"{c.max_time:g} s" if c.max_time else f"{c.max_steps} steps"
     n_params = sum(p.numel() for p in session.model.parameters())
@@ -237,7 +262,6 @@ def _run(args: argparse.Namespace, session: Any, world: Any, out: str, started: 
             f"{'bf16' if session.bf16 else 'fp32'} on {session.device}"
             f"{procs if world.size > 1 else ''}; run dir {out}"
         )
-    clock, started_at = world.timing(started, c.max_time is not None)
     silent = None if world.writer else open(os.devnull, "w")  # noqa: SIM115 - other ranks
     result = run_training(
         session,

@@ -33,7 +33,7 @@ import numpy as np
 from lamina.data.sources import corpus_files as source_files
 from lamina.data.sources import read_pieces, scan
 from lamina.errors import LaminaError
-from lamina.files import atomic_write
+from lamina.files import atomic_write, kind_of
 
 if TYPE_CHECKING:
     from lamina.tokenizers.kinds import Tokenizer
@@ -195,7 +195,8 @@ def load_tokens(path: str | os.PathLike[str], mmap: bool = False) -> np.ndarray:
     """Read an array written by ``save_tokens`` (dtype kept); ``mmap=True`` maps it read-only."""
     p = Path(path)
     if not p.is_file():
-        raise LaminaError(f"no such token file: {p}")
+        kind = kind_of(p)
+        raise LaminaError(f"no such token file: {p}" if kind == "missing" else f"{p} is a {kind}")
     try:
         tokens = np.load(p, allow_pickle=False, mmap_mode="r" if mmap else None)
     except (ValueError, OSError, EOFError) as e:

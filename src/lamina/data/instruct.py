@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 
 from lamina.errors import LaminaError
+from lamina.files import loads_json
 
 IGNORE = -100  # the target value cross_entropy's ignore_index skips
 ROLES = ("system", "user", "assistant", "tool")
@@ -116,13 +117,13 @@ def _jsonl_records(text: str) -> list[tuple[Any, int]] | None:
     if not lines or not lines[0][1].lstrip().startswith("{"):
         return None
     try:
-        json.loads(lines[0][1])
+        loads_json(lines[0][1], f"line {lines[0][0]}")
     except json.JSONDecodeError:
         return None
     out = []
     for n, line in lines:
         try:
-            out.append((json.loads(line), n))
+            out.append((loads_json(line, f"line {n}"), n))
         except json.JSONDecodeError as e:
             raise LaminaError(f"line {n}: not valid JSON ({e.msg})") from None
     return out
@@ -138,7 +139,7 @@ def read_examples(path: str | os.PathLike[str]) -> list[Example] | None:
     stripped = text.lstrip()
     if stripped.startswith("["):
         try:
-            items = json.loads(text)
+            items = loads_json(text, str(p))
         except json.JSONDecodeError:
             return None  # text that happens to start with a bracket
         if not isinstance(items, list) or not items:

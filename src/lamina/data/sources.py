@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import codecs
 import gzip
-import json
 import os
 import warnings
 import zlib
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from lamina.errors import LaminaError, LaminaWarning
+from lamina.files import loads_json
 
 SUFFIXES = (".txt", ".jsonl", ".txt.gz", ".jsonl.gz")
 PIECE_CHARS = 1 << 20
@@ -211,7 +211,7 @@ def _jsonl_line(path: Path, lineno: int, line: str, skip_bad: bool, bad: list[in
     if not line.strip():
         return
     try:
-        obj = json.loads(line)
+        obj = loads_json(line, f"{path} line {lineno}")
         problem = None if isinstance(obj, dict) and isinstance(obj.get("text"), str) else "text"
     except ValueError:
         problem = "json"

@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from lamina.errors import LaminaError
 from lamina.evals.choice import ChoiceItem, chance
-from lamina.files import json_lines
+from lamina.files import json_lines, kind_of
 
 Kind = Literal["choice", "perplexity"]
 
@@ -97,6 +97,9 @@ def read_task(path: str | os.PathLike[str], delimiter: str = " ") -> Task:
     """The task in a JSONL file (see the module docstring); choices follow `delimiter`."""
     p = Path(path)
     if not p.is_file():
+        kind = kind_of(p)
+        if kind != "missing":
+            raise LaminaError(f"--task {p} is a {kind}, not a regular file")
         raise LaminaError(f"--task {p}: no such file (nor a built-in task name)")
     try:
         text = p.read_bytes().decode("utf-8")

@@ -20,10 +20,10 @@ current window from scratch, so both paths see exactly the same tokens at the sa
 (a test holds them equal token for token). `keep = block_size` slides by one token per step,
 which is the crop-to-block_size rule of `GPT.greedy` (and recomputes on every step).
 
-With longrope rotary scaling the decoder also re-prefills at the step where the window's
-longest row first passes original_max_positions: the tables then switch from the short to the
-long factors for every position (as transformers' do for a full forward), so the cached path
-stays equal to the recompute.
+With longrope rotary scaling the decoder also re-prefills at the step where a row's window
+first passes original_max_positions: that row's tables then switch from the short to the long
+factors for every position (as transformers' do for a full forward), so the cached path stays
+equal to the recompute.
 
 Deliberately unaware of sampling, stopping and tokenizers: tokens in, logits out.
 """
@@ -131,12 +131,12 @@ class Decoder:
         return self._cached_step()
 
     def _rope_switches(self, starts: list[int]) -> bool:
-        """Whether this step is the first past longrope's original_max_positions (the newest
-        token's position, the longest row's, equals it)."""
+        """Whether this step is a row's first past longrope's original_max_positions (its newest
+        token's position equals it)."""
         s = self.model.config.rope_scaling
         if s is None or s.kind != "longrope":
             return False
-        return max(self.length - 1 - st for st in starts) == s.original_max_positions
+        return any(self.length - 1 - st == s.original_max_positions for st in starts)
 
     def tokens(self) -> Tensor:
         """Everything so far, (B, L): the prompts (with their pads) and the decoded tokens."""

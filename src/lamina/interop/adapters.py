@@ -45,7 +45,7 @@ from torch import Tensor, nn
 
 from lamina.checkpoint import load_tensors, save_tensors, unwrap
 from lamina.errors import LaminaError
-from lamina.files import read_json, write_json
+from lamina.files import loads_json, read_json, write_json
 from lamina.interop.hf_config import check_peft_config
 from lamina.interop.hf_family import hf_rows
 from lamina.lora import LoRAConfig, apply_lora, load_lora_state, lora_config, lora_state_dict
@@ -126,7 +126,7 @@ def read_adapters(path: str | os.PathLike[str]) -> tuple[LoRAConfig, dict[str, T
     if "lora" not in meta:
         raise LaminaError(f"{p} holds no LoRA config (metadata 'lora'): not a lamina adapter file")
     try:
-        data = json.loads(meta["lora"])
+        data = loads_json(meta["lora"], f"{p} LoRA config")
     except json.JSONDecodeError as e:
         raise LaminaError(f"{p}: its LoRA config is not valid JSON ({e})") from e
     return LoRAConfig.from_dict(data, f"{p} LoRA config"), tensors
@@ -270,7 +270,7 @@ def is_lora_folder(path: str | os.PathLike[str]) -> bool:
     if not (p / "config.json").is_file() or not (p / ADAPTERS_FILE).is_file():
         return False
     try:
-        data = json.loads((p / "config.json").read_text(encoding="utf-8"))
+        data = loads_json((p / "config.json").read_text(encoding="utf-8"), str(p))
     except (OSError, ValueError):
         return False
     return isinstance(data, dict) and data.get("kind") == LORA_KIND

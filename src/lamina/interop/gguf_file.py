@@ -99,7 +99,8 @@ class GGUFTensor:
         elif self.qtype == "Q8_K":
             values = _q8_k(self.raw)
         else:
-            values = gguf.quants.dequantize(self.raw, gguf.GGMLQuantizationType[self.qtype])
+            with np.errstate(all="ignore"):  # a damaged scale: check_finite names the tensor
+                values = gguf.quants.dequantize(self.raw, gguf.GGMLQuantizationType[self.qtype])
         return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(self.shape)
 
 

@@ -100,8 +100,11 @@ def _renamer(family: Family) -> Callable[[str], str] | None:
     return lambda k: k if k.startswith(p) or k.startswith("lm_head.") else p + k
 
 
-def load_hf(path: str | os.PathLike[str], dtype: torch.dtype | None = None) -> GPT:
-    """A lamina GPT (eval mode, CPU, fp32 unless `dtype`) from a Hugging Face folder."""
+def load_hf(
+    path: str | os.PathLike[str], dtype: torch.dtype | None = None, quantize: str | None = None
+) -> GPT:
+    """A lamina GPT (eval mode, CPU, fp32 unless `dtype`) from a Hugging Face folder; quantize
+    "int8" or "int4": each linear quantized as it is read (lamina.quant.on_read)."""
     d = Path(path)
     if not d.is_dir():
         raise LaminaError(f"no such Hugging Face model folder: {d}")
@@ -113,6 +116,7 @@ def load_hf(path: str | os.PathLike[str], dtype: torch.dtype | None = None) -> G
         _ignored(family),
         dtype,
         _renamer(family),
+        quantize,
     )
 
 

@@ -3,9 +3,11 @@
     w = HFWeights.open(dir)        model.safetensors, a sharded model.safetensors.index.json, or
                                    pytorch_model.bin (torch.load(weights_only=True) only)
     w.names, w.shape(name), w.read(name, out=None, dtype=None)
-    gather(w, plan, shapes, dtype, ignore) -> state dict for `checkpoint.assign_state`
-    load_hf_folder(dir, read_config, plan_of, ignore_of, dtype) -> GPT    built on the meta
-                                   device, its tensors gathered and assigned (eval mode, CPU)
+    gather(w, plan, shapes, dtype, ignore, convert) -> state dict for `checkpoint.assign_state`
+    load_hf_folder(dir, read_config, plan_of, ignore_of, dtype, quantize=None) -> GPT   built on
+                                   the meta device, its tensors gathered and assigned (eval
+                                   mode, CPU); quantize "int8"/"int4": each linear quantized as
+                                   it is read (lamina.quant.on_read), no full fp32 copy held
 
 A plan is one row per lamina tensor: (lamina name, HF names, transposed, rows of each part). The
 HF tensors are
@@ -141,8 +143,10 @@ def gather(
     shapes: dict[str, tuple[int, ...]],
     dtype: torch.dtype,
     ignore: Callable[[str], bool] = lambda name: False,
+    convert: Callable[[str, Tensor], dict[str, Tensor]] | None = None,
 ) -> dict[str, Tensor]:
-    """The lamina state of `plan`, each tensor in `dtype`, checked against the model's `shapes`."""
+    """The lamina state of `plan`, each tensor in `dtype`, checked against the model's `shapes`;
+    `convert` (name, tensor) -> tensors is applied to each as soon as it is read."""
     where = str(weights.source)
     present = {n for n in weights.names if not ignore(n)}
     wanted = [hf for _, names, _, _ in plan for hf in names]
@@ -162,23 +166,37 @@ def gather(
     # per tensor would leave the allocator's heap full of holes (measured: 1.45x the weights)
     sizes = [_nbytes(weights, names[0]) for _, names, transposed, _ in plan if transposed]
     scratch = torch.empty(max(sizes, default=0), dtype=torch.uint8)
-    state = {}
+    # with `convert`, every tensor is read into one reused buffer and converted from there, so
+    # no float copy of the model is ever held; a tensor kept as it is gets copied out of it
+    item = torch.empty(0, dtype=dtype).element_size()
+    most = max((math.prod(shapes[ours]) for ours, *_ in plan), default=0)
+    floats = torch.empty(most * item if convert is not None else 0, dtype=torch.uint8)
+
+    def place(ours: str) -> Tensor:
+        if convert is None:
+            return torch.empty(shapes[ours], dtype=dtype)
+        return floats[: math.prod(shapes[ours]) * item].view(dtype).view(shapes[ours])
+
+    state: dict[str, Tensor] = {}
     for ours, names, transposed, _ in plan:
         if transposed:
             hf = names[0]
             n = _nbytes(weights, hf)
             raw = scratch[:n].view(weights.dtype(hf)).view(weights.shape(hf))
-            state[ours] = torch.empty(shapes[ours], dtype=dtype).copy_(weights.read(hf, raw).t())
+            t = place(ours).copy_(weights.read(hf, raw).t())
+        elif len(names) == 1 and convert is None:
+            t = weights.read(names[0], dtype=dtype)
+        else:
+            t, row = place(ours), 0
+            for hf in names:
+                n = weights.shape(hf)[0]
+                weights.read(hf, out=t[row : row + n])
+                row += n
+        if convert is None:
+            state[ours] = t
             continue
-        if len(names) == 1:
-            state[ours] = weights.read(names[0], dtype=dtype)
-            continue
-        out, row = torch.empty(shapes[ours], dtype=dtype), 0
-        for hf in names:
-            n = weights.shape(hf)[0]
-            weights.read(hf, out=out[row : row + n])
-            row += n
-        state[ours] = out
+        for k, v in convert(ours, t).items():  # out of the reused buffer
+            state[k] = v.clone() if v.data_ptr() == t.data_ptr() else v
     return state
 
 
@@ -200,6 +218,7 @@ def load_hf_folder(
     ignore_of: Callable[[GPTConfig], Callable[[str], bool]],
     dtype: torch.dtype | None = None,
     rename: Callable[[str], str] | None = None,
+    quantize: str | None = None,
 ) -> GPT:
     """A lamina GPT (eval mode, CPU, float32 unless `dtype`) from a Hugging Face folder:
     `read_config` turns its config.json into a GPTConfig, `plan_of` says which tensors make
@@ -217,6 +236,13 @@ def load_hf_folder(
     plan = plan_of(config)
     if config.tie_weights:
         weights = tied_head_as_embedding(weights, plan)
-    state = gather(weights, plan, shapes, dtype or torch.float32, ignore_of(config))
+    convert = None
+    if quantize is not None:
+        if dtype not in (None, torch.float32):
+            raise LaminaError(f"quantize={quantize!r} reads float32 weights, not {dtype}")
+        from lamina.quant import on_read
+
+        convert = on_read(model, quantize)
+    state = gather(weights, plan, shapes, dtype or torch.float32, ignore_of(config), convert)
     assign_state(model, state, str(weights.source))
     return model.eval()

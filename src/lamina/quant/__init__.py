@@ -19,7 +19,7 @@ it has no gradients).
 
 from __future__ import annotations
 
-from lamina.quant.convert import quantize, quantize_structure
+from lamina.quant.convert import on_read, quantize, quantize_structure
 from lamina.quant.linear import (
     INT4_GROUP_SIZES,
     Int4Linear,
@@ -37,6 +37,7 @@ __all__ = [
     "Int8Embedding",
     "Int8Linear",
     "finish_loading",
+    "on_read",
     "quantize",
     "quantize_int4",
     "quantize_int8",

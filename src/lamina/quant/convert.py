@@ -2,6 +2,8 @@
 
     quantize(model, "int8" | "int4", group_size=None) -> the same GPT, quantized in place
     quantize_structure(model, scheme, group_size) -> the modules, empty, for ``load_state_dict``
+    on_read(model, scheme, group_size=None) -> convert(name, float tensor) -> quantized tensors:
+        for a loader that reads float tensors one at a time (no full fp32 copy is ever held)
 
 What is quantized: every ``nn.Linear`` inside the blocks (attention, feed-forward) and the head.
 Embedding tables stay exact, except a head tied to the token table: then one int8 table with a
@@ -14,7 +16,9 @@ Deliberately unaware of files and kernels.
 
 from __future__ import annotations
 
-from torch import nn
+from collections.abc import Callable
+
+from torch import Tensor, nn
 
 from lamina.errors import LaminaError
 from lamina.models.gpt import GPT
@@ -23,6 +27,7 @@ from lamina.quant.linear import (
     Int4Linear,
     Int8Embedding,
     Int8Linear,
+    quantize_int4,
     quantize_int8,
 )
 from lamina.quant.saved import SCHEMES, scheme_of
@@ -73,6 +78,42 @@ def quantize(model: GPT, scheme: str = "int8", *, group_size: int | None = None)
         group_size = _largest_group(model) if scheme == "int4" else 128
     _check_scheme(scheme, group_size)
     return _replace(model, scheme, group_size, fill=True)
+
+
+def on_read(
+    model: GPT, scheme: str, group_size: int | None = None
+) -> Callable[[str, Tensor], dict[str, Tensor]]:
+    """Make a GPT built on the meta device quantized (empty modules, as quantize_structure) and
+    return what a loader calls with each float tensor it reads, by name: the quantized model's
+    tensors made from it (a linear's weight -> its qweight and scales; a tied token table -> its
+    int8 rows, and an int4 head's own copy), any other tensor as it is. The float tensor can be
+    dropped as soon as the call returns. group_size None: as `quantize` chooses."""
+    if scheme_of(model) is not None:
+        raise LaminaError(f"this model is already quantized ({scheme_of(model)['scheme']})")
+    if group_size is None:
+        group_size = _largest_group(model) if scheme == "int4" else 128
+    targets = {id(lin) for _, _, lin in _block_linears(model)} | {id(model.head)}
+    linears = {f"{name}.weight" for name, m in model.named_modules() if id(m) in targets}
+    tied = model.config.tie_weights
+    _replace(model, scheme, group_size, fill=False)
+
+    def quantized(prefix: str, w: Tensor) -> dict[str, Tensor]:
+        if scheme == "int8":
+            q, s = quantize_int8(w)
+            return {f"{prefix}.qweight": q, f"{prefix}.scale": s}
+        q, sz = quantize_int4(w, group_size)
+        return {f"{prefix}.qweight": q, f"{prefix}.scales_and_zeros": sz}
+
+    def convert(name: str, t: Tensor) -> dict[str, Tensor]:
+        if name in linears:
+            return quantized(name.removesuffix(".weight"), t)
+        if tied and name == "embed.wte.weight":
+            q, s = quantize_int8(t)
+            table = {"embed.wte.qweight": q, "embed.wte.scale": s}
+            return table | (quantized("head", t) if scheme == "int4" else {})
+        return {name: t}
+
+    return convert
 
 
 def _largest_group(model: GPT) -> int:

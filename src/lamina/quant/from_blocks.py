@@ -120,8 +120,8 @@ def from_blocks(model: GPT, state: Mapping[str, Any], qtypes: Mapping[str, QType
             model.head = BlockLinear(wte.embedding_dim, wte.num_embeddings, [(qtype, rows)])
             done.add("head.weight")
         done.add("embed.wte.weight")
-    elif tied and table_type is not None:
-        qtypes = {**qtypes, "head.weight": table_type}
+    elif tied and table_type is not None and table_type != "Q8_0":
+        qtypes = {**qtypes, "head.weight": table_type}  # its own int4 copy
         names.add("head.weight")
     for name, qtype in qtypes.items():
         if name in linears and name in names and name not in done:
@@ -137,8 +137,11 @@ def from_blocks(model: GPT, state: Mapping[str, Any], qtypes: Mapping[str, QType
             state["embed.wte.weight"].numpy(), "Q8_0", (wte.num_embeddings, wte.embedding_dim)
         )
         model.embed.wte = table
-        if tied:  # one tensor for both: the head multiplies by the rows looked up
-            model.head.qweight, model.head.scale = table.qweight, table.scale
+        if tied:  # one tensor for both (read once): the head multiplies by the rows looked up
+            head = Int8Linear(wte.embedding_dim, wte.num_embeddings, False, group_size=GROUP)
+            head.qweight, head.scale = table.qweight, table.scale
+            model.head = head
+            done.add("head.weight")
         done.add("embed.wte.weight")
     floats = {}
     for name in sorted(names - done):  # a tied head is among `done`, or not in `names`

@@ -43,8 +43,8 @@ def _prepared_for(t: Tensor) -> str | None:
 def quantize_int8(w: Tensor) -> tuple[Tensor, Tensor]:
     """(N, K) float -> q int8 (N, K), scale float32 (N,): w ~ q * scale[:, None]."""
     w = w.detach().float()
-    scale = (w.abs().amax(1) / 127).clamp(min=1e-12)
-    q = (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
+    scale = (torch.maximum(w.amax(1), -w.amin(1)) / 127).clamp(min=1e-12)  # no |w| copy
+    q = (w / scale[:, None]).round_().clamp_(-127, 127).to(torch.int8)  # one float temporary
     return q, scale
 
 
@@ -55,7 +55,7 @@ def quantize_int4(w: Tensor, group_size: int) -> tuple[Tensor, Tensor]:
     g = w.reshape(n, k // group_size, group_size)
     lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
     scale = ((hi - lo) / 15).clamp(min=1e-12)
-    q = ((g - lo) / scale).round().clamp(0, 15).to(torch.uint8).reshape(n, k)
+    q = (g - lo).div_(scale).round_().clamp_(0, 15).to(torch.uint8).reshape(n, k)
     zero = lo + 8 * scale
     sz = torch.stack([scale.reshape(n, -1), zero.reshape(n, -1)], -1).transpose(0, 1)
     return q[:, 0::2] | (q[:, 1::2] << 4), sz.contiguous()

@@ -31,10 +31,13 @@ The HTTP API, for the page and for scripts alike:
 
 Bad requests get 400 with {"error": "..."} naming the field (malformed JSON, unknown fields, a
 prompt over the limit, negative temperature, max_tokens over the limit, characters outside the
-vocabulary). One job runs at a time per model on a worker thread; at most `Limits.queue` are
-admitted (running or waiting) and further requests get 503 with Retry-After at once; uvicorn
-answers 503 past `Limits.max_connections` open connections. A client that disconnects stops
-its generation at the next token.
+vocabulary). The playground's jobs run one at a time on a worker thread; the OpenAI-compatible
+/v1 API (`openai_api.py`, fields in `chat_service.py`) decodes its requests together in a
+continuous batch (`batch.py`: `Limits.slots` KV-cache rows of `Limits.context` tokens), with
+`response_format` grammars (`grammar.py`, llguidance) and tool calls (`tools.py`). At most
+`Limits.queue` requests are admitted (running or waiting, both APIs) and further requests get
+503 with Retry-After at once; uvicorn answers 503 past `Limits.max_connections` open
+connections. A client that disconnects stops its generation at the next token.
 
 Every request first passes `guard.Guard`: a Host header that is not a loopback name (DNS
 rebinding) or an Origin of another site gets 403 {"error"}, unless `--allow-origin` or

@@ -8,10 +8,11 @@
     Sampling(max_tokens, temperature, top_k, top_p, seed, stop, logprobs)
 
 One thread owns the model. Each turn of its loop it (1) runs the calls it was given, (2) admits
-waiting sequences into free rows, (3) prefills one chunk of one admitted prompt and (4) runs
-ONE decode step for every sequence that is decoding, each row at its own position. So a new
-request joins at the next step and a finished one leaves at once; a long prompt is prefilled
-`prefill_chunk` tokens at a time between the others' steps.
+waiting sequences into free rows, (3) prefills up to `prefill_chunk` prompt tokens (the
+admitted prompts in turn, least recently served first: several short ones, or a chunk of a long
+one) and (4) runs ONE decode step for every sequence that is decoding, each row at its own
+position. So a new request joins at the next step and a finished one leaves at once; a long
+prompt is prefilled a chunk at a time between the others' steps.
 
 Memory is fixed at start: `slots` rows of `context` tokens (`model.make_caches(slots,
 context)`). Rows 0..D-1 hold the decoding sequences (kept contiguous, so a step reads a view of
@@ -51,6 +52,7 @@ from lamina.generation.conversation import common_prefix
 from lamina.generation.prompts import TextStream
 from lamina.generation.sampling import sample
 from lamina.native import native_step, usable
+from lamina.serve.kv_rows import copy_prefix, prefill_row, swap_rows, torch_step
 
 log = logging.getLogger("lamina.serve")
 
@@ -113,36 +115,6 @@ class _Row:
     ids: list[int] = field(default_factory=list)  # tokens whose keys and values it holds
     seq: Sequence | None = None
     used: float = 0.0
-
-
-class _RowsView:
-    """A layer's cache as the model sees it during a step: row r writes at lens[r]; keys up
-    to the longest row are returned (a view), the caller masks each row's columns past it."""
-
-    def __init__(self, cache: Any, lens: Tensor, width: int) -> None:
-        self.c, self.lens, self.width, self.pos = cache, lens, width, 0
-
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        B = k.shape[0]
-        rows = torch.arange(B)
-        self.c.k[rows, :, self.lens] = k[:, :, 0]
-        self.c.v[rows, :, self.lens] = v[:, :, 0]
-        return self.c.k[:B, :, : self.width], self.c.v[:B, :, : self.width]
-
-
-class _RowView:
-    """One row's cache from column `start` on (a prefill chunk)."""
-
-    def __init__(self, cache: Any, row: int, start: int) -> None:
-        self.c, self.row, self.pos = cache, row, start
-
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        end = self.pos + k.shape[2]
-        r = self.row
-        self.c.k[r, :, self.pos : end] = k[0]
-        self.c.v[r, :, self.pos : end] = v[0]
-        self.pos = end
-        return self.c.k[r : r + 1, :, :end], self.c.v[r : r + 1, :, :end]
 
 
 class Batcher:
@@ -224,9 +196,12 @@ class Batcher:
 
     def _turn(self) -> None:
         self._admit()
-        prefilling = [r for r in self.rows[self.decoding :] if r.seq is not None]
-        if prefilling:
-            self._prefill(min(prefilling, key=lambda r: r.used))
+        budget = self.chunk  # prompt tokens this turn, over one or several prompts
+        while budget > 0:
+            prefilling = [r for r in self.rows[self.decoding :] if r.seq is not None]
+            if not prefilling:
+                break
+            budget -= self._prefill(min(prefilling, key=lambda r: r.used), budget)
         for i in reversed(range(self.decoding)):
             if self.rows[i].seq.cancel.is_set():
                 self._finish(i, "cancelled")
@@ -264,9 +239,7 @@ class Batcher:
         best = max(range(len(self.rows)), key=lambda j: shared[j])
         if shared[best] > shared[i]:
             n = shared[best]
-            for c in self.caches:
-                c.k[i, :, :n] = c.k[best, :, :n]
-                c.v[i, :, :n] = c.v[best, :, :n]
+            copy_prefix(self.caches, best, i, n)
             row.ids = list(self.rows[best].ids[:n])
         else:
             del row.ids[shared[i] :]
@@ -277,24 +250,23 @@ class Batcher:
         if s.seed is not None:
             seq.generator = torch.Generator().manual_seed(s.seed)
 
-    def _prefill(self, row: _Row) -> None:
+    def _prefill(self, row: _Row, budget: int) -> int:
+        """Prefill up to `budget` more of the row's prompt; the tokens it computed."""
         seq = row.seq
         i = self.rows.index(row)
         if seq.cancel.is_set():
-            self._release(i, "cancelled")
-            return
+            self._finish(i, "cancelled")
+            return 0
         start = len(row.ids)
-        chunk = seq.ids[start : start + self.chunk]
-        views = [_RowView(c, i, start) for c in self.caches]
-        device = self.model.reference_tensor().device
-        logits = self.model(torch.tensor([chunk], device=device), caches=views, last_only=True)
+        chunk = seq.ids[start : start + budget]
+        logits = prefill_row(self.model, self.caches, i, start, chunk)
         row.ids.extend(chunk)
         row.used = time.monotonic()
-        if len(row.ids) < len(seq.ids):
-            return
-        self._swap(i, self.decoding)
-        self.decoding += 1
-        self._next(self.decoding - 1, logits[0, -1])
+        if len(row.ids) == len(seq.ids):
+            self._swap(i, self.decoding)
+            self.decoding += 1
+            self._next(self.decoding - 1, logits[0, -1])
+        return len(chunk)
 
     def _decode(self) -> None:
         rows = self.rows[: self.decoding]
@@ -312,16 +284,7 @@ class Batcher:
         """Logits (B, V): row r's token at position lens[r], attending its columns 0..lens[r]."""
         if self._native is not None and usable(self.model):
             return self._native.step_batch(tokens, lens, lens)  # rows 0..B-1, each at its length
-        width = max(lens) + 1
-        device = self.model.reference_tensor().device
-        lens_t = torch.tensor(lens, device=device)
-        views = [_RowsView(c, lens_t, width) for c in self.caches]
-        masked = torch.arange(width, device=device)[None, :] > lens_t[:, None]
-        ids = torch.tensor(tokens, device=device)[:, None]
-        out = self.model(
-            ids, masked if masked.any() else None, positions=lens_t[:, None], caches=views
-        )
-        return out[:, -1]
+        return torch_step(self.model, self.caches, tokens, lens)
 
     def _next(self, i: int, logits: Tensor) -> None:
         """Sample row i's next token from its logits (V,); emit it; finish the row if done."""
@@ -385,13 +348,6 @@ class Batcher:
             self.decoding -= 1
 
     def _swap(self, i: int, j: int) -> None:
-        if i == j:
-            return
-        n = max(len(self.rows[i].ids), len(self.rows[j].ids))
-        if n:
-            for c in self.caches:
-                for t in (c.k, c.v):
-                    tmp = t[i, :, :n].clone()
-                    t[i, :, :n] = t[j, :, :n]
-                    t[j, :, :n] = tmp
-        self.rows[i], self.rows[j] = self.rows[j], self.rows[i]
+        if i != j:
+            swap_rows(self.caches, i, j, max(len(self.rows[i].ids), len(self.rows[j].ids)))
+            self.rows[i], self.rows[j] = self.rows[j], self.rows[i]

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -44,6 +43,7 @@ import torch
 from lamina.errors import LaminaError
 from lamina.generation import TextStream, check_sampling, encode_prompt, stream
 from lamina.inspect import forward_with_maps, head_patterns, table_from_logits, token_labels
+from lamina.serve.workers import Ticket, Workers
 
 GENERATE_FIELDS = {"prompt", "max_tokens", "temperature", "top_k", "top_p", "seed"}
 
@@ -190,7 +190,7 @@ class Engine:
             if self.admitted >= self.limits.queue:
                 raise Busy(f"busy: {self.admitted} requests are running or queued; try again soon")
             self.admitted += 1
-        return Ticket(self)
+        return Ticket(self._leave)
 
     def _leave(self) -> None:
         with self._lock:
@@ -324,63 +324,3 @@ class Engine:
             "patterns": [[p.to_dict() | {"caption": p.caption()} for p in row] for row in patterns],
             "table": [r.to_dict() for r in table],
         }
-
-
-class Ticket:
-    """One admitted request; `release` (idempotent) gives its place back."""
-
-    def __init__(self, engine: Engine) -> None:
-        self._engine, self._done = engine, False
-
-    def release(self) -> None:
-        if not self._done:
-            self._done = True
-            self._engine._leave()
-
-
-class Workers:
-    """A few daemon threads running submitted calls in order (a ThreadPoolExecutor's threads
-    are joined at exit, so one stuck call would keep the process from stopping)."""
-
-    def __init__(self, n: int, name: str) -> None:
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._closed = False
-        self._threads = [
-            threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True) for i in range(n)
-        ]
-        for t in self._threads:
-            t.start()
-
-    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
-        future: Future = Future()
-        if self._closed:
-            future.cancel()
-        else:
-            self._jobs.put((future, fn, args))
-        return future
-
-    def _run(self) -> None:
-        while (item := self._jobs.get()) is not None:
-            future, fn, args = item
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(fn(*args))
-            except BaseException as exc:  # handed to whoever waits on the future
-                future.set_exception(exc)
-
-    def close(self, wait: float = 2.0) -> None:
-        """Cancel what waits; let running calls end (up to `wait` seconds, then leave them)."""
-        self._closed = True
-        while True:
-            try:
-                item = self._jobs.get_nowait()
-            except queue.Empty:
-                break
-            if item is not None:
-                item[0].cancel()
-        for _ in self._threads:
-            self._jobs.put(None)
-        end = time.monotonic() + wait
-        for t in self._threads:
-            t.join(timeout=max(0.0, end - time.monotonic()))

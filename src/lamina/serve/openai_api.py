@@ -261,7 +261,10 @@ def openai_routes(
             queue: asyncio.Queue[tuple[int, str, Any]] = asyncio.Queue()
 
             def sink(i: int, kind: str, payload: Any) -> None:
-                loop.call_soon_threadsafe(queue.put_nowait, (i, kind, payload))
+                try:
+                    loop.call_soon_threadsafe(queue.put_nowait, (i, kind, payload))
+                except RuntimeError:  # the loop has closed (the server stopped): no one listens
+                    cancel.set()
 
             deadline = time.monotonic() + engine.limits.wait
             try:

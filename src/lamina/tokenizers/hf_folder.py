@@ -25,11 +25,11 @@ What this module deliberately does not know: model weights and config.json.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from lamina.errors import LaminaError
+from lamina.files import loads_json
 
 ROLES = ("bos", "eos", "pad", "unk")
 
@@ -40,7 +40,7 @@ def _json(path: Path, required: bool = False) -> dict[str, Any]:
             raise LaminaError(f"{path.parent} has no {path.name}: no tokenizer to read")
         return {}
     try:
-        data = json.loads(path.read_bytes().decode("utf-8"))
+        data = loads_json(path.read_bytes().decode("utf-8"), str(path))
     except (UnicodeDecodeError, ValueError) as e:
         raise LaminaError(f"{path} is not UTF-8 JSON: {' '.join(str(e).split())}") from None
     if not isinstance(data, dict):

@@ -28,7 +28,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from lamina.errors import LaminaError
-from lamina.files import atomic_write
+from lamina.files import atomic_write, loads_json
 
 __all__ = [
     "CharTokenizer",
@@ -147,7 +147,7 @@ def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
     except IsADirectoryError:
         raise LaminaError(f"tokenizer path is a folder, not a file: {p}") from None
     try:
-        d = json.loads(raw.decode("utf-8", errors="surrogatepass"))
+        d = loads_json(raw.decode("utf-8", errors="surrogatepass"), f"tokenizer file {p}")
     except UnicodeDecodeError as e:
         raise LaminaError(f"tokenizer file {p} is not UTF-8 (byte offset {e.start})") from e
     except json.JSONDecodeError as e:

@@ -78,7 +78,11 @@ class ClassifyOptions:
     """--task classify's own fields (each flag's help beside it)."""
 
     val_data: str | None = option(
-        None, "classify: validation texts in a file of their own", metavar="PATH"
+        None,
+        "classify: validation texts in a file of their own; sft: held-out chats or "
+        "instructions in a file of their own (the formats of --data), scored on the assistant "
+        "/ completion tokens; --val-fraction is then not taken from --data",
+        metavar="PATH",
     )
     text_column: str = option(
         "text", "classify: CSV/TSV column or JSONL field of the text", metavar="NAME"

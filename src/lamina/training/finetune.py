@@ -1,9 +1,11 @@
 """`--init-from SOURCE`: the model a fine-tune starts from, and what it may not change.
 
-    load_source(path) -> Source          any model `lamina.open` reads (a lamina run or model
+    load_source(path, base) -> Source    any model `lamina.open` reads (a lamina run or model
                                          folder, a Hugging Face folder, a GGUF file), with its
                                          tokenizer if it has one and a record of where the run
                                          started from (kind, path, sha256 of its files)
+    source_model(source, config, where) -> GPT   the model a run starts from (SOURCE's tensors
+                                         in a model of `config`, or a quantized SOURCE itself)
     source_config(source, overrides) -> GPTConfig   the source's shape; an override that
                                          disagrees is refused naming the field (only dropout,
                                          which changes no tensor, may differ)
@@ -25,6 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from lamina.checkpoint import assign_state
 from lamina.data.spec import build_tokenizer
 from lamina.errors import LaminaError
 from lamina.files import read_json
@@ -34,6 +39,7 @@ from lamina.models.gpt import GPT
 from lamina.modes import check_finite
 from lamina.quant import scheme_of
 from lamina.tokenizers.kinds import Tokenizer
+from lamina.training.qlora import wants_quantized
 
 # model fields that change no tensor, so a fine-tune may set them differently from SOURCE
 FREE_FIELDS = ("dropout",)
@@ -46,16 +52,19 @@ class Source:
     record: dict[str, Any]  # written to train_config.json as "init_from"
 
 
-def load_source(path: str | os.PathLike[str]) -> Source:
-    """The GPT (and tokenizer) of any model `lamina.open` reads; a classifier or a quantized
-    model is refused."""
+def load_source(path: str | os.PathLike[str], base: str = "float") -> Source:
+    """The GPT (and tokenizer) of any model `lamina.open` reads; a classifier is refused, and so
+    is a quantized model unless `base` (--lora-base) keeps a quantized base: then a GGUF file's
+    blocks are kept as stored (no float copy of them is made)."""
     try:
-        bundle = open_model(path, quantized=False)
+        bundle = open_model(path, quantized=wants_quantized(base))
         bundle.require("decoder", tokenizer=False, verb="train --init-from")
     except LaminaError as e:
-        raise LaminaError(f"--init-from {path}: {e}") from None
+        names = (str(path), str(Path(path).expanduser().resolve()))
+        said = str(e) if str(e).startswith(names) else f"{path}: {e}"  # the path said once
+        raise LaminaError(f"--init-from {said}") from None
     model, origin = bundle.model, bundle.origin
-    if scheme_of(model) is not None:
+    if scheme_of(model) is not None and base == "float":
         raise LaminaError(f"--init-from {path} is quantized; fine-tune the float model instead")
     record: dict[str, Any] = {
         "source": str(origin.path),
@@ -69,7 +78,20 @@ def load_source(path: str | os.PathLike[str]) -> Source:
     tokenizer = bundle.tokenizer
     check_finite(model, f"--init-from {path}", advice="start from another source")
     record["tokenizer"] = tokenizer.to_dict()["kind"] if tokenizer is not None else None
-    return Source(model.float(), tokenizer, record)
+    return Source(model if scheme_of(model) else model.float(), tokenizer, record)
+
+
+def source_model(source: Source, config: GPTConfig, where: str) -> GPT:
+    """A GPT of `config` holding SOURCE's tensors as they are (built on the meta device: no
+    random draw, no second copy); a quantized source is its own model."""
+    if scheme_of(source.model) is not None:
+        if config != source.model.config:
+            raise LaminaError(f"{where}: a quantized base keeps its own config (drop --dropout)")
+        return source.model
+    with torch.device("meta"):
+        model = GPT(config)
+    assign_state(model, source.model.state_dict(), where)
+    return model
 
 
 def source_config(source: Source, overrides: dict[str, Any]) -> GPTConfig:

@@ -22,13 +22,15 @@ differs from the one the run needs is refused (prepare it with `--tokenizer SOUR
 Given `val_chars` (the characters the validation tokens cover), the objective's evaluation adds
 "loss_per_char": the batches' mean loss per token x (val tokens - 1) / val_chars, an estimate of
 nats per character over the whole validation text (exact for a char tokenizer, where the ratio
-is 1; `lamina eval` computes it exactly).
+is 1; `lamina eval` computes it exactly). Over two or more windows it adds the standard error of
+the mean ("loss_se", "loss_per_char_se"), so a sampled evaluation says how sure it is.
 
 Deliberately unaware of the loop, optimizers and the command line.
 """
 
 from __future__ import annotations
 
+import math
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +41,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lamina.checkpoint import assign_state
 from lamina.data.builtin import corpus_text
 from lamina.data.shards import eval_batches_for, is_prepared, open_prepared, sampler_for
 from lamina.data.text_splits import text_splits
@@ -49,8 +50,8 @@ from lamina.models.gpt import GPT
 from lamina.tokenizers.kinds import Tokenizer, load_tokenizer
 from lamina.training.config import FINE_TUNE_SEQ_LEN, TrainConfig
 from lamina.training.device import check_model_fits, resolve_device
-from lamina.training.finetune import load_source, source_config, source_tokenizer
-from lamina.training.lora_option import LoRAFields, adapt, check_lora_source, lora_of
+from lamina.training.finetune import load_source, source_config, source_model, source_tokenizer
+from lamina.training.lora_option import LoRAFields, adapt, check_lora_source, lora_base, lora_of
 from lamina.training.objectives import Batch, Built
 
 
@@ -106,13 +107,25 @@ class LMObjective:
             )
         return self._eval
 
+    def resize_eval(self, n_eval: int, eval_batch_size: int) -> None:
+        """Evaluate on `n_eval` batches of `eval_batch_size` windows (before the first)."""
+        self.n_eval, self.eval_batch_size, self._eval = n_eval, eval_batch_size, None
+
     @torch.no_grad()
     def evaluate(self, model: nn.Module, batches: list[Batch]) -> dict[str, float]:
-        losses = [float(self.loss(model, b)) for b in batches]
-        loss = sum(losses) / len(losses)
-        if self.chars_ratio is None:
-            return {"loss": loss}
-        return {"loss": loss, "loss_per_char": loss * self.chars_ratio}
+        """The mean loss per window and, over two or more windows, its standard error."""
+        rows = []
+        for x, y in batches:
+            logits = model(x).float()
+            nll = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none")
+            rows.append(nll.view(y.shape).mean(1))
+        losses = torch.cat(rows).double()
+        out = {"loss": float(losses.mean())}
+        if len(losses) > 1:
+            out["loss_se"] = float(losses.std() / math.sqrt(len(losses)))
+        if self.chars_ratio is not None:
+            out |= {f"loss_per_char{k[4:]}": v * self.chars_ratio for k, v in out.items()}
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         return {"sampler": self.sampler.state_dict()}
@@ -173,10 +186,7 @@ def objective_and_model(
     torch.manual_seed(cfg.seed)
     if source is None:
         return objective, GPT(mc)
-    with torch.device("meta"):
-        model = GPT(mc)
-    assign_state(model, source.model.state_dict(), f"--init-from {cfg.init_from}")
-    return objective, model
+    return objective, source_model(source, mc, f"--init-from {cfg.init_from}")
 
 
 def _prepared(
@@ -213,7 +223,7 @@ def build(cfg: TrainConfig, run_path: Path | None, model_cfg: dict[str, Any] | N
     check_lora_source(cfg.options, cfg.init_from)
     # a LoRA run's checkpoint holds only adapters: its base is opened again on a resume
     if cfg.init_from is not None and (mc is None or lora_of(cfg.options) is not None):
-        source = load_source(cfg.init_from)
+        source = load_source(cfg.init_from, lora_base(cfg.options))
         mc = mc or source_config(source, cfg.model_overrides)
         tok = tok or source_tokenizer(source, cfg.tokenizer)
     if is_prepared(cfg.data):

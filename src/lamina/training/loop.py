@@ -18,7 +18,10 @@ the data order does not depend on the number of processes. Only rank 0 writes an
 The learning rate follows `optim.schedule` over `total` steps; with a time budget `total` is
 re-estimated every step (TimeBudget), so the decay ends at the budget. Evaluations and
 checkpoints (`session.save_checkpoint`) come every eval_every / checkpoint_every steps, or, with
-a time budget and no eval_every, at each fifth of the budget; with both a budget and max_steps,
+a time budget and no eval_every, at each fifth of the budget (a budget under LONG_BUDGET: at its
+half only); the budget keeps back the last evaluation's and save's measured cost and
+EXIT_RESERVE for the end, and a step or evaluation that runs long shows a line every few
+seconds (`progress.Heartbeat`); with both a budget and max_steps,
 whichever comes first ends the run. A non-finite loss or gradient norm stops the run before the
 optimizer step; the weights are checked before every evaluation and checkpoint, and a
 non-finite validation loss also stops it, so no checkpoint with NaN weights is ever written.
@@ -44,12 +47,16 @@ from torch import nn
 from lamina.errors import LaminaError
 from lamina.modes import eval_mode, non_finite
 from lamina.pictures import loss_curves
+from lamina.training.device import autocast
 from lamina.training.distributed import agree, global_mean
 from lamina.training.objectives import Batch, Objective, slice_batch, to_device
-from lamina.training.progress import Progress
+from lamina.training.progress import Heartbeat, Progress
 from lamina.training.schedule import TimeBudget, schedule
 from lamina.training.session import Placement, Session, save_checkpoint, writer
 from lamina.training.split_loss import val_line
+
+EXIT_RESERVE = 1.0  # seconds (2% of a short budget) kept for what follows the last save
+LONG_BUDGET = 300.0  # seconds: a budget this long evaluates at each fifth, a shorter one once
 
 
 class NonFiniteLoss(LaminaError):
@@ -66,12 +73,6 @@ class TrainResult:
     seconds: float = 0.0
 
 
-def autocast(device: torch.device, bf16: bool) -> contextlib.AbstractContextManager:
-    if not bf16:
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16)
-
-
 def train_step(
     forward: nn.Module,
     task: Objective,
@@ -84,11 +85,13 @@ def train_step(
     device: torch.device | None = None,
     check_finite: bool = True,
     stats: dict[str, float] | None = None,
+    on_micro: Any = None,
 ) -> float:
     """One optimizer step on `batch` split into `accum` micro-batches; returns the mean loss.
 
     With check_finite, a non-finite loss or gradient norm skips the step (gradients dropped);
-    the gradient norm (before clipping) is written to `stats["grad_norm"]` when given.
+    the gradient norm (before clipping) is written to `stats["grad_norm"]` when given;
+    `on_micro(i)` is called before micro-step i.
     """
     device = device or torch.device("cpu")
     n = batch[0].shape[0]
@@ -97,6 +100,8 @@ def train_step(
     micro = n // accum
     total = torch.zeros((), device=device)
     for i in range(accum):
+        if on_micro is not None:
+            on_micro(i)
         part = to_device(slice_batch(batch, i * micro, (i + 1) * micro), device)
         last = i == accum - 1
         sync = (
@@ -182,15 +187,19 @@ class _Run:
         self.budget: TimeBudget | None = None
         self.eval_times: list[float] = []  # for a time budget: evaluate at each fifth of it
         if c.max_time is not None:
-            self.budget = TimeBudget(max(c.max_time - self.st.seconds_used, 1e-3))
+            guess = s.estimates.get("step", 1.0)  # the probe's (training.sizing)
+            self.budget = TimeBudget(
+                max(c.max_time - self.st.seconds_used, 1e-3), first_guess=guess
+            )
             self.budget.begin(start)
-            if c.eval_every is None:
-                self.eval_times = [self.budget.seconds * k / 5 for k in range(1, 5)]
+            if c.eval_every is None:  # at each fifth; in a short budget only at its half
+                k = 5 if self.budget.seconds >= LONG_BUDGET else 2
+                self.eval_times = [self.budget.seconds * i / k for i in range(1, k)]
         self.result = TrainResult(self.st.step, self.st.tokens, "done")
         self.last_eval = self.last_ckpt = -1
         self.good = self.st.step if self.st.step > 0 and s.run is not None else None  # resumed
-        self.eval_cost, self.save_cost = 0.0, 0.5
-        self.steps, self.lr = 0, 0.0  # steps of this call; the last learning rate
+        self.eval_cost, self.save_cost = s.estimates.get("eval", 0.0), 0.5
+        self.steps, self.lr, self.last_took = 0, 0.0, 0.0  # steps, last lr, last step's s
         self.tick, self.tick_tokens = clock(), self.st.tokens  # for tokens/s
 
     # -- failure ------------------------------------------------------------------------------
@@ -216,8 +225,9 @@ class _Run:
     def evaluate(self) -> None:
         s, st, t0 = self.s, self.st, self.clock()
         self.check_weights()
-        res = evaluate(self.forward, s.objective, s.objective.eval_batches(), bf16=s.bf16,
-                       device=s.device)  # fmt: skip
+        with Heartbeat(self.prog, f"evaluating at step {st.step}"):
+            res = evaluate(self.forward, s.objective, s.objective.eval_batches(), bf16=s.bf16,
+                           device=s.device)  # fmt: skip
         self.result.eval, self.eval_cost, self.last_eval = res, self.clock() - t0, st.step
         bad = [k for k, v in res.items() if not math.isfinite(v)]
         if bad:
@@ -252,7 +262,8 @@ class _Run:
         """(the run's total steps as now planned, whether to stop), agreed by all ranks."""
         cfg, st, budget = self.cfg, self.st, self.budget
         if budget is not None:
-            budget.set_reserve(self.eval_cost + self.save_cost + 0.1)
+            exit_cost = min(EXIT_RESERVE, 0.02 * budget.seconds)
+            budget.set_reserve(self.eval_cost + self.save_cost + exit_cost)
             total = budget.plan(self.steps, st.step, self.clock())
             if total <= st.step and self.steps and self.lr > cfg.lr * cfg.min_lr_ratio:
                 total = st.step + 1  # the estimate fell short: one last step at the floor
@@ -273,10 +284,13 @@ class _Run:
         whole = s.objective.draw(self.cfg.batch_size)
         batch = slice_batch(whole, p.rank * self.per_rank, (p.rank + 1) * self.per_rank)
         stats: dict[str, float] = {}
+        long = self.steps == 0 or self.last_took > 1.0  # a beat thread only for slow steps
+        beat = Heartbeat(self.prog, f"step {st.step + 1}", self.accum, enabled=long)
         args = dict(accum=self.accum, bf16=s.bf16, grad_clip=self.cfg.grad_clip,
-                    device=s.device, stats=stats)  # fmt: skip
+                    device=s.device, stats=stats, on_micro=beat.at)  # fmt: skip
         try:
-            loss = train_step(self.forward, s.objective, p.opt, batch, **args)
+            with beat:
+                loss = train_step(self.forward, s.objective, p.opt, batch, **args)
         except Exception as exc:  # noqa: BLE001 - a compiled first step may fail any way
             if self.forward is p.model or self.steps > 0:
                 raise
@@ -354,8 +368,9 @@ def run_training(
                     stream=progress_stream, initial=s.state.step)  # fmt: skip
     run = _Run(s, p, prog, clock, start)
     p.model.train()
-    if s.state.step == 0:
-        run.evaluate()
+    need = 2 * run.eval_cost + run.save_cost + (run.budget.first_guess if run.budget else 0)
+    if s.state.step == 0 and (run.budget is None or run.budget.fits(clock(), need)):
+        run.evaluate()  # zero-shot; skipped when it, a step and the last one cannot fit
     with _StopFlag() as flag:
         while True:
             total, stop = run.plan(flag.requested, stop_at)
@@ -365,13 +380,15 @@ def run_training(
             if stop:
                 run.result.stopped = "interrupted"
                 break
+            began = clock()
             loss = run.step(total)
             now = clock()
+            run.last_took = now - began
             if run.budget is not None:
-                run.budget.observe(run.steps, now)
+                run.budget.observe(run.steps, now, took=now - began)
             run.log(loss, total, now)
             run.after_step(now)
-    if run.last_eval != s.state.step:
+    if run.last_eval != s.state.step and (run.steps or run.budget is None):
         run.evaluate()
     if run.last_ckpt != s.state.step:
         run.save()

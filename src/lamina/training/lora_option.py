@@ -3,8 +3,10 @@
     LoRAFields        the fields (--lora, --lora-r, --lora-alpha, --lora-dropout,
                       --lora-targets) a task's options dataclass inherits; .lora_config()
                       -> LoRAConfig | None
-    adapt(model, fields) -> model   adapters applied (the base frozen; int8/int4 first with
-                      --lora-base), or the model as it was without --lora
+    adapt(model, fields) -> model   adapters applied (the base frozen; made int8/int4 first
+                      with --lora-base: training.qlora), or the model as it was without --lora
+    lora_base(fields) -> "float" | "int8" | "int4" | "keep"   how --init-from is opened (a
+                      GGUF file's blocks kept unless "float"; see training.qlora)
     check_lora_source(fields, init_from)   --lora without --init-from is refused
     save_run_model(d, model, tokenizer, origin)  a LoRA model: only its adapters and the base
                       reference (interop.adapters.save_lora_folder); any other: save_model
@@ -27,12 +29,12 @@ from lamina.checkpoint import load_state, load_tensors, save_model, unwrap
 from lamina.errors import LaminaError
 from lamina.interop.adapters import ADAPTERS_FILE, read_lora_folder, save_lora_folder
 from lamina.lora import DEFAULT_TARGETS, LoRAConfig, apply_lora, load_lora_state, lora_config
-from lamina.quant import INT4_GROUP_SIZES, quantize
 from lamina.tokenizers.kinds import Tokenizer
 from lamina.training.defaults import option
+from lamina.training.qlora import BASES, base_model
 from lamina.validate import boolean, choice
 
-LoRABase = Literal["float", "int8", "int4"]
+LoRABase = Literal["float", "int8", "int4", "keep"]
 
 
 @dataclass(frozen=True)
@@ -57,13 +59,14 @@ class LoRAFields:
     )
     lora_base: LoRABase = option(
         "float",
-        "with --lora, the frozen base as it is, or quantized to int8 / int4 weights "
-        "(QLoRA-style: the adapters train over the quantized base)",
+        "with --lora, the frozen base in fp32, or quantized to int8 / int4 weights (QLoRA: the "
+        "adapters train over the quantized base; a GGUF file's Q8_0 / Q4_0 / Q4_1 blocks are "
+        "kept as stored, never made float), or keep: a GGUF file's blocks as they are",
     )
 
     def __post_init__(self) -> None:
         boolean("lora", self.lora)
-        choice("lora_base", self.lora_base, ("float", "int8", "int4"))
+        choice("lora_base", self.lora_base, BASES)
         self._lora()  # every LoRA field checked, with or without --lora
 
     def _lora(self) -> LoRAConfig:
@@ -86,22 +89,18 @@ def check_lora_source(options: Any, init_from: str | None) -> None:
         )
 
 
+def lora_base(options: Any) -> str:
+    """How the base is held: --lora-base with --lora, else "float"."""
+    return options.lora_base if lora_of(options) is not None else "float"
+
+
 def adapt(model: nn.Module, options: Any) -> nn.Module:
-    """apply_lora with the options' config, over the base quantized first where --lora-base
-    says (int4 with the largest group size dividing every width); unchanged without --lora."""
+    """apply_lora with the options' config, over the base --lora-base asks for
+    (`qlora.base_model`); unchanged without --lora."""
     config = lora_of(options)
     if config is None:
         return model
-    if options.lora_base != "float":
-        c = model.config
-        widths = (c.d_model, c.ff_width, c.n_heads * c.head_dim)
-        sizes = [g for g in reversed(INT4_GROUP_SIZES) if all(w % g == 0 for w in widths)]
-        if options.lora_base == "int4" and not sizes:
-            raise LaminaError(
-                f"--lora-base int4: no group size in {INT4_GROUP_SIZES} divides {widths}"
-            )
-        quantize(model, options.lora_base, group_size=sizes[0] if sizes else 128)
-    return apply_lora(model, config)
+    return apply_lora(base_model(model, options.lora_base), config)
 
 
 def _base_record(origin: dict[str, Any] | None) -> dict[str, Any]:

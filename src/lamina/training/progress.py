@@ -2,6 +2,10 @@
 
     Progress(total, quiet, every, stream) ; update(step, loss, lr, tok_per_s, eta_s) ;
     message(text) ; close()
+    Heartbeat(progress, label, parts=1, after=5, every=10)   while a long call runs (a step of
+        many micro-batches, an evaluation), a line every `every` seconds once `after` have
+        passed: "step 3: 12 s so far, micro-batch 5/8" (`at(i)` says which part is running),
+        from a timer thread (none with enabled=False)
 
 On a TTY (and not quiet) a tqdm bar shows step, loss, learning rate, tokens/s and ETA. When
 stdout is not a terminal, or with quiet, a plain line is printed every `every` steps instead
@@ -17,7 +21,9 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TextIO
+import threading
+import time
+from typing import Any, TextIO
 
 from lamina.files import mute_stream
 
@@ -127,3 +133,42 @@ class Progress:
             except (OSError, ValueError):
                 self._broken()
             self.bar = None
+
+
+class Heartbeat:
+    """Shows that a long call is alive, through `progress.message`."""
+
+    def __init__(
+        self, progress: Progress, label: str, parts: int = 1, after: float = 5.0,
+        every: float = 10.0, enabled: bool = True,
+    ) -> None:  # fmt: skip
+        self.progress, self.label, self.parts, self.enabled = progress, label, parts, enabled
+        self.after, self.every, self.part = after, every, 0
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> Heartbeat:
+        self._start = time.perf_counter()
+        if self.enabled:  # off: no thread at all (steps of milliseconds pay nothing)
+            self._thread = threading.Thread(target=self._beat, daemon=True)
+            self._thread.start()
+        return self
+
+    def _beat(self) -> None:
+        wait = self.after
+        while not self._done.wait(wait):
+            self.progress.message(self.words(time.perf_counter() - self._start))
+            wait = self.every
+
+    def at(self, part: int) -> None:
+        """Part `part` (0-based) of `parts` is running now."""
+        self.part = part
+
+    def words(self, seconds: float) -> str:
+        where = f", micro-batch {self.part + 1}/{self.parts}" if self.parts > 1 else ""
+        return f"{self.label}: {seconds:.0f} s so far{where}"
+
+    def __exit__(self, *exc: Any) -> None:
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join()

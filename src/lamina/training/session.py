@@ -57,6 +57,7 @@ from lamina.training.device import resolve_device, use_bf16
 from lamina.training.lora_option import restore_run_model, save_run_model
 from lamina.training.objectives import Objective, rng_state, rng_text
 from lamina.training.optim import load_optimizer_tensors, make_optimizer, optimizer_tensors
+from lamina.training.recompute import checkpoint_blocks
 from lamina.training.registry import build, load_config, resolve
 from lamina.training.run_dir import RunDir
 from lamina.version import __version__
@@ -67,6 +68,7 @@ RESUMABLE = {
     "max_steps",
     "max_time",
     "compile",
+    "activation_checkpointing",
     "log_every",
     "device",
     "eval_every",
@@ -103,6 +105,7 @@ class Session:
     fingerprint: str = ""
     origin: dict[str, Any] | None = None  # --init-from: the model the run started from
     state: RunState = field(default_factory=RunState)
+    estimates: dict[str, float] = field(default_factory=dict)  # probed seconds: step, eval
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,8 @@ def _build(cfg: TrainConfig, run: RunDir | None, model_cfg: dict[str, Any] | Non
     if built.recorded:
         cfg = cfg.replace(**built.recorded)  # e.g. the tokenizer a prepared folder used
     built.model.to(device)
+    if cfg.activation_checkpointing:
+        checkpoint_blocks(built.model)
     opt = make_optimizer(built.model, cfg)
     bf16 = use_bf16(cfg.dtype, device, built.width)
     return Session(cfg, built.model, built.objective, opt, device, bf16, run, built.tokenizer,
@@ -155,6 +160,10 @@ def new_session(
     val_data = getattr(cfg.options, "val_data", None)  # a task's own input (classify's)
     inputs = [("--data", cfg.data), ("--val-data", val_data), ("--init-from", cfg.init_from)]
     inputs.append(("--tokenizer", cfg.tokenizer))  # a path (a run, a file); a kind never exists
+    if cfg.init_from is not None:  # every file opening it reads (a LoRA run's base, ...)
+        from lamina.interop.origin import model_inputs
+
+        inputs += model_inputs(cfg.init_from, "--init-from")
     run = RunDir.create(out, force=force, inputs=inputs) if out is not None else None
     try:
         session = _build(cfg.replace(out=absolute(out) if out is not None else None), run, None)

@@ -8,7 +8,9 @@
     finished(...)   the "sft" task of the registry: --init-from MODEL --data FILE
 
 --data is a chat / instruction file (lamina.data.instruct: {"messages"} or {"prompt",
-"completion"} JSONL, Alpaca JSON); the last --val-fraction of its examples are held out. The
+"completion"} JSONL, Alpaca JSON); --val-data, a file in the same formats, is held out, or
+else the last --val-fraction of --data's examples. Held-out rows are scored like training rows:
+on the assistant / completion tokens only (every token with --train-on-prompt). The
 tokenizer (and its chat template) and the model come from --init-from.
 
 One example per row, right-padded (data.instruct.pad_rows): under causal attention no token
@@ -32,18 +34,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lamina.checkpoint import load_state
 from lamina.data.instruct import IGNORE, Example, encode_example, pad_rows, read_examples
 from lamina.errors import LaminaError
 from lamina.models.config import GPTConfig
-from lamina.models.gpt import GPT
 from lamina.modes import eval_mode
 from lamina.training.config import TrainConfig
 from lamina.training.defaults import option
 from lamina.training.device import check_model_fits, resolve_device
-from lamina.training.finetune import load_source, source_config, source_tokenizer
+from lamina.training.finetune import load_source, source_config, source_model, source_tokenizer
 from lamina.training.lm import text_fingerprint, train_window
-from lamina.training.lora_option import LoRAFields, adapt, lora_of
+from lamina.training.lora_option import LoRAFields, adapt, lora_base, lora_of
 from lamina.training.objectives import Built, rng_state, rng_text
 from lamina.validate import boolean
 
@@ -118,6 +118,10 @@ class SFTObjective:
             ]
         return self._eval
 
+    def resize_eval(self, n_eval: int, eval_batch_size: int) -> None:
+        """Evaluate on `n_eval` batches of `eval_batch_size` rows (before the first)."""
+        self.n_eval, self.eval_batch_size, self._eval = n_eval, eval_batch_size, None
+
     @torch.no_grad()
     def evaluate(self, model: nn.Module, batches: list[tuple[Tensor, ...]]) -> dict[str, float]:
         total, count = 0.0, 0
@@ -148,49 +152,61 @@ class SFTOptions(LoRAFields):
     train_on_prompt: bool = option(
         False, "sft: the loss covers every token, not only the assistant / completion tokens"
     )
+    val_data: str | None = option(None, "held-out examples in a file (see classify's)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         boolean("train_on_prompt", self.train_on_prompt)
 
 
-def _examples(cfg: TrainConfig) -> list[Example]:
-    if cfg.init_from is None:
-        raise LaminaError("--task sft fine-tunes a pretrained model: give --init-from MODEL")
-    if cfg.data is None or not Path(cfg.data).is_file():
+def _read(flag: str, path: str | None) -> list[Example]:
+    if path is None or not Path(path).is_file():
         raise LaminaError(
-            "--task sft needs --data FILE (chat / prompt-completion JSONL or Alpaca JSON)"
+            f"--task sft needs {flag} FILE (chat / prompt-completion JSONL or Alpaca JSON)"
         )
-    examples = read_examples(cfg.data)
+    examples = read_examples(path)
     if examples is None:
         raise LaminaError(
-            f"--data {cfg.data} is plain text, not chat or instruction records; train on it "
+            f"{flag} {path} is plain text, not chat or instruction records; train on text "
             "with --task lm"
         )
+    return examples
+
+
+def _examples(cfg: TrainConfig) -> tuple[list[Example], list[Example]]:
+    """(training, held-out) examples: --data and --val-data, or --data's tail."""
+    if cfg.init_from is None:
+        raise LaminaError("--task sft fine-tunes a pretrained model: give --init-from MODEL")
+    examples = _read("--data", cfg.data)
+    if cfg.options.val_data is not None:
+        held = _read("--val-data", cfg.options.val_data)
+        if not examples or not held:
+            empty = "--data" if not examples else "--val-data"
+            raise LaminaError(f"{empty} holds no example")
+        return examples, held
     if len(examples) < 2:
         raise LaminaError(f"--data {cfg.data} holds {len(examples)} example; give at least 2")
-    return examples
+    n_val = max(1, round(len(examples) * cfg.val_fraction))
+    return examples[:-n_val], examples[-n_val:]
 
 
 def build(cfg: TrainConfig, run_path: Path | None, model_cfg: dict[str, Any] | None) -> Built:
     """The SFT objective over --data's examples and --init-from's model (adapted with --lora)."""
-    examples = _examples(cfg)
-    source = load_source(cfg.init_from)
+    train_examples, val_examples = _examples(cfg)
+    source = load_source(cfg.init_from, lora_base(cfg.options))
     mc = GPTConfig.from_dict(model_cfg) if model_cfg else source_config(source, cfg.model_overrides)
     tok = source_tokenizer(source, cfg.tokenizer)
     check_model_fits(mc, resolve_device(cfg.device), lora_of(cfg.options))
-    n_val = max(1, round(len(examples) * cfg.val_fraction))
     prompt = cfg.options.train_on_prompt
     window = train_window(cfg, mc)
-    train, _ = sft_rows(tok, examples[:-n_val], window, prompt)
-    val, _ = sft_rows(tok, examples[-n_val:], window, prompt)
+    train, _ = sft_rows(tok, train_examples, window, prompt)
+    val, _ = sft_rows(tok, val_examples, window, prompt)
     objective = SFTObjective(
         train, val, window, cfg.seed, n_eval=cfg.eval_batches,
         eval_batch_size=min(cfg.batch_size, 16), pad_id=getattr(tok, "pad_id", None) or 0,
     )  # fmt: skip
     torch.manual_seed(cfg.seed)
-    model = GPT(mc)
-    load_state(model, source.model.state_dict(), f"--init-from {cfg.init_from}")
+    model = source_model(source, mc, f"--init-from {cfg.init_from}")
     adapt(model, cfg.options)
     fingerprint = text_fingerprint(Path(cfg.data).read_text(encoding="utf-8"))
     return Built(objective, model, tok, fingerprint, mc.d_model, origin=source.record)

@@ -2,7 +2,8 @@
 
     split_loss, summary       from `lamina.evals.perplexity`, the one home of scoring (re-exported
                               here for the training code that reports them)
-    val_line(result) -> "1.6540 nats/char (2.3862 bits/char; 2.9500 nats/token)"
+    val_line(result) -> "1.6540 nats/char (2.3862 bits/char; 2.9500 nats/token)", with
+                         "± se" after a figure whose standard error the result carries
 
 Deliberately unaware of optimizers, training runs and files.
 """
@@ -21,14 +22,17 @@ def val_line(result: dict[str, float]) -> str:
     the per-character figure is known, else "loss 2.9500" (and any other metric after it,
     except per-class keys holding "/")."""
     loss = result["loss"]
-    shown = (k for k in result if k not in ("loss", "loss_per_char") and "/" not in k)
+    own = ("loss", "loss_per_char", "loss_se", "loss_per_char_se")
+    shown = (k for k in result if k not in own and "/" not in k)
     rest = [f"{k} {result[k]:.4f}" for k in shown]  # "x/y" keys: per-class detail, not shown
     if "loss_per_char" not in result:
-        return "  ".join([f"loss {loss:.4f}", *rest])
+        se = f" ± {result['loss_se']:.4f}" if "loss_se" in result else ""
+        return "  ".join([f"loss {loss:.4f}{se}", *rest])
     per_char = result["loss_per_char"]
+    se = f" ± {result['loss_per_char_se']:.4f}" if "loss_per_char_se" in result else ""
     return "  ".join(
         [
-            f"{per_char:.4f} nats/char ({per_char / math.log(2):.4f} bits/char; "
+            f"{per_char:.4f}{se} nats/char ({per_char / math.log(2):.4f} bits/char; "
             f"{loss:.4f} nats/token)",
             *rest,
         ]

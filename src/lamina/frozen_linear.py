@@ -1,0 +1,86 @@
+"""A frozen quantized linear that still passes gradients to its input (LoRA over a quantized
+base: QLoRA).
+
+    frozen_linear(x, base) -> x @ W.T + bias for any `base` with `dequantized(dtype)` (int8,
+        int4, a GGUF file's kept blocks), differentiable in x: W is dequantized in the forward
+        and again in the backward, so autograd never keeps a float copy of it in between (which
+        F.linear on the dequantized W would: one per layer, the whole model in float by the end
+        of a forward); under autocast W is dequantized straight to the autocast dtype
+    FrozenLinear(base, rows=None)  a module doing that while gradients are on (or always,
+        given `rows`), the base's own kernels (which have no backward) otherwise
+A caller that can read W by rows (`rows(start, stop, dtype)`) gets a wide layer dequantized
+CHUNK rows at a time, forward and backward: the float copy of a 49k-row head is never whole.
+
+Deliberately unaware of adapters, of how weights are quantized and of training.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+Rows = Callable[[int, int, torch.dtype], Tensor]  # (start, stop, dtype) -> W[start:stop]
+CHUNK = 4096  # output rows dequantized at a time where the weights can be read by rows
+
+
+def _pieces(base: nn.Module, rows: Rows | None, dtype: torch.dtype) -> Iterator[tuple[int, Tensor]]:
+    """(first row, dequantized rows) covering W: all at once, or CHUNK rows at a time."""
+    n = base.out_features
+    if rows is None:
+        yield 0, base.dequantized(dtype)
+        return
+    for start in range(0, n, CHUNK):
+        yield start, rows(start, min(n, start + CHUNK), dtype)
+
+
+class _DequantizedMatmul(torch.autograd.Function):
+    """x @ W.T for a frozen quantized W, dequantized in the forward and again in the backward:
+    autograd keeps no float copy of W in between (F.linear on the dequantized W would keep one
+    per layer until the backward, the whole model in float by the end of the forward)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, base: nn.Module, rows: Rows | None) -> Tensor:
+        ctx.base, ctx.rows = base, rows
+        out = x.new_empty(*x.shape[:-1], base.out_features)
+        for start, w in _pieces(base, rows, x.dtype):
+            out[..., start : start + w.shape[0]] = x @ w.T
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+        total = None
+        for start, w in _pieces(ctx.base, ctx.rows, grad.dtype):
+            part = grad[..., start : start + w.shape[0]] @ w
+            total = part if total is None else total.add_(part)
+        return total, None, None
+
+
+def frozen_linear(x: Tensor, base: nn.Module, rows: Rows | None = None) -> Tensor:
+    """A quantized base's output with a gradient for `x` (the int8/int4 kernels have none);
+    under autocast the weights are dequantized straight to the autocast dtype. `rows`: reads
+    W's rows start:stop, so that a wide layer (a head) is dequantized CHUNK rows at a time."""
+    kind = x.device.type
+    dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
+    with torch.autocast(kind, enabled=False):
+        y = _DequantizedMatmul.apply(x.to(dtype), base, rows)
+    return y if base.bias is None else y + base.bias.to(y.dtype)
+
+
+class FrozenLinear(nn.Module):
+    """A quantized linear without adapters on the gradient's way (the head, an untargeted
+    projection): `frozen_linear` while gradients are on, or always when its rows can be read
+    a chunk at a time (`rows`: a head's float copy is never made whole); the base's own
+    kernels otherwise."""
+
+    def __init__(self, base: nn.Module, rows: Rows | None = None) -> None:
+        super().__init__()
+        self.base, self.rows = base, rows
+        self.in_features, self.out_features = base.in_features, base.out_features
+
+    def forward(self, x: Tensor) -> Tensor:
+        if torch.is_grad_enabled() or self.rows is not None:
+            return frozen_linear(x, self.base, self.rows)
+        return self.base(x)

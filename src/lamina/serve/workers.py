@@ -1,0 +1,80 @@
+"""Threads for the server's jobs: daemon workers and admission tickets.
+
+    Workers(n, name).submit(fn, *args) -> Future     calls run in order on n daemon threads
+    Workers.close(wait=2.0)                         cancel what waits, give the running some time
+    Ticket(leave).release()                         one admitted request's place, given back once
+
+Daemon threads because a ThreadPoolExecutor's are joined at exit: one call stuck in a chat
+template or a model step would keep the process from stopping on Ctrl-C.
+
+Deliberately unaware of models and HTTP.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+
+class Ticket:
+    """One admitted request; `release` (idempotent) gives its place back."""
+
+    def __init__(self, leave: Callable[[], None]) -> None:
+        self._leave, self._done = leave, False
+
+    def release(self) -> None:
+        if not self._done:
+            self._done = True
+            self._leave()
+
+
+class Workers:
+    """A few daemon threads running submitted calls in order (a ThreadPoolExecutor's threads
+    are joined at exit, so one stuck call would keep the process from stopping)."""
+
+    def __init__(self, n: int, name: str) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._closed = False
+        self._threads = [
+            threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True) for i in range(n)
+        ]
+        for t in self._threads:
+            t.start()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        future: Future = Future()
+        if self._closed:
+            future.cancel()
+        else:
+            self._jobs.put((future, fn, args))
+        return future
+
+    def _run(self) -> None:
+        while (item := self._jobs.get()) is not None:
+            future, fn, args = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:  # handed to whoever waits on the future
+                future.set_exception(exc)
+
+    def close(self, wait: float = 2.0) -> None:
+        """Cancel what waits; let running calls end (up to `wait` seconds, then leave them)."""
+        self._closed = True
+        while True:
+            try:
+                item = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                item[0].cancel()
+        for _ in self._threads:
+            self._jobs.put(None)
+        end = time.monotonic() + wait
+        for t in self._threads:
+            t.join(timeout=max(0.0, end - time.monotonic()))

@@ -1,0 +1,125 @@
+"""--max-time sizes the run to the budget: a probe step picks the batch (kept when the default
+fits), evaluations are bounded with a standard error, long steps show a heartbeat, and the whole
+command (setup, evaluations, save) ends inside the budget."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+import lamina
+from lamina import GPT, GPTConfig
+from lamina.cli import main
+from lamina.tokenizers.kinds import CharTokenizer
+from lamina.training import sizing
+from lamina.training.progress import Heartbeat
+from lamina.training.sizing import MICRO_TOKENS, STEP_SHARE, choose
+from lamina.training.split_loss import val_line
+
+TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    # what a run imports once (the optimizer's torch._dynamo, the plot's matplotlib: seconds in
+    # a fresh process) is imported here, so the budget test times the run, not the imports
+    import matplotlib.pyplot  # noqa: F401
+    import torch._dynamo  # noqa: F401
+
+    d = tmp_path_factory.mktemp("sizing")
+    (d / "corpus.txt").write_text(TEXT * 80, encoding="utf-8")
+    tok = CharTokenizer.from_text(TEXT)
+    torch.manual_seed(0)
+    cfg = GPTConfig.preset(
+        "llama-tiny", vocab_size=tok.vocab_size, d_model=32, n_layers=2, d_ff=64, block_size=32
+    )
+    lamina.save(d / "base", GPT(cfg), tok)
+    return d
+
+
+def test_the_default_batch_is_kept_while_its_step_is_short():
+    z = choose(600, 0.1, 0.03, batch_size=16, micro_batch_size=8, seq_len=256, eval_rows=64)
+    assert (z.batch_size, z.micro_batch_size, z.probed) == (16, 8, False)
+    assert z.eval_rows == 64  # never more than the defaults evaluate
+
+
+def test_a_long_step_is_cut_to_a_share_of_the_budget():
+    z = choose(120, 1.0, 0.3, batch_size=16, micro_batch_size=16, seq_len=256, eval_rows=64)
+    assert z.probed and z.batch_size == int(STEP_SHARE * 120) == 3
+    assert 0.01 * 120 <= z.step_seconds <= 0.05 * 120
+    assert z.eval_rows == 16  # 4% of 120 s at 0.3 s a sequence
+    z = choose(1800, 2.0, 0.5, batch_size=64, micro_batch_size=64, seq_len=1024, eval_rows=80)
+    assert z.micro_batch_size * 1024 <= MICRO_TOKENS and z.batch_size % z.micro_batch_size == 0
+    assert z.batch_size == 22  # 22 sequences fit in 2.5%: 11 micro-batches of 2
+    z = choose(60, 30.0, 10.0, batch_size=16, micro_batch_size=16, seq_len=256, eval_rows=64)
+    assert (z.batch_size, z.eval_rows) == (1, 2)  # at least one sequence, two to evaluate
+
+
+def test_a_long_call_shows_a_heartbeat():
+    class Lines:
+        said: list[str] = []
+
+        def message(self, text):
+            self.said.append(text)
+
+    lines = Lines()
+    with Heartbeat(lines, "step 3", parts=4, after=0.05, every=0.05) as beat:
+        beat.at(1)
+        time.sleep(0.3)
+    assert lines.said and lines.said[0].startswith("step 3: ")
+    assert lines.said[-1].endswith("micro-batch 2/4")
+    with Heartbeat(lines, "quick", after=5.0):
+        pass
+    assert not any(s.startswith("quick") for s in lines.said)
+
+
+def test_a_sampled_evaluation_says_its_standard_error():
+    line = val_line({"loss": 3.2, "loss_se": 0.1, "loss_per_char": 1.1, "loss_per_char_se": 0.03})
+    assert line.startswith("1.1000 ± 0.0300 nats/char") and "loss_se" not in line
+    assert val_line({"loss": 2.0, "loss_se": 0.25}) == "loss 2.0000 ± 0.2500"
+
+
+def test_max_time_probes_the_batch_and_ends_inside_the_budget(base, tmp_path, capsys, monkeypatch):
+    """A made-up slow probe (1 s a sequence) cuts the batch; the command ends in the budget."""
+    monkeypatch.setattr(sizing, "probe", lambda s, p, clock, budget: (1.0, 0.05))
+    out = tmp_path / "run"
+    args = ["train", "--init-from", str(base / "base"), "--data", str(base / "corpus.txt")]
+    args += ["--lora", "--max-time", "3s", "--out", str(out), "--quiet"]
+    t0 = time.perf_counter()
+    assert main(args) == 0
+    took = time.perf_counter() - t0
+    said = capsys.readouterr().out
+    assert took < 3.0 + 1.0, said
+    assert "probe: one 32-token sequence took 1.00 s" in said and "batch 1 = micro-batch 1" in said
+    train = json.loads((out / "train_config.json").read_text())["train"]
+    assert (train["batch_size"], train["micro_batch_size"]) == (1, 1)
+    assert train["warmup"] <= 10 and train["eval_batches"] >= 2
+    evals = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in evals if "val_loss" in r]
+    assert evals[0]["step"] == 0 and "val_loss_se" in evals[0]
+
+
+def test_a_typed_batch_is_not_probed(base, tmp_path, capsys):
+    out = tmp_path / "typed"
+    args = ["train", "--init-from", str(base / "base"), "--data", str(base / "corpus.txt")]
+    args += ["--lora", "--max-time", "60s", "--max-steps", "2", "--batch-size", "4", "--quiet"]
+    args += ["--out", str(out)]
+    assert main(args) == 0
+    assert "probe:" not in capsys.readouterr().out
+    assert json.loads((out / "train_config.json").read_text())["train"]["batch_size"] == 4
+
+
+def test_a_budget_too_short_for_one_step_skips_the_evaluations(base, tmp_path, capsys, monkeypatch):
+    """A probe of 10 s a sequence in a 3 s budget: no zero-shot evaluation, no step, no final
+    evaluation (the run says it is untrained and exits 1), still inside the budget."""
+    monkeypatch.setattr(sizing, "probe", lambda s, p, clock, budget: (10.0, 5.0))
+    out = tmp_path / "short"
+    args = ["train", "--init-from", str(base / "base"), "--data", str(base / "corpus.txt")]
+    args += ["--lora", "--max-time", "3s", "--out", str(out), "--quiet"]
+    t0 = time.perf_counter()
+    assert main(args) == 1
+    assert time.perf_counter() - t0 < 3.0 + 1.0
+    said = capsys.readouterr()
+    assert "eval step" not in said.out and "untrained" in said.err
