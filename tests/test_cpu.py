@@ -120,3 +120,14 @@ def test_lamina_changes_no_process_environment():
             if hit:
                 found.append(f"{path.relative_to(src)}:{node.lineno}")
     assert not found, f"process environment written at {found}"
+
+
+def test_a_layer_with_only_some_kernels_gets_one_of_them():
+    x = torch.randn(2, 64)
+    with torch.no_grad():
+        with cpu.using("packed"):  # forced, but the layer lacks it: dequantized
+            assert cpu.call_kernel(x, has=("native",)) == "dequantize"
+        with cpu.using("torch"):
+            assert cpu.call_kernel(x, has=("native",)) == "dequantize"
+        want = "native" if cpu.native_missing() is None else "dequantize"
+        assert cpu.call_kernel(x, has=("native",)) == want  # auto: the kernel it has

@@ -107,10 +107,14 @@ def test_merge_writes_a_marked_folder_and_checks_its_target_first(made, tmp_path
     assert main(["merge", str(made / "run"), "--out", str(out), "--force"]) == 0  # lamina's own
     (tmp_path / "file").write_text("x")
     for target in ("/proc/lamina-merge", str(tmp_path / "file" / "under")):
-        capsys.readouterr()
-        assert main(["merge", str(made / "run"), "--out", target]) == 2
-        err = capsys.readouterr().err
-        assert f"--out {target}" in err and ".new-" not in err and err.count("\n") == 1
+        for verb in (
+            ["merge", str(made / "run")],
+            ["quantize", str(made / "base"), "--to", "int8"],
+        ):
+            capsys.readouterr()
+            assert main([*verb, "--out", target]) == 2
+            err = capsys.readouterr().err
+            assert f"--out {target}" in err and ".new-" not in err and err.count("\n") == 1
 
 
 def test_convert_to_gguf_writes_through_lamina_files(made, tmp_path, capsys):

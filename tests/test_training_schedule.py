@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from lamina.errors import LaminaError
-from lamina.training.config import TrainConfig, parse_duration
-from lamina.training.schedule import TimeBudget, lr_at
+from lamina.training.config import TrainConfig
+from lamina.training.schedule import TimeBudget, lr_at, parse_duration
 
 
 def test_warmup_rises_linearly_then_peaks():

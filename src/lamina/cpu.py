@@ -5,7 +5,8 @@
     native_missing() -> str | None         why lamina.native cannot run here (None: it runs)
     choice() -> "auto" | a kernel name     what the user asked for (using(), LAMINA_KERNEL)
     layer_kernel() -> "native" | "packed" | "dequantize"   what quantized layers prepare for
-    call_kernel(x) -> the same, for one call on x (its rows, dtype, device, gradients)
+    call_kernel(x, has=None) -> the same, for one call on x (its rows, dtype, device, gradients;
+                              `has`: the kernels a layer has, where not all)
     native_step() -> bool                  whether a decode step may run whole in lamina.native
     keeps_quantized(device_type) -> bool   whether lamina.open keeps a file's blocks quantized
     fused_adamw(device_type) -> bool       whether AdamW tries torch's fused kernel
@@ -171,30 +172,38 @@ def using(name: str) -> Iterator[None]:
 
 
 @cache
-def _auto(pytorch_only: bool) -> str:
-    order = [k for k in KERNELS.values() if not (pytorch_only and k.steps)]
+def _auto(pytorch_only: bool, has: tuple[str, ...] | None = None) -> str:
+    order = [
+        k
+        for k in KERNELS.values()
+        if not (pytorch_only and k.steps) and (has is None or k.name in has)
+    ]
     order.sort(key=lambda k: not k.first_if())  # stable: the table's order otherwise
-    return next(k.name for k in order if k.missing() is None)
+    return next((k.name for k in order if k.missing() is None), "dequantize")
 
 
-def layer_kernel() -> str:
-    """The kernel quantized layers prepare for and use (see the module docstring)."""
+def layer_kernel(has: tuple[str, ...] | None = None) -> str:
+    """The kernel quantized layers prepare for and use (see the module docstring); `has`: the
+    kernels a layer has, where not all (GGML's K-quant blocks: ("native",)). A forced kernel
+    such a layer lacks runs it dequantized."""
     name = choice()
     if name in ("auto", "torch"):
-        return _auto(name == "torch")
+        return _auto(name == "torch", has)
+    if has is not None and name not in has:
+        return "dequantize"
     why = KERNELS[name].missing()
     if why is not None:
         raise LaminaError(f"{ENV}={name}, but {why}")
     return name
 
 
-def call_kernel(x: Tensor) -> str:
+def call_kernel(x: Tensor, has: tuple[str, ...] | None = None) -> str:
     """The kernel one call on x runs: the layers' kernel where it takes x, else "dequantize"
     (the int8/int4 kernels record no gradients, so a LoRA over a quantized base runs
-    dequantized while training)."""
+    dequantized while training); `has` as for layer_kernel."""
     if (x.requires_grad and torch.is_grad_enabled()) or x.device.type != "cpu":
         return "dequantize"
-    name = layer_kernel()
+    name = layer_kernel(has)
     rows = x.numel() // max(1, x.shape[-1])
     return name if KERNELS[name].takes(rows, x.dtype) else "dequantize"
 

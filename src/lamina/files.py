@@ -58,6 +58,7 @@ __all__ = [
     "check_depth",
     "check_output_file",
     "check_output_folder",
+    "check_writable",
     "fsync_dir",
     "is_lamina_folder",
     "json_lines",
@@ -172,6 +173,8 @@ def check_output_file(
             raise LaminaError(f"{flag} {p} is a FIFO; this file is written with seeks: give a file")
     elif not target.parent.is_dir():
         raise LaminaError(f"{flag} {p}: folder {target.parent} does not exist")
+    else:
+        check_writable(target.parent, flag, shown=p)
     return target
 
 
@@ -246,12 +249,27 @@ def check_output_folder(
             )
         if not force:
             raise LaminaError(f"{flag} {p} already exists; pick a new folder or pass --force")
-    base = target
+    check_writable(target, flag, shown=p)
+    return target
+
+
+def check_writable(path: str | os.PathLike[str], flag: str, shown: Any = None) -> None:
+    """Refuse, before any work, a place that cannot be written: a file where a folder should
+    be (`/etc/passwd/x`), a read-only or pseudo file system (`/proc`). Probes by creating and
+    removing one empty temp file in the nearest existing folder; errors name `flag` and
+    `shown` (default `path`), never a temp path."""
+    shown = path if shown is None else shown
+    base = Path(path)
     while not base.exists() and base.parent != base:
         base = base.parent
     if not base.is_dir():
-        raise LaminaError(f"{flag} {p}: {base} is a file, not a folder")
-    return target
+        raise LaminaError(f"{flag} {shown}: {base} is a file, not a folder")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".lamina-probe-", dir=base)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise LaminaError(f"{flag} {shown}: cannot write in {base} ({e.strerror or e})") from None
 
 
 def build_folder(

@@ -18,7 +18,6 @@ import errno
 import importlib
 import os
 import sys
-import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -83,20 +82,10 @@ def resolve_model_specs(args: argparse.Namespace) -> None:
 
 
 def check_writable(path: Path, flag: str) -> None:
-    """Refuse, before any work, a folder to write into that cannot be made or written: a file
-    where a folder should be (`/etc/passwd/x`), a read-only or pseudo file system (`/proc`).
-    Probes by creating and removing one empty temp file in the nearest existing folder."""
-    base = path
-    while not base.exists() and base.parent != base:
-        base = base.parent
-    if not base.is_dir():
-        raise LaminaError(f"{flag} {path}: {base} is a file, not a folder")
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".lamina-probe-", dir=base)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
-        raise LaminaError(f"{flag} {path}: cannot write in {base} ({e.strerror or e})") from None
+    """Refuse, before any work, a place that cannot be written (`lamina.files.check_writable`)."""
+    from lamina.files import check_writable as probe
+
+    probe(path, flag)
 
 
 def open_for(

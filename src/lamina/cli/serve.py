@@ -7,8 +7,12 @@ Binds 127.0.0.1 by default; a host that is not a loopback address is refused unl
 --allow-remote is given (the page has no authentication). Requests from web pages of other
 origins, and Host names that are not loopback (DNS rebinding), are refused with 403 unless
 --allow-origin (or LAMINA_ORIGINS, comma-separated) names the origin (`lamina.serve.guard`).
-Needs the `serve` extra
-(starlette, uvicorn): `pip install 'lamina[serve]'`.
+
+The OpenAI-compatible API decodes up to --slots requests together, each in a KV-cache row of
+--context tokens, allocated at start (slots x context that cannot fit is refused here, naming
+the size); a request that finds no slot within --wait seconds gets 503. A model whose weights
+are not finite is refused, as chat, sample and eval refuse it. Needs the `serve` extra
+(starlette, uvicorn, llguidance): `pip install 'lamina[serve]'`.
 """
 
 from __future__ import annotations
@@ -26,10 +30,12 @@ from lamina.errors import LaminaError
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "serve",
-        help="a local web page to generate text and click tokens to see attention",
-        description="Serve a web page and a small HTTP API over a trained model: generate with "
-        "sampling controls, text streamed token by token, then click a token to see each "
-        "head's attention from it and the top-k alternatives. Stop with Ctrl-C.",
+        help="a local web playground and an OpenAI-compatible API (batched, JSON schemas, tools)",
+        description="Serve a web page and a small HTTP API over a trained model (generate with "
+        "sampling controls, click a token to see each head's attention and the top-k "
+        "alternatives), a chat page, and an OpenAI-compatible /v1 API whose requests decode "
+        "together in one batch (--slots), with response_format JSON schemas, tool calls, "
+        "logprobs and n choices. Stop with Ctrl-C.",
     )
     p.add_argument(
         "run",

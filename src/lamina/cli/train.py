@@ -31,7 +31,7 @@ import typing
 from typing import Any
 
 from lamina.cli.flags import add_config_overrides, config_overrides, field_flag
-from lamina.training.config import parse_duration
+from lamina.training.schedule import parse_duration
 
 
 def train_flags() -> list[tuple[str, str, dict[str, Any], str]]:

@@ -43,7 +43,7 @@ class _ConfigMixin:
             and f.default_factory is dataclasses.MISSING
         ]
         if missing:
-            raise LaminaError(f"a {cls.__name__} needs the field(s) {', '.join(missing)}")
+            raise LaminaError(f"not a valid {cls.__name__}: it lacks {', '.join(missing)}")
         return cls(**data)
 
     def replace(self, **changes: Any):  # noqa: ANN201 - returns the same type

@@ -86,11 +86,7 @@ def _native_call(x: Tensor) -> bool:
     """Whether x (rows, in) goes through the native kernel, the one kernel that reads these
     blocks (else they are dequantized): where lamina.native runs, the user's kernel choice
     (lamina.cpu) allows it, and the call is one it takes."""
-    if x.device.type != "cpu" or x.dtype != torch.float32:
-        return False
-    if (x.requires_grad and torch.is_grad_enabled()) or cpu.choice() not in ("auto", "native"):
-        return False
-    return x.numel() // max(1, x.shape[-1]) <= cpu.MAX_ROWS and cpu.native_missing() is None
+    return cpu.call_kernel(x, has=("native",)) == "native"
 
 
 class BlockLinear(nn.Module):

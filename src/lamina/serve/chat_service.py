@@ -219,7 +219,7 @@ class ChatService:
             raise RequestError('stream_options must be {"include_usage": bool}', "stream_options")
         if kind == "chat":
             want = body.get("logprobs")
-            if want not in (None, True, False):
+            if want is not None and not isinstance(want, bool):
                 raise RequestError("logprobs must be true or false", "logprobs")
             top = _integer(body, "top_logprobs", 0, 20)
             if top is not None and not want:

@@ -11,7 +11,6 @@
     fill_defaults(cfg, where) -> TrainConfig   every None a run needs, for one Situation
     default_text(name) -> str              a field's default in words
     plan_batch(cfg, world_size, micro_given) -> TrainConfig   a micro-batch that divides
-    parse_duration("5m") -> 300.0          the command line's --max-time
 
 The model's shape lives in the model config (`GPTConfig` / `EncoderConfig`) and is saved beside
 this one. Fields left as None are resolved at run start (`registry.resolve`, the one place) for
@@ -29,8 +28,6 @@ tasks exist (registry.py knows them).
 from __future__ import annotations
 
 import dataclasses
-import math
-import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -64,32 +61,12 @@ DecayKind = Literal["cosine", "linear", "wsd"]
 OptimizerName = Literal["adamw", "muon"]
 NSDtype = Literal["fp32", "bf16"]
 
-_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(s|m|h|)\s*$", re.IGNORECASE)
-
 # a real model's block_size (8,192 for SmolLM2) is far more context than a CPU step can train on
 FINE_TUNE_SEQ_LEN = 256
 # and one forward of it costs what a small model's whole run does: smaller batches, fewer held-out
 # batches per evaluation (SmolLM2's first evaluation of 20 x 16 x 256 tokens took 150 s here)
 FINETUNE_BATCH = 16
 FINETUNE_EVAL_BATCHES = 4
-
-
-def parse_duration(text: str | float | int) -> float:
-    """'90s', '5m', '1.5h', '90' -> seconds (float > 0); anything else is a LaminaError."""
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
-        seconds = float(text)
-    else:
-        m = _DURATION.match(str(text))
-        if not m:
-            raise LaminaError(
-                f"cannot parse duration {text!r}: use a number with an optional unit, "
-                "e.g. 90s, 5m, 1.5h"
-            )
-        seconds = float(m.group(1)) * _UNITS[m.group(2).lower()]
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise LaminaError(f"duration must be positive, got {text!r}")
-    return seconds
 
 
 _N, _X = {"metavar": "N"}, {"metavar": "X"}
@@ -248,6 +225,10 @@ class TrainConfig:
         "width >= 256)",
     )
     compile: bool = option(False, "torch.compile the model, falling back to eager if it fails")
+    activation_checkpointing: bool = option(
+        False, "recompute each block's activations in the backward, not keep them: less memory "
+        "for a long --seq-len, each block's forward run twice (training.recompute)",
+    )  # fmt: skip
     val_fraction: float = option(
         0.1,
         "classify: the stratified, seeded share of --data held out; lm: the corpus's tail held out",
@@ -270,6 +251,7 @@ class TrainConfig:
         choice("device", self.device, ("auto", "cpu", "cuda", "mps"))
         choice("dtype", self.dtype, ("auto", "fp32", "bf16"))
         boolean("compile", self.compile)
+        boolean("activation_checkpointing", self.activation_checkpointing)
         given = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         given = {k: v for k, v in given.items() if v is not None}
         for name in ("max_steps", "batch_size", "micro_batch_size", "seq_len", "eval_every",

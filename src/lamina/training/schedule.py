@@ -10,6 +10,8 @@
         at step total - 1. A function of (step, total), so TimeBudget's re-estimated total
         moves the decay's start with it.
 
+    parse_duration("5m") -> 300.0   the command line's --max-time, in seconds
+
     TimeBudget(seconds): given the steps done and the clock, how many steps fit in the rest of
     the budget? Seconds per step are measured after a few warm-up steps (compilation and
     first-call costs excluded) as a running average over every step since, so periodic
@@ -23,11 +25,31 @@ Deliberately unaware of optimizers, models, data and files.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 
 from lamina.errors import LaminaError
 
 DECAYS = ("cosine", "linear", "wsd")
+_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(s|m|h|)\s*$", re.IGNORECASE)
+
+
+def parse_duration(text: str | float | int) -> float:
+    """'90s', '5m', '1.5h', '90' -> seconds (float > 0); anything else is a LaminaError."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        seconds = float(text)
+    else:
+        m = _DURATION.match(str(text))
+        if not m:
+            raise LaminaError(
+                f"cannot parse duration {text!r}: use a number with an optional unit, "
+                "e.g. 90s, 5m, 1.5h"
+            )
+        seconds = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise LaminaError(f"duration must be positive, got {text!r}")
+    return seconds
 
 
 def schedule(
@@ -128,9 +150,13 @@ class TimeBudget:
         left = self.seconds - (now - self.start) - self.reserve
         rate = max(self.seconds_per_step(steps_done, now), 1e-6)
         more = int(left // rate)
-        if steps_done == 0 and left > 0:  # nothing measured yet: the first step is tried
+        if steps_done == 0 and left >= 0.5 * rate:  # the first step is tried if half of it fits
             more = max(more, 1)
         return step + max(0, more)
+
+    def fits(self, now: float, seconds: float) -> bool:
+        """Whether `seconds` more fit in the budget."""
+        return self.start is None or self.seconds - (now - self.start) >= seconds
 
     def elapsed(self, now: float) -> float:
         return 0.0 if self.start is None else now - self.start

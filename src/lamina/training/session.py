@@ -57,6 +57,7 @@ from lamina.training.device import resolve_device, use_bf16
 from lamina.training.lora_option import restore_run_model, save_run_model
 from lamina.training.objectives import Objective, rng_state, rng_text
 from lamina.training.optim import load_optimizer_tensors, make_optimizer, optimizer_tensors
+from lamina.training.recompute import checkpoint_blocks
 from lamina.training.registry import build, load_config, resolve
 from lamina.training.run_dir import RunDir
 from lamina.version import __version__
@@ -67,6 +68,7 @@ RESUMABLE = {
     "max_steps",
     "max_time",
     "compile",
+    "activation_checkpointing",
     "log_every",
     "device",
     "eval_every",
@@ -103,6 +105,7 @@ class Session:
     fingerprint: str = ""
     origin: dict[str, Any] | None = None  # --init-from: the model the run started from
     state: RunState = field(default_factory=RunState)
+    estimates: dict[str, float] = field(default_factory=dict)  # probed seconds: step, eval
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,8 @@ def _build(cfg: TrainConfig, run: RunDir | None, model_cfg: dict[str, Any] | Non
     if built.recorded:
         cfg = cfg.replace(**built.recorded)  # e.g. the tokenizer a prepared folder used
     built.model.to(device)
+    if cfg.activation_checkpointing:
+        checkpoint_blocks(built.model)
     opt = make_optimizer(built.model, cfg)
     bf16 = use_bf16(cfg.dtype, device, built.width)
     return Session(cfg, built.model, built.objective, opt, device, bf16, run, built.tokenizer,
