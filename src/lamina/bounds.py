@@ -10,12 +10,13 @@ a context length a model claims).
                                  allocation of `nbytes` cannot fit (`free`: a device's, else
                                  free_memory()), before it is tried
 
-How the deadline stops code: a timer thread, once the time is up, raises `_Expired` (a
-BaseException, so no ``except Exception`` inside the block swallows it) in the thread that
-entered the block (CPython's PyThreadState_SetAsyncExc). The exception lands at the next
-bytecode boundary, so pure Python (a template engine's loops) stops within milliseconds; one long
-call into C (multiplying a huge string) finishes first, which is why the callers also bound the
-sizes they let such calls build. Leaving the block disarms the timer and clears an exception
+How the deadline stops code: one watchdog thread for the process, once a block's time is up,
+raises `_Expired` (a BaseException, so no ``except Exception`` inside the block swallows it) in
+the thread that entered the block (CPython's PyThreadState_SetAsyncExc); arming a deadline costs
+a lock and a list append, so renders in a loop start no thread each. The exception lands at the
+next bytecode boundary, so pure Python (a template engine's loops) stops within milliseconds;
+one long call into C (multiplying a huge string) finishes first, which is why the callers also
+bound the sizes they let such calls build. Leaving the block disarms it and clears an exception
 that was raised but not yet delivered, so nothing fires after the block.
 
 What this module deliberately does not know: what the bounded work is. A leaf: it imports only
@@ -27,7 +28,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import threading
+import time
 from collections.abc import Iterator
+from typing import Any
 
 from lamina.errors import LaminaError
 
@@ -44,37 +47,68 @@ def _raise_in(thread_id: int, exc: type[BaseException] | None) -> None:
     )
 
 
+class _Watchdog:
+    """One daemon thread for every deadline of the process: it sleeps until the earliest one
+    and raises `_Expired` in the thread that entered it (arming costs a lock, not a thread)."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.active: list[list[Any]] = []  # [expiry, thread id, state]
+        self.thread: threading.Thread | None = None
+
+    def arm(self, seconds: float) -> list[Any]:
+        entry = [time.monotonic() + seconds, threading.get_ident(), "running"]
+        with self.cond:
+            self.active.append(entry)
+            if self.thread is None or not self.thread.is_alive():  # first use, or after fork
+                self.thread = threading.Thread(
+                    target=self._run, name="lamina-deadline", daemon=True
+                )
+                self.thread.start()
+            self.cond.notify()
+        return entry
+
+    def disarm(self, entry: list[Any]) -> bool:
+        """Whether it fired; an exception raised but not yet delivered is dropped."""
+        with self.cond:
+            fired = entry[2] == "fired"
+            if fired:
+                _raise_in(entry[1], None)
+            entry[2] = "done"
+            if entry in self.active:
+                self.active.remove(entry)
+        return fired
+
+    def _run(self) -> None:
+        with self.cond:
+            while True:
+                now = time.monotonic()
+                for entry in self.active:
+                    if entry[2] == "running" and entry[0] <= now:
+                        entry[2] = "fired"
+                        _raise_in(entry[1], _Expired)
+                waiting = [e[0] for e in self.active if e[2] == "running"]
+                self.cond.wait(max(0.0, min(waiting) - now) if waiting else None)
+
+
+_WATCHDOG = _Watchdog()
+
+
 @contextlib.contextmanager
 def deadline(seconds: float, what: str) -> Iterator[None]:
     """Stop the block's Python code after `seconds`; LaminaError naming `what` and the limit."""
-    thread_id, lock, state = threading.get_ident(), threading.Lock(), ["running"]
-
-    def fire() -> None:
-        with lock:
-            if state[0] == "running":
-                state[0] = "fired"
-                _raise_in(thread_id, _Expired)
-
-    def disarm() -> bool:
-        timer.cancel()
-        with lock:
-            fired = state[0] == "fired"
-            if fired:
-                _raise_in(thread_id, None)  # one raised but not yet delivered is dropped
-            state[0] = "done"
-        return fired
-
-    timer = threading.Timer(seconds, fire)
-    timer.daemon = True
     expired = f"{what} took longer than {seconds:g} s, so it was stopped"
+    entry: list[Any] | None = None
     try:
         try:
-            timer.start()
+            entry = _WATCHDOG.arm(seconds)
             yield
         finally:
-            disarm()  # the pending exception may be delivered here: the outer except has it
+            if entry is not None:
+                _WATCHDOG.disarm(entry)  # a pending exception may land here: the except has it
     except _Expired:
-        disarm()
+        if entry is not None:
+            _WATCHDOG.disarm(entry)
         raise LaminaError(expired) from None
 
 

@@ -1,6 +1,6 @@
 /* lamina's native decode step: one token per row through a whole pre-LN GPT, on AVX2 + FMA.
 
-   Built and loaded by lamina/native/build.py (cc -O3 -mavx2 -mfma -fopenmp -shared), driven
+   Built and loaded by lamina/native/build.py (cc -O3 -mavx2 -mfma -mf16c -fopenmp -shared), driven
    through ctypes by lamina/native/step.py, which fills the structs below with pointers to
    the model's own tensors (nothing is copied) and holds the step equal to the PyTorch model
    in tests/test_native.py.
@@ -364,10 +364,17 @@ static inline int kq_bytes(int kind) {
     default: return 24; /* LIN_Q5_1 */
     }
 }
+static inline int kq_has_min(int kind) { return kind == LIN_Q4K || kind == LIN_Q5K || kind == LIN_Q5_1; }
 static inline size_t kq_row_bytes(int kind, int k) { return (size_t)(k / kq_per(kind)) * kq_bytes(kind); }
 
-/* IEEE half -> float, exactly (the file's fp16 scales; no F16C needed) */
+/* IEEE half -> float, exactly (the file's fp16 scales): F16C's one instruction where the build
+   has it (build.py compiles with -mf16c), else the bits moved by hand */
 static inline float half(const uint8_t *p) {
+#ifdef __F16C__
+    uint16_t bits;
+    memcpy(&bits, p, 2);
+    return _cvtsh_ss(bits);
+#else
     const uint32_t h = (uint32_t)p[0] | (uint32_t)p[1] << 8;
     const uint32_t sign = (h & 0x8000u) << 16, e = (h >> 10) & 31, m = h & 0x3ff;
     union { uint32_t u; float f; } v;
@@ -377,20 +384,26 @@ static inline float half(const uint8_t *p) {
     }
     v.u = sign | (e == 31 ? 0x7f800000u | m << 13 : (e + 112) << 23 | m << 13);
     return v.f;
+#endif
 }
 
 /* the scales (s: one per 16 weights) and minimums (mn: one per 32) of a super-block or block */
 static inline __attribute__((always_inline)) void kq_scales(int kind, const uint8_t *blk, float *s, float *mn) {
     if (kind == LIN_Q4K || kind == LIN_Q5K) {
-        const float d = half(blk), dmin = half(blk + 2);
-        const uint8_t *q = blk + 4;
-        for (int j = 0; j < 8; j++) {
-            int sc, m;
-            if (j < 4) sc = q[j] & 63, m = q[j + 4] & 63;
-            else sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4), m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-            s[2 * j] = s[2 * j + 1] = d * (float)sc;
-            mn[j] = -(dmin * (float)m);
-        }
+        /* 12 bytes as words A B C: scales 0-3 = A's bytes' low 6 bits, minimums 0-3 = B's;
+           scales 4-7 = C's low nibbles under A's top 2 bits, minimums 4-7 = C's high nibbles
+           under B's top 2 bits (each byte's bits 6-7 moved to 4-5: (word >> 2) & 0x30..) */
+        uint32_t w[3];
+        memcpy(w, blk + 4, 12);
+        const uint32_t lo6 = 0x3f3f3f3fu, lo4 = 0x0f0f0f0fu, b45 = 0x30303030u;
+        const __m128i sc = _mm_setr_epi32((int)(w[0] & lo6), (int)((w[2] & lo4) | ((w[0] >> 2) & b45)), 0, 0);
+        const __m128i m = _mm_setr_epi32((int)(w[1] & lo6), (int)(((w[2] >> 4) & lo4) | ((w[1] >> 2) & b45)), 0, 0);
+        const __m256 s8 = _mm256_mul_ps(_mm256_set1_ps(half(blk)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc)));
+        const __m256 m8 = _mm256_mul_ps(_mm256_set1_ps(half(blk + 2)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(m)));
+        const __m256 lo = _mm256_unpacklo_ps(s8, s8), hi = _mm256_unpackhi_ps(s8, s8);
+        _mm256_storeu_ps(s, _mm256_permute2f128_ps(lo, hi, 0x20)); /* s0 s0 s1 s1 .. s3 s3 */
+        _mm256_storeu_ps(s + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+        _mm256_storeu_ps(mn, _mm256_xor_ps(m8, _mm256_set1_ps(-0.0f))); /* -(dmin m), exactly */
     } else if (kind == LIN_Q6K) {
         const float d = half(blk + 208);
         const int8_t *sc = (const int8_t *)(blk + 192);
@@ -399,7 +412,7 @@ static inline __attribute__((always_inline)) void kq_scales(int kind, const uint
     } else {
         const float d = half(blk);
         s[0] = s[1] = d;
-        mn[0] = kind == LIN_Q8_0 ? 0.0f : kind == LIN_Q5_0 ? -16.0f * d : half(blk + 2);
+        mn[0] = kind == LIN_Q5_1 ? half(blk + 2) : 0.0f; /* Q5_0's offset 16 is in its q */
     }
 }
 
@@ -448,6 +461,12 @@ static inline __attribute__((always_inline)) void kq_unpack(int kind, const uint
         __m128i raw = _mm_loadu_si128((const __m128i *)(qh + 4));
         __m256i nib = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
         q = _mm256_or_si256(_mm256_and_si256(nib, m4), bits_to_16s(bits));
+        if (kind == LIN_Q5_0) { /* w = d (q - 16): signed q, no minimum */
+            const __m256i off = _mm256_set1_epi16(16);
+            *w0 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(q)), off);
+            *w1 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(q, 1)), off);
+            return;
+        }
     }
     *w0 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(q));
     *w1 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(q, 1));
@@ -476,7 +495,7 @@ static inline __attribute__((always_inline)) float row_kq(int kind, const uint8_
                 __m256 v = _mm256_cvtepi32_ps(_mm256_add_epi32(p0, p1));
                 if (b & 1) acc1 = _mm256_fmadd_ps(_mm256_set1_ps(s[2 * j] * dx[b]), v, acc1);
                 else acc0 = _mm256_fmadd_ps(_mm256_set1_ps(s[2 * j] * dx[b]), v, acc0);
-                msum += mn[j] * sx[b];
+                if (kq_has_min(kind)) msum += mn[j] * sx[b];
             }
         }
     }
@@ -508,7 +527,7 @@ static inline __attribute__((always_inline)) void tile_kq(int kind, const uint8_
                 } else {
                     acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(s[2 * j] * dxb),
                                              _mm256_cvtepi32_ps(_mm256_add_epi32(p0, p1)), acc[r]);
-                    msum[r] += mn[j] * a->sx[(size_t)(r0 + r) * nb + b];
+                    if (kq_has_min(kind)) msum[r] += mn[j] * a->sx[(size_t)(r0 + r) * nb + b];
                 }
             }
         }
@@ -532,7 +551,7 @@ static void kq_dequant_row(int kind, const uint8_t *row, int k, float *y) {
             float *o = y + (size_t)(sb * sub + j) * 32;
             for (int i = 0; i < 32; i++) {
                 const float p = s[2 * j + i / 16] * (float)q[i]; /* exact but for Q6_K's one rounding */
-                o[i] = mn[j] != 0.0f ? p + mn[j] : p;
+                o[i] = kq_has_min(kind) ? p + mn[j] : p;
             }
         }
     }

@@ -2,6 +2,7 @@
 
     resolve_device("auto") -> torch.device        cuda, then mps, then cpu
     use_bf16(dtype, device, d_model) -> bool      what --dtype auto means (see BF16_MIN_WIDTH)
+    autocast(device, bf16) -> context             bf16 autocast where use_bf16 said so
     memory_bytes(device) -> int | None            a GPU's memory, else this machine's RAM
     check_model_fits(config, device)              a GPT whose weights + AdamW state (16 bytes a
         parameter, counted by formula) exceed the memory of this machine (or of the GPU) is
@@ -15,6 +16,7 @@ Deliberately unaware of tasks, the loop, checkpoints and the command line.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -24,6 +26,13 @@ from lamina.errors import LaminaError
 from lamina.lora import LoRAConfig, fit_bytes
 from lamina.models.config import GPTConfig
 from lamina.models.params import count_params
+
+
+def autocast(device: torch.device, bf16: bool) -> contextlib.AbstractContextManager:
+    if not bf16:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16)
+
 
 # bf16 autocast pays off on CPUs only with native bf16 matrix units (AMX / AVX512-BF16) and
 # only for wide enough matrices: measured slower than fp32 at 128 wide, faster at 384.

@@ -47,6 +47,7 @@ from torch import nn
 from lamina.errors import LaminaError
 from lamina.modes import eval_mode, non_finite
 from lamina.pictures import loss_curves
+from lamina.training.device import autocast
 from lamina.training.distributed import agree, global_mean
 from lamina.training.objectives import Batch, Objective, slice_batch, to_device
 from lamina.training.progress import Heartbeat, Progress
@@ -70,12 +71,6 @@ class TrainResult:
     losses: dict[int, float] = field(default_factory=dict)  # step -> training loss (this call)
     eval: dict[str, float] = field(default_factory=dict)  # the last evaluation
     seconds: float = 0.0
-
-
-def autocast(device: torch.device, bf16: bool) -> contextlib.AbstractContextManager:
-    if not bf16:
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16)
 
 
 def train_step(
@@ -192,7 +187,10 @@ class _Run:
         self.budget: TimeBudget | None = None
         self.eval_times: list[float] = []  # for a time budget: evaluate at each fifth of it
         if c.max_time is not None:
-            self.budget = TimeBudget(max(c.max_time - self.st.seconds_used, 1e-3))
+            guess = s.estimates.get("step", 1.0)  # the probe's (training.sizing)
+            self.budget = TimeBudget(
+                max(c.max_time - self.st.seconds_used, 1e-3), first_guess=guess
+            )
             self.budget.begin(start)
             if c.eval_every is None:  # at each fifth; in a short budget only at its half
                 k = 5 if self.budget.seconds >= LONG_BUDGET else 2
@@ -200,7 +198,7 @@ class _Run:
         self.result = TrainResult(self.st.step, self.st.tokens, "done")
         self.last_eval = self.last_ckpt = -1
         self.good = self.st.step if self.st.step > 0 and s.run is not None else None  # resumed
-        self.eval_cost, self.save_cost = 0.0, 0.5
+        self.eval_cost, self.save_cost = s.estimates.get("eval", 0.0), 0.5
         self.steps, self.lr, self.last_took = 0, 0.0, 0.0  # steps, last lr, last step's s
         self.tick, self.tick_tokens = clock(), self.st.tokens  # for tokens/s
 
@@ -370,8 +368,9 @@ def run_training(
                     stream=progress_stream, initial=s.state.step)  # fmt: skip
     run = _Run(s, p, prog, clock, start)
     p.model.train()
-    if s.state.step == 0:
-        run.evaluate()
+    need = 2 * run.eval_cost + run.save_cost + (run.budget.first_guess if run.budget else 0)
+    if s.state.step == 0 and (run.budget is None or run.budget.fits(clock(), need)):
+        run.evaluate()  # zero-shot; skipped when it, a step and the last one cannot fit
     with _StopFlag() as flag:
         while True:
             total, stop = run.plan(flag.requested, stop_at)
@@ -389,7 +388,7 @@ def run_training(
                 run.budget.observe(run.steps, now, took=now - began)
             run.log(loss, total, now)
             run.after_step(now)
-    if run.last_eval != s.state.step:
+    if run.last_eval != s.state.step and (run.steps or run.budget is None):
         run.evaluate()
     if run.last_ckpt != s.state.step:
         run.save()

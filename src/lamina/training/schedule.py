@@ -150,9 +150,13 @@ class TimeBudget:
         left = self.seconds - (now - self.start) - self.reserve
         rate = max(self.seconds_per_step(steps_done, now), 1e-6)
         more = int(left // rate)
-        if steps_done == 0 and left > 0:  # nothing measured yet: the first step is tried
+        if steps_done == 0 and left >= 0.5 * rate:  # the first step is tried if half of it fits
             more = max(more, 1)
         return step + max(0, more)
+
+    def fits(self, now: float, seconds: float) -> bool:
+        """Whether `seconds` more fit in the budget."""
+        return self.start is None or self.seconds - (now - self.start) >= seconds
 
     def elapsed(self, now: float) -> float:
         return 0.0 if self.start is None else now - self.start

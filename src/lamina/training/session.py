@@ -105,6 +105,7 @@ class Session:
     fingerprint: str = ""
     origin: dict[str, Any] | None = None  # --init-from: the model the run started from
     state: RunState = field(default_factory=RunState)
+    estimates: dict[str, float] = field(default_factory=dict)  # probed seconds: step, eval
 
 
 @dataclass(frozen=True)

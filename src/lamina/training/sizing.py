@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from lamina.modes import eval_mode
-from lamina.training.loop import autocast
+from lamina.training.device import autocast
 from lamina.training.objectives import to_device
 from lamina.training.session import Placement, Session
 
@@ -148,7 +148,9 @@ def size_to_budget(
         f"evaluations on {changes.get('eval_batches', n_eval) * new_eval_bs} held-out "
         f"sequences; warmup {changes.get('warmup', cfg.warmup)}"
     )
-    sized = dataclasses.replace(s, cfg=cfg.replace(**changes))
+    rows = changes.get("eval_batches", n_eval) * new_eval_bs
+    guess = {"step": z.step_seconds, "eval": rows * forward}
+    sized = dataclasses.replace(s, cfg=cfg.replace(**changes), estimates=guess)
     if s.run is not None:
         record = s.run.read_train_config()
         record["train"] = sized.cfg.to_dict()
