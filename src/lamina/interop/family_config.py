@@ -1,14 +1,14 @@
-"""A family record's config, read and written: config.json dicts and GGUF metadata <-> GPTConfig.
+"""A family record's config.json, read and written: config.json dicts <-> GPTConfig.
 
     from_hf(family, config_json, where) -> GPTConfig     to_hf(family, config, dtype) -> dict
-    (GGUF metadata: family_gguf, with the same helpers)
     canonical(config, fmt), differences(a, b)     what a round trip compares (see family_gguf's
                                         `expressing`, which picks the family a model is written as)
+    build_config, windows, period_types            shared with family_gguf (GGUF metadata)
 
 One mapper for every family: the record (see `family`) says which names and options apply.
 Reading fills what a config.json leaves out with the config class's defaults, as transformers
-does; GGUF values missing take the record's GGUF defaults, and the tensors present say the
-biases, the tie and a rope scaling stored as tensors (`family_rope`). Writing is checked by
+does (the GGUF side, family_gguf, takes the record's GGUF defaults, and the tensors present say
+the biases, the tie and a rope scaling stored as tensors). Writing is checked by
 reading back: a model is written as a family only if reading what was written gives the same
 config (fields a format does not carry, such as init_std in GGUF, aside), so nothing a model
 computes is silently lost, and a refusal names the fields that differ. Anything read that
