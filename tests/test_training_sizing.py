@@ -8,6 +8,7 @@ import json
 import time
 
 import pytest
+import torch
 
 import lamina
 from lamina import GPT, GPTConfig
@@ -123,3 +124,18 @@ def test_a_budget_too_short_for_one_step_skips_the_evaluations(base, tmp_path, c
     assert time.perf_counter() - t0 < 3.0 + 1.0
     said = capsys.readouterr()
     assert "eval step" not in said.out and "untrained" in said.err
+
+
+def test_a_forward_past_its_deadline_stops_at_the_next_block():
+    from lamina.training.sizing import OutOfTime, deadline
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("llama-tiny", vocab_size=20, d_model=32, n_layers=3, d_ff=64))
+    ids = torch.randint(0, 20, (1, 8))
+    with deadline(model, time.perf_counter, float("inf")) as cut:
+        model(ids)
+    assert cut.entered == 3
+    ticks = iter(range(100))  # a clock past the deadline from the second block on
+    with pytest.raises(OutOfTime), deadline(model, lambda: next(ticks), 0.5) as cut:
+        model(ids)
+    assert cut.entered == 1 and not model.blocks[0]._forward_pre_hooks  # hooks removed
