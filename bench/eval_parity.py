@@ -1,7 +1,7 @@
 """lamina eval vs lm-evaluation-harness: the same task file, the same model, item for item.
 
-    .venv/bin/python bench/eval_parity.py [--model tiny|smollm2|smollm2-hf] [--task which-play|next-line|F.jsonl]
-                                          [--limit 240] [--lm-eval-batch 8] [--threads 2]
+    .venv/bin/python bench/eval_parity.py [--model tiny|smollm2|smollm2-hf] [--limit 240]
+        [--task which-play|next-line|next-line-2|F.jsonl] [--lm-eval-batch 8] [--threads 2]
 
 Needs the `bench` extra (`make bench-deps`: lm-eval 0.4.x) and transformers. A bench rather than
 a test: lm-eval takes ~10 s to import and builds its task through `datasets`, far beyond the

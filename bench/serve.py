@@ -8,7 +8,9 @@ wheel) as a subprocess whose torch runs --threads threads (default 2; OMP_NUM_TH
 child's environment only). For each number of clients: that many threads each stream one chat
 completion of up to --tokens tokens (greedy, distinct prompts; a reply that ends early counts
 what it gave) with the openai client. Reported per run: aggregate tok/s (all completion
-tokens / wall time), mean per-client decode tok/s (tokens after the first / time from first to
+tokens / wall time), aggregate decode tok/s (the tokens after each client's first, over the
+span from the first client's first token to the last token: prefill and queueing left out),
+mean per-client decode tok/s (tokens after the first / time from first to
 last token), p50 and p95 time to first token, and the server's peak RSS (VmHWM) so far. Then --grammar-rounds pairs of replies,
 one at a time, plain and with a json_schema response_format (interleaved): each kind's decode
 tok/s, and how many schema replies parse and validate.
@@ -139,8 +141,13 @@ def summary(out: list, wall: float) -> dict:
         if r["first"] and r["last"] and r["last"] > r["first"]
     ]
     ttft = sorted(r["ttft"] for r in out)
+    firsts = [r["first"] for r in out if r["first"]]
+    lasts = [r["last"] for r in out if r["last"]]
+    span = max(lasts) - min(firsts) if firsts and lasts else 0.0
+    decoded = sum(r["tokens"] - 1 for r in out if r["first"])
     return {
         "aggregate": total / wall,
+        "decode": decoded / span if span > 0 else float("nan"),
         "per_client": statistics.mean(rates) if rates else float("nan"),
         "p50": statistics.median(ttft),
         "p95": ttft[min(len(ttft) - 1, int(round(0.95 * (len(ttft) - 1))))],
@@ -262,10 +269,11 @@ def main() -> int:
             f"{args.threads} threads each; load average {load_avg:.1f} at the start"
         )
         print(
-            "| server | clients | aggregate tok/s | per-client decode tok/s | TTFT p50 s |"
+            "| server | clients | aggregate tok/s | aggregate decode tok/s | per-client decode "
+            "tok/s | TTFT p50 s |"
             " TTFT p95 s | peak RSS MB |"
         )
-        print("|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|")
         for c in [int(x) for x in args.clients.split(",")]:
             runs = [
                 (name, load(port, c, args.tokens), proc.pid)
@@ -273,7 +281,8 @@ def main() -> int:
             ]
             for name, r, pid in runs:
                 print(
-                    f"| {name} | {c} | {r['aggregate']:.1f} | {r['per_client']:.1f} | "
+                    f"| {name} | {c} | {r['aggregate']:.1f} | {r['decode']:.1f} | "
+                    f"{r['per_client']:.1f} | "
                     f"{r['p50']:.2f} | {r['p95']:.2f} | {peak_rss_mb(pid):.0f} |",
                     flush=True,
                 )

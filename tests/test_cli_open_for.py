@@ -120,3 +120,14 @@ def test_no_verb_opens_a_model_another_way():
             if isinstance(node, ast.ImportFrom) and node.module:
                 names = {a.name for a in node.names}
                 assert not names & {"open_model", "load_model"}, f"{path.name} imports an opener"
+
+
+def test_eval_scores_dequantized_weights_unless_told():
+    """Scores are held to fp32 references (lm-eval's hf backend dequantizes a GGUF): lamina eval
+    opens float weights by default; the verbs that only run a model keep lamina.open's choice."""
+    from lamina.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["eval", "m.gguf"]).keep_quantized is False
+    assert parser.parse_args(["eval", "m.gguf", "--keep-quantized"]).keep_quantized is True
+    assert parser.parse_args(["sample", "m.gguf"]).keep_quantized is None

@@ -33,3 +33,48 @@ def test_a_tied_head_stored_under_lm_head_only_is_the_embedding(tmp_path):
     ids = torch.randint(0, 64, (1, 12))
     with torch.no_grad():
         assert torch.allclose(model(ids), hf(ids).logits, atol=1e-5)
+
+
+ITEMS = 6  # of next-line-2: a few seconds for both models on SmolLM2-135M
+
+
+def transformers_logliks(hf: object, tok: object, context: str, continuation: str) -> float:
+    """lm-eval's hf backend, written out: context + continuation encoded whole (the tokenizer's
+    own special tokens, as `add_bos_token=None` leaves them), the continuation the tokens after
+    the context's own encoding, their log-probabilities summed."""
+    whole = tok.encode(context + continuation)
+    ctx = tok.encode(context)
+    cont = whole[len(ctx) :]
+    ids = torch.tensor([ctx + cont])
+    with torch.no_grad():
+        logp = torch.log_softmax(hf(ids).logits[0].float(), dim=-1)
+    return float(logp[-len(cont) - 1 : -1].gather(1, torch.tensor(cont)[:, None]).sum())
+
+
+@pytest.fixture(scope="module")
+def folder_models(smollm2_hf):
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(smollm2_hf, dtype=torch.float32)
+    return (
+        lamina.open(smollm2_hf),
+        hf.eval(),
+        transformers.AutoTokenizer.from_pretrained(smollm2_hf),
+    )
+
+
+def test_choice_logliks_on_a_saved_folder_equal_transformers(folder_models):
+    from lamina.evals.builtin_tasks import builtin_task
+    from lamina.evals.choice import encode_pair, score_items
+
+    bundle, hf, tok = folder_models
+    task = builtin_task("next-line-2", ITEMS)
+    assert task.delimiter == "" and all(c.startswith("\n") for i in task.items for c in i.choices)
+    scores = score_items(bundle.model, bundle.tokenizer, task.items, delimiter=task.delimiter)
+    worst = 0.0
+    for item, got in zip(task.items, scores, strict=True):
+        for choice, ll in zip(item.choices, got.logliks, strict=True):
+            ctx, cont = encode_pair(bundle.tokenizer, item.context, choice)
+            assert ctx == tok.encode(item.context)  # the same ids, no BOS on either side
+            assert ctx + cont == tok.encode(item.context + choice)
+            worst = max(worst, abs(ll - transformers_logliks(hf, tok, item.context, choice)))
+    assert worst < 1e-3, worst

@@ -89,8 +89,11 @@ def test_which_play_names_the_speech_play_and_next_line_is_a_line():
     task = builtin_task("next-line", 30)
     assert task.delimiter == "\n"
     assert all("\n" not in c for it in task.items for c in it.choices)
+    two = builtin_task("next-line-2", 30)  # lm-eval's shape: the newline is the choice's own
+    assert two.delimiter == "" and all(it.context.count("\n") == 1 for it in two.items)
+    assert all(c.startswith("\n") and "\n" not in c[1:] for it in two.items for c in it.choices)
 
 
 def test_unknown_builtin_is_refused():
-    with pytest.raises(LaminaError, match="the built-in tasks: next-line, which-play"):
+    with pytest.raises(LaminaError, match="the built-in tasks: next-line, next-line-2, which-play"):
         builtin_task("hellaswag")

@@ -48,11 +48,29 @@ def test_a_render_that_runs_on_is_stopped_at_its_deadline(template):
             "namespace value 'x'",
         ),
         ("{% for i in range(100000) %}{{ 'y' * 100 }}{% endfor %}", "more than 4,194,304 char"),
+        ("{{ messages[0].content|center(3000000000) }}", "center width"),
+        ("{{ '%9999999999s' % 'x' }}", "'%' format width"),
+        ("{{ '%*s' % (9999999999, 'x') }}", "'%' format width"),
+        ("{{ '{:>9999999999}'.format('x') }}", "str.format width"),
+        ("{{ '{0:>{1}}'.format('x', 9999999999) }}", "str.format width"),
+        ("{{ '%9999999999s'|format('x') }}", "format filter width"),
+        ("{{ ('x' * 1000000)|replace('x', 'xxxxxxxxxx') }}", "replace result"),
+        ("{{ 'a\nb'|indent(3000000000) }}", "indent result"),
     ],
 )
 def test_a_render_that_would_build_too_much_is_refused_before_it_does(template, match):
     with pytest.raises(LaminaError, match=match):
         render_chat_template(template, CHAT)
+
+
+def test_the_guarded_operations_still_do_what_jinja_does():
+    text = (
+        "{{ 'hi'|center(6) }}|{{ 'a b'|replace('a', 'c') }}|{{ '%3s' % 'x' }}|"
+        "{{ '{:>3}'.format('y') }}|{{ '{0:>{1}}'.format('z', 2) }}|{{ 'a\nb'|indent(1) }}|"
+        "{{ '%s-%s'|format(1, 2) }}|{{ 10 % 3 }}|{{ 'id 5551234567 {}'.format(7) }}"
+    )
+    want = "  hi  |c b|  x|  y| z|a\n b|1-2|1|id 5551234567 7"
+    assert render_chat_template(text, CHAT) == want
 
 
 def test_the_output_cap_is_the_callers_to_set():

@@ -136,6 +136,11 @@ def test_convert_to_gguf_writes_through_lamina_files(made, tmp_path, capsys):
     assert "FIFO" in capsys.readouterr().err
     assert main([*args, os.devnull, "--force"]) == 0  # a character device is written to
     assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
+    if os.path.exists("/dev/full"):  # written to, not replaced; its error names it
+        capsys.readouterr()
+        assert main([*args, "/dev/full", "--force"]) == 2
+        assert capsys.readouterr().err.endswith("No space left on device: /dev/full\n")
+        assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
 
 
 def test_eval_output_never_overwrites_a_file_the_model_reads(made, tmp_path, capsys):

@@ -47,13 +47,13 @@ def ask(client, text: str, **kw):
 def test_requests_decode_together_and_each_gets_what_it_gets_alone(server):
     engine, _, client = server
     alone = [
-        ask(client, p, max_tokens=24, temperature=0).choices[0].message.content for p in PROMPTS
+        ask(client, p, max_tokens=12, temperature=0).choices[0].message.content for p in PROMPTS
     ]
     steps = engine.batcher.steps
     got: dict[int, str] = {}
 
     def one(i: int) -> None:
-        got[i] = ask(client, PROMPTS[i], max_tokens=24, temperature=0).choices[0].message.content
+        got[i] = ask(client, PROMPTS[i], max_tokens=12, temperature=0).choices[0].message.content
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(PROMPTS))]
     for t in threads:

@@ -84,7 +84,7 @@ def native_bf16() -> bool:
 def _native_platform() -> str | None:
     if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):
         return f"the native step is for x86-64 Linux, not {platform.system()} {platform.machine()}"
-    missing = {"avx2", "fma"} - flags()
+    missing = {"avx2", "fma", "f16c"} - flags()  # F16C: the GGML blocks' fp16 scales
     return f"this CPU lacks {' and '.join(sorted(missing))}" if missing else None
 
 

@@ -196,11 +196,30 @@ def atomic_write(
         raise LaminaError(f"cannot write {p}: it is a folder")
     if target.exists() and not target.is_file():
         check_output_file(p, (), "cannot write", seekable=seekable)
-        with open(target, "wb") as f:  # a device or FIFO: nothing to swap, write it as is
+        with _naming(p, str(target)), open(target, "wb") as f:  # a device or FIFO: as it is
             write(f)
         return
     if not folder.is_dir():
         raise LaminaError(f"cannot write {p}: folder {folder} does not exist")
+    with _naming(p, str(folder / f".{target.name}.")):
+        _write_beside(target, write)
+    fsync_dir(folder)
+
+
+@contextlib.contextmanager
+def _naming(p: Path, hidden: str) -> Iterator[None]:
+    """An OSError that names no file, or a temp file starting with `hidden`, names `p`: the
+    user hears "No space left on device: model.gguf", never a temp name."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is None or str(e.filename).startswith(hidden):
+            e.filename = str(p)
+        raise
+
+
+def _write_beside(target: Path, write: Callable[[IO[bytes]], Any]) -> None:
+    folder = target.parent
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
     try:
         with contextlib.suppress(OSError):  # keep the mode a plain open() would give
@@ -217,7 +236,6 @@ def atomic_write(
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
         raise
-    fsync_dir(folder)
 
 
 def mark_folder(folder: str | os.PathLike[str], kind: str) -> None:

@@ -104,7 +104,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--text-column", help="classifier: the text column (default: the run's)")
     p.add_argument("--label-column", help="classifier: the label column (default: the run's)")
-    add_keep_quantized(p)
+    add_keep_quantized(p, scoring=True)
     p.set_defaults(func=run)
 
 

@@ -94,26 +94,29 @@ def add_sampling(p: argparse.ArgumentParser, temperature: float, seed_help: str)
     p.add_argument("--seed", type=int, default=None, help=seed_help)
 
 
-def add_keep_quantized(p: argparse.ArgumentParser) -> None:
+def add_keep_quantized(p: argparse.ArgumentParser, scoring: bool = False) -> None:
     """--keep-quantized (the default) and --dequantize, into args.keep_quantized: None (the
-    default: lamina.open's choice), True or False."""
+    default: lamina.open's choice), True or False. `scoring` (lamina eval, whose scores are held
+    to references that run fp32): --dequantize is the default instead."""
     g = p.add_mutually_exclusive_group()
     g.add_argument(
         "--keep-quantized",
         action="store_const",
         const=True,
-        default=None,
-        help="a GGUF file's quantized weights stay as the file holds them (the default "
-        "wherever a kernel runs them here: less memory, and with lamina.native faster than "
-        "fp32, logits within 1e-4 of it; figures in BENCHMARKS.md)",
-    )
+        default=False if scoring else None,
+        help="a GGUF file's quantized weights stay as the file holds them ("
+        + ("less memory and faster, but the scores then differ from fp32 references such as "
+           "lm-eval's: up to 1.2 nats per token measured on SmolLM2 Q4_1)" if scoring else
+           "the default wherever a kernel runs them here: less memory, and with lamina.native "
+           "faster than fp32, logits within 1e-4 of it; figures in BENCHMARKS.md)"),
+    )  # fmt: skip
     g.add_argument(
         "--dequantize",
         dest="keep_quantized",
         action="store_const",
         const=False,
         help="dequantize a GGUF file's weights to fp32 on load (the exact float values; more "
-        "memory, slower)",
+        "memory, slower)" + ("; the default" if scoring else ""),
     )
 
 

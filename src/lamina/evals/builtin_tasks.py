@@ -5,11 +5,15 @@
 "next-line": a passage of 2 to 6 verse lines from a speech (its speaker tag first, as the text
     prints it); the choices are the line that follows and three lines drawn from other speeches
     of the same play. Delimiter "\\n" (each choice is scored as a new line). Chance 25%.
+"next-line-2": next-line's items in the shape of task files written for lm-eval: the passage's
+    last two lines as the context, each choice starting with its newline, delimiter "" (lm-eval's
+    `target_delimiter: ""`). The same requests as a "\\n" delimiter, another acc_norm (the
+    newline counts in a choice's length).
 "which-play": a speech (160 to 600 characters, cut at a word), then "Question: Which
     Shakespeare play is this speech from?\\nAnswer:"; the choices are the play's title and three
     other plays' titles. Delimiter " ". Chance 25%.
 
-Both read the 36 First Folio plays of `lamina.data.genre.GENRES` (each from its first "ACT I"
+All read the 36 First Folio plays of `lamina.data.genre.GENRES` (each from its first "ACT I"
 line, as the genre task reads them; speeches and speaker tags found the same way). An item is
 drawn by a `random.Random(seed)`: play, then speech, then the cut and the distractors; the
 choices are shuffled by the same generator, so a (name, n, seed) is always the same task, item
@@ -36,6 +40,8 @@ DEFAULT_ITEMS = 500
 BUILTIN_TASKS: dict[str, str] = {
     "next-line": "which of four lines follows a Shakespeare passage (same play's lines as "
     "distractors)",
+    "next-line-2": "next-line with two lines of context and choices that start with a newline "
+    '(delimiter "")',
     "which-play": "which of four plays a Shakespeare speech is from",
 }
 
@@ -126,6 +132,14 @@ def _next_line_item(rng: random.Random, play: str) -> ChoiceItem | None:
     return ChoiceItem("\n".join([tag, *verse[:k]]), choices, gold)
 
 
+def _two_line_item(rng: random.Random, play: str) -> ChoiceItem | None:
+    item = _next_line_item(rng, play)
+    if item is None:
+        return None
+    context = "\n".join(item.context.split("\n")[-2:])
+    return ChoiceItem(context, tuple("\n" + c for c in item.choices), item.gold)
+
+
 def _which_play_item(rng: random.Random, play: str) -> ChoiceItem | None:
     _, verse = rng.choice(_speeches()[play])
     speech = " ".join(verse)
@@ -138,7 +152,11 @@ def _which_play_item(rng: random.Random, play: str) -> ChoiceItem | None:
     return ChoiceItem(speech + QUESTION, choices, gold)
 
 
-_MAKERS = {"next-line": (_next_line_item, "\n"), "which-play": (_which_play_item, " ")}
+_MAKERS = {
+    "next-line": (_next_line_item, "\n"),
+    "next-line-2": (_two_line_item, ""),
+    "which-play": (_which_play_item, " "),
+}
 
 
 def builtin_task(name: str, n: int | None = None, seed: int = 0) -> Task:

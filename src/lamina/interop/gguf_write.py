@@ -7,7 +7,8 @@ The model is written as the first family of the table (`families`) that expresse
 (`family_gguf.expressing`: what is written reads back as the same config): its `{arch}.` keys
 and rope-scaling tensors from `family_gguf.to_gguf`, its tensors under the record's names
 (`tensor_map`; llama's q/k rows permuted as llama.cpp's converter does, Gemma's norm gains
-stored plus one). GPT-2's head is always stored as `output.weight` (llama.cpp's converter writes
+stored plus one). A Mistral's window is written as `llama.attention.sliding_window`, which
+llama.cpp does not read for arch llama: saving one warns (LaminaWarning). GPT-2's head is always stored as `output.weight` (llama.cpp's converter writes
 it too). qtype "f16" stores 2-D tensors in F16; "q8_0" stores them in Q8_0 where a row divides
 into blocks of 32 (else F16); 1-D tensors (norms, biases, rope factors) stay F32, as llama.cpp
 expects. The tokenizer goes in as `tokenizer.ggml.*` where it can (see lamina.tokenizers.gguf_metadata); without
@@ -18,6 +19,7 @@ beside its final name and renamed into place. Deliberately unaware of reading GG
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +29,7 @@ from torch import nn
 
 import lamina.quant as quant
 from lamina.checkpoint import strip_compiled_prefix, unwrap
-from lamina.errors import LaminaError
+from lamina.errors import LaminaError, LaminaWarning
 from lamina.files import atomic_write
 from lamina.interop import tensor_map
 from lamina.interop.family_gguf import expressing, to_gguf
@@ -96,6 +98,15 @@ def save_gguf(
     config = inner.config
     family = expressing(config, "gguf")
     arch = family.gguf_arch or family.name
+    window = config.sliding_window
+    if arch == "llama" and window is not None and window < config.block_size:
+        warnings.warn(
+            f"llama.cpp reads no sliding window from arch llama: past sliding_window={window} "
+            "tokens it attends over the whole context (lamina reads the window back from "
+            f"{arch}.attention.sliding_window)",
+            LaminaWarning,
+            stacklevel=2,
+        )
     tok_meta = gguf_tokenizer_metadata(tokenizer, config.vocab_size)
     state = {
         k: v.detach().float().cpu() for k, v in strip_compiled_prefix(inner.state_dict()).items()

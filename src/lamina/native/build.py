@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("decode.c")
-FLAGS = ("-O3", "-mavx2", "-mfma", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared")
 COMPILE_TIMEOUT_S = 120.0
 
 _lock = threading.Lock()

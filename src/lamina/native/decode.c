@@ -1,6 +1,6 @@
 /* lamina's native decode step: one token per row through a whole pre-LN GPT, on AVX2 + FMA.
 
-   Built and loaded by lamina/native/build.py (cc -O3 -mavx2 -mfma -fopenmp -shared), driven
+   Built and loaded by lamina/native/build.py (cc -O3 -mavx2 -mfma -mf16c -fopenmp -shared), driven
    through ctypes by lamina/native/step.py, which fills the structs below with pointers to
    the model's own tensors (nothing is copied) and holds the step equal to the PyTorch model
    in tests/test_native.py.
@@ -367,8 +367,14 @@ static inline int kq_bytes(int kind) {
 static inline int kq_has_min(int kind) { return kind == LIN_Q4K || kind == LIN_Q5K || kind == LIN_Q5_1; }
 static inline size_t kq_row_bytes(int kind, int k) { return (size_t)(k / kq_per(kind)) * kq_bytes(kind); }
 
-/* IEEE half -> float, exactly (the file's fp16 scales; no F16C needed) */
+/* IEEE half -> float, exactly (the file's fp16 scales): F16C's one instruction where the build
+   has it (build.py compiles with -mf16c), else the bits moved by hand */
 static inline float half(const uint8_t *p) {
+#ifdef __F16C__
+    uint16_t bits;
+    memcpy(&bits, p, 2);
+    return _cvtsh_ss(bits);
+#else
     const uint32_t h = (uint32_t)p[0] | (uint32_t)p[1] << 8;
     const uint32_t sign = (h & 0x8000u) << 16, e = (h >> 10) & 31, m = h & 0x3ff;
     union { uint32_t u; float f; } v;
@@ -378,6 +384,7 @@ static inline float half(const uint8_t *p) {
     }
     v.u = sign | (e == 31 ? 0x7f800000u | m << 13 : (e + 112) << 23 | m << 13);
     return v.f;
+#endif
 }
 
 /* the scales (s: one per 16 weights) and minimums (mn: one per 32) of a super-block or block */

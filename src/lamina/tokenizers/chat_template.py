@@ -17,10 +17,10 @@ Every render is bounded (`RenderLimits`; `limits=` overrides them for one call):
 after ``RENDER_LIMITS.seconds`` (10 s; `lamina.bounds.deadline`) and refused once its text
 passes ``RENDER_LIMITS.max_chars`` (4 Mi characters, far above any model's context), checked as
 the text is produced, so what reaches a tokenizer is never larger. A template longer than
-``MAX_TEMPLATE_CHARS`` (1 Mi) is refused before it is compiled. Inside the template, ``*`` and
-``**`` are checked before they run (no string, list or number past the bounds is built; jinja2
-no longer folds them at compile time), and so are ``namespace`` values, ``lipsum`` and
-``strftime_now``'s format. Any error while compiling (a MemoryError, a RecursionError) is one
+``MAX_TEMPLATE_CHARS`` (1 Mi) is refused before it is compiled. Inside the template, what could
+build a string past the bound in one step is checked before it runs (`template_bounds.guard`:
+``*``, ``**``, ``%``, str.format, the center/indent/replace/format filters, ``namespace`` values,
+``lipsum``, ``strftime_now``). Any error while compiling (a MemoryError, a RecursionError) is one
 line too.
 
 What this module deliberately does not know: tokens. It renders text; the tokenizer
@@ -29,15 +29,20 @@ What this module deliberately does not know: tokens. It renders text; the tokeni
 
 from __future__ import annotations
 
-import contextvars
 import json
-from dataclasses import dataclass
-from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
 from lamina.bounds import deadline
 from lamina.errors import LaminaError
+from lamina.tokenizers.template_bounds import (
+    ACTIVE,
+    MAX_TEMPLATE_CHARS,
+    RENDER_LIMITS,
+    RenderLimits,
+    guard,
+    sized,
+)
 
 __all__ = [
     "MAX_TEMPLATE_CHARS",
@@ -47,48 +52,6 @@ __all__ = [
     "check_messages",
     "render_chat_template",
 ]
-
-
-@dataclass(frozen=True)
-class RenderLimits:
-    """How long one render may run, and how many characters it may write."""
-
-    seconds: float = 10.0
-    max_chars: int = 4 * 2**20
-
-
-RENDER_LIMITS = RenderLimits()
-MAX_TEMPLATE_CHARS = 2**20  # real templates are under 50 KB
-_MAX_INT_BITS = 2**16  # ``**`` may build integers up to this many bits
-_MAX_FORMAT = 1000  # characters in a strftime_now format
-_ACTIVE: contextvars.ContextVar[RenderLimits] = contextvars.ContextVar("limits")
-
-
-def _too_big(what: str, size: int) -> LaminaError:
-    cap = _ACTIVE.get(RENDER_LIMITS).max_chars
-    return LaminaError(f"chat template's {what} has {size:,} items, over the {cap:,} limit")
-
-
-def _sized(value: Any, what: str) -> Any:
-    if isinstance(value, (str, list, tuple)) and len(value) > _ACTIVE.get(RENDER_LIMITS).max_chars:
-        raise _too_big(what, len(value))
-    return value
-
-
-def _binop(op: str, left: Any, right: Any) -> Any:
-    """``*`` and ``**`` with their result's size checked before it is built."""
-    if op == "*":
-        seq, n = (left, right) if isinstance(right, int) else (right, left)
-        if isinstance(seq, (str, list, tuple)) and isinstance(n, int):
-            if len(seq) * max(n, 0) > _ACTIVE.get(RENDER_LIMITS).max_chars:
-                raise _too_big(f"'*' result (a {type(seq).__name__})", len(seq) * n)
-        return left * right
-    if isinstance(left, int) and isinstance(right, int) and right > 0:
-        if abs(left).bit_length() * right > _MAX_INT_BITS:
-            raise LaminaError(
-                f"chat template computes {left} ** {right}, over {_MAX_INT_BITS:,} bits"
-            )
-    return left**right
 
 
 def _raise_exception(message: str) -> None:
@@ -103,21 +66,6 @@ def _tojson(
     return json.dumps(
         x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
     )
-
-
-def _strftime_now(fmt: str) -> str:
-    if not isinstance(fmt, str) or len(fmt) > _MAX_FORMAT:
-        size = len(fmt) if isinstance(fmt, str) else type(fmt).__name__
-        raise LaminaError(f"chat template's strftime_now format is {size} long, over {_MAX_FORMAT}")
-    return datetime.now().strftime(fmt)
-
-
-def _lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> str:  # noqa: A002
-    from jinja2.utils import generate_lorem_ipsum
-
-    if not all(isinstance(v, int) for v in (n, min, max)) or n > 100 or max > 1000:
-        raise LaminaError(f"chat template asks lipsum for {n} paragraphs of up to {max} words")
-    return str(generate_lorem_ipsum(n=n, html=html, min=min, max=max))
 
 
 @lru_cache(maxsize=16)
@@ -146,24 +94,14 @@ def _compile(template: str) -> Any:
         def __setitem__(self, name: str, value: Any) -> None:
             if isinstance(name, str) and name.startswith("_"):
                 raise jinja2.exceptions.SecurityError(f"namespace attribute {name!r} is refused")
-            super().__setitem__(name, _sized(value, f"namespace value {name!r}"))
+            super().__setitem__(name, sized(value, f"namespace value {name!r}"))
 
-    class Environment(ImmutableSandboxedEnvironment):
-        intercepted_binops = frozenset({"*", "**"})  # checked at run time, never folded
-
-        def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
-            if operator in self.intercepted_binops:
-                return _binop(operator, left, right)
-            return super().call_binop(context, operator, left, right)
-
-    env = Environment(
+    env = guard(ImmutableSandboxedEnvironment)(
         trim_blocks=True, lstrip_blocks=True, extensions=[Generation, jinja2.ext.loopcontrols]
     )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
     env.globals["namespace"] = Namespace
-    env.globals["lipsum"] = _lipsum
     try:
         return env.from_string(template)
     except Exception as e:  # a syntax error; a MemoryError or RecursionError while compiling
@@ -217,7 +155,7 @@ def render_chat_template(
         )
     lim = limits or RENDER_LIMITS
     msgs = check_messages(messages)
-    token = _ACTIVE.set(lim)
+    token = ACTIVE.set(lim)
     try:
         with deadline(lim.seconds, "rendering the chat template"):
             compiled = _compile(template)
@@ -231,7 +169,7 @@ def render_chat_template(
                 ),
             )
     finally:
-        _ACTIVE.reset(token)
+        ACTIVE.reset(token)
 
 
 def _write(compiled: Any, max_chars: int, context: dict[str, Any]) -> str:
