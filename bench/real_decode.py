@@ -35,7 +35,8 @@ rounds load the built one.
 Fair by construction: each engine's subprocess starts from the caller's environment with every
 OpenMP, libgomp, Intel OpenMP and lamina kernel variable removed (OMP_*, GOMP_*, KMP_*,
 LAMINA_KERNEL), so each runs under its own defaults (its own wait policy included); a variant
-named NAME@passive adds OMP_WAIT_POLICY=PASSIVE, to measure what the wait policy does. The
+named NAME@passive adds OMP_WAIT_POLICY=PASSIVE, to measure what the wait policy does, and
+lamina-NAME:KERNEL sets LAMINA_KERNEL=KERNEL (lamina.cpu's choice, e.g. native). The
 variables each engine ran under (those set by this script, and any torch/MKL/OpenBLAS ones
 inherited) are printed beside its figures.
 """
@@ -170,11 +171,12 @@ def reply_lamina(path: Path, fmt: str, compiled: bool):
 def worker(a: argparse.Namespace) -> None:
     import random
 
-    import torch
-
-    torch.set_num_threads(a.threads)
     t0 = time.perf_counter()
-    name = a.worker.split("@")[0]
+    name = a.worker.split("@")[0].split(":")[0]
+    if not name.startswith("llama.cpp"):  # llama.cpp's process never loads torch (nor its OpenMP)
+        import torch
+
+        torch.set_num_threads(a.threads)
     if name.startswith("llama.cpp"):
         options = name.split("-")[1:]
         reply = reply_llama_cpp(
@@ -212,6 +214,9 @@ def engine_env(name: str, a: argparse.Namespace, first: bool) -> tuple[dict[str,
     engine's own), and the variables to report."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(CLEARED)}
     base, suffix = (name.split("@") + [""])[:2]
+    base, kernel = (base.split(":") + [""])[:2]
+    if kernel:
+        env["LAMINA_KERNEL"] = kernel
     if suffix == "passive":
         env["OMP_WAIT_POLICY"] = "PASSIVE"
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])

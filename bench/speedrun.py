@@ -1,16 +1,21 @@
-"""Speedrun: lamina's defaults against nanoGPT's CPU recipe, in the same wall time.
+"""Speedrun: lamina's defaults against nanoGPT's CPU recipe, at several wall-time budgets.
 
-    .venv/bin/python bench/speedrun.py [--data PATH] [--budget SECONDS] [--out DIR]
+    python bench/speedrun.py [--data PATH] [--budgets 120,300,900] [--extra NAME="FLAGS"] [--out DIR]
 
+At each budget T, one after the other (so the machine's load hits each alike, as far as runs of
+minutes can share it):
 (a) lamina configured as nanoGPT's README CPU recipe (4 layers, 4 heads, 128 wide, block 64,
-    batch 12, AdamW lr 1e-3, 100 warmup steps, 2,000 steps, cosine to 1e-4, no dropout, no
-    biases, GPT-2 layers) is trained and timed, start to end of the command;
-(b) `lamina train --max-time T` with no other flag, T = (a)'s wall time (or --budget).
-Both are then scored by `lamina eval` over the whole validation text (the last 10% of the
-characters), in nats per character. They run one after the other in this script, on the same
-machine, so the comparison is fair even where absolute speed is not. The data defaults to the
-shared tinyshakespeare (LAMINA_SHARED_DATA, default ../shared/data); the script says which CPU
-it ran on.
+    batch 12, AdamW lr 1e-3, 100 warmup steps, cosine to 1e-4, no dropout, no biases, GPT-2
+    layers) with `--max-time T`: its schedule laid over the budget, as nanoGPT's max_iters
+    would be set to fill it (budget "nanogpt": its own 2,000 steps, and (b) gets their wall time);
+(b) `lamina train --max-time T` with no other flag;
+(c) each --extra NAME="FLAGS": `lamina train --max-time T FLAGS` (e.g. --tokenizer char).
+All are scored by `lamina eval` over the whole validation text (the last 10% of the characters,
+cut before tokenizing, the same tail for every tokenizer), in nats per character. The data
+defaults to the shared tinyshakespeare (LAMINA_SHARED_DATA, default ../shared/data); the
+script says which CPU it ran on and the load average before each run. The runs get
+OMP_WAIT_POLICY=PASSIVE unless it is set (spinning OpenMP threads slow every process on a shared
+CPU many times over; see BENCHMARKS.md's Training section).
 """
 
 from __future__ import annotations
@@ -37,11 +42,13 @@ NANOGPT = [
 
 def lamina(*args: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "lamina", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, check=False)
+    env = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ}  # the children's only (bench/train.py)
+    return subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
 
 
 def train(name: str, data: str, out: Path, flags: list[str]) -> dict:
     run = out / name
+    load = os.getloadavg()[0]
     start = time.perf_counter()
     done = lamina("train", "--data", data, "--out", str(run), "--force", "--quiet", *flags)
     wall = time.perf_counter() - start
@@ -56,6 +63,7 @@ def train(name: str, data: str, out: Path, flags: list[str]) -> dict:
     return {
         "name": name,
         "wall": wall,
+        "load": load,
         "steps": state["step"],
         "tokens": state["tokens_seen"],
         "loss": result.get("loss_per_char", result["loss"]),
@@ -63,28 +71,51 @@ def train(name: str, data: str, out: Path, flags: list[str]) -> dict:
     }
 
 
+def rows(budget: str, args: argparse.Namespace, out: Path) -> list[dict]:
+    if budget == "nanogpt":
+        a = train("nanogpt-recipe", args.data, out, NANOGPT)
+        seconds = a["wall"]
+    else:
+        seconds = float(budget)
+        a = train("nanogpt-recipe", args.data, out, [*NANOGPT, "--max-time", f"{seconds:.0f}s"])
+    runs = [a, train("lamina-defaults", args.data, out, ["--max-time", f"{seconds:.0f}s"])]
+    for extra in args.extra:
+        name, _, flags = extra.partition("=")
+        runs.append(train(name, args.data, out, ["--max-time", f"{seconds:.0f}s", *flags.split()]))
+    return runs
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     shared = Path(os.environ.get("LAMINA_SHARED_DATA", ROOT.parent / "shared" / "data"))
     p.add_argument("--data", default=str(shared / "tinyshakespeare.txt"))
-    p.add_argument("--budget", type=float, default=None, help="(b)'s seconds (default: (a)'s)")
-    p.add_argument("--out", default="/tmp/lamina-speedrun", help="where the two runs go")
+    p.add_argument(
+        "--budgets",
+        default="120,300,900",
+        help="comma-separated seconds, or 'nanogpt' (its 2,000 steps' wall time)",
+    )
+    p.add_argument(
+        "--extra",
+        action="append",
+        default=[],
+        metavar='NAME="FLAGS"',
+        help="another run at each budget: lamina train --max-time T FLAGS",
+    )
+    p.add_argument("--out", default="/tmp/lamina-speedrun", help="where the runs go")
     args = p.parse_args()
     if not Path(args.data).is_file():
         raise SystemExit(f"no data at {args.data} (set LAMINA_SHARED_DATA or pass --data)")
     out = Path(args.out)
-    print(f"machine: {cpu()}")
-    a = train("nanogpt-recipe", args.data, out, NANOGPT)
-    budget = args.budget or a["wall"]
-    b = train("lamina-defaults", args.data, out, ["--max-time", f"{budget:.0f}s"])
-    print("| run | wall s | steps | tokens | val nats/char | recipe |")
-    print("|---|---:|---:|---:|---:|---|")
-    for r in (a, b):
-        print(
-            f"| {r['name']} | {r['wall']:.0f} | {r['steps']} | {r['tokens']:,} | "
-            f"{r['loss']:.4f} | {r['recipe']} |"
-        )
-    print(f"lamina's defaults: {b['loss']:.4f} vs {a['loss']:.4f} in {budget:.0f} s")
+    print(f"machine: {cpu()}", flush=True)
+    print("| budget | run | wall s | steps | tokens | val nats/char | load | recipe |")
+    print("|---|---|---:|---:|---:|---:|---:|---|")
+    for budget in args.budgets.split(","):
+        for r in rows(budget, args, out):
+            print(
+                f"| {budget} | {r['name']} | {r['wall']:.0f} | {r['steps']} | {r['tokens']:,} | "
+                f"{r['loss']:.4f} | {r['load']:.1f} | {r['recipe']} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

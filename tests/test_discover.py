@@ -109,9 +109,10 @@ def test_an_ollama_manifest_without_a_model_layer_is_refused(stores, tmp_path):
     m.write_text(json.dumps({"layers": [{"mediaType": "x", "digest": "sha256:00"}]}))
     with pytest.raises(LaminaError, match="names no model layer"):
         discover.resolve("ollama:tiny")
-    m.write_text("{not json")
-    with pytest.raises(LaminaError, match="not an Ollama manifest"):
-        discover.resolve("ollama:tiny")
+    for bad in ("{not json", "[" * 100_000):  # a syntax error; JSON nested past any bound
+        m.write_text(bad)
+        with pytest.raises(LaminaError, match="not an Ollama manifest"):
+            discover.resolve("ollama:tiny")
 
 
 def test_lamina_models_json_and_sample_take_a_spec(stores, capsys):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import struct
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -171,3 +172,37 @@ def test_every_json_reader_refuses_deep_nesting_in_one_line(tmp_path, reader):
     with pytest.raises(LaminaError, match="nest deeper than 64|not valid JSON|line 2") as e:
         read(p)
     assert "\n" not in str(e.value)
+
+
+def test_nothing_is_imported_for_the_first_time_under_a_deadline():
+    """jinja2 (and what it imports lazily) is imported before the deadline is armed: an
+    exception landing inside an import leaves a package half-initialised for the process."""
+    import subprocess
+    import sys
+
+    src = Path(__file__).resolve().parent.parent / "src" / "lamina"
+    code = (
+        "import contextlib, sys, types\n"  # lamina's packages as bare namespaces: no torch
+        f"for name, path in (('lamina', {str(src)!r}), ('lamina.tokenizers', {str(src / 'tokenizers')!r})):\n"
+        "    sys.modules[name] = types.ModuleType(name)\n"
+        "    sys.modules[name].__path__ = [path]\n"
+        "import lamina.tokenizers.chat_template as ct\n"
+        "new = []\n"
+        "@contextlib.contextmanager\n"
+        "def watched(seconds, what):\n"
+        "    before = set(sys.modules)\n"
+        "    try:\n"
+        "        yield\n"
+        "    finally:\n"
+        "        new.extend(sorted(set(sys.modules) - before))\n"
+        "ct.deadline = watched\n"
+        "chat = [{'role': 'user', 'content': 'hi'}]\n"
+        "print(ct.render_chat_template('{{ lipsum(1)[:0] }}{{ messages[0].content }}', chat))\n"
+        "try:\n"
+        "    ct.render_chat_template('{{ raise_exception(1) }}', chat)\n"
+        "except ct.LaminaError:\n"
+        "    pass\n"
+        "print(new)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout == "hi\n[]\n", out.stdout + out.stderr[-500:]

@@ -298,3 +298,29 @@ def test_peft_adapters_of_a_family(name, tmp_path):
     theirs = peft.PeftModel.from_pretrained(base, tmp_path / "adapter").eval()
     with torch.no_grad():
         torch.testing.assert_close(theirs(IDS).logits, ours(IDS), atol=1e-5, rtol=0)
+
+
+def test_transformers_4_configs_read_as_their_5_forms():
+    """config.json files written by transformers 4.x (rope_scaling and rope_theta at the top,
+    Gemma 3's rope_local_base_freq and sliding_window_pattern, no layer_types) give the same
+    lamina config as transformers 5's rope_parameters and layer_types."""
+    from lamina.interop import config_from_hf
+
+    g3 = {**BASE, "model_type": "gemma3_text", "head_dim": 16, "sliding_window": 16,
+          "num_hidden_layers": 6}  # fmt: skip
+    v4 = {**g3, "rope_theta": 1e6, "rope_local_base_freq": 10000.0, "sliding_window_pattern": 6,
+          "rope_scaling": {"rope_type": "linear", "factor": 8.0}}  # fmt: skip
+    v5 = {**g3, "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
+          "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 8.0,
+                                                 "rope_theta": 1e6},
+                              "sliding_attention": {"rope_type": "default",
+                                                    "rope_theta": 10000.0}}}  # fmt: skip
+    assert config_from_hf(v4) == config_from_hf(v5)
+    longrope = {"short_factor": [1.0] * 3, "long_factor": [2.0] * 3}
+    phi = {**BASE, "model_type": "phi3", "original_max_position_embeddings": 32}
+    v4 = {**phi, "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+          "rope_scaling": {"type": "longrope", **longrope}}  # fmt: skip
+    v5 = {**phi, "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
+                                     "partial_rotary_factor": 0.5, **longrope}}  # fmt: skip
+    assert config_from_hf(v4) == config_from_hf(v5)
+    assert config_from_hf(v5).rotary_dim == 6

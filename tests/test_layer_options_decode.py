@@ -64,21 +64,16 @@ def test_each_option_is_refused_by_native_by_name_and_decodes_as_a_recompute(opt
 
 @torch.no_grad()
 def test_a_continuous_batch_step_sees_each_row_s_own_window():
-    # lamina serve steps rows at different positions through one cache (serve/batch.py's
-    # views): a single query's window ends at its own column, not at the widest row's
-    from lamina.serve.batch import _RowsView, _RowView
+    # lamina serve steps rows at different positions through one cache (serve/kv_rows.py):
+    # a single query's window ends at its own column, not at the widest row's
+    from lamina.serve.kv_rows import prefill_row, torch_step
 
     model = tiny(block_size=16, sliding_window=3)
     seqs = [torch.randint(0, V, (11,)), torch.randint(0, V, (6,))]
     caches = model.make_caches(2, 16)
     for r, s in enumerate(seqs):  # prefill all but each row's last token
-        model(s[None, :-1], caches=[_RowView(c, r, 0) for c in caches])
-    lens = torch.tensor([len(s) - 1 for s in seqs])
-    width = int(lens.max()) + 1
-    masked = torch.arange(width)[None, :] > lens[:, None]
-    last = torch.stack([s[-1] for s in seqs])[:, None]
-    views = [_RowsView(c, lens, width) for c in caches]
-    got = model(last, masked, positions=lens[:, None], caches=views)[:, -1]
+        prefill_row(model, caches, r, 0, s[:-1].tolist())
+    got = torch_step(model, caches, [int(s[-1]) for s in seqs], [len(s) - 1 for s in seqs])
     for r, s in enumerate(seqs):
         assert (got[r] - model(s[None])[0, -1]).abs().max().item() < 1e-5
 

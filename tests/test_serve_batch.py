@@ -47,13 +47,13 @@ def ask(client, text: str, **kw):
 def test_requests_decode_together_and_each_gets_what_it_gets_alone(server):
     engine, _, client = server
     alone = [
-        ask(client, p, max_tokens=24, temperature=0).choices[0].message.content for p in PROMPTS
+        ask(client, p, max_tokens=12, temperature=0).choices[0].message.content for p in PROMPTS
     ]
     steps = engine.batcher.steps
     got: dict[int, str] = {}
 
     def one(i: int) -> None:
-        got[i] = ask(client, PROMPTS[i], max_tokens=24, temperature=0).choices[0].message.content
+        got[i] = ask(client, PROMPTS[i], max_tokens=12, temperature=0).choices[0].message.content
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(PROMPTS))]
     for t in threads:
@@ -176,3 +176,44 @@ def test_slots_that_cannot_fit_are_refused_at_start(tmp_path, capsys, monkeypatc
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "KV caches for 10000000 x 32" in err and "would take" in err  # context <= block
+
+
+def test_the_pytorch_step_gives_each_row_what_it_gets_alone():
+    """Where the native step does not run: rows at different lengths, masked, equal to alone
+    and to lamina.generate's greedy tokens."""
+    import lamina.cpu
+    from lamina.generation import generate
+    from lamina.serve.batch import Batcher
+
+    engine = chat_engine()
+    model, tok = engine.model, engine.tokenizer
+    with lamina.cpu.using("torch"):
+        batcher = Batcher(model, tok, slots=4, context=128)
+    assert batcher._native is None
+    prompts = [tok.render_chat([{"role": "user", "content": p}]) for p in PROMPTS]
+
+    def run(group):
+        done, outs = [], []
+        for ids in group:
+            ended, out = threading.Event(), []
+
+            def sink(kind, x, ended=ended, out=out):
+                if kind == "token" and x.id >= 0:
+                    out.append(x.id)
+                if kind != "token":
+                    ended.set()
+
+            batcher.submit(Sequence(ids, Sampling(max_tokens=10, temperature=0), sink))
+            done.append(ended)
+            outs.append(out)
+        assert all(e.wait(30) for e in done)
+        return outs
+
+    try:
+        alone = [run([ids])[0] for ids in prompts]
+        assert run(prompts) == alone and batcher.widest >= 2
+        with lamina.cpu.using("torch"):
+            ref = generate(model, torch.tensor([prompts[1]]), 10, stop=list(tok.eot_ids))
+        assert alone[1] == ref[0, len(prompts[1]) :].tolist()
+    finally:
+        batcher.close()

@@ -101,7 +101,8 @@ def test_every_reply_parses_and_validates(server, index):
 
 def test_json_object_is_an_object(server):
     _, _, client = server
-    for seed in (1, 2):
+    finished = 0
+    for seed in (0, 1, 4):
         r = client.chat.completions.create(
             model="x",
             messages=MESSAGES,
@@ -110,8 +111,11 @@ def test_json_object_is_an_object(server):
             seed=seed,
             temperature=0.7,
         )
-        if r.choices[0].finish_reason == "stop":
-            assert isinstance(json.loads(r.choices[0].message.content), dict)
+        choice = r.choices[0]
+        if choice.finish_reason == "stop":  # (one cut by max_tokens is cut, as OpenAI's is)
+            finished += 1
+            assert isinstance(json.loads(choice.message.content), dict)
+    assert finished >= 2
 
 
 def test_a_schema_that_cannot_compile_is_a_400_at_once(server):

@@ -104,7 +104,7 @@ def test_max_time_ends_decayed_within_budget(corpus, tmp_path):
     result = run_training(session, quiet=True, started_at=t0)
     elapsed = time.perf_counter() - t0
     assert result.stopped == "time" and result.step > 10
-    assert elapsed < 4.0 + 0.5
+    assert elapsed < 4.0 + 1.0  # the issue allows 10% or 10 s; 1 s holds on a loaded machine
     last = [r for r in session.state.metrics if "lr" in r][-1]
     assert last["step"] == result.step
     assert last["lr"] == pytest.approx(c.lr * session.cfg.min_lr_ratio, rel=1e-6)

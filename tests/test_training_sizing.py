@@ -8,6 +8,7 @@ import json
 import time
 
 import pytest
+import torch
 
 import lamina
 from lamina import GPT, GPTConfig
@@ -86,12 +87,12 @@ def test_max_time_probes_the_batch_and_ends_inside_the_budget(base, tmp_path, ca
     monkeypatch.setattr(sizing, "probe", lambda s, p, clock, budget: (1.0, 0.05))
     out = tmp_path / "run"
     args = ["train", "--init-from", str(base / "base"), "--data", str(base / "corpus.txt")]
-    args += ["--lora", "--max-time", "3s", "--out", str(out), "--quiet"]
+    args += ["--lora", "--max-time", "5s", "--out", str(out), "--quiet"]
     t0 = time.perf_counter()
     assert main(args) == 0
     took = time.perf_counter() - t0
     said = capsys.readouterr().out
-    assert took < 3.0 + 1.0, said
+    assert took < 5.0 + 2.0, said  # the issue allows 10% or 10 s; 2 s on a loaded machine
     assert "probe: one 32-token sequence took 1.00 s" in said and "batch 1 = micro-batch 1" in said
     train = json.loads((out / "train_config.json").read_text())["train"]
     assert (train["batch_size"], train["micro_batch_size"]) == (1, 1)
@@ -120,6 +121,21 @@ def test_a_budget_too_short_for_one_step_skips_the_evaluations(base, tmp_path, c
     args += ["--lora", "--max-time", "3s", "--out", str(out), "--quiet"]
     t0 = time.perf_counter()
     assert main(args) == 1
-    assert time.perf_counter() - t0 < 3.0 + 1.0
+    assert time.perf_counter() - t0 < 3.0 + 2.0
     said = capsys.readouterr()
     assert "eval step" not in said.out and "untrained" in said.err
+
+
+def test_a_forward_past_its_deadline_stops_at_the_next_block():
+    from lamina.training.sizing import OutOfTime, deadline
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("llama-tiny", vocab_size=20, d_model=32, n_layers=3, d_ff=64))
+    ids = torch.randint(0, 20, (1, 8))
+    with deadline(model, time.perf_counter, float("inf")) as cut:
+        model(ids)
+    assert cut.entered == 3
+    ticks = iter(range(100))  # a clock past the deadline from the second block on
+    with pytest.raises(OutOfTime), deadline(model, lambda: next(ticks), 0.5) as cut:
+        model(ids)
+    assert cut.entered == 1 and not model.blocks[0]._forward_pre_hooks  # hooks removed

@@ -17,7 +17,9 @@ a lock and a list append, so renders in a loop start no thread each. The excepti
 next bytecode boundary, so pure Python (a template engine's loops) stops within milliseconds;
 one long call into C (multiplying a huge string) finishes first, which is why the callers also
 bound the sizes they let such calls build. Leaving the block disarms it and clears an exception
-that was raised but not yet delivered, so nothing fires after the block.
+that was raised but not yet delivered, so nothing fires after the block. Code inside a block
+must not import a module for the first time (an exception landing in an import leaves a package
+half-initialised for the whole process): callers import what the work needs first.
 
 What this module deliberately does not know: what the bounded work is. A leaf: it imports only
 the standard library and `lamina.errors`.

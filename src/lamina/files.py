@@ -173,7 +173,7 @@ def check_output_file(
             raise LaminaError(f"{flag} {p} is a FIFO; this file is written with seeks: give a file")
     elif not target.parent.is_dir():
         raise LaminaError(f"{flag} {p}: folder {target.parent} does not exist")
-    else:
+    if not target.exists() or target.is_file():  # the temp file goes beside it
         check_writable(target.parent, flag, shown=p)
     return target
 

@@ -28,7 +28,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from lamina.cli import check_writable, open_for
+from lamina.cli import open_for
 from lamina.errors import LaminaError
 from lamina.files import (
     build_folder,
@@ -90,8 +90,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _check_out(out: Path, force: bool, source: Path) -> None:
     from lamina.interop.origin import model_inputs
 
+    # a file in the way, a read-only place: refused up front (check_output_folder probes it)
     check_output_folder(out, force=force, inputs=model_inputs(source, "SOURCE"))
-    check_writable(out, "--out")  # a file in the way, a read-only place: refused up front
 
 
 def _check_out_file(out: Path, force: bool, source: Path) -> None:
@@ -102,7 +102,6 @@ def _check_out_file(out: Path, force: bool, source: Path) -> None:
     refuse_overlap(out, inputs, "--out")  # not even beside SOURCE's files
     if out.exists() and not force:
         raise LaminaError(f"--out {out} already exists; pick a new name or pass --force")
-    check_writable(out.parent, "--out")
 
 
 def _opened(source: Path, way: str, kind: str) -> Any:

@@ -106,7 +106,7 @@ def add_keep_quantized(p: argparse.ArgumentParser, scoring: bool = False) -> Non
         default=False if scoring else None,
         help="a GGUF file's quantized weights stay as the file holds them ("
         + ("less memory and faster, but the scores then differ from fp32 references such as "
-           "lm-eval's: up to 1.2 nats per token measured on SmolLM2 Q4_1)" if scoring else
+           "lm-eval's; BENCHMARKS.md, Evaluation)" if scoring else
            "the default wherever a kernel runs them here: less memory, and with lamina.native "
            "faster than fp32, logits within 1e-4 of it; figures in BENCHMARKS.md)"),
     )  # fmt: skip

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lamina.cli import check_writable, open_for
+from lamina.cli import open_for
 from lamina.errors import LaminaError
 
 
@@ -69,8 +69,7 @@ def run(args: argparse.Namespace) -> int:
     targets = [(f, Path(t)) for f, t in (("--out", args.out), ("--peft", args.peft)) if t]
     inputs = model_inputs(source, "RUN")  # its base and every file opening it reads
     for flag, target in targets:  # before any work: the target, its place, RUN and its base
-        check_output_folder(target, force=args.force, inputs=inputs, flag=flag)
-        check_writable(target, flag)
+        check_output_folder(target, force=args.force, inputs=inputs, flag=flag)  # + writable
     bundle = open_for(source, "merge", tokenizer=False)
     inputs = bundle.inputs("RUN")  # every file the open read, the base's included
     model = bundle.model

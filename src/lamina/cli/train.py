@@ -198,6 +198,7 @@ def _train(
     args: argparse.Namespace, given: dict, command: list[str], world: Any, started: float
 ) -> int:
     from lamina.errors import LaminaError
+    from lamina.training.budget import plan as budget_plan
     from lamina.training.registry import make_config
     from lamina.training.session import new_session, resume_session
 
@@ -211,6 +212,9 @@ def _train(
     else:
         out = args.out or time.strftime("runs/%Y%m%d-%H%M%S")
         where = out if world.writer else None  # only rank 0 writes
+        given, why = budget_plan(given)  # the tokenizer for --max-time (training/budget.py)
+        if why and world.writer:
+            print(why, flush=True)
         session = new_session(
             make_config(given), out=where, force=args.force, command=command, **layout
         )

@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lamina.errors import LaminaError
+from lamina.files import loads_json
 
 SCHEMES = ("hf", "ollama", "wheel")
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
@@ -166,7 +166,7 @@ def _ollama_blob(manifest: Path) -> Path:
     if manifest.stat().st_size > MAX_MANIFEST_BYTES:
         raise LaminaError(f"{manifest}: too large for an Ollama manifest")
     try:
-        data = json.loads(manifest.read_text(encoding="utf-8"))
+        data = loads_json(manifest.read_text(encoding="utf-8"), str(manifest))
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise LaminaError(f"{manifest}: not an Ollama manifest ({e})") from None
     layers = data.get("layers") if isinstance(data, dict) else None
@@ -250,7 +250,7 @@ def _read_small_json(path: Path) -> dict[str, Any]:
     try:
         if path.stat().st_size > 16 << 20:
             return {}
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = loads_json(path.read_text(encoding="utf-8"), str(path))
     except (OSError, UnicodeDecodeError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}

@@ -1,14 +1,14 @@
-"""A family record's config, read and written: config.json dicts and GGUF metadata <-> GPTConfig.
+"""A family record's config.json, read and written: config.json dicts <-> GPTConfig.
 
     from_hf(family, config_json, where) -> GPTConfig     to_hf(family, config, dtype) -> dict
-    (GGUF metadata: family_gguf, with the same helpers)
     canonical(config, fmt), differences(a, b)     what a round trip compares (see family_gguf's
                                         `expressing`, which picks the family a model is written as)
+    build_config, windows, period_types            shared with family_gguf (GGUF metadata)
 
 One mapper for every family: the record (see `family`) says which names and options apply.
 Reading fills what a config.json leaves out with the config class's defaults, as transformers
-does; GGUF values missing take the record's GGUF defaults, and the tensors present say the
-biases, the tie and a rope scaling stored as tensors (`family_rope`). Writing is checked by
+does (the GGUF side, family_gguf, takes the record's GGUF defaults, and the tensors present say
+the biases, the tie and a rope scaling stored as tensors). Writing is checked by
 reading back: a model is written as a family only if reading what was written gives the same
 config (fields a format does not carry, such as init_std in GGUF, aside), so nothing a model
 computes is silently lost, and a refusal names the fields that differ. Anything read that
@@ -40,21 +40,15 @@ def _refuse(where: str, setting: str) -> LaminaError:
     return LaminaError(f"{where}: lamina's GPT cannot express {setting}")
 
 
-def _build(family: Family, fields: dict[str, Any], where: str) -> GPTConfig:
-    """GPTConfig(**fields); a field this lamina lacks is refused if it is not at its neutral."""
-    missing = [k for k, v in fields.items() if k not in _FIELDS and v not in (None, False, 0.0)]
-    if missing:
-        raise LaminaError(
-            f"{where}: the {family.title} family needs GPTConfig.{missing[0]} "
-            f"(= {fields[missing[0]]!r}), which this lamina does not have yet"
-        )
+def build_config(fields: dict[str, Any], where: str) -> GPTConfig:
+    """GPTConfig(**fields), its refusal prefixed with where the fields came from."""
     try:
-        return GPTConfig(**{k: v for k, v in fields.items() if k in _FIELDS})
+        return GPTConfig(**fields)
     except (LaminaError, TypeError, ValueError) as e:
         raise LaminaError(f"{where}: {e}") from e
 
 
-def _windows(types: list[str] | None, window: int | None, n: int) -> dict[str, Any]:
+def windows(types: list[str] | None, window: int | None, n: int) -> dict[str, Any]:
     """sliding_window / layer_types in lamina's canonical form (None where all alike)."""
     if window is None or (types is not None and "sliding" not in types):
         return {"sliding_window": None, "layer_types": None}
@@ -63,7 +57,7 @@ def _windows(types: list[str] | None, window: int | None, n: int) -> dict[str, A
     return {"sliding_window": window, "layer_types": tuple(types)}
 
 
-def _period(n: int, period: int) -> list[str]:
+def period_types(n: int, period: int) -> list[str]:
     return ["sliding" if (i + 1) % period else "full" for i in range(n)]
 
 
@@ -149,25 +143,25 @@ def from_hf(family: Family, hf: Mapping[str, Any], where: str = "config.json") -
     if family.window == "gated" and c.get("use_sliding_window"):
         raise _refuse(where, "use_sliding_window=true (Qwen's windowed upper layers)")
     if family.window == "all":
-        fields |= _windows(None, c.get("sliding_window"), n)
+        fields |= windows(None, c.get("sliding_window"), n)
     elif family.window == "layers":
         types = c.get("layer_types")
         if types is None:
             period = c.get("sliding_window_pattern", c.get("_sliding_window_pattern"))
-            types = _period(n, period or family.window_period or 1)
+            types = period_types(n, period or family.window_period or 1)
         else:
             bad = [t for t in types if t not in _TYPES]
             if bad or len(types) != n:
                 raise _refuse(where, f"layer_types={types!r}")
             types = [_TYPES[t] for t in types]
-        fields |= _windows(types, c.get("sliding_window"), n)
+        fields |= windows(types, c.get("sliding_window"), n)
     if family.attn_scalar:
         scalar = c.get("query_pre_attn_scalar")
         fields["attn_scale"] = None if scalar in (None, head_dim) else float(scalar) ** -0.5
     if family.embed_sqrt_d and isinstance(width, int):
         fields["embed_scale"] = width**0.5
     fields["dropout"] = float(fields.get("dropout", 0.0))
-    return _build(family, fields, where)
+    return build_config(fields, where)
 
 
 def to_hf(family: Family, config: GPTConfig, dtype: torch.dtype = torch.float32) -> dict:
@@ -175,7 +169,7 @@ def to_hf(family: Family, config: GPTConfig, dtype: torch.dtype = torch.float32)
     c = config
     out: dict[str, Any] = {"architectures": [family.hf_class], "model_type": family.hf_types[0]}
     for k in family.keys:
-        value = c.kv_heads if k.field == "n_kv_heads" else getattr(c, k.field, None)
+        value = c.kv_heads if k.field == "n_kv_heads" else getattr(c, k.field)
         for name in k.hf:
             out[name] = value
     out |= dict(family.hf_required)
@@ -185,7 +179,6 @@ def to_hf(family: Family, config: GPTConfig, dtype: torch.dtype = torch.float32)
     for name, want in zip(family.biases, (c.qkv_bias, c.bias, c.bias), strict=True):
         if isinstance(name, str):
             out[name] = bool(out.get(name, False) or want)
-    get = lambda name, default=None: getattr(c, name, default)  # noqa: E731 - fields lamina may lack
     if c.positions == "rope":
         out["head_dim"] = c.head_dim
         params: dict[str, Any] = {"rope_type": "default", "rope_theta": c.rope_theta}
@@ -203,18 +196,18 @@ def to_hf(family: Family, config: GPTConfig, dtype: torch.dtype = torch.float32)
                 if s.attention_factor is not None:
                     params["attention_factor"] = s.attention_factor
                 out["original_max_position_embeddings"] = s.original_max_positions
-        if get("rotary_dim") not in (None, c.head_dim):
+        if c.rotary_dim not in (None, c.head_dim):
             params["partial_rotary_factor"] = out["partial_rotary_factor"] = (
-                get("rotary_dim") / c.head_dim
+                c.rotary_dim / c.head_dim
             )
         if family.local_rope:
-            local = get("rope_local_theta") or c.rope_theta
+            local = c.rope_local_theta or c.rope_theta
             out["rope_local_base_freq"] = local
             params = {"full_attention": params,
                       "sliding_attention": {"rope_type": "default", "rope_theta": local}}  # fmt: skip
         out["rope_theta"] = c.rope_theta
         out["rope_parameters"] = params
-    window, types = get("sliding_window"), get("layer_types")
+    window, types = c.sliding_window, c.layer_types
     if family.window == "gated":
         out |= {"use_sliding_window": False, "sliding_window": None}
     elif family.window == "all":
@@ -224,7 +217,7 @@ def to_hf(family: Family, config: GPTConfig, dtype: torch.dtype = torch.float32)
         out["layer_types"] = [f"{t}_attention" for t in kinds]
         out["sliding_window"] = window or c.block_size
     if family.attn_scalar:
-        scale = get("attn_scale")
+        scale = c.attn_scale
         scalar = c.head_dim if scale is None else scale**-2
         out["query_pre_attn_scalar"] = (
             round(scalar) if abs(scalar - round(scalar)) < 1e-6 else scalar
@@ -270,6 +263,6 @@ def _same_llama3(a: GPTConfig, b: GPTConfig) -> bool:
     x, y = a.rope_scaling, b.rope_scaling
     if not (x and y and x.kind == y.kind == "llama3"):
         return False
-    width = getattr(a, "rotary_dim", None) or a.head_dim
+    width = a.rotary_dim or a.head_dim
     fx, fy = (freq_factors(s, width, a.rope_theta) for s in (x, y))
     return bool(np.allclose(fx, fy, rtol=1e-5, atol=0))

@@ -35,13 +35,13 @@ from lamina.errors import LaminaError
 from lamina.interop.families import FAMILIES
 from lamina.interop.family import Family
 from lamina.interop.family_config import (
-    _build,
-    _period,
-    _windows,
+    build_config,
     canonical,
     differences,
     from_hf,
+    period_types,
     to_hf,
+    windows,
 )
 from lamina.interop.family_rope import freq_factors, llama3_from_factors
 from lamina.interop.gguf_file import shown
@@ -56,6 +56,7 @@ _ALWAYS = {"tensor_data_layout", "attention.causal", "attention.scale"}
 _ROTARY = {"rope.freq_base", "rope.dimension_count", "attention.key_length",
            "attention.value_length"}  # fmt: skip
 _WINDOW = {"attention.sliding_window", "attention.sliding_window_pattern"}
+_FLOATS = {f.name for f in dataclasses.fields(GPTConfig) if "float" in str(f.type)}
 _ZERO_OK = {"expert_count", "expert_used_count", "expert_shared_count"}  # present as 0: none
 _NONE_OK = {"rope.scaling.type": ("none",), "rope.scaling.factor": (1.0, 0.0)}
 
@@ -116,7 +117,7 @@ def _read(
             continue
         if k.optional and metadata.get(a + k.gguf) in (None, 0):
             continue
-        kind = int if k.field not in ("layer_norm_eps", "logit_softcap", "attn_softcap") else float
+        kind = float if k.field in _FLOATS else int
         fields[k.field] = _number(metadata, a + k.gguf, where, k.gguf_default, kind)
     d, heads = fields["d_model"], fields["n_heads"]
     if "token_embd.weight" in present:
@@ -192,13 +193,13 @@ def _read(
     if isinstance(pattern, list) and len(pattern) == n:
         types = ["sliding" if p else "full" for p in pattern]
     elif isinstance(pattern, int) and not isinstance(pattern, bool) and pattern > 0:
-        types = _period(n, pattern)
+        types = period_types(n, pattern)
     elif pattern is not None:
         raise LaminaError(f"{where}: GGUF key {a}attention.sliding_window_pattern = {pattern!r}")
     elif family.window_period:
-        types = _period(n, family.window_period)
+        types = period_types(n, family.window_period)
     if window is not None:
-        fields |= _windows(types, window, n)
+        fields |= windows(types, window, n)
     if family.local_rope:
         local = metadata.get(a + "rope.freq_base_swa", family.gguf_local_theta)
         fields["rope_local_theta"] = float(local) if local is not None else None
@@ -209,7 +210,7 @@ def _read(
         fields["attn_scale"] = float(natural) ** -0.5
     if family.embed_sqrt_d:
         fields["embed_scale"] = d**0.5
-    return _build(family, fields, where), consumed
+    return build_config(fields, where), consumed
 
 
 def from_gguf(
@@ -240,15 +241,14 @@ def from_gguf(
 def to_gguf(family: Family, config: GPTConfig) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """The `{arch}.` metadata and the rope-scaling tensors of `config` written as `family`."""
     c, a = config, family.gguf_arch + "."
-    get = lambda name: getattr(c, name, None)  # noqa: E731 - fields this lamina may lack
     meta: dict[str, Any] = {}
     for k in family.keys:
-        value = {"d_ff": c.ff_width, "n_kv_heads": c.kv_heads}.get(k.field, get(k.field))
+        value = {"d_ff": c.ff_width, "n_kv_heads": c.kv_heads}.get(k.field, getattr(c, k.field))
         if k.gguf and value is not None:
             meta[a + k.gguf] = float(value) if isinstance(value, float) else value
     tensors: dict[str, np.ndarray] = {}
     if c.positions == "rope":
-        rotary = get("rotary_dim") or c.head_dim
+        rotary = c.rotary_dim or c.head_dim
         meta |= {a + "rope.freq_base": float(c.rope_theta), a + "rope.dimension_count": rotary,
                  a + "attention.key_length": c.head_dim, a + "attention.value_length": c.head_dim}  # fmt: skip
         s = c.rope_scaling
@@ -261,16 +261,16 @@ def to_gguf(family: Family, config: GPTConfig) -> tuple[dict[str, Any], dict[str
             meta[a + "rope.scaling.attn_factor"] = float(s.magnitude)
             tensors[_LONG] = np.asarray(s.long_factor, dtype=np.float32)
             tensors[_SHORT] = np.asarray(s.short_factor, dtype=np.float32)
-    window, types = get("sliding_window"), get("layer_types")
+    window, types = c.sliding_window, c.layer_types
     if window is not None or family.name == "phi3":
         meta[a + "attention.sliding_window"] = window or 0  # phi3: 0 is none (llama.cpp's)
     kinds = list(types) if types else ["sliding"] * c.n_layers
-    if window is not None and kinds != _period(c.n_layers, family.window_period or 10**9):
+    if window is not None and kinds != period_types(c.n_layers, family.window_period or 10**9):
         meta[a + "attention.sliding_window_pattern"] = [t == "sliding" for t in kinds]
-    if family.local_rope and get("rope_local_theta") not in (None, family.gguf_local_theta):
-        meta[a + "rope.freq_base_swa"] = float(get("rope_local_theta"))
-    if get("attn_scale") is not None:
-        meta[a + "attention.scale"] = float(get("attn_scale"))
+    if family.local_rope and c.rope_local_theta not in (None, family.gguf_local_theta):
+        meta[a + "rope.freq_base_swa"] = float(c.rope_local_theta)
+    if c.attn_scale is not None:
+        meta[a + "attention.scale"] = float(c.attn_scale)
     return meta, tensors
 
 
@@ -304,8 +304,8 @@ def expressing(config: GPTConfig, fmt: str) -> Family:
     for family in order:
         if fmt == "gguf" and family.gguf_arch is None:
             continue
-        diff = [f"{k}={getattr(config, k, None)!r}" for k, v in family.fixed.items()
-                if getattr(config, k, None) != v]  # fmt: skip
+        diff = [f"{k}={getattr(config, k)!r}" for k, v in family.fixed.items()
+                if getattr(config, k) != v]  # fmt: skip
         if (
             "activation" not in family.fixed
             and config.activation not in family.activations.values()

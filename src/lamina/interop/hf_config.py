@@ -4,7 +4,7 @@
                                                type and range; else one LaminaError naming it
     check_peft_config(data, where) -> dict     the same for a PEFT LoRA adapter_config.json
 
-The family readers (hf_llama, hf_gpt2, ...) then read plain, checked values: a boolean is a JSON
+The family reader (hf_family, through the family records) then reads plain, checked values: a boolean is a JSON
 boolean (``"false"`` is refused, never read as True), a number is a JSON number (``"64"`` is not
 coerced), a size is an integer within `LIMITS` (refused before anything is allocated: a
 vocab_size of 1e20 is a float, 10**20 is over the limit), a float is finite (an rms_norm_eps of

@@ -4,7 +4,7 @@
 ``load_tokenizer``) and the character tokenizer. ``subword``: byte, byte-level BPE trained on a
 corpus (``bpe_trainer``) and GPT-2's BPE. ``pretrained``: a real model's tokenizer (any
 ``tokenizers`` JSON) with its special ids, add-bos rule and chat template; ``chat_template``
-renders that template. Formats, read and write side by side: ``hf_folder`` reads a Hugging
+renders that template, within ``template_bounds``' limits. Formats, read and write side by side: ``hf_folder`` reads a Hugging
 Face folder's tokenizer files, ``hf_files`` opens and writes them for any kind; ``gguf_vocab``
 reads a GGUF file's ``tokenizer.ggml.*`` metadata, ``gguf_metadata`` writes it.
 

@@ -68,9 +68,13 @@ def _tojson(
     )
 
 
-@lru_cache(maxsize=16)
-def _compile(template: str) -> Any:
+@lru_cache(maxsize=1)
+def _environment() -> Any:
+    """The one sandboxed environment (built, and jinja2 imported, outside any deadline: an
+    exception landing inside an import would leave jinja2 half-initialised for the process)."""
     import jinja2
+    import jinja2.constants  # noqa: F401 - what jinja2 imports lazily: lipsum's words,
+    import jinja2.debug  # noqa: F401 - and the traceback rewriting of a failing render
     import jinja2.ext
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -102,8 +106,13 @@ def _compile(template: str) -> Any:
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["namespace"] = Namespace
+    return env
+
+
+@lru_cache(maxsize=16)
+def _compile(template: str) -> Any:
     try:
-        return env.from_string(template)
+        return _environment().from_string(template)
     except Exception as e:  # a syntax error; a MemoryError or RecursionError while compiling
         raise LaminaError(f"chat template does not parse: {_one_line(e)}") from None
 
@@ -155,6 +164,7 @@ def render_chat_template(
         )
     lim = limits or RENDER_LIMITS
     msgs = check_messages(messages)
+    _environment()  # imports done before the deadline is armed
     token = ACTIVE.set(lim)
     try:
         with deadline(lim.seconds, "rendering the chat template"):

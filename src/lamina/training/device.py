@@ -3,6 +3,7 @@
     resolve_device("auto") -> torch.device        cuda, then mps, then cpu
     use_bf16(dtype, device, d_model) -> bool      what --dtype auto means (see BF16_MIN_WIDTH)
     autocast(device, bf16) -> context             bf16 autocast where use_bf16 said so
+    maybe_compile(model, enabled, notify)         --compile, eager if compiling fails
     memory_bytes(device) -> int | None            a GPU's memory, else this machine's RAM
     check_model_fits(config, device)              a GPT whose weights + AdamW state (16 bytes a
         parameter, counted by formula) exceed the memory of this machine (or of the GPU) is
@@ -18,14 +19,27 @@ from __future__ import annotations
 
 import contextlib
 import os
+from typing import Any
 
 import torch
+from torch import nn
 
 from lamina.cpu import native_bf16
 from lamina.errors import LaminaError
 from lamina.lora import LoRAConfig, fit_bytes
 from lamina.models.config import GPTConfig
 from lamina.models.params import count_params
+
+
+def maybe_compile(model: nn.Module, enabled: bool, notify: Any) -> nn.Module:
+    """torch.compile(model) with --compile, or the model as it is if compiling fails."""
+    if not enabled:
+        return model
+    try:
+        return torch.compile(model)
+    except Exception as exc:  # noqa: BLE001 - any failure means "run eagerly"
+        notify(f"torch.compile unavailable ({type(exc).__name__}: {exc}); running eagerly")
+        return model
 
 
 def autocast(device: torch.device, bf16: bool) -> contextlib.AbstractContextManager:

@@ -47,12 +47,13 @@ from torch import nn
 from lamina.errors import LaminaError
 from lamina.modes import eval_mode, non_finite
 from lamina.pictures import loss_curves
-from lamina.training.device import autocast
+from lamina.training.device import autocast, maybe_compile
 from lamina.training.distributed import agree, global_mean
 from lamina.training.objectives import Batch, Objective, slice_batch, to_device
 from lamina.training.progress import Heartbeat, Progress
 from lamina.training.schedule import TimeBudget, schedule
 from lamina.training.session import Placement, Session, save_checkpoint, writer
+from lamina.training.sizing import OutOfTime, deadline
 from lamina.training.split_loss import val_line
 
 EXIT_RESERVE = 1.0  # seconds (2% of a short budget) kept for what follows the last save
@@ -163,16 +164,6 @@ class _StopFlag:
             signal.signal(signal.SIGINT, self._previous)
 
 
-def maybe_compile(model: nn.Module, enabled: bool, notify: Any) -> nn.Module:
-    if not enabled:
-        return model
-    try:
-        return torch.compile(model)
-    except Exception as exc:  # noqa: BLE001 - any failure means "run eagerly"
-        notify(f"torch.compile unavailable ({type(exc).__name__}: {exc}); running eagerly")
-        return model
-
-
 class _Run:
     """One call of run_training: the session, its placement, and the loop's own bookkeeping."""
 
@@ -275,8 +266,8 @@ class _Run:
         stop = requested or (stop_at is not None and st.step >= stop_at)
         return agree(total, stop)  # all ranks end at the same step
 
-    def step(self, total: int) -> float:
-        """One optimizer step at the scheduled learning rate; the mean loss."""
+    def step(self, total: int) -> float | None:
+        """One optimizer step at the scheduled learning rate; the mean loss (None: dropped)."""
         s, st, p = self.s, self.st, self.p
         self.lr = self.lr_for(st.step, total)
         for g in p.opt.param_groups:
@@ -288,9 +279,14 @@ class _Run:
         beat = Heartbeat(self.prog, f"step {st.step + 1}", self.accum, enabled=long)
         args = dict(accum=self.accum, bf16=s.bf16, grad_clip=self.cfg.grad_clip,
                     device=s.device, stats=stats, on_micro=beat.at)  # fmt: skip
+        b = self.budget  # a step still running when the budget's steps must end is dropped
+        cut = deadline(s.model, self.clock, b.start + b.seconds - b.reserve) if b and p.world_size == 1 else None  # fmt: skip
         try:
-            with beat:
+            with beat, cut or contextlib.nullcontext():
                 loss = train_step(self.forward, s.objective, p.opt, batch, **args)
+        except OutOfTime:
+            p.opt.zero_grad(set_to_none=True)
+            return None
         except Exception as exc:  # noqa: BLE001 - a compiled first step may fail any way
             if self.forward is p.model or self.steps > 0:
                 raise
@@ -382,6 +378,9 @@ def run_training(
                 break
             began = clock()
             loss = run.step(total)
+            if loss is None:  # past the budget's deadline mid-step
+                run.result.stopped = "time"
+                break
             now = clock()
             run.last_took = now - began
             if run.budget is not None:

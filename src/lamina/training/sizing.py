@@ -17,7 +17,9 @@ warmup is at most a tenth of the steps the budget leaves room for.
 
 The probe times two micro-steps of one sequence and keeps the faster (the first also pays
 one-off costs: kernels chosen and compiled for the shape), unless the first alone took
-PROBE_SHARE of the budget. The probe's sequence is drawn with the objective's generator and the generator put back, so
+PROBE_SHARE of the budget; a forward still running at PROBE_SHARE is cut off at its next block
+(`deadline`, OutOfTime) and the step estimated from the blocks it finished. The loop uses the
+same `deadline` to drop a step still running when the budget's steps must end. The probe's sequence is drawn with the objective's generator and the generator put back, so
 the steps that follow draw what they would have drawn; its gradients are dropped.
 
 Deliberately unaware of the command line, the run directory's layout and what a model computes.
@@ -75,6 +77,31 @@ def choose(
     return Sizing(batch, micro, rows, train_item * batch, True)
 
 
+class OutOfTime(Exception):  # noqa: N818 - a signal, not an error
+    """A forward reached a block after its deadline (raised by `deadline`'s hooks)."""
+
+
+class deadline:  # noqa: N801 - used as a context manager
+    """Within it, a block of `model` starting its forward after clock() passes `at` raises
+    OutOfTime; `entered` counts the blocks started (how far a cut-off forward came)."""
+
+    def __init__(self, model: Any, clock: Callable[[], float], at: float) -> None:
+        self.blocks, self.clock, self.at, self.entered = list(model.blocks), clock, at, 0
+
+    def _check(self, *_: Any) -> None:
+        if self.clock() > self.at:
+            raise OutOfTime
+        self.entered += 1
+
+    def __enter__(self) -> deadline:
+        self.handles = [b.register_forward_pre_hook(self._check) for b in self.blocks]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for h in self.handles:
+            h.remove()
+
+
 def _timed(clock: Callable[[], float], fn: Callable[[], Any]) -> float:
     t0 = clock()
     fn()
@@ -96,7 +123,15 @@ def probe(
         loss.backward()
 
     model.train()
-    train = _timed(clock, micro_step)  # the first call also pays one-off costs (kernels)
+    t0 = clock()
+    try:
+        with deadline(s.model, clock, t0 + PROBE_SHARE * budget) as cut:
+            train = _timed(clock, micro_step)  # the first call also pays one-off costs
+    except OutOfTime:  # a forward this slow: its share so far, scaled (a backward ~ 2 forwards)
+        p.opt.zero_grad(set_to_none=True)
+        torch.set_rng_state(rng)
+        forward = (clock() - t0) * len(cut.blocks) / max(1, cut.entered)
+        return 3 * forward, forward
     if train < PROBE_SHARE * budget:
         train = min(train, _timed(clock, micro_step))
     p.opt.zero_grad(set_to_none=True)

@@ -60,6 +60,7 @@ async function send(text) {
         const data = line.slice(6);
         if (data === "[DONE]") continue;
         const chunk = JSON.parse(data);
+        if (chunk.error) throw new Error(chunk.error.message);  // the generation failed mid-stream
         if (chunk.usage) {
           const s = (performance.now() - started) / 1000;
           $("status").textContent = `${chunk.usage.completion_tokens} tokens in ${s.toFixed(1)} s ` +

@@ -1,0 +1,93 @@
+"""Defaults that depend on the budget: the tokenizer a `lamina train --max-time T` run gets.
+
+    TABLE: rows (least budget s, least corpus bytes, tokenizer, the measurement behind it)
+    pick(max_time, corpus) -> Pick(tokenizer, why)      the first row that the run meets
+    corpus_bytes(data) -> int | None   a text file's size, a folder's .txt files', the built-in
+                                       corpus's (None: a prepared folder, unreadable)
+    plan(given) -> (given, line | None)   `given` with the picked tokenizer added, and the line
+        the command prints about it; unchanged (and None) unless the run is a language model
+        from text with --max-time and no --tokenizer, --init-from, --preset or --resume
+
+The rows come from bench/speedrun.py (BENCHMARKS.md, "Budget-dependent defaults"): a BPE
+vocabulary sees about two characters per token, so a model of the same shape reads twice the
+text per step; that wins once the budget leaves enough steps, and only on a corpus that fills
+the vocabulary (fitting it also takes part of the budget). The batch, warmup and evaluations
+are then sized to the budget by sizing.py; the model's shape stays the CPU default (the larger
+shapes tried lost within these budgets).
+
+Deliberately unaware of the command line's parsing and of what a tokenizer computes.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from lamina.data.shards import is_prepared
+
+
+class Row(NamedTuple):
+    seconds: float  # the budget is at least this
+    corpus: int  # the corpus has at least this many bytes
+    tokenizer: str
+    why: str
+
+
+TABLE: tuple[Row, ...] = (
+    Row(120.0, 500_000, "bpe:1024", "bpe:1024 measured better than char from 2 minutes on"),
+    Row(0.0, 0, "char", "a character model for a short budget or a small corpus"),
+)
+
+
+@dataclass(frozen=True)
+class Pick:
+    tokenizer: str
+    why: str
+
+
+def pick(max_time: float, corpus: int | None) -> Pick:
+    """The tokenizer of the first TABLE row whose budget and corpus size the run meets."""
+    for row in TABLE:
+        if max_time >= row.seconds and (corpus or 0) >= row.corpus:
+            return Pick(row.tokenizer, row.why)
+    return Pick("char", TABLE[-1].why)
+
+
+def corpus_bytes(data: str | None) -> int | None:
+    """The corpus's size in bytes, without reading it (None where that is not a text corpus)."""
+    if data is None:
+        from lamina.data.builtin import builtin_root
+
+        try:
+            root = builtin_root()
+        except Exception:  # noqa: BLE001 - not installed: the run refuses later, naming it
+            return None
+        return sum(len(f.read_bytes()) for f in root.iterdir() if f.name.endswith("_gut.txt"))
+    path = Path(data).expanduser()
+    if is_prepared(path):
+        return None
+    try:
+        if path.is_dir():
+            return sum(f.stat().st_size for f in path.rglob("*.txt") if f.is_file())
+        return os.path.getsize(path)
+    except OSError:
+        return None
+
+
+def plan(given: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """`given` plus the budget's tokenizer, and the line saying what was picked and why."""
+    if given.get("task", "lm") != "lm" or not given.get("max_time"):
+        return given, None
+    if {"tokenizer", "init_from", "preset", "resume"} & set(given):
+        return given, None
+    corpus = corpus_bytes(given.get("data"))
+    if corpus is None:
+        return given, None
+    chosen = pick(float(given["max_time"]), corpus)
+    line = (
+        f"lamina train: plan for {given['max_time']:g} s on {corpus / 1e6:.2f} MB of text: "
+        f"--tokenizer {chosen.tokenizer} ({chosen.why}; pass --tokenizer to choose)"
+    )
+    return {**given, "tokenizer": chosen.tokenizer}, line

@@ -1,0 +1,87 @@
+"""Cross-entropy through the LM head in chunks of rows, never holding the full (N, V) logits.
+
+    chunked_cross_entropy(hidden, weight, targets, chunk=1024) -> mean loss (fp32 scalar)
+        hidden (N, d), weight (V, d) (the head's), targets (N,): the same value and gradients as
+        F.cross_entropy(hidden @ weight.T, targets), with at most `chunk` rows of logits alive
+        at a time, in the forward and in the backward (which recomputes each chunk's logits)
+    lm_loss_chunked(model, ids, targets, chunk=1024) -> the same loss from a lamina GPT
+
+For a big vocabulary (50k tokens x 16k positions is 3.3 GB of fp32 logits, and as much again
+for their gradient) this bounds the loss's memory at chunk x V. It costs one extra head matmul
+in the backward. At a character vocabulary it buys nothing (bench/step.py measures it); it is
+a building block, not a default.
+
+Deliberately unaware of optimizers and the training loop.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lamina.errors import LaminaError
+
+
+class _ChunkedCE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor, chunk: int) -> Tensor:
+        acc = torch.promote_types(hidden.dtype, torch.float32)  # fp32 at least, as lm_loss
+        total = torch.zeros((), dtype=acc, device=hidden.device)
+        lse = torch.empty(hidden.shape[0], dtype=acc, device=hidden.device)
+        for s in range(0, hidden.shape[0], chunk):
+            logits = (hidden[s : s + chunk] @ weight.T).to(acc)
+            lse[s : s + chunk] = torch.logsumexp(logits, dim=-1)
+            picked = logits.gather(1, targets[s : s + chunk, None]).squeeze(1)
+            total += (lse[s : s + chunk] - picked).sum()
+        ctx.save_for_backward(hidden, weight, targets, lse)
+        ctx.chunk = chunk
+        return total / hidden.shape[0]
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
+        hidden, weight, targets, lse = ctx.saved_tensors
+        n, chunk = hidden.shape[0], ctx.chunk
+        grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_w = torch.zeros_like(weight, dtype=lse.dtype) if ctx.needs_input_grad[1] else None
+        scale = grad_out.to(lse.dtype) / n
+        for s in range(0, n, chunk):
+            h = hidden[s : s + chunk]
+            logits = (h @ weight.T).to(lse.dtype)
+            g = torch.exp(logits - lse[s : s + chunk, None])  # softmax
+            g[torch.arange(h.shape[0], device=h.device), targets[s : s + chunk]] -= 1.0
+            g = (g * scale).to(hidden.dtype)
+            if grad_h is not None:
+                grad_h[s : s + chunk] = g @ weight.to(hidden.dtype)
+            if grad_w is not None:
+                grad_w += (g.T @ h).to(lse.dtype)
+        return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None
+
+
+def chunked_cross_entropy(
+    hidden: Tensor, weight: Tensor, targets: Tensor, chunk: int = 1024
+) -> Tensor:
+    """Mean cross-entropy of (hidden @ weight.T) against targets, `chunk` rows at a time."""
+    if chunk < 1:
+        raise LaminaError(f"chunk must be at least 1, got {chunk}")
+    if hidden.dim() != 2 or targets.shape != hidden.shape[:1]:
+        raise LaminaError(
+            f"hidden must be (N, d) and targets (N,), got {tuple(hidden.shape)} and "
+            f"{tuple(targets.shape)}"
+        )
+    return _ChunkedCE.apply(hidden, weight, targets, chunk)
+
+
+def lm_loss_chunked(model: nn.Module, ids: Tensor, targets: Tensor, chunk: int = 1024) -> Tensor:
+    """A lamina GPT's mean next-token loss on (ids, targets) with the head chunked."""
+    if model.config.logit_softcap is not None:
+        raise LaminaError("the chunked loss does not take logit_softcap; use the full logits")
+    x, rope = model.embed_with_rope(ids)
+    for block in model.blocks:
+        x, _ = block(x, None, False, None, rope)
+    hidden = model.norm_f(x)
+    d = hidden.shape[-1]
+    return chunked_cross_entropy(
+        hidden.reshape(-1, d), model.head.weight, targets.reshape(-1), chunk
+    )

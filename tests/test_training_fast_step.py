@@ -1,0 +1,103 @@
+"""Issue 36's step levers: the chunked cross-entropy equals the full one (value and gradients);
+the fused AdamW step equals the for-loop one over a few steps; the budget table picks as
+documented."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lamina import GPT, GPTConfig
+from lamina.errors import LaminaError
+from lamina.training.chunked_ce import chunked_cross_entropy, lm_loss_chunked
+from lamina.training.optim import build_optimizer
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 7, 64])
+def test_chunked_cross_entropy_equals_full_value_and_gradients(chunk):
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(23, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(11, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(0, 11, (23,), generator=g)
+    full = F.cross_entropy(h @ w.T, y)
+    gh, gw = torch.autograd.grad(full, (h, w))
+    got = chunked_cross_entropy(h, w, y, chunk=chunk)
+    ch, cw = torch.autograd.grad(got * 3.0, (h, w))  # a non-unit upstream gradient
+    torch.testing.assert_close(got, full, rtol=0, atol=1e-12)
+    torch.testing.assert_close(ch, 3.0 * gh, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(cw, 3.0 * gw, rtol=1e-9, atol=1e-12)
+
+
+def test_chunked_lm_loss_equals_the_models_full_loss_and_gradients():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("tiny", vocab_size=20, block_size=16))
+    x, y = torch.randint(0, 20, (3, 16)), torch.randint(0, 20, (3, 16))
+    full = F.cross_entropy(model(x).view(-1, 20), y.view(-1))
+    want = torch.autograd.grad(full, list(model.parameters()))
+    got = lm_loss_chunked(model, x, y, chunk=10)
+    have = torch.autograd.grad(got, list(model.parameters()))
+    torch.testing.assert_close(got, full, rtol=1e-5, atol=1e-6)
+    for a, b in zip(have, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_chunked_cross_entropy_refuses_bad_input_by_name():
+    with pytest.raises(LaminaError, match="chunk must be at least 1"):
+        chunked_cross_entropy(torch.zeros(2, 3), torch.zeros(4, 3), torch.zeros(2).long(), 0)
+    with pytest.raises(LaminaError, match="targets"):
+        chunked_cross_entropy(torch.zeros(2, 3), torch.zeros(4, 3), torch.zeros(3).long())
+
+
+def _train(fused: bool, steps: int = 4) -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("tiny", vocab_size=20, block_size=16))
+    opt = build_optimizer(model, lr=1e-2, fused=fused)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        x, y = (
+            torch.randint(0, 20, (2, 16), generator=g),
+            torch.randint(0, 20, (2, 16), generator=g),
+        )
+        F.cross_entropy(model(x).view(-1, 20), y.view(-1)).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_fused_adamw_steps_equal_the_for_loop_steps():
+    fused, plain, start = _train(True), _train(False), _train(True, steps=0)
+    for a, b in zip(fused, plain, strict=True):
+        # 4 steps of lr 1e-2 move a weight up to 4e-2; the two kernels' rounding is < 1% of that
+        torch.testing.assert_close(a, b, rtol=0, atol=2e-4)
+    assert max((a - s).abs().max() for a, s in zip(fused, start, strict=True)) > 1e-2
+
+
+def test_budget_table_picks_bpe_for_long_budgets_on_big_corpora_and_char_otherwise():
+    from lamina.training.budget import TABLE, pick
+
+    bpe = TABLE[0]
+    assert pick(bpe.seconds, bpe.corpus).tokenizer == bpe.tokenizer
+    assert pick(bpe.seconds - 1, bpe.corpus).tokenizer == "char"  # too short a budget
+    assert pick(bpe.seconds * 10, bpe.corpus - 1).tokenizer == "char"  # too small a corpus
+    assert pick(bpe.seconds * 10, None).tokenizer == "char"
+
+
+def test_budget_plan_keeps_explicit_flags_and_says_what_it_picked(tmp_path):
+    from lamina.training.budget import TABLE, plan
+
+    big = tmp_path / "big.txt"
+    big.write_text("to be or not to be\n" * (TABLE[0].corpus // 19 + 1), encoding="utf-8")
+    long = TABLE[0].seconds
+    given, line = plan({"data": str(big), "max_time": long})
+    assert given["tokenizer"] == TABLE[0].tokenizer and TABLE[0].tokenizer in line
+    assert "pass --tokenizer" in line
+    for typed in ({"tokenizer": "char"}, {"preset": "tiny"}, {"init_from": "x"}):
+        want = {"data": str(big), "max_time": long, **typed}
+        assert plan(want) == (want, None)
+    assert plan({"data": str(big)}) == ({"data": str(big)}, None)  # no budget: no plan
+    assert plan({"data": str(big), "max_time": long, "task": "classify"})[1] is None
+    small = tmp_path / "small.txt"
+    small.write_text("short text\n", encoding="utf-8")
+    assert plan({"data": str(small), "max_time": long})[0]["tokenizer"] == "char"
