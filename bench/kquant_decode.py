@@ -219,7 +219,7 @@ def main() -> None:
     from kquant_parity import amx_build
     from machine import cpu_line
 
-    todo = files(a.files.split(","), a.big)
+    todo = files([n for n in a.files.split(",") if n], a.big)
     engines = ["llama.cpp", "lamina"] + (["llama.cpp-site"] if a.llama_site else [])
     counts = [int(t) for t in a.threads.split(",")]
     omp = {k: v for k, v in os.environ.items() if k.startswith(("OMP_", "GOMP_", "KMP_"))}

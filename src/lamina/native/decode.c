@@ -583,6 +583,8 @@ static void lin_rows_kq(const Lin *L, int B, const Act *a, float *y, int ystride
     for (int n = n0; n < n1; n++) {
         const uint8_t *row = (const uint8_t *)L->w + (size_t)n * rb;
         const float bias = L->bias ? L->bias[n] : 0.0f;
+        if (n + 2 < n1) /* the row after next on its way (rows of small blocks stream poorly) */
+            for (size_t o = 0; o < rb; o += 64) _mm_prefetch((const char *)row + 2 * rb + o, _MM_HINT_T0);
         for (int r0 = 0; r0 < B; r0 += TILE) {
             const int rows = B - r0 < TILE ? B - r0 : TILE;
             float v[TILE];
@@ -623,8 +625,15 @@ static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
     }
     const int k = L->k, nb = k / 32, groups = L->gs ? k / L->gs : 1; /* float: gs 0 */
     const int sh = groups == 1 ? 31 : __builtin_ctz(L->gs / 32);
+    const size_t wb = L->kind == LIN_F32 ? (size_t)k * 4 : L->kind == LIN_INT4 ? (size_t)k / 2 : (size_t)k;
     for (int n = n0; n < n1; n++) {
         const float bias = L->bias ? L->bias[n] : 0.0f;
+        if (n + 2 < n1) { /* the row after next on its way: weights, then scales */
+            const char *next = (const char *)L->w + (size_t)(n + 2) * wb;
+            for (size_t o = 0; o < wb; o += 64) _mm_prefetch(next + o, _MM_HINT_T0);
+            if (L->kind != LIN_F32) _mm_prefetch((const char *)(L->s + (size_t)(n + 2) * groups), _MM_HINT_T0);
+            if (L->kind == LIN_INT4) _mm_prefetch((const char *)(L->mn + (size_t)(n + 2) * groups), _MM_HINT_T0);
+        }
         for (int r0 = 0; r0 < B; r0 += TILE) {
             const int rows = B - r0 < TILE ? B - r0 : TILE;
             float v[TILE];
