@@ -78,7 +78,9 @@ def corpus_bytes(data: str | None) -> int | None:
 
 def plan(given: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     """`given` plus the budget's tokenizer, and the line saying what was picked and why."""
-    if given.get("task", "lm") != "lm" or not given.get("max_time"):
+    from lamina.training.registry import task_entry
+
+    if not given.get("max_time") or not task_entry(given.get("task", "lm")).budget_tokenizer:
         return given, None
     if {"tokenizer", "init_from", "preset", "resume"} & set(given):
         return given, None

@@ -60,6 +60,7 @@ class Task:
     encoder: bool = False  # trains the encoder classifier: DEFAULTS' first-last column
     reads_text: bool = True  # --data and --tokenizer apply
     fine_tunes: bool = False  # --init-from applies
+    budget_tokenizer: bool = False  # --max-time picks the tokenizer (training/budget.py)
 
     def situation(self, device_type: str) -> Situation:
         """Which column of DEFAULTS applies on a device of this type."""
@@ -70,7 +71,7 @@ class Task:
 
 TASKS: dict[str, Task] = {
     "lm": Task("next-token prediction on --data", lm.LMOptions, lm.build, lm.finished,
-               fine_tunes=True),
+               fine_tunes=True, budget_tokenizer=True),
     "first-last": Task("the encoder classifier's synthetic task", first_last.FirstLastOptions,
                        first_last.build, first_last.finished, encoder=True, reads_text=False),
     "classify": Task("the encoder classifier on labelled texts (--data, default: the built-in "
