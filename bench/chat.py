@@ -16,10 +16,6 @@ rounds; ratios are what to compare (the machine may be shared). CPU flags are pr
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 import argparse  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402

@@ -24,14 +24,10 @@ src_key_padding_mask, then the same mean pooling and linear head. Tokens/s count
 Within a round the variants take turns on every batch (predict: every chunk of 4 batches of
 texts), so load from other processes hits them alike; each variant's median round total is
 reported, and the ratios are of those medians, from this one process.
-This script sets OMP_WAIT_POLICY=PASSIVE before torch loads (unless already set).
+Every engine runs under its own default OpenMP settings (no OMP_* variable is set here).
 """
 
 from __future__ import annotations
-
-import os
-
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse  # noqa: E402
 import math  # noqa: E402

@@ -13,10 +13,6 @@ threads on shared cores make every small multi-threaded kernel many times slower
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 import argparse  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import argparse  # noqa: E402

@@ -20,10 +20,6 @@ made multi-threaded steps many times slower whenever another process was busy.
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 import argparse  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402

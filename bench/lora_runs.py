@@ -33,12 +33,9 @@ Reports held-out nats/char, training tokens/s and peak RSS, beside the CPU's fla
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 import argparse  # noqa: E402
 import json  # noqa: E402
+import os
 import resource  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402

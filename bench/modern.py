@@ -13,14 +13,10 @@ alternate step by step, so machine noise hits all alike; the median step time is
 tokens/s, with ratios against char-cpu. fp32 unless --bf16 (autocast). The training code's own
 helpers are not used, so the bench measures the layers alone.
 
-Sets OMP_WAIT_POLICY=PASSIVE before torch loads (unless already set), as bench/train.py does.
+Every engine runs under its own default OpenMP settings (no OMP_* variable is set here).
 """
 
 from __future__ import annotations
-
-import os
-
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse  # noqa: E402
 import statistics  # noqa: E402

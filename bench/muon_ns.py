@@ -7,14 +7,10 @@ feed-forward's 4d x d and d x 4d) are orthogonalized with 5 steps (what MuonAdam
 per block), median of N repeats, in fp32 and in bf16 (`lamina.training.muon.orthogonalize`).
 On CPUs without native bf16 matrix units (AVX2), bf16 matmuls are emulated and slower.
 
-This script sets OMP_WAIT_POLICY=PASSIVE before torch loads (unless already set).
+Every engine runs under its own default OpenMP settings (no OMP_* variable is set here).
 """
 
 from __future__ import annotations
-
-import os
-
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse  # noqa: E402
 import statistics  # noqa: E402

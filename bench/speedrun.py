@@ -14,8 +14,7 @@ All are scored by `lamina eval` over the whole validation text (the last 10% of 
 cut before tokenizing, the same tail for every tokenizer), in nats per character. The data
 defaults to the shared tinyshakespeare (LAMINA_SHARED_DATA, default ../shared/data); the
 script says which CPU it ran on and the load average before each run. The runs get
-OMP_WAIT_POLICY=PASSIVE unless it is set (spinning OpenMP threads slow every process on a shared
-CPU many times over; see BENCHMARKS.md's Training section).
+the caller's environment as it is (no OMP_* variable is set here).
 """
 
 from __future__ import annotations
@@ -42,7 +41,7 @@ NANOGPT = [
 
 def lamina(*args: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "lamina", *args]
-    env = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ}  # the children's only (bench/train.py)
+    env = dict(os.environ)
     return subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
 
 

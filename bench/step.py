@@ -32,12 +32,9 @@ reported time is the median over all timed steps. tok/s ratios are over nanogpt'
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see bench/train.py (before torch loads)
-
 import argparse  # noqa: E402
 import math  # noqa: E402
+import os
 import statistics  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402

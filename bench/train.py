@@ -13,17 +13,13 @@ both alike; the median step time is reported. lamina runs as `lamina train` woul
 `--dtype auto` choice, `--compile` if asked); HF runs in fp32 with attn_implementation "sdpa"
 (its fastest CPU path). The ratio is tokens/s of lamina over HF.
 
-This script sets OMP_WAIT_POLICY=PASSIVE before torch loads (unless already set): on a shared
-CPU, spinning OpenMP threads slowed every process here by up to 10x.
+Every engine runs under its own default OpenMP settings (no OMP_* variable is set here).
 """
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 import argparse  # noqa: E402
+import os
 import statistics  # noqa: E402
 import time  # noqa: E402
 
