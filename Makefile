@@ -65,9 +65,12 @@ demo: install
 
 # References for bench/ only, never needed by `make test`: lm-evaluation-harness, and
 # llama-cpp-python, which builds llama.cpp from source (about 13 minutes on 2 cores).
+# On a CPU with AMX, llama.cpp 0.3.36's AMX matmul crashes (llama.cpp issue 20824), so it is built
+# without AMX there (its AVX-512 and repacked paths stay): the best llama.cpp that runs on this CPU.
+LLAMA_NO_AMX := $(shell grep -q amx_tile /proc/cpuinfo 2>/dev/null && echo '-mno-amx-tile -mno-amx-int8 -mno-amx-bf16')
 bench-deps: install
 	$(PY) -m pip install -q -e '.[bench]'
-	$(PY) -m pip install -q llama-cpp-python
+	CFLAGS="$(LLAMA_NO_AMX)" CXXFLAGS="$(LLAMA_NO_AMX)" $(PY) -m pip install -q --no-cache-dir llama-cpp-python==0.3.36
 
 # Copies the exercise notebooks into ./lessons-work and installs JupyterLab to open them with;
 # it starts nothing (open them with the command it prints, or any notebook tool).
