@@ -248,12 +248,11 @@ def main() -> int:
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}  # the children's only
     src = str(Path(__file__).resolve().parent.parent / "src")
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    servers: dict = {}
     port = free_port()
     cmd = [sys.executable, "-m", "lamina", "serve", path, "--port", str(port)]
     cmd += ["--slots", str(args.slots), "--context", str(args.context), "--queue", "64"]
     cmd += ["--keep-quantized"]  # the file's Q4_1 blocks, as llama.cpp reads them
-    servers["lamina"] = (start(cmd, port, env), port)
+    engines = [("lamina", cmd, env, port)]
     print(cpu_line())
     print("lamina:", " ".join(cmd[1:]))
     print(f"each engine's added environment: OMP_NUM_THREADS={args.threads}, PYTHONPATH={src}")
@@ -273,43 +272,41 @@ def main() -> int:
             threads = str(args.threads)
             lcmd += ["--host", "127.0.0.1", "--n_threads", threads, "--n_threads_batch", threads]
             lcmd += ["--n_ctx", "2048", "--interrupt_requests", "False", "--verbose", "False"]
-            servers["llama.cpp server (1 slot)"] = (start(lcmd, port, lenv), port)
+            engines.append(("llama.cpp server (1 slot)", lcmd, lenv, port))
             print("llama.cpp:", " ".join(lcmd[1:]))
-    try:
-        for _, port in servers.values():  # warm up: the first request pays the loads
-            load(port, 1, 8)
-        load_avg = os.getloadavg()[0]
-        print(
-            f"{args.tokens} tokens per client, greedy; lamina --slots {args.slots}; "
-            f"{args.threads} threads each; load average {load_avg:.1f} at the start"
-        )
-        print(
-            "| server | clients | aggregate tok/s | aggregate decode tok/s | per-client decode "
-            "tok/s | TTFT p50 s |"
-            " TTFT p95 s | peak RSS MB |"
-        )
-        print("|---|---|---|---|---|---|---|---|")
-        for c in [int(x) for x in args.clients.split(",")]:
-            runs = [
-                (name, load(port, c, args.tokens), proc.pid)
-                for name, (proc, port) in servers.items()
-            ]
-            for name, r, pid in runs:
+    print(
+        f"{args.tokens} tokens per client, greedy; lamina --slots {args.slots}; "
+        f"{args.threads} threads each; load average {os.getloadavg()[0]:.1f} at the start; "
+        "one engine at a time (the other stopped: an idle server's threads may still spin)"
+    )
+    print(
+        "| server | clients | aggregate tok/s | aggregate decode tok/s | per-client decode "
+        "tok/s | TTFT p50 s | TTFT p95 s | peak RSS MB |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    grammar = None
+    for name, ecmd, eenv, eport in engines:
+        proc = start(ecmd, eport, eenv)
+        try:
+            load(eport, 1, 8)  # warm up: the first request pays the loads
+            for c in [int(x) for x in args.clients.split(",")]:
+                r = load(eport, c, args.tokens)
                 print(
                     f"| {name} | {c} | {r['aggregate']:.1f} | {r['decode']:.1f} | "
-                    f"{r['per_client']:.1f} | "
-                    f"{r['p50']:.2f} | {r['p95']:.2f} | {peak_rss_mb(pid):.0f} |",
+                    f"{r['per_client']:.1f} | {r['p50']:.2f} | {r['p95']:.2f} | "
+                    f"{peak_rss_mb(proc.pid):.0f} |",
                     flush=True,
                 )
-        if args.grammar_rounds:
-            print(constrained(servers["lamina"][1], args.grammar_rounds, 160), flush=True)
-    finally:
-        for proc, _ in servers.values():
+            if name == "lamina" and args.grammar_rounds:
+                grammar = constrained(eport, args.grammar_rounds, 160)
+        finally:
             proc.terminate()
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
+    if grammar:
+        print(grammar, flush=True)
     return 0
 
 

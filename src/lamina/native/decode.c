@@ -240,18 +240,36 @@ static void quantize_rows(const float *x, int r0, int r1, int k, int perm, int g
         const float *xr = x + (size_t)r * k;
         int16_t *q = a->q + (size_t)r * k;
         for (int b = 0; b < nb; b++) {
+            /* vectorized, with the scalar form's exact results: the same max, product and
+               rounding (cvtps2dq rounds to nearest even, as lrintf does) */
             const float *xb = xr + 32 * b;
-            float amax = 0;
-            for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(xb[i]));
-            float d = amax / QMAX, id = amax > 0 ? QMAX / amax : 0.0f;
-            int sum = 0;
-            int16_t t[32];
-            for (int i = 0; i < 32; i++) {
-                int v = (int)lrintf(xb[i] * id);
-                v = v > 32767 ? 32767 : (v < -32767 ? -32767 : v);
-                t[i] = (int16_t)v;
-                sum += v;
+            const __m256 sign = _mm256_set1_ps(-0.0f);
+            __m256 v[4], mx = _mm256_setzero_ps();
+            for (int i = 0; i < 4; i++) {
+                v[i] = _mm256_loadu_ps(xb + 8 * i);
+                mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[i]));
             }
+            __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+            const float amax = _mm_cvtss_f32(m4);
+            float d = amax / QMAX, id = amax > 0 ? QMAX / amax : 0.0f;
+            const __m256 vid = _mm256_set1_ps(id);
+            const __m256i hi = _mm256_set1_epi32(32767), lo = _mm256_set1_epi32(-32767);
+            __m256i acc = _mm256_setzero_si256();
+            int32_t t32[32];
+            for (int i = 0; i < 4; i++) {
+                __m256i qi = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], vid));
+                qi = _mm256_max_epi32(_mm256_min_epi32(qi, hi), lo);
+                acc = _mm256_add_epi32(acc, qi);
+                _mm256_storeu_si256((__m256i *)(t32 + 8 * i), qi);
+            }
+            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+            const int sum = _mm_cvtsi128_si32(s4);
+            int16_t t[32];
+            for (int i = 0; i < 32; i++) t[i] = (int16_t)t32[i];
             int16_t *qb = q + 32 * b;
             if (perm)
                 for (int i = 0; i < 16; i++) qb[i] = t[2 * i], qb[16 + i] = t[2 * i + 1];
@@ -621,10 +639,9 @@ int lm_dequant(int kind, const void *w, int n, int k, float *y) {
    (+ add) multiplies a weight pair into every row's sum at once. With AVX-512 VNNI (checked at
    run time; other CPUs take the AVX2 form) a 16-lane `vpdpwssd` covers two blocks of 8 rows.
    A block's integer sums take its scales as one vector (the rows' input scales times the
-   weight's), the int4 minimums one fma per group. On SmolLM2's linears (one thread, this
-   session's Xeon) 8 rows cost 2.3x one row's time through AVX-512 (4.4x through AVX2, 5.5x
-   through the per-row tiles before). The same integer products as the one-row path, summed in
-   another order (~1e-6 relative). */
+   weight's), the int4 minimums one fma per group; BENCHMARKS.md (the server's section) has
+   what 8 rows cost against one in each form. The same integer products as the one-row path,
+   summed in another order (~1e-6 relative). */
 #define LANES 8
 #define NT 4 /* weight rows sharing each load of the inputs (4: the fastest here of 1..8) */
 
@@ -824,14 +841,24 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) static void lane_rows_512
     }
 }
 
+static int lanes_wide = -1; /* 1: the AVX-512 VNNI form; -1 until asked */
+
+static int cpu_has_512(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vnni");
+}
+
 static int lanes_512(void) {
-    static int have = -1; /* the CPU's answer, the same whichever thread asks first */
-    if (have < 0) {
-        __builtin_cpu_init();
-        have = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512vnni");
-    }
-    return have;
+    if (lanes_wide < 0) lanes_wide = cpu_has_512(); /* the same whichever thread asks first */
+    return lanes_wide;
+}
+
+/* which form a batch's linears take: choice 0 the AVX2 form, 1 the AVX-512 one where the CPU
+   has it, -1 leaves it; returns the form in force (tests run both where both run) */
+int lm_lanes_wide(int choice) {
+    if (choice >= 0) lanes_wide = choice && cpu_has_512();
+    return lanes_512();
 }
 
 /* rows n0..n1 of an int4 / int8 linear for B >= 2 inputs; 0 when out of memory (the caller
@@ -1128,8 +1155,16 @@ static void step_job(void *p, int tid, int nt) {
         for (int r = tid; r < B; r += nt) {
             const float *f = S->fco + (size_t)r * fc_n;
             float *hr = S->h + (size_t)r * ff;
-            if (m->act == ACT_SWIGLU)
-                for (int i = 0; i < ff; i++) hr[i] = f[i] / (1.0f + expf(-f[i])) * f[ff + i];
+            if (m->act == ACT_SWIGLU) { /* silu(a) b, e^-a by exp256 (~1e-7 of expf's) */
+                int i = 0;
+                const __m256 one = _mm256_set1_ps(1.0f), top = _mm256_set1_ps(88.0f);
+                for (; i + 8 <= ff; i += 8) {
+                    const __m256 a = _mm256_loadu_ps(f + i);
+                    const __m256 e = exp256(_mm256_min_ps(_mm256_sub_ps(_mm256_setzero_ps(), a), top));
+                    _mm256_storeu_ps(hr + i, _mm256_mul_ps(_mm256_div_ps(a, _mm256_add_ps(one, e)), _mm256_loadu_ps(f + ff + i)));
+                }
+                for (; i < ff; i++) hr[i] = f[i] / (1.0f + expf(-f[i])) * f[ff + i];
+            }
             else
                 for (int i = 0; i < ff; i++) hr[i] = act1(m->act, f[i]);
             prepare_rows(&ly->out, S->h, r, r + 1, &S->a);
