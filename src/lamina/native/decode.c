@@ -861,6 +861,13 @@ int lm_lanes_wide(int choice) {
     return lanes_512();
 }
 
+/* the fewest rows worth the lanes (which cost the same for 1 row as for 8): the AVX-512 form's
+   8 rows cost about 2.3 rows' time, the AVX2 form's about 4.4 (BENCHMARKS.md, the server's
+   section) */
+static int lanes_min(int wide) { return wide ? 3 : 5; }
+
+static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, int n0, int n1, int accumulate);
+
 /* rows n0..n1 of an int4 / int8 linear for B >= 2 inputs; 0 when out of memory (the caller
    then runs its own loop) */
 static int lane_rows(const Lin *L, int B, const Act *a, float *y, int ystride, int n0, int n1, int accumulate) {
@@ -874,6 +881,13 @@ static int lane_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
     t2.sxt = t2.dxt + (size_t)nc * 2 * LANES;
     for (int r0 = 0; r0 < B; r0 += LANES) {
         const int rows = B - r0 < LANES ? B - r0 : LANES;
+        if (rows < lanes_min(wide)) { /* too few to fill the lanes: those rows by themselves */
+            const int k = L->k;
+            Act sub = {a->x ? a->x + (size_t)r0 * k : NULL, a->q + (size_t)r0 * k, a->dx + (size_t)r0 * nb,
+                       a->sx + (size_t)r0 * (groups ? groups : 1)};
+            lin_rows(L, rows, &sub, y + (size_t)r0 * ystride, ystride, n0, n1, accumulate);
+            continue;
+        }
         if (wide) {
             lane_act2(L, a, r0, rows, &t2);
             lane_rows_512(L, &t2, r0, rows, y, ystride, n0, n1, accumulate);
@@ -901,7 +915,8 @@ static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
         lin_rows_kq(L, B, a, y, ystride, n0, n1, accumulate);
         return;
     }
-    if (B >= 2 && L->kind != LIN_F32 && lane_rows(L, B, a, y, ystride, n0, n1, accumulate)) return;
+    if (B >= lanes_min(lanes_512()) && L->kind != LIN_F32 && lane_rows(L, B, a, y, ystride, n0, n1, accumulate))
+        return;
     const int k = L->k, nb = k / 32, groups = L->gs ? k / L->gs : 1; /* float: gs 0 */
     const int sh = groups == 1 ? 31 : __builtin_ctz(L->gs / 32);
     const size_t wb = L->kind == LIN_F32 ? (size_t)k * 4 : L->kind == LIN_INT4 ? (size_t)k / 2 : (size_t)k;
