@@ -49,7 +49,8 @@ def autocast(device: torch.device, bf16: bool) -> contextlib.AbstractContextMana
 
 
 # bf16 autocast pays off on CPUs only with native bf16 matrix units (AMX / AVX512-BF16) and
-# only for wide enough matrices: measured slower than fp32 at 128 wide, faster at 384.
+# only for wide enough matrices: measured slower than fp32 at shape A's width, faster at shape
+# B's (BENCHMARKS.md, Training).
 BF16_MIN_WIDTH = 256
 
 
