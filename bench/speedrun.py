@@ -25,6 +25,7 @@ import os
 import subprocess
 import sys
 import time
+from importlib.metadata import version
 from pathlib import Path
 
 from machine import cpu_line as cpu  # noqa: E402
@@ -57,6 +58,8 @@ def train(name: str, data: str, out: Path, flags: list[str]) -> dict:
     if scored.returncode != 0:
         raise SystemExit(f"{name}: lamina eval failed:\n{scored.stderr[-2000:]}")
     result = json.loads(scored.stdout)
+    plan = next((ln for ln in done.stdout.splitlines() if ln.startswith("lamina train: plan")), "")
+    sized = [ln for ln in done.stdout.splitlines() if "lamina train:" in ln and "batch" in ln]
     state = json.loads((run / "trainer_state.json").read_text())
     recipe = json.loads((run / "train_config.json").read_text())["train"]
     return {
@@ -67,6 +70,8 @@ def train(name: str, data: str, out: Path, flags: list[str]) -> dict:
         "tokens": state["tokens_seen"],
         "loss": result.get("loss_per_char", result["loss"]),
         "recipe": {k: recipe.get(k) for k in ("optimizer", "batch_size", "lr", "tokenizer")},
+        "plan": plan.removeprefix("lamina train: "),
+        "settings": sized[-1].removeprefix("lamina train: ") if sized else "",
     }
 
 
@@ -105,9 +110,10 @@ def main() -> None:
     if not Path(args.data).is_file():
         raise SystemExit(f"no data at {args.data} (set LAMINA_SHARED_DATA or pass --data)")
     out = Path(args.out)
-    print(f"machine: {cpu()}", flush=True)
+    print(f"machine: {cpu()}; torch {version('torch')}; no OMP_* set here", flush=True)
     print("| budget | run | wall s | steps | tokens | val nats/char | load | recipe |")
     print("|---|---|---:|---:|---:|---:|---:|---|")
+    notes = []
     for budget in args.budgets.split(","):
         for r in rows(budget, args, out):
             print(
@@ -115,6 +121,8 @@ def main() -> None:
                 f"{r['loss']:.4f} | {r['load']:.1f} | {r['recipe']} |",
                 flush=True,
             )
+            notes += [f"{budget} {r['name']}: {r[k]}" for k in ("plan", "settings") if r[k]]
+    print("\n".join(notes))
 
 
 if __name__ == "__main__":

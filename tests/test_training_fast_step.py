@@ -93,7 +93,9 @@ def test_budget_plan_keeps_explicit_flags_and_says_what_it_picked(tmp_path):
     given, line = plan({"data": str(big), "max_time": long})
     assert given["tokenizer"] == TABLE[0].tokenizer and TABLE[0].tokenizer in line
     assert "pass --tokenizer" in line
-    for typed in ({"tokenizer": "char"}, {"preset": "tiny"}, {"init_from": "x"}):
+    typed_flags = ({"tokenizer": "char"}, {"preset": "tiny"}, {"init_from": "x"},
+                   {"model_overrides": {"d_model": 64}})  # fmt: skip
+    for typed in typed_flags:
         want = {"data": str(big), "max_time": long, **typed}
         assert plan(want) == (want, None)
     assert plan({"data": str(big)}) == ({"data": str(big)}, None)  # no budget: no plan
@@ -101,3 +103,16 @@ def test_budget_plan_keeps_explicit_flags_and_says_what_it_picked(tmp_path):
     small = tmp_path / "small.txt"
     small.write_text("short text\n", encoding="utf-8")
     assert plan({"data": str(small), "max_time": long})[0]["tokenizer"] == "char"
+
+
+def test_a_budget_row_with_a_shape_sets_the_model_fields_and_says_so(tmp_path, monkeypatch):
+    from lamina.training import budget
+
+    row = budget.Row(60.0, 10, "bpe:300", {"d_model": 64, "n_layers": 2}, "measured")
+    monkeypatch.setattr(budget, "TABLE", (row, *budget.TABLE))
+    text = tmp_path / "t.txt"
+    text.write_text("to be or not to be\n", encoding="utf-8")
+    given, line = budget.plan({"data": str(text), "max_time": 60.0})
+    assert given["tokenizer"] == "bpe:300"
+    assert given["model_overrides"] == {"d_model": 64, "n_layers": 2}
+    assert "--d-model 64, --n-layers 2 (measured;" in line

@@ -228,3 +228,16 @@ def fused_adamw(device_type: str) -> bool:
     """Whether AdamW tries torch's fused kernel on this device (CPU and CUDA have one; a
     failure to build it falls back to the plain loop)."""
     return device_type in ("cpu", "cuda")
+
+
+def upcast_attention(q: Tensor) -> bool:
+    """Whether fused attention on `q` runs in float32 rather than bf16: on a CPU while recording
+    gradients, where torch's bf16 flash-attention backward measured 5x slower than fp32 at head
+    width 32 and no faster at 64 (bench/step.py, BENCHMARKS.md "The step, option by option");
+    the forward alone (eval, generation) stays in bf16, where it is faster."""
+    return (
+        q.dtype == torch.bfloat16
+        and q.device.type == "cpu"
+        and q.requires_grad
+        and torch.is_grad_enabled()
+    )

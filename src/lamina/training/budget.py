@@ -1,12 +1,15 @@
-"""Defaults that depend on the budget: the tokenizer a `lamina train --max-time T` run gets.
+"""Defaults that depend on the budget: the tokenizer and model shape a `lamina train --max-time T`
+run gets.
 
-    TABLE: rows (least budget s, least corpus bytes, tokenizer, the measurement behind it)
-    pick(max_time, corpus) -> Pick(tokenizer, why)      the first row that the run meets
+    TABLE: rows (least budget s, least corpus bytes, tokenizer, model shape, the measurement
+           behind it)
+    pick(max_time, corpus) -> Pick(tokenizer, shape, why)   the first row that the run meets
     corpus_bytes(data) -> int | None   a text file's size, a folder's .txt files', the built-in
                                        corpus's (None: a prepared folder, unreadable)
-    plan(given) -> (given, line | None)   `given` with the picked tokenizer added, and the line
-        the command prints about it; unchanged (and None) unless the run is a language model
-        from text with --max-time and no --tokenizer, --init-from, --preset or --resume
+    plan(given) -> (given, line | None)   `given` with the picked tokenizer and shape added,
+        and the line the command prints about it; unchanged (and None) unless the run is a
+        language model from text with --max-time and no --tokenizer, model field, --init-from,
+        --preset or --resume
 
 The rows come from bench/speedrun.py (BENCHMARKS.md, "Budget-dependent defaults"): a BPE
 vocabulary sees about two characters per token, so a model of the same shape reads twice the
@@ -32,27 +35,33 @@ class Row(NamedTuple):
     seconds: float  # the budget is at least this
     corpus: int  # the corpus has at least this many bytes
     tokenizer: str
+    shape: dict[str, Any]  # model fields over the CPU default shape ({}: that shape)
     why: str
 
 
 TABLE: tuple[Row, ...] = (
-    Row(120.0, 500_000, "bpe:1024", "bpe:1024 measured better than char from 2 minutes on"),
-    Row(0.0, 0, "char", "a character model for a short budget or a small corpus"),
+    Row(120.0, 500_000, "bpe:1024", {}, "bpe:1024 measured better than char from 2 minutes on"),
+    Row(0.0, 0, "char", {}, "a character model for a short budget or a small corpus"),
 )
 
 
 @dataclass(frozen=True)
 class Pick:
     tokenizer: str
+    shape: dict[str, Any]
     why: str
 
 
 def pick(max_time: float, corpus: int | None) -> Pick:
-    """The tokenizer of the first TABLE row whose budget and corpus size the run meets."""
+    """The first TABLE row whose budget and corpus size the run meets."""
     for row in TABLE:
         if max_time >= row.seconds and (corpus or 0) >= row.corpus:
-            return Pick(row.tokenizer, row.why)
-    return Pick("char", TABLE[-1].why)
+            return Pick(row.tokenizer, dict(row.shape), row.why)
+    return Pick("char", {}, TABLE[-1].why)
+
+
+def _words(shape: dict[str, Any]) -> str:
+    return ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in shape.items())
 
 
 def corpus_bytes(data: str | None) -> int | None:
@@ -82,14 +91,19 @@ def plan(given: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
 
     if not given.get("max_time") or not task_entry(given.get("task", "lm")).budget_tokenizer:
         return given, None
-    if {"tokenizer", "init_from", "preset", "resume"} & set(given):
-        return given, None
+    if {"tokenizer", "init_from", "preset", "resume"} & set(given) or given.get("model_overrides"):
+        return given, None  # the tokenizer and shape were measured together: both or neither
     corpus = corpus_bytes(given.get("data"))
     if corpus is None:
         return given, None
     chosen = pick(float(given["max_time"]), corpus)
+    picked = f"--tokenizer {chosen.tokenizer}"
+    out = {**given, "tokenizer": chosen.tokenizer}
+    if chosen.shape:
+        out["model_overrides"] = dict(chosen.shape)
+        picked += ", " + _words(chosen.shape)
     line = (
         f"lamina train: plan for {given['max_time']:g} s on {corpus / 1e6:.2f} MB of text: "
-        f"--tokenizer {chosen.tokenizer} ({chosen.why}; pass --tokenizer to choose)"
+        f"{picked} ({chosen.why}; pass --tokenizer or a model flag to choose)"
     )
-    return {**given, "tokenizer": chosen.tokenizer}, line
+    return out, line
