@@ -6,8 +6,9 @@ At each budget T, one after the other (so the machine's load hits each alike, as
 minutes can share it):
 (a) lamina configured as nanoGPT's README CPU recipe (4 layers, 4 heads, 128 wide, block 64,
     batch 12, AdamW lr 1e-3, 100 warmup steps, cosine to 1e-4, no dropout, no biases, GPT-2
-    layers) with `--max-time T`: its schedule laid over the budget, as nanoGPT's max_iters
-    would be set to fill it (budget "nanogpt": its own 2,000 steps, and (b) gets their wall time);
+    layers with nanoGPT's exact GELU, fp32 as nanoGPT runs on a CPU) with `--max-time T`: its
+    schedule laid over the budget, as nanoGPT's max_iters would be set to fill it (budget
+    "nanogpt": its own 2,000 steps, and (b) gets their wall time);
 (b) `lamina train --max-time T` with no other flag;
 (c) each --extra NAME="FLAGS": `lamina train --max-time T FLAGS` (e.g. --tokenizer char).
 All are scored by `lamina eval` over the whole validation text (the last 10% of the characters,
@@ -34,10 +35,11 @@ ROOT = Path(__file__).resolve().parent.parent
 NANOGPT = [
     "--n-layers", "4", "--n-heads", "4", "--d-model", "128", "--block-size", "64",
     "--batch-size", "12", "--optimizer", "adamw", "--lr", "1e-3", "--warmup", "100",
-    "--max-steps", "2000", "--decay", "cosine", "--min-lr-ratio", "0.1", "--dropout", "0",
-    "--no-bias", "--weight-decay", "0.1", "--grad-clip", "1", "--eval-every", "250",
-    "--eval-batches", "20", "--tokenizer", "char",
+    "--decay", "cosine", "--min-lr-ratio", "0.1", "--dropout", "0", "--no-bias",
+    "--activation", "gelu_exact", "--weight-decay", "0.1", "--grad-clip", "1",
+    "--eval-every", "250", "--eval-batches", "20", "--tokenizer", "char", "--dtype", "fp32",
 ]  # fmt: skip
+NANOGPT_STEPS = ["--max-steps", "2000"]  # its README's max_iters (budget "nanogpt")
 
 
 def lamina(*args: str) -> subprocess.CompletedProcess:
@@ -77,7 +79,7 @@ def train(name: str, data: str, out: Path, flags: list[str]) -> dict:
 
 def rows(budget: str, args: argparse.Namespace, out: Path) -> list[dict]:
     if budget == "nanogpt":
-        a = train("nanogpt-recipe", args.data, out, NANOGPT)
+        a = train("nanogpt-recipe", args.data, out, NANOGPT + NANOGPT_STEPS)
         seconds = a["wall"]
     else:
         seconds = float(budget)

@@ -227,7 +227,7 @@ def build(name: str, s: dict) -> Step:
 def variants(compile_: bool) -> list[str]:
     out = ["nanogpt", "hf", "lamina", "+fp32", "+gelu-tanh", "+foreach", "+muon"]
     if native_bf16():
-        out.append("+bf16")
+        out.append("+bf16-attn")
     out += ["+math-attn", "+chunked-ce"]
     return out + (["+compile"] if compile_ else [])
 

@@ -74,13 +74,15 @@ def test_fused_adamw_steps_equal_the_for_loop_steps():
     assert max((a - s).abs().max() for a, s in zip(fused, start, strict=True)) > 1e-2
 
 
-def test_budget_table_picks_bpe_for_long_budgets_on_big_corpora_and_char_otherwise():
+def test_budget_table_picks_bpe_only_where_the_budget_reads_the_corpus_few_times():
     from lamina.training.budget import TABLE, pick
 
     bpe = TABLE[0]
-    assert pick(bpe.seconds, bpe.corpus).tokenizer == bpe.tokenizer
-    assert pick(bpe.seconds - 1, bpe.corpus).tokenizer == "char"  # too short a budget
-    assert pick(bpe.seconds * 10, bpe.corpus - 1).tokenizer == "char"  # too small a corpus
+    enough = int(bpe.per_second * bpe.seconds)
+    assert pick(bpe.seconds, enough).tokenizer == bpe.tokenizer
+    assert pick(bpe.seconds - 1, enough).tokenizer == "char"  # too short a budget
+    assert pick(bpe.seconds, enough - 1).tokenizer == "char"  # too small a corpus
+    assert pick(bpe.seconds * 2, enough).tokenizer == "char"  # the same corpus, more passes
     assert pick(bpe.seconds * 10, None).tokenizer == "char"
 
 
@@ -88,7 +90,8 @@ def test_budget_plan_keeps_explicit_flags_and_says_what_it_picked(tmp_path):
     from lamina.training.budget import TABLE, plan
 
     big = tmp_path / "big.txt"
-    big.write_text("to be or not to be\n" * (TABLE[0].corpus // 19 + 1), encoding="utf-8")
+    enough = TABLE[0].per_second * TABLE[0].seconds
+    big.write_text("to be or not to be\n" * int(enough // 19 + 1), encoding="utf-8")
     long = TABLE[0].seconds
     given, line = plan({"data": str(big), "max_time": long})
     assert given["tokenizer"] == TABLE[0].tokenizer and TABLE[0].tokenizer in line
@@ -108,7 +111,7 @@ def test_budget_plan_keeps_explicit_flags_and_says_what_it_picked(tmp_path):
 def test_a_budget_row_with_a_shape_sets_the_model_fields_and_says_so(tmp_path, monkeypatch):
     from lamina.training import budget
 
-    row = budget.Row(60.0, 10, "bpe:300", {"d_model": 64, "n_layers": 2}, "measured")
+    row = budget.Row(60.0, 0, "bpe:300", {"d_model": 64, "n_layers": 2}, "measured")
     monkeypatch.setattr(budget, "TABLE", (row, *budget.TABLE))
     text = tmp_path / "t.txt"
     text.write_text("to be or not to be\n", encoding="utf-8")
