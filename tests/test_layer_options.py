@@ -17,7 +17,7 @@ from lamina.block import FeedForward, RMSNorm
 from lamina.generation import generate
 from lamina.models.gpt import GPT
 from lamina.models.params import count_params
-from lamina.native.step import unsupported
+from lamina.native.coverage import unsupported
 from lamina.rope import RopeScaling, apply_rotary, rotary_tables
 
 transformers = pytest.importorskip("transformers")

@@ -14,7 +14,8 @@ from lamina import GPTConfig
 from lamina.generation import generate
 from lamina.models.gpt import GPT
 from lamina.models.params import count_params
-from lamina.native.step import native_step, unsupported
+from lamina.native.coverage import unsupported
+from lamina.native.step import native_step
 from lamina.rope import RopeScaling
 
 V = 64

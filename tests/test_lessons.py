@@ -70,9 +70,9 @@ def execute(
     return nb, error
 
 
-def test_there_are_seven_lessons():
-    """Seven lesson sources, each with a solution and an exercise notebook."""
-    assert len(SOURCES) == 7, NAMES
+def test_there_are_eight_lessons():
+    """Eight lesson sources, each with a solution and an exercise notebook."""
+    assert len(SOURCES) == 8, NAMES
     for variant in build.VARIANTS:
         assert sorted(p.stem for p in (LESSONS / variant).glob("*.ipynb")) == NAMES
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -105,6 +106,24 @@ def test_lora_needs_a_base_and_a_changed_base_is_refused(base, tmp_path, capsys)
     assert "trained on another base" in capsys.readouterr().err
     assert main(["sample", str(tmp_path / "run"), "--prompt", "F"]) == 2
     assert "changed since the adapters were trained" in capsys.readouterr().err
+
+
+def test_a_run_saved_with_the_older_base_hash_resumes(base, tmp_path, capsys):
+    from lamina.interop.origin import Origin
+
+    assert _train(base, tmp_path / "run", "--max-steps", "1") == 0
+    files = json.loads((tmp_path / "run" / "train_config.json").read_text())["init_from"]["files"]
+    older = Origin("model", base / "base", tuple(map(Path, files))).legacy_hash  # names + bytes
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    (tmp_path / "run" / "config.json").write_text(
+        json.dumps(config | {"base": config["base"] | {"sha256": older}})
+    )
+    capsys.readouterr()
+    assert main(["train", "--resume", str(tmp_path / "run"), "--max-steps", "2", "--quiet"]) == 0
+    config["base"]["sha256"] = "0" * 64  # neither hash: refused, saying what to do
+    (tmp_path / "run" / "config.json").write_text(json.dumps(config))
+    assert main(["train", "--resume", str(tmp_path / "run"), "--max-steps", "3"]) == 2
+    assert "resume with the base it was trained on" in capsys.readouterr().err
 
 
 def test_memory_fit_counts_lora_as_lora():

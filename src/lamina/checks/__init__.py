@@ -12,6 +12,9 @@
                  messages that guess the mistake
     finetuning.py  the same for lesson 7: a chat rendered by hand, a LoRA linear (against
                  lamina's), the assistant-only loss mask (against the tokenizer's)
+    speed.py     the same for lesson 8: a Q4_0 block quantizer and its dot product (against
+                 gguf.quants and lamina's own kernel), a KV cache step (against lamina's
+                 attention with its KVCache)
     base.py      what they share (probing in eval mode, shape messages)
 
 Everything is re-exported here: ``checks.check_layer_norm(MyLayerNorm(8), 8)``.
@@ -50,6 +53,7 @@ from lamina.checks.probes import (
     check_residual_identity,
     check_tied,
 )
+from lamina.checks.speed import check_cache_step, check_q4_0_matvec, check_q4_0_quantize
 from lamina.checks.suite import CheckResult, run_all
 
 __all__ = [
@@ -58,6 +62,7 @@ __all__ = [
     "check_attention_weights",
     "check_block_combinations",
     "check_block_causality",
+    "check_cache_step",
     "check_cached_generation",
     "check_causal_mask",
     "check_char_tokenizer",
@@ -73,6 +78,8 @@ __all__ = [
     "check_logits_shape",
     "check_lora_linear",
     "check_param_formula",
+    "check_q4_0_matvec",
+    "check_q4_0_quantize",
     "check_residual_identity",
     "check_rms_norm",
     "check_rope",

@@ -312,7 +312,7 @@ def release(m: np.ndarray) -> None:
     Reading a few random windows mapped about 2 MB of file pages each into the process here
     (the page cache holds large folios, mapped whole; MADV_RANDOM did not help), so resident
     memory grew with every batch toward the corpus size. MADV_DONTNEED after each gather keeps
-    it at one batch's pages; it costs ~0.1 ms for eight 256 MB shards."""
+    it at one batch's pages, at a small cost (BENCHMARKS.md, Preparing large corpora)."""
     raw = getattr(m, "_mmap", None)
     if raw is not None and hasattr(raw, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
         raw.madvise(mmap.MADV_DONTNEED)

@@ -276,7 +276,7 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFContents:
     where = str(p)
     if p.stat().st_size == 0:
         raise LaminaError(f"{where} is empty, not a GGUF file")
-    # a plain ndarray view of the map (memmap's own slicing costs ~10 us per slice)
+    # a plain ndarray view of the map (memmap's own slicing is slow, paid on every slice)
     mapped = np.memmap(p, dtype=np.uint8, mode="r")
     buf = mapped.view(np.ndarray)
     cur = _Cursor(buf, where)

@@ -163,7 +163,7 @@ def gather(
                     f"{where}: tensor {hf} has shape {weights.shape(hf)}, config.json implies {want}"
                 )
     # transposed tensors are read into one scratch buffer, then copied transposed: a temporary
-    # per tensor would leave the allocator's heap full of holes (measured: 1.45x the weights)
+    # per tensor would leave the allocator's heap full of holes (the peak well above the weights)
     sizes = [_nbytes(weights, names[0]) for _, names, transposed, _ in plan if transposed]
     scratch = torch.empty(max(sizes, default=0), dtype=torch.uint8)
     # with `convert`, every tensor is read into one reused buffer and converted from there, so

@@ -1,4 +1,5 @@
-"""Native (C, AVX2) kernels for decoding at batch 1; see step.py and decode.c.
+"""Native (C, AVX2) kernels for decoding at batch 1; see step.py (the calls), coverage.py
+(which models), structs.py (the C structs) and decode.c.
 
     native_step(model, caches) -> NativeStep | None     the whole decode step in one call
     available() -> bool; reason() -> why not             built and loadable here
@@ -16,7 +17,8 @@ from typing import Any
 
 import lamina.native.build as build
 
-_ENGINE = ("NativeStep", "native_step", "unsupported", "usable")
+_STEP = ("NativeStep", "native_step")
+_COVERAGE = ("unsupported", "usable")
 
 
 def available() -> bool:
@@ -35,10 +37,14 @@ def reason() -> str | None:
 
 
 def __getattr__(name: str) -> Any:
-    if name in _ENGINE:
+    if name in _STEP:
         from lamina.native import step
 
         return getattr(step, name)
+    if name in _COVERAGE:
+        from lamina.native import coverage
+
+        return getattr(coverage, name)
     raise AttributeError(f"module 'lamina.native' has no attribute {name!r}")
 
 

@@ -12,7 +12,7 @@ and a second process reuses the first one's build (about a second). What is chec
     (`decode-KEY.sha256`); a file that fails any check is rebuilt in its place;
   * the loaded library: `lm_build_key()` must be the key it was built for, and `lm_layout()`
     (the sizes and field offsets of its structs, from sizeof/offsetof) must equal those of the
-    ctypes structs that lamina.native.step declares through `expect_layout`; a library that
+    ctypes structs that lamina.native.structs declares through `expect_layout`; a library that
     fails to load or to match is removed and built once more, then refused.
 
 The compiler runs in its own process group under a timeout; a compiler that hangs is killed
@@ -204,7 +204,7 @@ def _check(lib: ctypes.CDLL, key: str) -> None:
     if lib.lm_build_key() != key.encode():
         raise BuildError("the library was not built from this lamina's source")
     if not _layout:
-        raise BuildError("lamina.native.step has not declared its structs (expect_layout)")
+        raise BuildError("lamina.native.structs has not declared its structs (expect_layout)")
     c, py = _library_layout(lib), layout_of(_layout)
     differ = sorted(n for n in c.keys() | py.keys() if c.get(n) != py.get(n))
     if differ:

@@ -12,14 +12,14 @@
    within ~1e-4 of the float path), each block's dot product is integer `vpmaddwd`, and the
    weight's and input's scales multiply the block's integer sum (the shape of llama.cpp's
    Q4 x Q8 product, with 16-bit inputs: on SmolLM2 they decoded as fast as 8-bit ones and
-   300 times closer to the float result; the figures are in BENCHMARKS.md only).
+   far closer to the float result; the figures are in BENCHMARKS.md only).
 
    Weights, as lamina stores them (quant/linear.py):
      LIN_F32   w float (n, k)
      LIN_INT4  w uint8 (n, k/2), element 2i in the low nibble of byte i, 2i+1 in the high one;
                s, mn float (n, k/gs) each: w = q s + mn (lamina's (k/gs, n, 2) scale and
                zero, w = (q - 8) scale + zero, rearranged once by Int4Linear.prepare through
-               engine.int4_rows: a row's groups side by side, mn = zero - 8 scale)
+               native/structs.py's int4_rows: a row's groups side by side, mn = zero - 8 scale)
      LIN_INT8  w int8 (n, k); s float (n, k/gs): w = q scale (gs = k: a scale per row)
    The int4 dot product reads a block's 16 bytes as [16 low nibbles | 16 high nibbles], so the
    input is quantized in that order ([even elements | odd elements] per block of 32).

@@ -3,6 +3,7 @@
     engine = native_step(model, caches)        # None: not built here, or this model isn't covered
     logits = engine.step(tokens, positions, starts)   # (B, vocab) float32
     logits = engine.step_batch(tokens, positions, slots, rows=None, starts=None)  # (B, vocab)
+    y = linear(module, x)                      # one quantized linear, for a short prefill
 
 One call runs every layer for one new token per row. `step` writes each layer's key and value
 at the caches' `pos`, lets row r attend cache slots starts[r]..pos, returns the logits and
@@ -17,27 +18,14 @@ a PyTorch prefill through caches of batch 1 whose k and v are copied into row j 
 caches. The rows of a call share every weight block they read (the tiled multi-row path), so
 B sequences cost far less than B separate steps; each row's logits are those it would get
 decoded alone (tests/test_native.py holds them equal). The model's own tensors are read in
-place (pointers into them, kept alive here), so building an engine costs no copy and about a
-millisecond; build one per generation (or per server), since it sees the tensors the model
-holds at that moment.
+place (pointers into them, kept alive here), so building an engine costs no copy; build one
+per generation (or per server), since it sees the tensors the model holds at that moment.
 
-What it covers, and otherwise returns None from `native_step` (with `unsupported(model)`
-saying why), leaving PyTorch to run the step:
-  * a pre-LN lamina GPT, float32 on the CPU (LayerNorm or RMSNorm, with or
-    without gains and shifts; GELU, ReLU, ReLU² or SwiGLU; learned, sinusoidal, rotary or no
-    positions; grouped-query attention, QK-norm, biases, embedding scale, logit soft cap);
-  * linears that are plain `nn.Linear` (float32), `Int4Linear` or `Int8Linear` (grouped or per
-    row) with input widths a multiple of 32 for the quantized ones, or `BlockLinear`s of GGML
-    blocks as a GGUF file holds them (Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q5_1, parts of different
-    kinds stacked by rows); a LoRA-wrapped layer is not covered (merge it first);
-  * a token table that is float32, an `Int8Embedding` or a `BlockEmbedding` (a tied head
-    reading the same blocks);
-  * float32 `KVCache`s of one length.
-It computes what the model computes in eval mode without gradients: dropout is not applied,
-so callers use it only then (`usable(model)`). The quantized linears quantize their input to int16 in blocks of 32, so their outputs differ
-from the same weights dequantized to float by ~1e-4 relative (SmolLM2 Q4_1: 4e-5 on the
-logits, closer than PyTorch's bf16-input int4 kernel at 7e-3); float linears differ only by
-summation order. tests/test_native.py holds every case to the PyTorch step.
+Which models it covers is coverage.py's (`unsupported(model)` says why not); `native_step`
+returns None for the rest, leaving PyTorch to run the step. The quantized linears quantize
+their input to int16 in blocks of 32, so their outputs differ from the same weights dequantized
+to float by ~1e-4 relative (closer than PyTorch's bf16-input int4 kernel); float linears differ
+only by summation order. tests/test_native.py holds every case to the PyTorch step.
 
 Deliberately unaware of sampling, windows and stopping: tokens and positions in, logits out.
 """
@@ -53,161 +41,26 @@ from torch import Tensor, nn
 
 import lamina.cpu as cpu
 from lamina.attention import KVCache, rotary_frequencies
-from lamina.block import LayerNorm, RMSNorm
 from lamina.errors import LaminaError
 from lamina.models.gpt import GPT
-from lamina.native.build import expect_layout, library
-
-LIN_F32, LIN_INT4, LIN_INT8, LIN_PARTS = 0, 1, 2, 9
-# GGML's blocks as a GGUF file holds them (lamina.quant.kquant), read by decode.c as stored
-GGML_KINDS = {"Q4_K": 3, "Q5_K": 4, "Q6_K": 5, "Q8_0": 6, "Q5_0": 7, "Q5_1": 8}
-ACTIVATIONS = {"gelu": 0, "relu": 1, "relu2": 2, "swiglu": 3}
-_p = ctypes.c_void_p
-
-
-class _Lin(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_int32) for n in ("kind", "n", "k", "gs")] + [
-        ("w", _p),
-        ("s", _p),
-        ("mn", _p),
-        ("bias", _p),
-    ]
-
-
-class _Layer(ctypes.Structure):
-    _fields_ = [(n, _p) for n in ("n1w", "n1b", "n2w", "n2b", "qg", "kg")] + [
-        ("qkv", _Lin),
-        ("proj", _Lin),
-        ("fc", _Lin),
-        ("out", _Lin),
-        ("kc", _p),
-        ("vc", _p),
-    ]
-
-
-class _Model(ctypes.Structure):
-    _fields_ = (
-        [
-            (n, ctypes.c_int32)
-            for n in ("n_layers", "d", "H", "Hkv", "hd", "ff", "vocab", "cache_len")
-        ]
-        + [(n, ctypes.c_int32) for n in ("norm", "act", "qk_norm", "rope")]
-        + [(n, ctypes.c_float) for n in ("eps", "emb_scale", "softcap")]
-        + [("emb_kind", ctypes.c_int32), ("emb_gs", ctypes.c_int32)]
-        + [(n, _p) for n in ("emb_w", "emb_s", "pos_table", "inv_freq", "nfw", "nfb")]
-        + [("head", _Lin), ("layers", ctypes.POINTER(_Layer))]
-    )
-
-
-expect_layout(Lin=_Lin, Layer=_Layer, Model=_Model)  # build.py compares decode.c's with these
-
-
-def _float32(t: Tensor | None) -> bool:
-    return t is None or (t.dtype == torch.float32 and t.device.type == "cpu")
-
-
-def kind_of(m: nn.Module) -> str | None:
-    """ "float" for a plain nn.Linear or nn.Embedding, else the quantized layout a module
-    declares it stores (`native_kind` on lamina.quant's classes: "int4", "int8", "int8-table",
-    "ggml" and "ggml-table" for GGML's blocks);
-    None for anything else (a LoRA wrapper, say)."""
-    if type(m) in (nn.Linear, nn.Embedding):
-        return "float"
-    return getattr(type(m), "native_kind", None)
-
-
-def _linear_problem(name: str, m: nn.Module) -> str | None:
-    kind = kind_of(m)
-    if kind == "float" and type(m) is nn.Linear:
-        return None if _float32(m.weight) and _float32(m.bias) else f"{name} is not float32"
-    if kind == "int4":
-        return None if _blocks_of_32(m.group_size) else f"{name}: int4 groups of {m.group_size}"
-    if kind == "int8":
-        g = m.group_size
-        if m.in_features % 32 or (g is not None and not _blocks_of_32(g)):
-            return f"{name}: int8 rows of {m.in_features} (groups {m.group_size})"
-        return None
-    if kind == "ggml":
-        bad = [q for q in m.qtypes if q not in GGML_KINDS]
-        return f"{name}: GGML blocks {', '.join(bad)}" if bad else None
-    return f"{name} is a {type(m).__name__}"
-
-
-def _blocks_of_32(g: int) -> bool:
-    """What decode.c assumes of a group: g / 32 blocks of 32, a power of two."""
-    return g > 0 and g % 32 == 0 and (g // 32) & (g // 32 - 1) == 0
-
-
-def unsupported(model: object) -> str | None:
-    """Why the native step does not cover this model (None when it does)."""
-    if not isinstance(model, GPT):
-        return f"not a lamina GPT ({type(model).__name__})"
-    c = model.config
-    if not c.norm_first:
-        return "post-LN blocks"
-    layer_options = {  # Gemma, Phi-3 and Mistral layers: the PyTorch step runs them
-        "sliding_window": c.sliding_window is not None,
-        "rope_local_theta": c.rope_local_theta is not None,
-        "attn_softcap": c.attn_softcap is not None,
-        "attn_scale": c.attn_scale is not None,
-        "embed_scale": c.embed_scale is not None,
-        "norm_offset": c.norm_offset != 0,
-        "sandwich_norm": c.sandwich_norm,
-        "rotary_dim": c.rotary_dim is not None,
-        "longrope": c.rope_scaling is not None and c.rope_scaling.kind == "longrope",
-    }
-    used = [name for name, on in layer_options.items() if on]
-    if used:
-        return f"{', '.join(used)}: not in the native step"
-    if c.activation not in ACTIVATIONS:
-        return f"activation {c.activation!r}"
-    if c.head_dim % 2:
-        return f"odd head width {c.head_dim}"
-    norm_type = LayerNorm if c.norm == "layer" else RMSNorm
-    wte = model.embed.wte
-    if kind_of(wte) == "float":
-        if not _float32(wte.weight):
-            return "the token table is not float32"
-    elif kind_of(wte) == "ggml-table":
-        if wte.qtype not in GGML_KINDS:
-            return f"token table of GGML blocks {wte.qtype}"
-    elif kind_of(wte) != "int8-table":
-        return f"token table {type(wte).__name__}"
-    if model.embed.wpe is not None and not _float32(model.embed.wpe.weight):
-        return "the position table is not float32"
-    linears = [("head", model.head)]
-    norms = [model.norm_f]
-    for i, b in enumerate(model.blocks):
-        linears += [
-            (f"block {i} qkv", b.attn.qkv),
-            (f"block {i} attention output", b.attn.proj),
-            (f"block {i} feed-forward in", b.ff.fc),
-            (f"block {i} feed-forward out", b.ff.proj),
-        ]
-        norms += [b.norm1, b.norm2]
-    for name, lin in linears:
-        problem = _linear_problem(name, lin)
-        if problem:
-            return problem
-    for n in norms:
-        if type(n) is not norm_type or n.eps != c.layer_norm_eps:
-            return f"norm {type(n).__name__}"
-        if not (_float32(n.weight) and _float32(getattr(n, "bias", None))):
-            return "a norm is not float32"
-    return None
-
-
-def int4_rows(scales_and_zeros: Tensor) -> tuple[Tensor, Tensor]:
-    """lamina's int4 (K/gs, N, 2) scales and zeros -> the native kernel's (N, K/gs) scales and
-    minimums (w = q scale + minimum, minimum = zero - 8 scale), each row's groups side by side."""
-    s, z = scales_and_zeros.detach().float().transpose(0, 1).unbind(-1)
-    return s.contiguous(), (z - 8 * s).contiguous()
+from lamina.native.build import library
+from lamina.native.coverage import unsupported
+from lamina.native.structs import (
+    ACTIVATIONS,
+    GGML_KINDS,
+    LIN_F32,
+    LIN_INT8,
+    Layer,
+    Model,
+    Pointers,
+    kind_of,
+)
 
 
 def linear(m: nn.Module, x: Tensor) -> Tensor:
     """x (M, K) float32 -> (M, N): a quantized linear (its bias included) through the native
     kernel, for a few rows at a time (a short prefill); the caller checks `library()`."""
-    ptrs = _Pointers()  # alive until the call returns
+    ptrs = Pointers()  # alive until the call returns
     L = ptrs.lin(m)
     x = x.detach().float().contiguous()
     y = torch.empty(x.shape[0], m.out_features)
@@ -219,67 +72,13 @@ def linear(m: nn.Module, x: Tensor) -> Tensor:
     return y
 
 
-class _Pointers:
-    """Pointers into tensors for the C structs, each tensor kept alive here."""
-
-    def __init__(self) -> None:
-        self.keep: list[Tensor] = []
-        self.structs: list[ctypes.Array[_Lin]] = []  # the parts of LIN_PARTS linears
-
-    def t(self, t: Tensor | None) -> int | None:
-        """A pointer to t's data (made contiguous float32 or int first if needed)."""
-        if t is None:
-            return None
-        t = t.detach()
-        if not t.is_contiguous():
-            t = t.contiguous()
-        self.keep.append(t)
-        return t.data_ptr()
-
-    def lin(self, m: nn.Module) -> _Lin:
-        L = _Lin()
-        kind = kind_of(m)
-        if kind == "float":
-            L.kind, L.gs, L.w = LIN_F32, 0, self.t(m.weight)
-        elif kind == "ggml":
-            parts = m.parts
-            L.n, L.k = m.out_features, m.in_features
-            if len(parts) == 1:
-                self._ggml(L, *parts[0], m.bias)
-                return L
-            array, at = (_Lin * len(parts))(), 0
-            for P, (qtype, rows) in zip(array, parts, strict=True):
-                P.n, P.k = rows.shape[0], m.in_features
-                bias = None if m.bias is None else m.bias[at : at + P.n]
-                self._ggml(P, qtype, rows, bias)
-                at += P.n
-            self.structs.append(array)
-            L.kind, L.gs, L.w, L.bias = LIN_PARTS, len(parts), ctypes.addressof(array), None
-            return L
-        elif kind == "int4":
-            L.kind, L.gs = LIN_INT4, m.group_size
-            scale, low = m.native_scale, m.native_min
-            if scale is None:  # prepared for another kernel: the native layout, made here
-                scale, low = int4_rows(m.scales_and_zeros)
-            L.w, L.s, L.mn = self.t(m.qweight), self.t(scale), self.t(low)
-        else:
-            L.kind, L.gs = LIN_INT8, m.group_size or m.in_features
-            L.w, L.s = self.t(m.qweight), self.t(m.scale)
-        L.n, L.k = m.out_features, m.in_features
-        L.bias = self.t(m.bias)
-        return L
-
-    def _ggml(self, L: _Lin, qtype: str, rows: Tensor, bias: Tensor | None) -> None:
-        L.kind, L.gs, L.w, L.bias = GGML_KINDS[qtype], 32, self.t(rows), self.t(bias)
-
-
 class NativeStep:
     """The decode step of one model over one set of caches; see the module docstring."""
 
     def __init__(self, model: GPT, caches: Sequence[KVCache], lib: ctypes.CDLL) -> None:
         c = model.config
         self.lib, self.config = lib, c
-        self._ptrs = _Pointers()  # every tensor a pointer was taken from, kept alive
+        self._ptrs = Pointers()  # every tensor a pointer was taken from, kept alive
         self._t, self._lin = self._ptrs.t, self._ptrs.lin
         lens = {cache.max_len for cache in caches}
         if len(caches) != c.n_layers or len(lens) != 1:
@@ -290,7 +89,7 @@ class NativeStep:
                     raise LaminaError("the native step needs contiguous float32 CPU caches")
         self.cache_len, self.cache_batch = lens.pop(), caches[0].k.shape[0]
         self._caches = list(caches)
-        layers = (_Layer * c.n_layers)()
+        layers = (Layer * c.n_layers)()
         for i, (block, cache) in enumerate(zip(model.blocks, caches, strict=True)):
             ly = layers[i]
             a = block.attn
@@ -307,7 +106,7 @@ class NativeStep:
             ly.fc, ly.out = self._lin(block.ff.fc), self._lin(block.ff.proj)
             ly.kc, ly.vc = self._t(cache.k), self._t(cache.v)
         self._layers = layers
-        m = self._model = _Model()
+        m = self._model = Model()
         m.n_layers, m.d, m.H, m.Hkv = c.n_layers, c.d_model, c.n_heads, c.kv_heads
         m.hd, m.ff, m.vocab, m.cache_len = c.head_dim, c.ff_width, c.vocab_size, self.cache_len
         m.norm, m.act = (0 if c.norm == "layer" else 1), ACTIVATIONS[c.activation]
@@ -409,11 +208,6 @@ class NativeStep:
         if not ok:
             raise LaminaError("the native step failed (out of memory or threads)")
         return logits
-
-
-def usable(model: nn.Module) -> bool:
-    """Whether a step may run natively now: eval mode, no gradients being recorded."""
-    return not model.training and not torch.is_grad_enabled()
 
 
 def native_step(model: GPT, caches: Sequence[KVCache]) -> NativeStep | None:

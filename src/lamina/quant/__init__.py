@@ -6,7 +6,7 @@
 
 Its modules, by concern:
     linear.py       Int8Linear, Int4Linear, Int8Embedding and the int8/int4 math
-    convert.py      quantize, quantize_structure: a GPT's layers replaced
+    quantize_model.py   quantize, quantize_structure, on_read: a GPT's layers replaced
     saved.py        scheme_of, quantized_tensors, finish_loading: saving and loading
     ggml.py, from_blocks.py   GGUF's quantized blocks kept as lamina's modules
     kquant.py       BlockLinear, BlockEmbedding: K-quants (and Q8_0, Q5_0, Q5_1) as stored
@@ -19,7 +19,6 @@ it has no gradients).
 
 from __future__ import annotations
 
-from lamina.quant.convert import on_read, quantize, quantize_structure
 from lamina.quant.linear import (
     INT4_GROUP_SIZES,
     Int4Linear,
@@ -28,6 +27,7 @@ from lamina.quant.linear import (
     quantize_int4,
     quantize_int8,
 )
+from lamina.quant.quantize_model import on_read, quantize, quantize_structure
 from lamina.quant.saved import SCHEMES, finish_loading, quantized_tensors, scheme_of
 
 __all__ = [

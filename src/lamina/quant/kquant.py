@@ -32,8 +32,8 @@ from torch import Tensor, nn
 import lamina.cpu as cpu
 from lamina.errors import LaminaError
 from lamina.native.build import library
-from lamina.native.step import GGML_KINDS
 from lamina.native.step import linear as native_linear
+from lamina.native.structs import GGML_KINDS
 
 # qtype -> (weights per block, bytes per block)
 BLOCKS = {

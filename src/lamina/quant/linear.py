@@ -29,8 +29,8 @@ from torch import Tensor, nn
 
 import lamina.cpu as cpu
 from lamina.errors import LaminaError
-from lamina.native.step import int4_rows
 from lamina.native.step import linear as native_linear
+from lamina.native.structs import int4_rows
 
 INT4_GROUP_SIZES = (32, 64, 128, 256)
 

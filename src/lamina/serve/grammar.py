@@ -7,12 +7,12 @@
     Constraint.allowed(n) -> bool tensor (n,)   .consume(token)   .done
 
 Why llguidance: bench/grammar.py measured the three libraries built for this on SmolLM2's
-49,152-token vocabulary (figures in the server notes). Per token (mask + consume) llguidance
-took 22-62 us, xgrammar 7-14 us, outlines-core 9-340 us (p95 640 us, and 25-78 ms to compile a
-schema); against a decode step of ~8 ms all but outlines-core are under 1%. llguidance reads the
-tokenizer's own `tokenizers` JSON (any family, no byte table to rebuild), imports in 50 ms and
-has no dependencies; xgrammar brings triton (286 MB), transformers and a 3 s import. So
-llguidance: within the cost goal by two orders of magnitude, at the least weight.
+49,152-token vocabulary (figures in BENCHMARKS.md, "The OpenAI API under load"). Per token
+(mask + consume) llguidance and xgrammar cost under 1% of a decode step, outlines-core more at
+its tail (and to compile a schema). llguidance reads the tokenizer's own `tokenizers` JSON (any
+family, no byte table to rebuild), imports quickly and has no dependencies; xgrammar brings
+triton, transformers and a slow import. So llguidance: within the cost goal, at the least
+weight.
 
 JSON is compiled compact (no free whitespace between tokens: a model cannot spend its budget
 on blank runs). A matcher never raises for a bad grammar or token: it enters an error state,

@@ -64,7 +64,7 @@ NSDtype = Literal["fp32", "bf16"]
 # a real model's block_size (8,192 for SmolLM2) is far more context than a CPU step can train on
 FINE_TUNE_SEQ_LEN = 256
 # and one forward of it costs what a small model's whole run does: smaller batches, fewer held-out
-# batches per evaluation (SmolLM2's first evaluation of 20 x 16 x 256 tokens took 150 s here)
+# batches per evaluation (SmolLM2's first evaluation of 20 x 16 x 256 tokens took minutes on a CPU)
 FINETUNE_BATCH = 16
 FINETUNE_EVAL_BATCHES = 4
 
@@ -177,8 +177,8 @@ class TrainConfig:
             NS_DTYPE_CPU,
             "bf16",
             NS_DTYPE_CPU,
-            text="bf16 on a GPU and where the CPU has AVX512-BF16 or AMX (measured 2x faster "
-            "there), else fp32 (bf16 is emulated there)",
+            text="bf16 on a GPU and where the CPU has AVX512-BF16 or AMX (measured faster there: "
+            "BENCHMARKS.md, Speedrun), else fp32 (bf16 is emulated there)",
         ),
     )
     embed_lr_scale: float | None = option(

@@ -104,8 +104,8 @@ def option(
 # the model shape when the preset is chosen for you on a CPU: more steps in a short budget beat
 # a fourth layer, and dropout only slows a run of minutes (see the module docstring)
 CPU_SHAPE: dict[str, Any] = {"n_layers": 3, "dropout": 0.0}
-# Muon's Newton-Schulz steps in bf16 ran 2x faster than fp32 on a CPU with AVX512-BF16; where
-# bf16 is emulated (AVX2-only CPUs) they would be many times slower
+# Muon's Newton-Schulz steps in bf16 ran faster than fp32 on a CPU with AVX512-BF16 (figures in
+# BENCHMARKS.md, Speedrun); where bf16 is emulated (AVX2-only CPUs) they would be far slower
 NS_DTYPE_CPU = "bf16" if native_bf16() else "fp32"
 
 # --init-from: a pretrained model needs a gentler peak and little warmup (BENCHMARKS.md,

@@ -71,6 +71,7 @@ def load_source(path: str | os.PathLike[str], base: str = "float") -> Source:
         "format": "lamina" if origin.kind in ("run", "model") else origin.kind,
         "kind": origin.kind,
         "sha256": origin.content_hash,
+        "files": [str(f) for f in origin.files],  # what the hash covers (older runs: names too)
     }
     state = origin.path / "trainer_state.json"
     if origin.kind == "run" and state.is_file():

@@ -11,7 +11,8 @@
     save_run_model(d, model, tokenizer, origin)  a LoRA model: only its adapters and the base
                       reference (interop.adapters.save_lora_folder); any other: save_model
     restore_run_model(model, run, origin)   the adapters (or the whole model) back from a run,
-                      a LoRA run's base checked to be the one it was trained on
+                      a LoRA run's base checked to be the one it was trained on (a run saved
+                      before the hash left names out: its older hash checked, on the same files)
 
 The optimizer needs nothing special: it takes the parameters that require gradients, and
 apply_lora leaves only the adapters so. Deliberately unaware of the loop and of objectives.
@@ -28,6 +29,7 @@ from torch import nn
 from lamina.checkpoint import load_state, load_tensors, save_model, unwrap
 from lamina.errors import LaminaError
 from lamina.interop.adapters import ADAPTERS_FILE, read_lora_folder, save_lora_folder
+from lamina.interop.origin import Origin
 from lamina.lora import DEFAULT_TARGETS, LoRAConfig, apply_lora, load_lora_state, lora_config
 from lamina.tokenizers.kinds import Tokenizer
 from lamina.training.defaults import option
@@ -119,6 +121,15 @@ def save_run_model(
         save_model(d, model, tokenizer)
 
 
+def _legacy_hash(origin: dict[str, Any] | None) -> str | None:
+    """The hash runs recorded before the base hash left names out (`Origin.legacy_hash`) of
+    the base as it is now, from the files the --init-from record lists."""
+    files = (origin or {}).get("files")
+    if not files:
+        return None
+    return Origin(origin["kind"], Path(origin["source"]), tuple(Path(f) for f in files)).legacy_hash
+
+
 def restore_run_model(model: nn.Module, run: Path, origin: dict[str, Any] | None) -> None:
     """Load a checkpoint's model tensors into `model` (for a LoRA run, the adapters only)."""
     inner = unwrap(model)
@@ -129,10 +140,11 @@ def restore_run_model(model: nn.Module, run: Path, origin: dict[str, Any] | None
     if config != lora_config(inner):
         raise LaminaError(f"--resume {run}: its adapters were made with {config}, not this run's")
     want = _base_record(origin)["sha256"]
-    if not isinstance(base, dict) or base.get("sha256") != want:
+    got = base.get("sha256") if isinstance(base, dict) else None
+    if got != want and not (got is not None and got == _legacy_hash(origin)):
         raise LaminaError(
             f"--resume {run}: its adapters were trained on another base than --init-from's "
-            f"(sha256 {str(base.get('sha256') if isinstance(base, dict) else base)[:12]}... "
-            f"!= {want[:12]}...)"
+            f"(sha256 {str(got)[:12]}... != {want[:12]}...); resume with the base it was "
+            "trained on, or start a new run from this one"
         )
     load_lora_state(inner, tensors, str(run / ADAPTERS_FILE))

@@ -22,13 +22,10 @@ READY leaves the previous checkpoint untouched (the stage is discarded on the ne
 crash after READY is rolled forward on the next open. A full disk or a permission error
 becomes a LaminaError that says whether a previous checkpoint is intact (and which step).
 
-One run directory has one writer: `create` and `open` take an exclusive `fcntl.flock` on
-`.lock` (kept for the life of the RunDir; the kernel drops it when the process dies) and write
-the holder's pid into it; a second process is refused in one line naming that pid. `release()`
-empties the file, so a pid still in it when the lock is next taken names a process that died
-(`stale_pid`, for the caller to report). Within one process a run already locked may be opened
-again (a test, or a resume after a run in the same Python session): the lock is shared, not
-taken twice. Metrics are written as strict JSON: a NaN or infinite
+One run directory has one writer: `create` and `open` take its lock (run_lock.py: an
+exclusive flock on `.lock` holding the writer's pid, kept for the life of the RunDir; a second
+process is refused naming that pid, and a pid a dead process left is `stale_pid`, for the
+caller to report); `release()` gives it back. Metrics are written as strict JSON: a NaN or infinite
 value becomes null.
 
     RunDir.create(path, force) / RunDir.open(path)     a fresh run / an existing one (recovered),
@@ -71,6 +68,7 @@ from lamina.files import (
 )
 from lamina.schema import check
 from lamina.training.formats import METRIC, OPTIMIZER_META, RUN_CONFIG, TRAINER_STATE
+from lamina.training.run_lock import LOCK, RunLock, os_message, take
 
 STAGE = ".checkpoint-tmp"
 READY = "READY"
@@ -85,41 +83,7 @@ CHECKPOINT_FILES = (
     "trainer_state.json",  # last: its step is the commit point
 )
 RUN_FILES = (*CHECKPOINT_FILES, "train_config.json", "metrics.jsonl", "loss.png", "confusion.png")
-LOCK = ".lock"
 PREVIOUS = ".previous-run"  # a run replaced with --force, kept until the first checkpoint
-
-
-class _Lock:
-    """An open, flock-ed lock file; shared by the RunDirs of one process on one folder."""
-
-    def __init__(self, fd: int, key: tuple[int, int]) -> None:
-        self.fd: int | None = fd
-        self.key = key
-
-    def close(self) -> None:
-        if self.fd is None:
-            return
-        with contextlib.suppress(OSError):
-            os.ftruncate(self.fd, 0)
-        os.close(self.fd)  # closing the last descriptor drops the flock
-        self.fd = None
-        if _HELD.get(self.key) is self:
-            del _HELD[self.key]
-
-
-_HELD: dict[tuple[int, int], _Lock] = {}  # (device, inode) of a run folder -> this process's lock
-
-
-def _os_message(exc: OSError) -> str:
-    return exc.strerror or str(exc)
-
-
-def _read_pid(fd: int) -> int | None:
-    try:
-        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None
 
 
 def _finite_json(record: dict[str, Any]) -> dict[str, Any]:
@@ -135,7 +99,7 @@ class RunDir:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self.stale_pid: int | None = None  # set by lock(): a holder that died without release
-        self._lock: _Lock | None = None
+        self._lock: RunLock | None = None
 
     # -- opening -------------------------------------------------------------------------------
     @classmethod
@@ -164,7 +128,7 @@ class RunDir:
             if not p.is_dir():
                 p.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise LaminaError(f"cannot write to --out {p}: {_os_message(exc)}") from exc
+            raise LaminaError(f"cannot write to --out {p}: {os_message(exc)}") from exc
         run = cls(p)
         run.lock()  # before looking inside: a second process must not see an empty folder
         try:
@@ -178,7 +142,7 @@ class RunDir:
                 probe.write_bytes(b"ok")
                 probe.unlink()
             except OSError as exc:
-                raise LaminaError(f"cannot write to --out {p}: {_os_message(exc)}") from exc
+                raise LaminaError(f"cannot write to --out {p}: {os_message(exc)}") from exc
         except BaseException:
             run.release()
             raise
@@ -210,7 +174,7 @@ class RunDir:
                 os.replace(p / name, p / PREVIOUS / name)
         except OSError as exc:
             self._restore()
-            raise LaminaError(f"cannot write to --out {p}: {_os_message(exc)}") from exc
+            raise LaminaError(f"cannot write to --out {p}: {os_message(exc)}") from exc
 
     def _restore(self) -> None:
         """Put a previous run back (the new one never reached its first checkpoint)."""
@@ -257,36 +221,7 @@ class RunDir:
     # -- the lock ------------------------------------------------------------------------------
     def lock(self) -> None:
         """Take the run's exclusive lock (or refuse, naming the pid that holds it)."""
-        import fcntl
-
-        path = self.path / LOCK
-        try:
-            st = os.stat(self.path)
-            key = (st.st_dev, st.st_ino)
-            if key in _HELD:  # this process holds it already
-                self._lock = _HELD[key]
-                return
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise LaminaError(f"cannot write to {self.path}: {_os_message(exc)}") from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = _read_pid(fd)
-            os.close(fd)
-            who = f"pid {holder}" if holder else "another process"
-            raise LaminaError(
-                f"{self.path} is in use by another lamina train ({who}); wait for it to "
-                "finish or choose another folder"
-            ) from None
-        self.stale_pid = _read_pid(fd)  # a pid left in the file: its process died holding it
-        try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        except OSError as exc:
-            os.close(fd)
-            raise LaminaError(f"cannot write to {self.path}: {_os_message(exc)}") from exc
-        self._lock = _HELD[key] = _Lock(fd, key)
+        self._lock, self.stale_pid = take(self.path)
 
     def release(self) -> None:
         """Empty the lock file (a clean exit) and give the lock back; safe to call twice.
@@ -360,7 +295,7 @@ class RunDir:
             write()
         except OSError as exc:
             raise LaminaError(
-                f"cannot write {what} in {self.path}: {_os_message(exc)}; {self._intact()}"
+                f"cannot write {what} in {self.path}: {os_message(exc)}; {self._intact()}"
             ) from exc
 
     def _intact(self) -> str:

@@ -1,0 +1,136 @@
+"""decode.c's structs in ctypes, and how a model's modules fill them: `Pointers().lin(m)`.
+
+    Lin, Layer, Model          the C structs (build.py compares their layout with decode.c's)
+    kind_of(module) -> "float" | "int4" | "int8" | "int8-table" | "ggml" | "ggml-table" | None
+    int4_rows(scales_and_zeros) -> (scales, minimums)   lamina's int4 layout -> the kernel's
+    Pointers()                 pointers into tensors for the structs, each tensor kept alive
+
+The structs hold pointers into the model's own tensors (read in place, no copy); a `Pointers`
+keeps every tensor (and every array of parts) it pointed at alive as long as it lives, so its
+owner (a NativeStep, or one native linear call) keeps it beside the structs.
+
+Deliberately unaware of which models the step covers (coverage.py) and of running it (step.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+from torch import Tensor, nn
+
+from lamina.native.build import expect_layout
+
+LIN_F32, LIN_INT4, LIN_INT8, LIN_PARTS = 0, 1, 2, 9
+# GGML's blocks as a GGUF file holds them (lamina.quant.kquant), read by decode.c as stored
+GGML_KINDS = {"Q4_K": 3, "Q5_K": 4, "Q6_K": 5, "Q8_0": 6, "Q5_0": 7, "Q5_1": 8}
+ACTIVATIONS = {"gelu": 0, "relu": 1, "relu2": 2, "swiglu": 3}
+_p = ctypes.c_void_p
+
+
+class Lin(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int32) for n in ("kind", "n", "k", "gs")] + [
+        ("w", _p),
+        ("s", _p),
+        ("mn", _p),
+        ("bias", _p),
+    ]
+
+
+class Layer(ctypes.Structure):
+    _fields_ = [(n, _p) for n in ("n1w", "n1b", "n2w", "n2b", "qg", "kg")] + [
+        ("qkv", Lin),
+        ("proj", Lin),
+        ("fc", Lin),
+        ("out", Lin),
+        ("kc", _p),
+        ("vc", _p),
+    ]
+
+
+class Model(ctypes.Structure):
+    _fields_ = (
+        [
+            (n, ctypes.c_int32)
+            for n in ("n_layers", "d", "H", "Hkv", "hd", "ff", "vocab", "cache_len")
+        ]
+        + [(n, ctypes.c_int32) for n in ("norm", "act", "qk_norm", "rope")]
+        + [(n, ctypes.c_float) for n in ("eps", "emb_scale", "softcap")]
+        + [("emb_kind", ctypes.c_int32), ("emb_gs", ctypes.c_int32)]
+        + [(n, _p) for n in ("emb_w", "emb_s", "pos_table", "inv_freq", "nfw", "nfb")]
+        + [("head", Lin), ("layers", ctypes.POINTER(Layer))]
+    )
+
+
+expect_layout(Lin=Lin, Layer=Layer, Model=Model)  # build.py compares decode.c's with these
+
+
+def kind_of(m: nn.Module) -> str | None:
+    """ "float" for a plain nn.Linear or nn.Embedding, else the quantized layout a module
+    declares it stores (`native_kind` on lamina.quant's classes: "int4", "int8", "int8-table",
+    "ggml" and "ggml-table" for GGML's blocks);
+    None for anything else (a LoRA wrapper, say)."""
+    if type(m) in (nn.Linear, nn.Embedding):
+        return "float"
+    return getattr(type(m), "native_kind", None)
+
+
+def int4_rows(scales_and_zeros: Tensor) -> tuple[Tensor, Tensor]:
+    """lamina's int4 (K/gs, N, 2) scales and zeros -> the native kernel's (N, K/gs) scales and
+    minimums (w = q scale + minimum, minimum = zero - 8 scale), each row's groups side by side."""
+    s, z = scales_and_zeros.detach().float().transpose(0, 1).unbind(-1)
+    return s.contiguous(), (z - 8 * s).contiguous()
+
+
+class Pointers:
+    """Pointers into tensors for the C structs, each tensor kept alive here."""
+
+    def __init__(self) -> None:
+        self.keep: list[Tensor] = []
+        self.structs: list[ctypes.Array[Lin]] = []  # the parts of LIN_PARTS linears
+
+    def t(self, t: Tensor | None) -> int | None:
+        """A pointer to t's data (made contiguous float32 or int first if needed)."""
+        if t is None:
+            return None
+        t = t.detach()
+        if not t.is_contiguous():
+            t = t.contiguous()
+        self.keep.append(t)
+        return t.data_ptr()
+
+    def lin(self, m: nn.Module) -> Lin:
+        """The `Lin` struct of a linear that coverage.py accepts."""
+        L = Lin()
+        kind = kind_of(m)
+        if kind == "float":
+            L.kind, L.gs, L.w = LIN_F32, 0, self.t(m.weight)
+        elif kind == "ggml":
+            parts = m.parts
+            L.n, L.k = m.out_features, m.in_features
+            if len(parts) == 1:
+                self._ggml(L, *parts[0], m.bias)
+                return L
+            array, at = (Lin * len(parts))(), 0
+            for P, (qtype, rows) in zip(array, parts, strict=True):
+                P.n, P.k = rows.shape[0], m.in_features
+                bias = None if m.bias is None else m.bias[at : at + P.n]
+                self._ggml(P, qtype, rows, bias)
+                at += P.n
+            self.structs.append(array)
+            L.kind, L.gs, L.w, L.bias = LIN_PARTS, len(parts), ctypes.addressof(array), None
+            return L
+        elif kind == "int4":
+            L.kind, L.gs = LIN_INT4, m.group_size
+            scale, low = m.native_scale, m.native_min
+            if scale is None:  # prepared for another kernel: the native layout, made here
+                scale, low = int4_rows(m.scales_and_zeros)
+            L.w, L.s, L.mn = self.t(m.qweight), self.t(scale), self.t(low)
+        else:
+            L.kind, L.gs = LIN_INT8, m.group_size or m.in_features
+            L.w, L.s = self.t(m.qweight), self.t(m.scale)
+        L.n, L.k = m.out_features, m.in_features
+        L.bias = self.t(m.bias)
+        return L
+
+    def _ggml(self, L: Lin, qtype: str, rows: Tensor, bias: Tensor | None) -> None:
+        L.kind, L.gs, L.w, L.bias = GGML_KINDS[qtype], 32, self.t(rows), self.t(bias)
