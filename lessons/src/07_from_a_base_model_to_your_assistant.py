@@ -29,6 +29,7 @@ from torch import nn
 
 import lamina
 from lamina import checks
+from lamina.models.params import count_params
 
 torch.manual_seed(0)
 FAST = os.environ.get("LAMINA_LESSON_FAST") == "1"  # set by the tests: fewer steps
@@ -51,7 +52,8 @@ def smollm2_path():
 # ## 1. The model, its tokenizer and its chat template
 #
 # `lamina.open` reads the GGUF file into a **bundle**: the model (a lamina `GPT` with Llama's
-# layers, dequantized to float32), its tokenizer, and the special ids that shape a chat:
+# layers; where a quantized kernel runs on this CPU its linears keep the file's quantized blocks,
+# otherwise they are dequantized to float32), its tokenizer, and the special ids that shape a chat:
 # `bos` (begin), `eos` (end), and the **end-of-turn** ids (`eot_ids`) at which generation stops.
 
 # %%
@@ -65,7 +67,7 @@ else:
     bundle = lamina.open(path)
     model, tok = bundle.model, bundle.tokenizer
     print(f"opened {bundle.name} in {time.perf_counter() - t0:.1f} s: "
-          f"{sum(p.numel() for p in model.parameters()):,} parameters")  # fmt: skip
+          f"{count_params(model.config):,} parameters")  # fmt: skip
     c = model.config
     print(f"{c.n_layers} layers, d_model {c.d_model}, {c.n_heads} query heads and "
           f"{c.n_kv_heads} key/value heads, vocabulary {c.vocab_size:,}")  # fmt: skip
@@ -276,7 +278,8 @@ if model is not None:
     for block in tuned.blocks:
         block.attn.qkv = LoRALinear(block.attn.qkv, r=8, alpha=16.0)
     trainable = [p for p in tuned.parameters() if p.requires_grad]
-    n_lora, n_all = sum(p.numel() for p in trainable), sum(p.numel() for p in tuned.parameters())
+    n_lora = sum(p.numel() for p in trainable)
+    n_all = count_params(tuned.config) + n_lora  # the base's own count, quantized or not
     print(f"training {n_lora:,} of {n_all:,} parameters ({n_lora / n_all:.2%})")
 
     x = torch.tensor([ids])

@@ -98,15 +98,23 @@ def gguf_table(contents: GGUFContents) -> tuple[GPTConfig, list[tensor_map.Row]]
     tensors it is made of (stacked along dim 0) and their transforms. A row transform (the q/k
     permutation) moves whole rows, so it applies as well to a tensor's raw blocks
     (`torch.from_numpy(t.raw)`) as to its values: how a loader keeps weights quantized."""
+    config, table, _ = _table(contents)
+    return config, table
+
+
+def _table(contents: GGUFContents) -> tuple[GPTConfig, list[tensor_map.Row], GPT]:
+    """gguf_table's config and rows, and the GPT on the meta device they were read from (the
+    loader's model: built once)."""
     where = str(contents.path)
     tensors = contents.tensors
     family, config, consumed = _consult(contents.metadata, tensors, where)
-    table = tensor_map.rows(config, tensor_map.lamina_shapes(config), family, "gguf")
+    model = _meta_gpt(config)
+    table = tensor_map.rows(config, tensor_map.shapes_of(model), family, "gguf")
     present = {n: t.shape for n, t in tensors.items() if n not in consumed}
     if config.tie_weights:
         present.pop("output.weight", None)  # the token table's own bytes
     tensor_map.check(table, present, where, "metadata")
-    return config, table
+    return config, table, model
 
 
 def _meta_gpt(config: GPTConfig) -> GPT:
@@ -149,12 +157,11 @@ def load_gguf(
     ones as the file stores them (lamina.quant.from_blocks)."""
     contents = read_gguf(path)
     tensors = contents.tensors
-    config, table = gguf_table(contents)
+    config, table, model = _table(contents)
     for row in table:  # refuse an unreadable type before dequantizing anything
         for part in row.parts:
             if tensors[part.foreign].qtype not in DEQUANTIZABLE:
                 tensors[part.foreign].dequantize()  # the one-line refusal naming tensor and type
-    model = _meta_gpt(config)
     if quantized:  # blocks lamina holds exactly stay quantized (lamina.quant.from_blocks)
         kept = keepable({r.lamina: [tensors[p.foreign] for p in r.parts] for r in table})
         raw = {p.foreign for r in table if r.lamina in kept for p in r.parts}

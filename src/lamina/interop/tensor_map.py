@@ -3,6 +3,7 @@
     rows(config, lamina_shapes, family, fmt) -> list[Row]   fmt "hf" or "gguf": the rows of
                                                     one model, from the family record's table
     foreign_shapes(family, config, fmt) -> {foreign name: shape}   what a file would hold
+    lamina_shapes(config) / shapes_of(model) -> {lamina name: shape}   a GPT's own tensors
     check(rows, foreign_shapes, where, implied)     missing / unexpected / misshapen, one line
     to_lamina(rows, fetch) -> {lamina name: Tensor}   fetch(foreign name) -> Tensor
     to_foreign(rows, state) -> {foreign name: Tensor}
@@ -146,7 +147,11 @@ def rows(
 def lamina_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
     """Every stored tensor of a GPT of `config` and its shape (built on the meta device)."""
     with torch.device("meta"):
-        model = GPT(config)
+        return shapes_of(GPT(config))
+
+
+def shapes_of(model: GPT) -> dict[str, tuple[int, ...]]:
+    """Every stored tensor of `model` and its shape (a loader's meta model: built once)."""
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 

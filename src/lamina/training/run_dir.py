@@ -25,8 +25,8 @@ becomes a LaminaError that says whether a previous checkpoint is intact (and whi
 One run directory has one writer: `create` and `open` take its lock (run_lock.py: an
 exclusive flock on `.lock` holding the writer's pid, kept for the life of the RunDir; a second
 process is refused naming that pid, and a pid a dead process left is `stale_pid`, for the
-caller to report); `release()` gives it back. Metrics are written as strict JSON: a NaN or infinite
-value becomes null.
+caller to report); `release()` gives it back. Metrics are written as strict JSON: a NaN or
+infinite value becomes null.
 
     RunDir.create(path, force) / RunDir.open(path)     a fresh run / an existing one (recovered),
                                                        both locked (lock=False: read only)
