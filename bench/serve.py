@@ -15,15 +15,19 @@ last token), p50 and p95 time to first token, and the server's peak RSS (VmHWM) 
 one at a time, plain and with a json_schema response_format (interleaved): each kind's decode
 tok/s, and how many schema replies parse and validate.
 
-Beside it, llama.cpp's server from llama-cpp-python (`python -m llama_cpp.server`, extras
-`llama-cpp-python[server]`) on the same file with the same threads, run with interrupt_requests off
-so concurrent clients queue instead of cancelling each other. It has no parallel slots (one
-model behind a lock: one request at a time), so its rows are a one-slot server. And
-llama-cpp-python 0.3.36 as built in this venv segfaults on any prompt of more than one token
-evaluated as a batch (in process too: `Llama(...).create_completion("Hi there")`), so it runs
-with n_batch = n_ubatch = 1: its prompts are prefilled a token at a time, which lengthens its
-time to first token. The machine these figures come from may be shared: ratios within one run
-matter more than absolute figures.
+Beside it, llama.cpp's server from llama-cpp-python (`python -m llama_cpp.server`) on the same
+file with the same threads, run with interrupt_requests off so concurrent clients queue instead
+of cancelling each other. It cannot run parallel slots: its app holds the one `Llama` (one
+sequence's KV cache) behind a lock (`llama_outer_lock` / `llama_inner_lock` in
+llama_cpp/server/app.py) and serves one completion at a time, so its rows are a one-slot server
+whatever the load. Its server extras (fastapi, sse-starlette, starlette-context,
+pydantic-settings) are not in lamina's environment: `--llama-cpp-path DIR` puts a folder that has
+them (`pip install --target DIR fastapi sse-starlette starlette-context pydantic-settings`)
+first on the llama.cpp child's PYTHONPATH only. llama-cpp-python as `make bench-deps` builds it
+(without AMX, whose matmul crashed here) prefills with its default batch.
+Each engine runs under the bench's environment with OMP_NUM_THREADS=--threads added for that
+child only; both are printed. Measure on a quiet machine (BENCHMARKS.md's figures ran under the
+project's CPU lock): the clients share the cores with the server they load.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+from machine import cpu_line
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
@@ -232,6 +238,7 @@ def main() -> int:
     ap.add_argument("--no-llama-cpp", action="store_true")
     ap.add_argument("--threads", type=int, default=2, help="of each server (default 2)")
     ap.add_argument("--grammar-rounds", type=int, default=4, help="0: skip that part")
+    ap.add_argument("--llama-cpp-path", help="a folder with llama-cpp-python's server extras")
     args = ap.parse_args()
     path = args.gguf
     if path is None:
@@ -241,60 +248,65 @@ def main() -> int:
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}  # the children's only
     src = str(Path(__file__).resolve().parent.parent / "src")
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    servers: dict = {}
     port = free_port()
     cmd = [sys.executable, "-m", "lamina", "serve", path, "--port", str(port)]
     cmd += ["--slots", str(args.slots), "--context", str(args.context), "--queue", "64"]
     cmd += ["--keep-quantized"]  # the file's Q4_1 blocks, as llama.cpp reads them
-    servers["lamina"] = (start(cmd, port, env), port)
+    engines = [("lamina", cmd, env, port)]
+    print(cpu_line())
+    print("lamina:", " ".join(cmd[1:]))
+    print(f"each engine's added environment: OMP_NUM_THREADS={args.threads}, PYTHONPATH={src}")
     if not args.no_llama_cpp:
-        try:
-            import llama_cpp.server  # noqa: F401
-
+        lenv = dict(env)
+        if args.llama_cpp_path:
+            lenv["PYTHONPATH"] = args.llama_cpp_path + os.pathsep + lenv["PYTHONPATH"]
+        probe = subprocess.run(
+            [sys.executable, "-c", "import llama_cpp.server.app"], env=lenv, capture_output=True
+        )
+        if probe.returncode:
+            why = probe.stderr.decode().strip().splitlines()[-1:]
+            print(f"llama.cpp's server not run: {why} (see --llama-cpp-path)")
+        else:
             port = free_port()
-            cmd = [sys.executable, "-m", "llama_cpp.server", "--model", path, "--port", str(port)]
+            lcmd = [sys.executable, "-m", "llama_cpp.server", "--model", path, "--port", str(port)]
             threads = str(args.threads)
-            cmd += ["--host", "127.0.0.1", "--n_threads", threads, "--n_threads_batch", threads]
-            cmd += ["--n_ctx", "2048", "--n_batch", "1", "--n_ubatch", "1"]
-            cmd += ["--interrupt_requests", "False", "--verbose", "False"]
-            servers["llama.cpp server (1 slot)"] = (start(cmd, port, env), port)
-        except ImportError as exc:
-            print(f"llama.cpp's server not run: {exc}")
-    try:
-        for _, port in servers.values():  # warm up: the first request pays the loads
-            load(port, 1, 8)
-        load_avg = os.getloadavg()[0]
-        print(
-            f"{args.tokens} tokens per client, greedy; lamina --slots {args.slots}; "
-            f"{args.threads} threads each; load average {load_avg:.1f} at the start"
-        )
-        print(
-            "| server | clients | aggregate tok/s | aggregate decode tok/s | per-client decode "
-            "tok/s | TTFT p50 s |"
-            " TTFT p95 s | peak RSS MB |"
-        )
-        print("|---|---|---|---|---|---|---|---|")
-        for c in [int(x) for x in args.clients.split(",")]:
-            runs = [
-                (name, load(port, c, args.tokens), proc.pid)
-                for name, (proc, port) in servers.items()
-            ]
-            for name, r, pid in runs:
+            lcmd += ["--host", "127.0.0.1", "--n_threads", threads, "--n_threads_batch", threads]
+            lcmd += ["--n_ctx", "2048", "--interrupt_requests", "False", "--verbose", "False"]
+            engines.append(("llama.cpp server (1 slot)", lcmd, lenv, port))
+            print("llama.cpp:", " ".join(lcmd[1:]))
+    print(
+        f"{args.tokens} tokens per client, greedy; lamina --slots {args.slots}; "
+        f"{args.threads} threads each; load average {os.getloadavg()[0]:.1f} at the start; "
+        "one engine at a time (the other stopped: an idle server's threads may still spin)"
+    )
+    print(
+        "| server | clients | aggregate tok/s | aggregate decode tok/s | per-client decode "
+        "tok/s | TTFT p50 s | TTFT p95 s | peak RSS MB |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    grammar = None
+    for name, ecmd, eenv, eport in engines:
+        proc = start(ecmd, eport, eenv)
+        try:
+            load(eport, 1, 8)  # warm up: the first request pays the loads
+            for c in [int(x) for x in args.clients.split(",")]:
+                r = load(eport, c, args.tokens)
                 print(
                     f"| {name} | {c} | {r['aggregate']:.1f} | {r['decode']:.1f} | "
-                    f"{r['per_client']:.1f} | "
-                    f"{r['p50']:.2f} | {r['p95']:.2f} | {peak_rss_mb(pid):.0f} |",
+                    f"{r['per_client']:.1f} | {r['p50']:.2f} | {r['p95']:.2f} | "
+                    f"{peak_rss_mb(proc.pid):.0f} |",
                     flush=True,
                 )
-        if args.grammar_rounds:
-            print(constrained(servers["lamina"][1], args.grammar_rounds, 160), flush=True)
-    finally:
-        for proc, _ in servers.values():
+            if name == "lamina" and args.grammar_rounds:
+                grammar = constrained(eport, args.grammar_rounds, 160)
+        finally:
             proc.terminate()
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
+    if grammar:
+        print(grammar, flush=True)
     return 0
 
 

@@ -96,3 +96,19 @@ def test_bad_batches_are_refused():
     ):
         with pytest.raises(LaminaError):
             engine.step_batch(*args, **kw)
+
+
+def test_both_forms_of_the_batch_kernel_equal_each_row_alone():
+    """A batch's int4 linears run in AVX-512 VNNI form where the CPU has it, in AVX2 form
+    elsewhere: each form, forced in turn, gives each row what it gets alone."""
+    from lamina.native.build import library
+
+    lib = library()
+    before = lib.lm_lanes_wide(-1)
+    try:
+        for wide in (0, 1):
+            if lib.lm_lanes_wide(wide) != wide:
+                continue  # this CPU lacks AVX-512 VNNI: its own form is the AVX2 one
+            test_batched_rows_equal_each_row_decoded_alone("int4")
+    finally:
+        lib.lm_lanes_wide(before)

@@ -234,24 +234,42 @@ typedef struct {
 #define QMAX 32767.0f /* inputs quantized to int16 per block of 32 */
 
 /* gs: the weight groups whose input sums sx holds (0: none) */
-static void quantize_rows(const float *x, int B, int k, int perm, int gs, Act *a) {
+static void quantize_rows(const float *x, int r0, int r1, int k, int perm, int gs, Act *a) {
     int nb = k / 32, per = gs > 0 ? gs / 32 : 1;
-    for (int r = 0; r < B; r++) {
+    for (int r = r0; r < r1; r++) {
         const float *xr = x + (size_t)r * k;
         int16_t *q = a->q + (size_t)r * k;
         for (int b = 0; b < nb; b++) {
+            /* vectorized, with the scalar form's exact results: the same max, product and
+               rounding (cvtps2dq rounds to nearest even, as lrintf does) */
             const float *xb = xr + 32 * b;
-            float amax = 0;
-            for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(xb[i]));
-            float d = amax / QMAX, id = amax > 0 ? QMAX / amax : 0.0f;
-            int sum = 0;
-            int16_t t[32];
-            for (int i = 0; i < 32; i++) {
-                int v = (int)lrintf(xb[i] * id);
-                v = v > 32767 ? 32767 : (v < -32767 ? -32767 : v);
-                t[i] = (int16_t)v;
-                sum += v;
+            const __m256 sign = _mm256_set1_ps(-0.0f);
+            __m256 v[4], mx = _mm256_setzero_ps();
+            for (int i = 0; i < 4; i++) {
+                v[i] = _mm256_loadu_ps(xb + 8 * i);
+                mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[i]));
             }
+            __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+            const float amax = _mm_cvtss_f32(m4);
+            float d = amax / QMAX, id = amax > 0 ? QMAX / amax : 0.0f;
+            const __m256 vid = _mm256_set1_ps(id);
+            const __m256i hi = _mm256_set1_epi32(32767), lo = _mm256_set1_epi32(-32767);
+            __m256i acc = _mm256_setzero_si256();
+            int32_t t32[32];
+            for (int i = 0; i < 4; i++) {
+                __m256i qi = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], vid));
+                qi = _mm256_max_epi32(_mm256_min_epi32(qi, hi), lo);
+                acc = _mm256_add_epi32(acc, qi);
+                _mm256_storeu_si256((__m256i *)(t32 + 8 * i), qi);
+            }
+            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+            const int sum = _mm_cvtsi128_si32(s4);
+            int16_t t[32];
+            for (int i = 0; i < 32; i++) t[i] = (int16_t)t32[i];
             int16_t *qb = q + 32 * b;
             if (perm)
                 for (int i = 0; i < 16; i++) qb[i] = t[2 * i], qb[16 + i] = t[2 * i + 1];
@@ -266,13 +284,17 @@ static void quantize_rows(const float *x, int B, int k, int perm, int gs, Act *a
     }
 }
 
-static void prepare_act(const Lin *L, const float *x, int B, Act *a) {
+/* input rows r0..r1 of x, ready for L (each row's part of a is its own: rows may be shared
+   out among threads) */
+static void prepare_rows(const Lin *L, const float *x, int r0, int r1, Act *a) {
     a->x = x;
     if (L->kind == LIN_PARTS) L = (const Lin *)L->w; /* parts are all GGML kinds: one form */
-    if (L->kind == LIN_INT4) quantize_rows(x, B, L->k, 1, L->gs, a);
-    else if (L->kind == LIN_INT8) quantize_rows(x, B, L->k, 0, 0, a);
-    else if (L->kind != LIN_F32) quantize_rows(x, B, L->k, 0, 32, a); /* GGML: natural order */
+    if (L->kind == LIN_INT4) quantize_rows(x, r0, r1, L->k, 1, L->gs, a);
+    else if (L->kind == LIN_INT8) quantize_rows(x, r0, r1, L->k, 0, 0, a);
+    else if (L->kind != LIN_F32) quantize_rows(x, r0, r1, L->k, 0, 32, a); /* GGML: natural order */
 }
+
+static void prepare_act(const Lin *L, const float *x, int B, Act *a) { prepare_rows(L, x, 0, B, a); }
 
 /* a block's integer dot product, 8 partial sums: int4 weights (16 bytes) x int16 inputs */
 /* a weight block as two vectors of 16 int16: int4 (16 bytes, [low nibbles | high nibbles]) */
@@ -608,6 +630,262 @@ int lm_dequant(int kind, const void *w, int n, int k, float *y) {
     return 1;
 }
 
+/* ------------------------------------------------------------------ a batch's rows in lanes */
+
+/* The int4 and int8 linears of a batch (B >= 2 rows: a server's sequences decoded together)
+   put up to LANES input rows in the lanes of one vector. The input, quantized as for one row,
+   is rearranged as int16 pairs, rows in lanes (absent rows zero); each weight block is unpacked
+   once into its 16 pairs (elements 2p, 2p + 1), each broadcast to all lanes, so one `vpmaddwd`
+   (+ add) multiplies a weight pair into every row's sum at once. With AVX-512 VNNI (checked at
+   run time; other CPUs take the AVX2 form) a 16-lane `vpdpwssd` covers two blocks of 8 rows.
+   A block's integer sums take its scales as one vector (the rows' input scales times the
+   weight's), the int4 minimums one fma per group; BENCHMARKS.md (the server's section) has
+   what 8 rows cost against one in each form. The same integer products as the one-row path,
+   summed in another order (~1e-6 relative). */
+#define LANES 8
+#define NT 4 /* weight rows sharing each load of the inputs (4: the fastest here of 1..8) */
+
+typedef struct {
+    int32_t *xt; /* (k/32, 16, LANES) int16 pairs */
+    float *dxt;  /* (k/32, LANES) block scales */
+    float *sxt;  /* (k/gs, LANES) int4: the group sums */
+} LaneAct;
+
+static void lane_act(const Lin *L, const Act *a, int r0, int rows, LaneAct *t) {
+    const int k = L->k, nb = k / 32, groups = L->kind == LIN_INT4 ? k / L->gs : 0;
+    const int perm = L->kind == LIN_INT4; /* int4 inputs are [even | odd] per block */
+    for (int r = 0; r < LANES; r++) {
+        const int16_t *q = r < rows ? a->q + (size_t)(r0 + r) * k : NULL;
+        for (int b = 0; b < nb; b++) {
+            int32_t *o = t->xt + (size_t)b * 16 * LANES + r;
+            for (int p = 0; p < 16; p++) {
+                uint32_t v = 0;
+                if (q) {
+                    const int16_t *qb = q + 32 * b;
+                    const int16_t lo = perm ? qb[p] : qb[2 * p], hi = perm ? qb[16 + p] : qb[2 * p + 1];
+                    v = (uint32_t)(uint16_t)lo | (uint32_t)(uint16_t)hi << 16;
+                }
+                o[p * LANES] = (int32_t)v;
+            }
+            t->dxt[b * LANES + r] = q ? a->dx[(size_t)(r0 + r) * nb + b] : 0.0f;
+        }
+        for (int g = 0; g < groups; g++) t->sxt[g * LANES + r] = q ? a->sx[(size_t)(r0 + r) * groups + g] : 0.0f;
+    }
+}
+
+/* weight row n's block b as 16 int16 pairs (elements 2p, 2p + 1) */
+static inline void lane_pairs(const Lin *L, int n, int b, int32_t *wp) {
+    if (L->kind == LIN_INT4) { /* byte p holds elements 2p (low nibble) and 2p + 1 */
+        const __m128i raw = _mm_loadu_si128((const __m128i *)((const uint8_t *)L->w + (size_t)n * (L->k / 2) + 16 * b));
+        const __m256i m = _mm256_set1_epi32(15);
+        __m256i p0 = _mm256_cvtepu8_epi32(raw), p1 = _mm256_cvtepu8_epi32(_mm_srli_si128(raw, 8));
+        p0 = _mm256_or_si256(_mm256_and_si256(p0, m), _mm256_slli_epi32(_mm256_srli_epi32(p0, 4), 16));
+        p1 = _mm256_or_si256(_mm256_and_si256(p1, m), _mm256_slli_epi32(_mm256_srli_epi32(p1, 4), 16));
+        _mm256_store_si256((__m256i *)wp, p0);
+        _mm256_store_si256((__m256i *)(wp + 8), p1);
+    } else {
+        const __m128i *w = (const __m128i *)((const int8_t *)L->w + (size_t)n * L->k + 32 * b);
+        _mm256_store_si256((__m256i *)wp, _mm256_cvtepi8_epi16(_mm_loadu_si128(w)));
+        _mm256_store_si256((__m256i *)(wp + 8), _mm256_cvtepi8_epi16(_mm_loadu_si128(w + 1)));
+    }
+}
+
+/* output rows n0..n1 for the `rows` inputs of t (rows r0..), into y as lin_rows; DP(acc, x, w):
+   acc + the pairwise products of x and w summed per 32-bit lane */
+#define LANE_BODY(DP)                                                                                  \
+    const int k = L->k, nb = k / 32, groups = k / L->gs, sh = groups == 1 ? 31 : __builtin_ctz(L->gs / 32); \
+    for (int n = n0; n < n1; n += NT) {                                                                \
+        const int nt = n1 - n < NT ? n1 - n : NT;                                                      \
+        __m256 f[NT];                                                                                  \
+        for (int j = 0; j < NT; j++) f[j] = _mm256_setzero_ps();                                       \
+        for (int b = 0; b < nb; b++) {                                                                 \
+            int32_t wp[NT][16] __attribute__((aligned(32)));                                           \
+            for (int j = 0; j < NT; j++) lane_pairs(L, j < nt ? n + j : n, b, wp[j]);                  \
+            const __m256i *xb = (const __m256i *)(t->xt + (size_t)b * 16 * LANES);                     \
+            __m256i s[NT][2];                                                                          \
+            for (int j = 0; j < NT; j++) s[j][0] = s[j][1] = _mm256_setzero_si256();                   \
+            for (int p = 0; p < 16; p += 2) {                                                          \
+                const __m256i x0 = _mm256_load_si256(xb + p), x1 = _mm256_load_si256(xb + p + 1);      \
+                for (int j = 0; j < NT; j++) {                                                         \
+                    s[j][0] = DP(s[j][0], x0, _mm256_set1_epi32(wp[j][p]));                            \
+                    s[j][1] = DP(s[j][1], x1, _mm256_set1_epi32(wp[j][p + 1]));                        \
+                }                                                                                      \
+            }                                                                                          \
+            const __m256 dx = _mm256_loadu_ps(t->dxt + b * LANES);                                    \
+            for (int j = 0; j < NT; j++) {                                                             \
+                const float sc = L->s[(size_t)(j < nt ? n + j : n) * groups + (b >> sh)];              \
+                f[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(s[j][0], s[j][1])),        \
+                                       _mm256_mul_ps(dx, _mm256_set1_ps(sc)), f[j]);                   \
+            }                                                                                          \
+        }                                                                                              \
+        for (int j = 0; j < nt; j++) {                                                                 \
+            if (L->kind == LIN_INT4)                                                                   \
+                for (int g = 0; g < groups; g++)                                                       \
+                    f[j] = _mm256_fmadd_ps(_mm256_set1_ps(L->mn[(size_t)(n + j) * groups + g]),        \
+                                           _mm256_loadu_ps(t->sxt + g * LANES), f[j]);                 \
+            float v[LANES];                                                                            \
+            _mm256_storeu_ps(v, f[j]);                                                                 \
+            const float bias = L->bias ? L->bias[n + j] : 0.0f;                                        \
+            for (int r = 0; r < rows; r++) {                                                           \
+                float *o = y + (size_t)(r0 + r) * ystride + n + j;                                     \
+                *o = (accumulate ? *o : 0.0f) + v[r] + bias;                                           \
+            }                                                                                          \
+        }                                                                                              \
+    }
+
+#define LANE_ARGS const Lin *L, const LaneAct *t, int r0, int rows, float *y, int ystride, int n0, int n1, int accumulate
+#define DP_AVX2(acc, x, w) _mm256_add_epi32(acc, _mm256_madd_epi16(x, w))
+static void lane_rows_avx2(LANE_ARGS) { LANE_BODY(DP_AVX2) }
+
+/* With AVX-512 a 16-lane vector holds the 8 rows of two blocks side by side (lane 2r + e: row
+   r, block 2c + e of block pair c; xt2[c][pair][row][e]): one 64-bit broadcast puts a pair of
+   each block's weights beside the rows' inputs, so a `vpdpwssd` covers two blocks of 8 rows. */
+typedef struct {
+    int32_t *xt;  /* (nb/2 rounded up, 16, LANES, 2) int16 pairs */
+    float *dxt;   /* (nb/2 rounded up, LANES, 2) block scales */
+    float *sxt;   /* (k/gs, LANES) int4: the group sums */
+} LaneAct2;
+
+static void lane_act2(const Lin *L, const Act *a, int r0, int rows, LaneAct2 *t) {
+    const int k = L->k, nb = k / 32, nc = (nb + 1) / 2, groups = L->kind == LIN_INT4 ? k / L->gs : 0;
+    const int perm = L->kind == LIN_INT4;
+    for (int r = 0; r < LANES; r++) {
+        const int16_t *q = r < rows ? a->q + (size_t)(r0 + r) * k : NULL;
+        for (int b = 0; b < 2 * nc; b++) {
+            const int c = b / 2, e = b % 2, real = q && b < nb;
+            int32_t *o = t->xt + (size_t)c * 16 * LANES * 2 + r * 2 + e;
+            for (int p = 0; p < 16; p++) {
+                uint32_t v = 0;
+                if (real) {
+                    const int16_t *qb = q + 32 * b;
+                    const int16_t lo = perm ? qb[p] : qb[2 * p], hi = perm ? qb[16 + p] : qb[2 * p + 1];
+                    v = (uint32_t)(uint16_t)lo | (uint32_t)(uint16_t)hi << 16;
+                }
+                o[p * LANES * 2] = (int32_t)v;
+            }
+            t->dxt[(size_t)c * LANES * 2 + r * 2 + e] = real ? a->dx[(size_t)(r0 + r) * nb + b] : 0.0f;
+        }
+        for (int g = 0; g < groups; g++) t->sxt[g * LANES + r] = q ? a->sx[(size_t)(r0 + r) * groups + g] : 0.0f;
+    }
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) static void lane_rows_512(const Lin *L, const LaneAct2 *t, int r0, int rows, float *y, int ystride, int n0, int n1, int accumulate) {
+    const int k = L->k, nb = k / 32, nc = (nb + 1) / 2, groups = k / L->gs, sh = groups == 1 ? 31 : __builtin_ctz(L->gs / 32);
+    for (int n = n0; n < n1; n += NT) {
+        const int nt = n1 - n < NT ? n1 - n : NT;
+        __m512 f[NT];
+        for (int j = 0; j < NT; j++) f[j] = _mm512_setzero_ps();
+        for (int c = 0; c < nc; c++) {
+            const int b0 = 2 * c, b1 = b0 + 1 < nb ? b0 + 1 : -1;
+            /* w2[j][p]: (block b0's pair p, block b1's pair p), made in registers */
+            int64_t w2[NT][16] __attribute__((aligned(64)));
+            for (int j = 0; j < NT; j++) {
+                const int nn = j < nt ? n + j : n;
+                if (L->kind == LIN_INT4) {
+                    const uint8_t *wr = (const uint8_t *)L->w + (size_t)nn * (k / 2);
+                    const __m128i r0 = _mm_loadu_si128((const __m128i *)(wr + 16 * b0));
+                    const __m128i r1 = b1 >= 0 ? _mm_loadu_si128((const __m128i *)(wr + 16 * b1)) : _mm_setzero_si128();
+                    const __m512i m = _mm512_set1_epi32(15);
+                    __m512i lo = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(r0, r1));
+                    __m512i hi = _mm512_cvtepu8_epi32(_mm_unpackhi_epi8(r0, r1));
+                    lo = _mm512_or_si512(_mm512_and_si512(lo, m), _mm512_slli_epi32(_mm512_srli_epi32(lo, 4), 16));
+                    hi = _mm512_or_si512(_mm512_and_si512(hi, m), _mm512_slli_epi32(_mm512_srli_epi32(hi, 4), 16));
+                    _mm512_store_si512(w2[j], lo);
+                    _mm512_store_si512(w2[j] + 8, hi);
+                } else {
+                    const int8_t *wr = (const int8_t *)L->w + (size_t)nn * k;
+                    const __m512i p0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(wr + 32 * b0)));
+                    const __m512i p1 = b1 >= 0 ? _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(wr + 32 * b1))) : _mm512_setzero_si512();
+                    /* 32-bit pairs interleaved across the two blocks, in pair order */
+                    const __m512i i0 = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+                    const __m512i i1 = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+                    _mm512_store_si512(w2[j], _mm512_permutex2var_epi32(p0, i0, p1));
+                    _mm512_store_si512(w2[j] + 8, _mm512_permutex2var_epi32(p0, i1, p1));
+                }
+            }
+            const __m512i *xb = (const __m512i *)(t->xt + (size_t)c * 16 * LANES * 2);
+            __m512i s[NT][2];
+            for (int j = 0; j < NT; j++) s[j][0] = s[j][1] = _mm512_setzero_si512();
+            for (int i = 0; i < 16; i += 2) {
+                const __m512i x0 = _mm512_load_si512(xb + i), x1 = _mm512_load_si512(xb + i + 1);
+                for (int j = 0; j < NT; j++) {
+                    s[j][0] = _mm512_dpwssd_epi32(s[j][0], x0, _mm512_set1_epi64(w2[j][i]));
+                    s[j][1] = _mm512_dpwssd_epi32(s[j][1], x1, _mm512_set1_epi64(w2[j][i + 1]));
+                }
+            }
+            const __m512 dx = _mm512_loadu_ps(t->dxt + (size_t)c * LANES * 2);
+            for (int j = 0; j < NT; j++) {
+                const float *sc = L->s + (size_t)(j < nt ? n + j : n) * groups;
+                float s2[2] = {sc[b0 >> sh], b1 >= 0 ? sc[b1 >> sh] : 0.0f};
+                double s2d;
+                memcpy(&s2d, s2, 8);
+                const __m512 sv = _mm512_castpd_ps(_mm512_set1_pd(s2d));
+                f[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s[j][0], s[j][1])), _mm512_mul_ps(dx, sv), f[j]);
+            }
+        }
+        for (int j = 0; j < nt; j++) {
+            /* lanes 2r and 2r + 1 are row r's two blocks: added, then the rows' 8 sums */
+            const __m512 pr = _mm512_add_ps(f[j], _mm512_permute_ps(f[j], 0xB1));
+            __m256 v8 = _mm512_castps512_ps256(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15), pr));
+            if (L->kind == LIN_INT4)
+                for (int g = 0; g < groups; g++)
+                    v8 = _mm256_fmadd_ps(_mm256_set1_ps(L->mn[(size_t)(n + j) * groups + g]), _mm256_loadu_ps(t->sxt + g * LANES), v8);
+            float v[LANES];
+            _mm256_storeu_ps(v, v8);
+            const float bias = L->bias ? L->bias[n + j] : 0.0f;
+            for (int r = 0; r < rows; r++) {
+                float *o = y + (size_t)(r0 + r) * ystride + n + j;
+                *o = (accumulate ? *o : 0.0f) + v[r] + bias;
+            }
+        }
+    }
+}
+
+static int lanes_wide = -1; /* 1: the AVX-512 VNNI form; -1 until asked */
+
+static int cpu_has_512(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vnni");
+}
+
+static int lanes_512(void) {
+    if (lanes_wide < 0) lanes_wide = cpu_has_512(); /* the same whichever thread asks first */
+    return lanes_wide;
+}
+
+/* which form a batch's linears take: choice 0 the AVX2 form, 1 the AVX-512 one where the CPU
+   has it, -1 leaves it; returns the form in force (tests run both where both run) */
+int lm_lanes_wide(int choice) {
+    if (choice >= 0) lanes_wide = choice && cpu_has_512();
+    return lanes_512();
+}
+
+/* rows n0..n1 of an int4 / int8 linear for B >= 2 inputs; 0 when out of memory (the caller
+   then runs its own loop) */
+static int lane_rows(const Lin *L, int B, const Act *a, float *y, int ystride, int n0, int n1, int accumulate) {
+    const int nb = L->k / 32, nc = (nb + 1) / 2, groups = L->kind == LIN_INT4 ? L->k / L->gs : 0;
+    const int wide = lanes_512();
+    void *buf = aligned_alloc(64, ((size_t)(2 * nc) * 17 * LANES * 4 + (size_t)groups * LANES * 4 + 63) & ~(size_t)63);
+    if (!buf) return 0;
+    LaneAct t = {(int32_t *)buf, (float *)buf + (size_t)nb * 16 * LANES, NULL};
+    t.sxt = t.dxt + (size_t)nb * LANES;
+    LaneAct2 t2 = {(int32_t *)buf, (float *)buf + (size_t)nc * 32 * LANES, NULL};
+    t2.sxt = t2.dxt + (size_t)nc * 2 * LANES;
+    for (int r0 = 0; r0 < B; r0 += LANES) {
+        const int rows = B - r0 < LANES ? B - r0 : LANES;
+        if (wide) {
+            lane_act2(L, a, r0, rows, &t2);
+            lane_rows_512(L, &t2, r0, rows, y, ystride, n0, n1, accumulate);
+        } else {
+            lane_act(L, a, r0, rows, &t);
+            lane_rows_avx2(L, &t, r0, rows, y, ystride, n0, n1, accumulate);
+        }
+    }
+    free(buf);
+    return 1;
+}
+
 /* y[r, n] (+)= x[r] . w[n] + bias[n] for output rows n0..n1 and input rows r < B */
 static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, int n0, int n1,
                      int accumulate) {
@@ -623,6 +901,7 @@ static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
         lin_rows_kq(L, B, a, y, ystride, n0, n1, accumulate);
         return;
     }
+    if (B >= 2 && L->kind != LIN_F32 && lane_rows(L, B, a, y, ystride, n0, n1, accumulate)) return;
     const int k = L->k, nb = k / 32, groups = L->gs ? k / L->gs : 1; /* float: gs 0 */
     const int sh = groups == 1 ? 31 : __builtin_ctz(L->gs / 32);
     const size_t wb = L->kind == LIN_F32 ? (size_t)k * 4 : L->kind == LIN_INT4 ? (size_t)k / 2 : (size_t)k;
@@ -770,8 +1049,8 @@ static void step_job(void *p, int tid, int nt) {
     const size_t bstride = (size_t)Hkv * L * hd;
     const float scale = 1.0f / sqrtf((float)hd);
     int n0, n1;
-    if (tid == 0) {
-        for (int r = 0; r < B; r++) {
+    { /* each thread its rows (the same rows as its first norm below: no barrier between) */
+        for (int r = tid; r < B; r += nt) {
             embed(m, S->tokens[r], S->positions[r], S->x + (size_t)r * d);
             if (m->rope)
                 for (int j = 0; j < h2; j++) {
@@ -783,10 +1062,9 @@ static void step_job(void *p, int tid, int nt) {
     }
     for (int l = 0; l < m->n_layers; l++) {
         const Layer *ly = &m->layers[l];
-        if (tid == 0) {
-            for (int r = 0; r < B; r++)
-                norm_row(S->x + (size_t)r * d, S->xn + (size_t)r * d, d, ly->n1w, ly->n1b, m->norm, m->eps);
-            prepare_act(&ly->qkv, S->xn, B, &S->a);
+        for (int r = tid; r < B; r += nt) { /* a batch's rows shared out; one row: thread 0 */
+            norm_row(S->x + (size_t)r * d, S->xn + (size_t)r * d, d, ly->n1w, ly->n1b, m->norm, m->eps);
+            prepare_rows(&ly->qkv, S->xn, r, r + 1, &S->a);
         }
         barrier_wait(&S->bar);
         split(qkv_n, tid, nt, &n0, &n1);
@@ -860,41 +1138,45 @@ static void step_job(void *p, int tid, int nt) {
             for (int i = 0; i < hd; i++) o[i] *= inv;
         }
         barrier_wait(&S->bar);
-        if (tid == 0) prepare_act(&ly->proj, S->att, B, &S->a);
+        for (int r = tid; r < B; r += nt) prepare_rows(&ly->proj, S->att, r, r + 1, &S->a);
         barrier_wait(&S->bar);
         split(d, tid, nt, &n0, &n1);
         lin_rows(&ly->proj, B, &S->a, S->x, d, n0, n1, 1); /* the residual: x += proj(att) */
         barrier_wait(&S->bar);
-        if (tid == 0) {
-            for (int r = 0; r < B; r++)
-                norm_row(S->x + (size_t)r * d, S->xn + (size_t)r * d, d, ly->n2w, ly->n2b, m->norm, m->eps);
-            prepare_act(&ly->fc, S->xn, B, &S->a);
+        for (int r = tid; r < B; r += nt) {
+            norm_row(S->x + (size_t)r * d, S->xn + (size_t)r * d, d, ly->n2w, ly->n2b, m->norm, m->eps);
+            prepare_rows(&ly->fc, S->xn, r, r + 1, &S->a);
         }
         barrier_wait(&S->bar);
         const int fc_n = ly->fc.n, ff = m->ff;
         split(fc_n, tid, nt, &n0, &n1);
         lin_rows(&ly->fc, B, &S->a, S->fco, fc_n, n0, n1, 0);
         barrier_wait(&S->bar);
-        if (tid == 0) {
-            for (int r = 0; r < B; r++) {
-                const float *f = S->fco + (size_t)r * fc_n;
-                float *hr = S->h + (size_t)r * ff;
-                if (m->act == ACT_SWIGLU)
-                    for (int i = 0; i < ff; i++) hr[i] = f[i] / (1.0f + expf(-f[i])) * f[ff + i];
-                else
-                    for (int i = 0; i < ff; i++) hr[i] = act1(m->act, f[i]);
+        for (int r = tid; r < B; r += nt) {
+            const float *f = S->fco + (size_t)r * fc_n;
+            float *hr = S->h + (size_t)r * ff;
+            if (m->act == ACT_SWIGLU) { /* silu(a) b, e^-a by exp256 (~1e-7 of expf's) */
+                int i = 0;
+                const __m256 one = _mm256_set1_ps(1.0f), top = _mm256_set1_ps(88.0f);
+                for (; i + 8 <= ff; i += 8) {
+                    const __m256 a = _mm256_loadu_ps(f + i);
+                    const __m256 e = exp256(_mm256_min_ps(_mm256_sub_ps(_mm256_setzero_ps(), a), top));
+                    _mm256_storeu_ps(hr + i, _mm256_mul_ps(_mm256_div_ps(a, _mm256_add_ps(one, e)), _mm256_loadu_ps(f + ff + i)));
+                }
+                for (; i < ff; i++) hr[i] = f[i] / (1.0f + expf(-f[i])) * f[ff + i];
             }
-            prepare_act(&ly->out, S->h, B, &S->a);
+            else
+                for (int i = 0; i < ff; i++) hr[i] = act1(m->act, f[i]);
+            prepare_rows(&ly->out, S->h, r, r + 1, &S->a);
         }
         barrier_wait(&S->bar);
         split(d, tid, nt, &n0, &n1);
         lin_rows(&ly->out, B, &S->a, S->x, d, n0, n1, 1);
         barrier_wait(&S->bar);
     }
-    if (tid == 0) {
-        for (int r = 0; r < B; r++)
-            norm_row(S->x + (size_t)r * d, S->xn + (size_t)r * d, d, m->nfw, m->nfb, m->norm, m->eps);
-        prepare_act(&m->head, S->xn, B, &S->a);
+    for (int r = tid; r < B; r += nt) {
+        norm_row(S->x + (size_t)r * d, S->xn + (size_t)r * d, d, m->nfw, m->nfb, m->norm, m->eps);
+        prepare_rows(&m->head, S->xn, r, r + 1, &S->a);
     }
     barrier_wait(&S->bar);
     split(m->vocab, tid, nt, &n0, &n1);

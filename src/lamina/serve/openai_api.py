@@ -327,13 +327,22 @@ async def _stream(
         for piece in ans.pieces(first):
             yield piece
         while not ans.ended:
-            item = await queue.get()
-            ans.take(item)
+            items = [await queue.get()]
+            while not queue.empty():  # what else came meanwhile: one write for all of it
+                items.append(queue.get_nowait())
+            out: list[bytes] = []
+            for item in items:
+                ans.take(item)
+                if ans.failure:
+                    break
+                out.extend(ans.pieces(item))
+                if ans.ended:
+                    break
+            if out:
+                yield b"".join(out)
             if ans.failure:
                 yield _data(error_body(ans.failure[1], ans.failure[0]))
                 break
-            for piece in ans.pieces(item):
-                yield piece
         else:
             if ans.req.include_usage:
                 obj = "chat.completion.chunk" if ans.chat else "text_completion"

