@@ -140,7 +140,7 @@ def compare(name: str, path: Path, model: torch.nn.Module, ids: list[int]) -> np
 
 
 def llama_cpp_logits(path: Path, ids: list[int], n_ctx: int) -> np.ndarray:
-    from kquant_parity import llama  # llama.cpp with the buffer types its AMX build runs right
+    from llama_peer import llama  # llama.cpp under its defaults (an AMX build is refused)
 
     llm = llama(
         path, n_ctx=n_ctx, n_batch=n_ctx, logits_all=True, n_threads=os.cpu_count(),

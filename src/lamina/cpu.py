@@ -23,7 +23,10 @@ bench/real_decode.py, figures in BENCHMARKS.md only):
 A call the chosen kernel does not take (too many rows, a gradient to record, not on the CPU)
 runs dequantized. "auto" takes "packed" where bf16 is native (it measured fastest at batch 1
 there) for the layers, else the first entry that runs here; the decode step runs natively
-wherever lamina.native does, unless the choice names a PyTorch kernel.
+wherever lamina.native does, unless the choice names a PyTorch kernel. A loader whose model
+the native step covers prepares its int8/int4 layers for "native" alone
+(lamina.quant.saved.prepare_kernels): no packed copy is made that no step would read, and a
+prefill's long calls run dequantized (faster there than "packed": bench/kquant_decode.py).
 
 One environment variable sets the choice for a process; `using` overrides it in a block:
 

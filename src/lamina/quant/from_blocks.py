@@ -38,6 +38,7 @@ from lamina.quant.ggml import (
     dequantize_rows,
 )
 from lamina.quant.kquant import BLOCKS, KEPT, BlockEmbedding, BlockLinear, dequantize_blocks
+from lamina.quant.saved import prepare_kernels
 
 QType = str | tuple[str, ...]
 
@@ -158,9 +159,7 @@ def from_blocks(model: GPT, state: Mapping[str, Any], qtypes: Mapping[str, QType
         model.embed.tie_lm_head(model.head)
     for p in model.parameters():
         p.requires_grad_(False)
-    for m in model.modules():
-        if isinstance(m, (Int8Linear, Int4Linear)):
-            m.prepare()
+    prepare_kernels(model)
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:
         raise LaminaError(f"no weights for {', '.join(left[:8])}")

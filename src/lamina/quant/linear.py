@@ -35,9 +35,19 @@ from lamina.native.structs import int4_rows
 INT4_GROUP_SIZES = (32, 64, 128, 256)
 
 
-def _prepared_for(t: Tensor) -> str | None:
-    """The kernel a layer on t's device prepares for (None off the CPU)."""
-    return cpu.layer_kernel() if t.device.type == "cpu" else None
+def _prepared_for(t: Tensor, kernel: str | None) -> str | None:
+    """The kernel a layer on t's device prepares for: `kernel` where given (checked), else
+    lamina.cpu's layer kernel (None off the CPU)."""
+    if kernel is not None and kernel not in cpu.KERNELS:
+        raise LaminaError(f"kernel must be one of {', '.join(cpu.KERNELS)}, got {kernel!r}")
+    if t.device.type != "cpu":
+        return None
+    return kernel or cpu.layer_kernel()
+
+
+def _has(kernel: str | None) -> tuple[str, ...] | None:
+    """The kernels a layer prepared for `kernel` has (None: whichever the policy picks)."""
+    return None if kernel is None else (kernel,)
 
 
 def quantize_int8(w: Tensor) -> tuple[Tensor, Tensor]:
@@ -120,6 +130,7 @@ class Int8Linear(nn.Module):
         # grouped) and its scales in bf16
         self.register_buffer("kernel_weight", None, persistent=False)
         self.register_buffer("kernel_scale", None, persistent=False)
+        self.kernels: tuple[str, ...] | None = None  # see prepare
         self.bias = _empty_bias(out_features, bias, device)
 
     @classmethod
@@ -129,10 +140,16 @@ class Int8Linear(nn.Module):
         m.bias = _copied_bias(linear)
         return m.prepare()
 
-    def prepare(self) -> Int8Linear:
-        """Build the kernel's inputs (stored, which torch.compile needs) where it runs."""
+    def prepare(self, kernel: str | None = None) -> Int8Linear:
+        """Build the kernel's inputs (stored, which torch.compile needs) where it runs: for
+        `kernel` (one of lamina.cpu.KERNELS; the layer then runs only that one, else
+        dequantized), or by default for lamina.cpu's layer kernel. A loader that knows the
+        native step covers its model passes "native": no packed copy is made that nothing
+        would read."""
         self.kernel_weight = self.kernel_scale = None
-        if _prepared_for(self.qweight) != "packed":  # the native kernel reads qweight and scale
+        kernel_now = _prepared_for(self.qweight, kernel)
+        self.kernels = _has(kernel)
+        if kernel_now != "packed":  # the native kernel reads qweight and scale
             return self
         if self.group_size is None:
             self.kernel_weight, scale = self.qweight, self.scale
@@ -156,7 +173,7 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, self.in_features)
-        run = cpu.call_kernel(x)
+        run = cpu.call_kernel(x, self.kernels)
         if run == "native":
             return native_linear(self, flat).to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         if run == "packed" and self.kernel_scale is not None:
@@ -203,6 +220,7 @@ class Int4Linear(nn.Module):
         # the native kernel's (N, K // gs) scales and minimums (w = q s + min), see prepare
         self.register_buffer("native_scale", None, persistent=False)
         self.register_buffer("native_min", None, persistent=False)
+        self.kernels: tuple[str, ...] | None = None  # see prepare
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group_size: int) -> Int4Linear:
@@ -218,11 +236,12 @@ class Int4Linear(nn.Module):
         g = (q.reshape(n, k // self.group_size, self.group_size) - 8) * s[..., None] + z[..., None]
         return g.reshape(n, k).to(dtype)
 
-    def prepare(self) -> Int4Linear:
+    def prepare(self, kernel: str | None = None) -> Int4Linear:
         """Lay the scales out for the native kernel, or pack the weights for torch's (where
-        each runs); the saved form stays as it is."""
+        each runs); the saved form stays as it is. `kernel` as for Int8Linear.prepare."""
         self.kernel_weight = self.kernel_sz = self.native_scale = self.native_min = None
-        kernel = _prepared_for(self.qweight)
+        self.kernels = _has(kernel)
+        kernel = _prepared_for(self.qweight, kernel)
         if kernel == "native":
             self.native_scale, self.native_min = int4_rows(self.scales_and_zeros)
             return self
@@ -240,7 +259,7 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, self.in_features)
-        run = cpu.call_kernel(x)
+        run = cpu.call_kernel(x, self.kernels)
         if run == "native":  # reads native_scale, or makes it where prepared for another
             return native_linear(self, flat).to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         if run == "packed" and self.kernel_weight is not None:

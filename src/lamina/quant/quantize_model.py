@@ -30,7 +30,7 @@ from lamina.quant.linear import (
     quantize_int4,
     quantize_int8,
 )
-from lamina.quant.saved import SCHEMES, scheme_of
+from lamina.quant.saved import SCHEMES, prepare_kernels, scheme_of
 
 
 def _check_scheme(scheme: str, group_size: int) -> None:
@@ -171,4 +171,6 @@ def _replace(model: GPT, scheme: str, group_size: int, *, fill: bool) -> GPT:
     model.quantization = {"scheme": scheme} | (
         {"group_size": group_size} if scheme == "int4" else {}
     )
+    if fill:  # the kernels a loaded copy of this model would prepare (lamina.quant.saved)
+        prepare_kernels(model)
     return model.eval()
