@@ -230,11 +230,12 @@ class Int4Linear(nn.Module):
         return m.prepare()
 
     def dequantized(self, dtype: torch.dtype = torch.float32) -> Tensor:
-        q = _unpack_nibbles(self.qweight).float()
+        q = _unpack_nibbles(self.qweight).float()  # the one float temporary: the rest in place
         n, k = q.shape
         s, z = self.scales_and_zeros.transpose(0, 1).unbind(-1)  # (N, K // gs) each
-        g = (q.reshape(n, k // self.group_size, self.group_size) - 8) * s[..., None] + z[..., None]
-        return g.reshape(n, k).to(dtype)
+        g = q.view(n, k // self.group_size, self.group_size)
+        g.sub_(8).mul_(s[..., None]).add_(z[..., None])  # (q - 8) s + z
+        return q.to(dtype)
 
     def prepare(self, kernel: str | None = None) -> Int4Linear:
         """Lay the scales out for the native kernel, or pack the weights for torch's (where

@@ -52,8 +52,9 @@ def int4_rows(m: Int4Linear, index: Any, dtype: torch.dtype = torch.float32) -> 
     packed = m.qweight[index]  # (..., K / 2), low nibble first
     q = torch.stack([packed & 15, packed >> 4], -1).flatten(-2).float()
     s, z = m.scales_and_zeros[:, index].movedim(0, -2).unbind(-1)  # (..., K / g) each
-    w = (q.unflatten(-1, (-1, m.group_size)) - 8) * s[..., None] + z[..., None]
-    return w.flatten(-2).to(dtype)
+    w = q.unflatten(-1, (-1, m.group_size))
+    w.sub_(8).mul_(s[..., None]).add_(z[..., None])  # in place: q is the one float temporary
+    return q.to(dtype)
 
 
 def int8_rows(m: Int8Linear, index: Any, dtype: torch.dtype = torch.float32) -> Tensor:
