@@ -6,8 +6,9 @@ At each budget T, one after the other (so the machine's load hits each alike, as
 minutes can share it):
 (a) lamina configured as nanoGPT's README CPU recipe (4 layers, 4 heads, 128 wide, block 64,
     batch 12, AdamW lr 1e-3, 100 warmup steps, cosine to 1e-4, no dropout, no biases, GPT-2
-    layers) with `--max-time T`: its schedule laid over the budget, as nanoGPT's max_iters
-    would be set to fill it (budget "nanogpt": its own 2,000 steps, and (b) gets their wall time);
+    layers with nanoGPT's exact GELU, fp32 as nanoGPT runs on a CPU) with `--max-time T`: its
+    schedule laid over the budget, as nanoGPT's max_iters would be set to fill it (budget
+    "nanogpt": its own 2,000 steps, and (b) gets their wall time);
 (b) `lamina train --max-time T` with no other flag;
 (c) each --extra NAME="FLAGS": `lamina train --max-time T FLAGS` (e.g. --tokenizer char).
 All are scored by `lamina eval` over the whole validation text (the last 10% of the characters,
@@ -25,6 +26,7 @@ import os
 import subprocess
 import sys
 import time
+from importlib.metadata import version
 from pathlib import Path
 
 from machine import cpu_line as cpu  # noqa: E402
@@ -33,10 +35,11 @@ ROOT = Path(__file__).resolve().parent.parent
 NANOGPT = [
     "--n-layers", "4", "--n-heads", "4", "--d-model", "128", "--block-size", "64",
     "--batch-size", "12", "--optimizer", "adamw", "--lr", "1e-3", "--warmup", "100",
-    "--max-steps", "2000", "--decay", "cosine", "--min-lr-ratio", "0.1", "--dropout", "0",
-    "--no-bias", "--weight-decay", "0.1", "--grad-clip", "1", "--eval-every", "250",
-    "--eval-batches", "20", "--tokenizer", "char",
+    "--decay", "cosine", "--min-lr-ratio", "0.1", "--dropout", "0", "--no-bias",
+    "--activation", "gelu_exact", "--weight-decay", "0.1", "--grad-clip", "1",
+    "--eval-every", "250", "--eval-batches", "20", "--tokenizer", "char", "--dtype", "fp32",
 ]  # fmt: skip
+NANOGPT_STEPS = ["--max-steps", "2000"]  # its README's max_iters (budget "nanogpt")
 
 
 def lamina(*args: str) -> subprocess.CompletedProcess:
@@ -57,6 +60,8 @@ def train(name: str, data: str, out: Path, flags: list[str]) -> dict:
     if scored.returncode != 0:
         raise SystemExit(f"{name}: lamina eval failed:\n{scored.stderr[-2000:]}")
     result = json.loads(scored.stdout)
+    plan = next((ln for ln in done.stdout.splitlines() if ln.startswith("lamina train: plan")), "")
+    sized = [ln for ln in done.stdout.splitlines() if "lamina train:" in ln and "batch" in ln]
     state = json.loads((run / "trainer_state.json").read_text())
     recipe = json.loads((run / "train_config.json").read_text())["train"]
     return {
@@ -67,12 +72,14 @@ def train(name: str, data: str, out: Path, flags: list[str]) -> dict:
         "tokens": state["tokens_seen"],
         "loss": result.get("loss_per_char", result["loss"]),
         "recipe": {k: recipe.get(k) for k in ("optimizer", "batch_size", "lr", "tokenizer")},
+        "plan": plan.removeprefix("lamina train: "),
+        "settings": sized[-1].removeprefix("lamina train: ") if sized else "",
     }
 
 
 def rows(budget: str, args: argparse.Namespace, out: Path) -> list[dict]:
     if budget == "nanogpt":
-        a = train("nanogpt-recipe", args.data, out, NANOGPT)
+        a = train("nanogpt-recipe", args.data, out, NANOGPT + NANOGPT_STEPS)
         seconds = a["wall"]
     else:
         seconds = float(budget)
@@ -105,9 +112,10 @@ def main() -> None:
     if not Path(args.data).is_file():
         raise SystemExit(f"no data at {args.data} (set LAMINA_SHARED_DATA or pass --data)")
     out = Path(args.out)
-    print(f"machine: {cpu()}", flush=True)
+    print(f"machine: {cpu()}; torch {version('torch')}; no OMP_* set here", flush=True)
     print("| budget | run | wall s | steps | tokens | val nats/char | load | recipe |")
     print("|---|---|---:|---:|---:|---:|---:|---|")
+    notes = []
     for budget in args.budgets.split(","):
         for r in rows(budget, args, out):
             print(
@@ -115,6 +123,8 @@ def main() -> None:
                 f"{r['loss']:.4f} | {r['load']:.1f} | {r['recipe']} |",
                 flush=True,
             )
+            notes += [f"{budget} {r['name']}: {r[k]}" for k in ("plan", "settings") if r[k]]
+    print("\n".join(notes))
 
 
 if __name__ == "__main__":

@@ -12,13 +12,17 @@ A step is forward + loss + backward + clip(1.0) + optimizer step + zero_grad. Va
                  config (AdamW betas (0.9, 0.99), decay on >= 2-D, fused only on CUDA, so
                  torch's foreach AdamW on a CPU)
   hf             transformers GPT2LMHeadModel, sdpa, fp32, lamina's optimizer builder
-  lamina         lamina's GPT at nanoGPT's shape (no biases, as its CPU recipe) with what
-                 `lamina train` adds: fused AdamW and --dtype auto (bf16 from 256 wide where
-                 bf16 is native)
+  lamina         lamina's GPT as nanoGPT's network (no biases, exact GELU: activation
+                 "gelu_exact") with what `lamina train` adds: fused AdamW and --dtype auto
+                 (bf16 autocast where bf16 is native, with fused attention in fp32 while
+                 training: lamina.cpu.upcast_attention)
   +fp32          lamina without autocast (the same as lamina where --dtype auto picks fp32)
+  +gelu-tanh     lamina with its default activation, GELU's tanh form (GPT-2's)
   +foreach       lamina with torch's foreach AdamW (to isolate the fused kernel)
   +muon          lamina with MuonAdamW (Newton-Schulz in bf16 where bf16 is native)
   +bf16          lamina under bf16 autocast (only where lamina.cpu.native_bf16())
+  +bf16-attn     lamina under bf16 autocast with attention in bf16 too (what upcast_attention
+                 avoids)
   +math-attn     lamina with SDPA forced to its math backend (what the default's pick beats)
   +chunked-ce    lamina with training.chunked_ce (the head in chunks of 256 rows)
   +compile       lamina's model under torch.compile plus a compiled optimizer step; its first
@@ -33,11 +37,12 @@ reported time is the median over all timed steps. tok/s ratios are over nanogpt'
 from __future__ import annotations
 
 import argparse  # noqa: E402
+import contextlib
 import math  # noqa: E402
 import os
 import statistics  # noqa: E402
 import time  # noqa: E402
-from collections.abc import Callable  # noqa: E402
+from collections.abc import Callable, Iterator  # noqa: E402
 from contextlib import nullcontext  # noqa: E402
 
 import torch  # noqa: E402
@@ -45,6 +50,7 @@ import torch.nn.functional as F  # noqa: E402
 from machine import cpu_line  # noqa: E402
 from torch import nn  # noqa: E402
 
+import lamina.attention  # noqa: E402
 from lamina import GPT, GPTConfig  # noqa: E402
 from lamina.cpu import native_bf16  # noqa: E402
 from lamina.training.chunked_ce import lm_loss_chunked  # noqa: E402
@@ -136,16 +142,33 @@ def stepper(model: nn.Module, loss_of: Callable, opt: torch.optim.Optimizer, ctx
     return step, opt
 
 
-def lamina_model(s: dict) -> GPT:
+def lamina_model(s: dict, activation: str = "gelu_exact") -> GPT:
     torch.manual_seed(0)
     cfg = GPTConfig(vocab_size=VOCAB, block_size=s["block_size"], d_model=s["d_model"],
-                    n_heads=s["n_heads"], n_layers=s["n_layers"], dropout=0.0, bias=False, qkv_bias=False)  # fmt: skip
+                    n_heads=s["n_heads"], n_layers=s["n_layers"], dropout=0.0, bias=False,
+                    qkv_bias=False, activation=activation)  # fmt: skip
     return GPT(cfg).train()
 
 
 def full_loss(m: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     logits = m(x)
     return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.view(-1))
+
+
+def bf16_autocast() -> contextlib.AbstractContextManager:
+    return torch.autocast("cpu", dtype=torch.bfloat16)
+
+
+@contextlib.contextmanager
+def bf16_attention() -> Iterator[None]:
+    """bf16 autocast with the attention left in bf16 (the forward decides; restored after)."""
+    old = lamina.attention.upcast_attention
+    lamina.attention.upcast_attention = lambda q: False
+    try:
+        with bf16_autocast():
+            yield
+    finally:
+        lamina.attention.upcast_attention = old
 
 
 def build(name: str, s: dict) -> Step:
@@ -165,8 +188,8 @@ def build(name: str, s: dict) -> Step:
         m = GPT2LMHeadModel(cfg).train()
         loss = lambda m, x, y: full_loss(lambda i: m(input_ids=i).logits, x, y)  # noqa: E731
         return stepper(m, loss, build_optimizer(m, lr=1e-3))[0]
-    m = lamina_model(s)
-    if name == "lamina":
+    m = lamina_model(s, "gelu" if name == "+gelu-tanh" else "gelu_exact")
+    if name in ("lamina", "+gelu-tanh"):
         return stepper(m, full_loss, build_optimizer(m, lr=1e-3), amp)[0]
     if name == "+fp32":
         return stepper(m, full_loss, build_optimizer(m, lr=1e-3))[0]
@@ -176,8 +199,8 @@ def build(name: str, s: dict) -> Step:
         opt = build_optimizer(m, lr=1e-2, optimizer="muon",
                               ns_dtype="bf16" if native_bf16() else "fp32")  # fmt: skip
         return stepper(m, full_loss, opt, amp)[0]
-    if name == "+bf16":
-        bf16 = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
+    if name in ("+bf16", "+bf16-attn"):
+        bf16 = bf16_attention if name == "+bf16-attn" else bf16_autocast
         return stepper(m, full_loss, build_optimizer(m, lr=1e-3), bf16)[0]
     if name == "+math-attn":
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -202,17 +225,15 @@ def build(name: str, s: dict) -> Step:
 
 
 def variants(compile_: bool) -> list[str]:
-    out = ["nanogpt", "hf", "lamina", "+fp32", "+foreach", "+muon"]
+    out = ["nanogpt", "hf", "lamina", "+fp32", "+gelu-tanh", "+foreach", "+muon"]
     if native_bf16():
-        out.append("+bf16")
+        out.append("+bf16-attn")
     out += ["+math-attn", "+chunked-ce"]
     return out + (["+compile"] if compile_ else [])
 
 
 def bench_shape(name: str, s: dict, names: list[str], steps: int, rounds: int) -> None:
-    g = torch.Generator().manual_seed(1)
-    x = torch.randint(0, VOCAB, (s["batch"], s["block_size"]), generator=g)
-    y = torch.randint(0, VOCAB, (s["batch"], s["block_size"]), generator=g)
+    x, y = batches(s)
     fns, first = {}, {}
     for v in names:
         fns[v] = build(v, s)
@@ -239,6 +260,26 @@ def bench_shape(name: str, s: dict, names: list[str], steps: int, rounds: int) -
         print(f"| {v} | {med * 1000:.1f} | {tokens / med:,.0f} | {ratio} | {first[v]:.2f} |")
 
 
+def batches(s: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(0, VOCAB, (s["batch"], s["block_size"]), generator=g)
+    return x, torch.randint(0, VOCAB, (s["batch"], s["block_size"]), generator=g)
+
+
+def profile_variant(name: str, shape: str, s: dict) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    x, y = batches(s)
+    fn = build(name, s)
+    for _ in range(5):
+        fn(x, y)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(10):
+            fn(x, y)
+    print(f"\n{name} at shape {shape}, 10 steps:")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default="A")
@@ -248,6 +289,7 @@ def main() -> None:
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--batch-b", type=int, default=64, help="shape B's batch")
     p.add_argument("--threads", type=int)
+    p.add_argument("--profile", metavar="VARIANT", help="profile VARIANT's ops (first shape)")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -258,6 +300,8 @@ def main() -> None:
         s = dict(SHAPES[shape])
         if shape == "B":
             s["batch"] = args.batch_b
+        if args.profile:
+            return profile_variant(args.profile, shape, s)
         bench_shape(shape, s, names, args.steps, args.rounds)
 
 

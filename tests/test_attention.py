@@ -356,3 +356,21 @@ def test_soft_cap_bounds_the_scores_and_takes_the_written_out_path():
     assert ratio < torch.exp(torch.tensor(0.2)) + 1e-6
     attn.impl = "sdpa"  # the cap has no SDPA form: the same written-out result either way
     assert torch.equal(attn(x)[0], attn(x, need_weights=True)[0])
+
+
+def test_bf16_training_on_a_cpu_runs_narrow_heads_attention_in_fp32():
+    from lamina.cpu import UPCAST_HEAD_WIDTH, upcast_attention
+
+    narrow = torch.randn(1, 2, 4, UPCAST_HEAD_WIDTH // 2, dtype=torch.bfloat16)
+    assert not upcast_attention(narrow)  # no gradient recorded: the bf16 forward
+    assert upcast_attention(narrow.requires_grad_())
+    assert not upcast_attention(torch.randn(1, 2, 4, UPCAST_HEAD_WIDTH).requires_grad_())
+    assert not upcast_attention(torch.randn(1, 2, 4, 8, requires_grad=True))  # fp32 already
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(32, 4, causal=True).train()
+    x = torch.randn(2, 6, 32, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, _ = attn(x)
+    out.float().sum().backward()
+    assert out.dtype == torch.bfloat16 and x.grad is not None
+    torch.testing.assert_close(out.float(), attn(x)[0], atol=3e-2, rtol=3e-2)

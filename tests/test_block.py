@@ -162,6 +162,13 @@ def test_rms_norm_with_gain_equals_the_formula_and_without_gain_has_no_parameter
     assert sum(p.numel() for p in LayerNorm(16, gain=False).parameters()) == 16  # the shift
 
 
+def test_gelu_exact_is_the_erf_form_and_gelu_the_tanh_form():
+    t = torch.linspace(-4, 4, 33)
+    exact = FeedForward(8, 12, activation="gelu_exact").act(t)
+    torch.testing.assert_close(exact, 0.5 * t * (1 + torch.erf(t / math.sqrt(2.0))))
+    torch.testing.assert_close(FeedForward(8, 12).act(t), gelu_formula(t))
+
+
 def test_relu2_is_relu_squared():
     ff = FeedForward(8, 12, activation="relu2")
     t = torch.linspace(-3, 3, 13)

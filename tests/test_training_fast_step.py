@@ -74,13 +74,15 @@ def test_fused_adamw_steps_equal_the_for_loop_steps():
     assert max((a - s).abs().max() for a, s in zip(fused, start, strict=True)) > 1e-2
 
 
-def test_budget_table_picks_bpe_for_long_budgets_on_big_corpora_and_char_otherwise():
+def test_budget_table_picks_bpe_only_where_the_budget_reads_the_corpus_few_times():
     from lamina.training.budget import TABLE, pick
 
     bpe = TABLE[0]
-    assert pick(bpe.seconds, bpe.corpus).tokenizer == bpe.tokenizer
-    assert pick(bpe.seconds - 1, bpe.corpus).tokenizer == "char"  # too short a budget
-    assert pick(bpe.seconds * 10, bpe.corpus - 1).tokenizer == "char"  # too small a corpus
+    enough = int(bpe.per_second * bpe.seconds)
+    assert pick(bpe.seconds, enough).tokenizer == bpe.tokenizer
+    assert pick(bpe.seconds - 1, enough).tokenizer == "char"  # too short a budget
+    assert pick(bpe.seconds, enough - 1).tokenizer == "char"  # too small a corpus
+    assert pick(bpe.seconds * 2, enough).tokenizer == "char"  # the same corpus, more passes
     assert pick(bpe.seconds * 10, None).tokenizer == "char"
 
 
@@ -88,12 +90,15 @@ def test_budget_plan_keeps_explicit_flags_and_says_what_it_picked(tmp_path):
     from lamina.training.budget import TABLE, plan
 
     big = tmp_path / "big.txt"
-    big.write_text("to be or not to be\n" * (TABLE[0].corpus // 19 + 1), encoding="utf-8")
+    enough = TABLE[0].per_second * TABLE[0].seconds
+    big.write_text("to be or not to be\n" * int(enough // 19 + 1), encoding="utf-8")
     long = TABLE[0].seconds
     given, line = plan({"data": str(big), "max_time": long})
     assert given["tokenizer"] == TABLE[0].tokenizer and TABLE[0].tokenizer in line
     assert "pass --tokenizer" in line
-    for typed in ({"tokenizer": "char"}, {"preset": "tiny"}, {"init_from": "x"}):
+    typed_flags = ({"tokenizer": "char"}, {"preset": "tiny"}, {"init_from": "x"},
+                   {"model_overrides": {"d_model": 64}})  # fmt: skip
+    for typed in typed_flags:
         want = {"data": str(big), "max_time": long, **typed}
         assert plan(want) == (want, None)
     assert plan({"data": str(big)}) == ({"data": str(big)}, None)  # no budget: no plan
@@ -101,3 +106,16 @@ def test_budget_plan_keeps_explicit_flags_and_says_what_it_picked(tmp_path):
     small = tmp_path / "small.txt"
     small.write_text("short text\n", encoding="utf-8")
     assert plan({"data": str(small), "max_time": long})[0]["tokenizer"] == "char"
+
+
+def test_a_budget_row_with_a_shape_sets_the_model_fields_and_says_so(tmp_path, monkeypatch):
+    from lamina.training import budget
+
+    row = budget.Row(60.0, 0, "bpe:300", {"d_model": 64, "n_layers": 2}, "measured")
+    monkeypatch.setattr(budget, "TABLE", (row, *budget.TABLE))
+    text = tmp_path / "t.txt"
+    text.write_text("to be or not to be\n", encoding="utf-8")
+    given, line = budget.plan({"data": str(text), "max_time": 60.0})
+    assert given["tokenizer"] == "bpe:300"
+    assert given["model_overrides"] == {"d_model": 64, "n_layers": 2}
+    assert "--d-model 64, --n-layers 2 (measured;" in line

@@ -25,6 +25,14 @@ def test_newton_schulz_brings_singular_values_near_one(shape):
         assert 0.6 < float(s.min()) and float(s.max()) < 1.25, (steps, s.min(), s.max())
 
 
+def test_a_stack_is_orthogonalized_matrix_by_matrix():
+    torch.manual_seed(0)
+    g = torch.randn(3, 48, 16)
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+        each = torch.stack([orthogonalize(m, 5, dtype) for m in g])
+        torch.testing.assert_close(orthogonalize(g, 5, dtype), each, atol=tol, rtol=tol)
+
+
 def _pair():
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))

@@ -49,6 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lamina.cpu import upcast_attention
 from lamina.errors import LaminaError
 from lamina.rope import (  # noqa: F401 - re-exported: the rotary names' historical home
     RopeScaling,
@@ -348,16 +349,15 @@ class MultiHeadAttention(nn.Module):
                 and t_k == T
                 and plain_causal
             )
-            out = F.scaled_dot_product_attention(
-                q,
-                k,
-                v,
-                attn_mask=None if use_causal_flag else allowed,
-                dropout_p=p,
-                is_causal=use_causal_flag,
-                scale=self.scale,
-                enable_gqa=Hkv != H,
-            )
+            mask = None if use_causal_flag else allowed
+            kw = dict(dropout_p=p, is_causal=use_causal_flag, scale=self.scale, enable_gqa=Hkv != H)
+            if upcast_attention(q):  # bf16 training on a CPU: fp32 attention is faster
+                with torch.autocast("cpu", enabled=False):
+                    out = F.scaled_dot_product_attention(
+                        q.float(), k.float(), v.float(), attn_mask=mask, **kw
+                    ).to(q.dtype)
+            else:
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kw)
             if dead is not None:
                 out = out.masked_fill(dead, 0.0)
         out = out.transpose(1, 2).reshape(B, T, H * hd)  # (B, T, H*hd)

@@ -6,7 +6,7 @@
                                        x = x + drop(post_ff_norm(ff(norm2(x))))
 
 Shapes: (B, T, d) -> (B, T, d). The feed-forward acts on each position alone: d -> d_ff -> d,
-with GELU (tanh approximation, GPT-2), ReLU, ReLU² (relu(x)^2), SwiGLU or GeGLU. SwiGLU is
+with GELU (tanh approximation, GPT-2; "gelu_exact": the erf form, nanoGPT's), ReLU, ReLU² (relu(x)^2), SwiGLU or GeGLU. SwiGLU is
 gated, in the Llama convention: silu(x W_gate) * (x W_up) -> W_down, where d_ff is the width of
 each of the two input projections; they are stored as one fused (2 d_ff, d) matrix, [gate | up].
 GeGLU (Gemma) is the same with GELU's tanh approximation in place of silu.
@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from lamina.attention import KVCache, MultiHeadAttention, RopeArg, RopeScaling, rms_norm
 from lamina.errors import LaminaError
 
-Activation = Literal["gelu", "relu", "relu2", "swiglu", "geglu"]
+Activation = Literal["gelu", "gelu_exact", "relu", "relu2", "swiglu", "geglu"]
 GATED = ("swiglu", "geglu")  # activations whose input is [gate | up], 2 d_ff wide
 NormKind = Literal["layer", "rms"]
 
@@ -135,6 +135,8 @@ class GeGLU(nn.Module):
 def activation_module(name: Activation) -> nn.Module:
     if name == "gelu":
         return GELU()
+    if name == "gelu_exact":
+        return nn.GELU()  # the erf form
     if name == "relu":
         return nn.ReLU()
     if name == "relu2":
@@ -144,7 +146,8 @@ def activation_module(name: Activation) -> nn.Module:
     if name == "geglu":
         return GeGLU()
     raise LaminaError(
-        f"activation must be 'gelu', 'relu', 'relu2', 'swiglu' or 'geglu', got {name!r}"
+        f"activation must be 'gelu', 'gelu_exact', 'relu', 'relu2', 'swiglu' or 'geglu', "
+        f"got {name!r}"
     )
 
 

@@ -19,6 +19,8 @@ from lamina.validate import fraction as _dropout
 from lamina.validate import positive_int as _positive_int
 from lamina.validate import positive_number
 
+ACTIVATIONS = ("gelu", "gelu_exact", "relu", "relu2", "swiglu", "geglu")
+
 CONFIG_FORMAT = 1  # bumped when a saved config.json changes meaning
 
 
@@ -69,8 +71,9 @@ class GPTConfig(_ConfigMixin):
     bias: bool = True  # bias on the other linear layers and LayerNorms' shift
     d_ff: int | None = None  # feed-forward hidden width; None means 4 * d_model
     # swiglu, geglu: gated, d_ff is the width of each of their two input projections (Llama's
-    # convention); geglu gates with GELU's tanh approximation (Gemma)
-    activation: Literal["gelu", "relu", "relu2", "swiglu", "geglu"] = "gelu"
+    # convention); geglu gates with GELU's tanh approximation (Gemma); gelu is the tanh
+    # approximation (GPT-2), gelu_exact the erf form (nanoGPT, BERT)
+    activation: Literal["gelu", "gelu_exact", "relu", "relu2", "swiglu", "geglu"] = "gelu"
     norm_first: bool = True  # pre-LN blocks (GPT-2); False gives post-LN
     # rope: rotary positions inside attention (no position table)
     positions: Literal["learned", "sinusoidal", "rope"] = "learned"
@@ -118,7 +121,7 @@ class GPTConfig(_ConfigMixin):
             _bool(name, getattr(self, name))
         if self.d_ff is not None:
             _positive_int("d_ff", self.d_ff)
-        _choice("activation", self.activation, ("gelu", "relu", "relu2", "swiglu", "geglu"))
+        _choice("activation", self.activation, ACTIVATIONS)
         _choice("positions", self.positions, ("learned", "sinusoidal", "rope"))
         positive_number("init_std", self.init_std)
         positive_number("layer_norm_eps", self.layer_norm_eps)  # inf refused, as NaN is

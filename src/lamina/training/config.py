@@ -222,7 +222,7 @@ class TrainConfig:
     dtype: DtypeName = option(
         "auto",
         "auto: bf16 autocast only where measured faster (GPUs; CPUs with AMX/AVX512-BF16 at "
-        "width >= 256)",
+        "width >= 128)",
     )
     compile: bool = option(False, "torch.compile the model, falling back to eager if it fails")
     activation_checkpointing: bool = option(

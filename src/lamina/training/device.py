@@ -48,10 +48,11 @@ def autocast(device: torch.device, bf16: bool) -> contextlib.AbstractContextMana
     return torch.autocast(device.type, dtype=torch.bfloat16)
 
 
-# bf16 autocast pays off on CPUs only with native bf16 matrix units (AMX / AVX512-BF16) and
-# only for wide enough matrices: measured slower than fp32 at shape A's width, faster at shape
-# B's (BENCHMARKS.md, Training).
-BF16_MIN_WIDTH = 256
+# bf16 autocast pays off on CPUs only with native bf16 matrix units (AMX / AVX512-BF16): with
+# the fused attention kept in fp32 while training (lamina.cpu.upcast_attention) a step measured
+# 1.34x fp32's at 128 wide and 2.1x at 384 (bench/step.py shapes A and B on AMX; BENCHMARKS.md);
+# narrower models were not measured, so they stay fp32
+BF16_MIN_WIDTH = 128
 
 
 def _mps_available() -> bool:

@@ -36,17 +36,18 @@ NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
 
 def orthogonalize(g: Tensor, steps: int = 5, dtype: torch.dtype = torch.float32) -> Tensor:
-    """Approximately U V^T of G = U S V^T, by a quintic Newton-Schulz iteration."""
+    """Approximately U V^T of G = U S V^T, by a quintic Newton-Schulz iteration; G may be a
+    stack (n, rows, cols) of matrices, each orthogonalized alone (batched matmuls)."""
     a, b, c = NS_COEFFICIENTS
     x = g.to(dtype)
-    x = x / (x.norm() + 1e-7)
-    tall = x.shape[0] > x.shape[1]
+    x = x / (torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True) + 1e-7)
+    tall = x.shape[-2] > x.shape[-1]
     if tall:
-        x = x.T
+        x = x.mT
     for _ in range(steps):
-        s = x @ x.T
+        s = x @ x.mT
         x = a * x + (b * s + c * s @ s) @ x
-    return (x.T if tall else x).to(g.dtype)
+    return (x.mT if tall else x).to(g.dtype)
 
 
 class MuonAdamW(torch.optim.Optimizer):
@@ -94,21 +95,28 @@ class MuonAdamW(torch.optim.Optimizer):
         return loss
 
     def _muon(self, group: dict[str, Any]) -> None:
+        """The group's matrices of one shape step together: momentum with foreach ops, one
+        batched Newton-Schulz per shape (per-matrix calls were most of a small model's step)."""
         lr, wd, mu = group["lr"], group["weight_decay"], group["momentum"]
+        by_shape: dict[tuple[int, ...], list[Tensor]] = {}
         for p in group["params"]:
-            if p.grad is None:
-                continue
-            state = self.state[p]
-            if "momentum_buffer" not in state:
-                state["momentum_buffer"] = torch.zeros_like(p)
-            buf = state["momentum_buffer"]
-            buf.mul_(mu).add_(p.grad)
-            update = p.grad.add(buf, alpha=mu)
-            o = orthogonalize(update, group["ns_steps"], self.ns_dtype)
-            scale = 0.2 * math.sqrt(max(p.shape))
+            if p.grad is not None:
+                by_shape.setdefault(tuple(p.shape), []).append(p)
+        for shape, params in by_shape.items():
+            grads = [p.grad for p in params]
+            bufs = []
+            for p in params:
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p)
+                bufs.append(state["momentum_buffer"])
+            torch._foreach_mul_(bufs, mu)
+            torch._foreach_add_(bufs, grads)
+            updates = torch._foreach_add(grads, bufs, alpha=mu)
+            o = orthogonalize(torch.stack(updates), group["ns_steps"], self.ns_dtype)
             if wd:
-                p.mul_(1 - lr * wd)
-            p.add_(o, alpha=-lr * scale)
+                torch._foreach_mul_(params, 1 - lr * wd)
+            torch._foreach_add_(params, list(o.unbind(0)), alpha=-lr * 0.2 * math.sqrt(max(shape)))
 
     def _adamw(self, group: dict[str, Any]) -> None:
         params = [p for p in group["params"] if p.grad is not None]
