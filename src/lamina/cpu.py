@@ -238,10 +238,10 @@ UPCAST_HEAD_WIDTH = 64  # heads narrower than this train their attention in fp32
 
 def upcast_attention(q: Tensor) -> bool:
     """Whether fused attention on `q` (B, H, T, hd) runs in float32 rather than bf16: on a CPU
-    while recording gradients, for heads narrower than UPCAST_HEAD_WIDTH. torch's bf16
-    flash-attention backward measured 5x slower than fp32 at head width 32 (a step at
-    bench/step.py's shape A: 31.7 ms against 18.0), while at 64 bf16 was 7% faster (shape B);
-    the forward alone (eval, generation) stays in bf16, where it is faster."""
+    while recording gradients, for heads narrower than UPCAST_HEAD_WIDTH: torch's bf16
+    flash-attention backward is slower than fp32's at narrow heads and faster at 64 wide
+    (BENCHMARKS.md, "The step, option by option"); the forward alone (eval, generation) stays
+    in bf16, where it is faster."""
     return (
         q.dtype == torch.bfloat16
         and q.device.type == "cpu"
