@@ -237,8 +237,8 @@ class TrainConfig:
     init_from: str | None = option(
         None,
         "fine-tune: start from any model lamina opens (a lamina run or model folder, a Hugging "
-        "Face folder, a GGUF file, dequantized to fp32); its shape and tokenizer come with it, "
-        "the optimizer starts fresh",
+        "Face folder, a GGUF file: dequantized to fp32, or with --lora kept quantized as "
+        "--lora-base says); its shape and tokenizer come with it, the optimizer starts fresh",
         metavar="SOURCE",
     )
     # the task's own fields: an instance of its registry entry's options class (None: its
