@@ -651,6 +651,13 @@ typedef struct {
     float *sxt;  /* (k/gs, LANES) int4: the group sums */
 } LaneAct;
 
+/* Inputs p and p + 1 of a block as one int32 pair (the lanes' layout): neighbours, or for
+   int4's [even | odd] order, p and 16 + p. */
+static inline int32_t lane_pair(const int16_t *qb, int p, int perm) {
+    const int16_t lo = perm ? qb[p] : qb[2 * p], hi = perm ? qb[16 + p] : qb[2 * p + 1];
+    return (int32_t)((uint32_t)(uint16_t)lo | (uint32_t)(uint16_t)hi << 16);
+}
+
 static void lane_act(const Lin *L, const Act *a, int r0, int rows, LaneAct *t) {
     const int k = L->k, nb = k / 32, groups = L->kind == LIN_INT4 ? k / L->gs : 0;
     const int perm = L->kind == LIN_INT4; /* int4 inputs are [even | odd] per block */
@@ -658,15 +665,7 @@ static void lane_act(const Lin *L, const Act *a, int r0, int rows, LaneAct *t) {
         const int16_t *q = r < rows ? a->q + (size_t)(r0 + r) * k : NULL;
         for (int b = 0; b < nb; b++) {
             int32_t *o = t->xt + (size_t)b * 16 * LANES + r;
-            for (int p = 0; p < 16; p++) {
-                uint32_t v = 0;
-                if (q) {
-                    const int16_t *qb = q + 32 * b;
-                    const int16_t lo = perm ? qb[p] : qb[2 * p], hi = perm ? qb[16 + p] : qb[2 * p + 1];
-                    v = (uint32_t)(uint16_t)lo | (uint32_t)(uint16_t)hi << 16;
-                }
-                o[p * LANES] = (int32_t)v;
-            }
+            for (int p = 0; p < 16; p++) o[p * LANES] = q ? lane_pair(q + 32 * b, p, perm) : 0;
             t->dxt[b * LANES + r] = q ? a->dx[(size_t)(r0 + r) * nb + b] : 0.0f;
         }
         for (int g = 0; g < groups; g++) t->sxt[g * LANES + r] = q ? a->sx[(size_t)(r0 + r) * groups + g] : 0.0f;
@@ -754,15 +753,7 @@ static void lane_act2(const Lin *L, const Act *a, int r0, int rows, LaneAct2 *t)
         for (int b = 0; b < 2 * nc; b++) {
             const int c = b / 2, e = b % 2, real = q && b < nb;
             int32_t *o = t->xt + (size_t)c * 16 * LANES * 2 + r * 2 + e;
-            for (int p = 0; p < 16; p++) {
-                uint32_t v = 0;
-                if (real) {
-                    const int16_t *qb = q + 32 * b;
-                    const int16_t lo = perm ? qb[p] : qb[2 * p], hi = perm ? qb[16 + p] : qb[2 * p + 1];
-                    v = (uint32_t)(uint16_t)lo | (uint32_t)(uint16_t)hi << 16;
-                }
-                o[p * LANES * 2] = (int32_t)v;
-            }
+            for (int p = 0; p < 16; p++) o[p * LANES * 2] = real ? lane_pair(q + 32 * b, p, perm) : 0;
             t->dxt[(size_t)c * LANES * 2 + r * 2 + e] = real ? a->dx[(size_t)(r0 + r) * nb + b] : 0.0f;
         }
         for (int g = 0; g < groups; g++) t->sxt[g * LANES + r] = q ? a->sx[(size_t)(r0 + r) * groups + g] : 0.0f;
