@@ -6,9 +6,10 @@
                                        x = x + drop(post_ff_norm(ff(norm2(x))))
 
 Shapes: (B, T, d) -> (B, T, d). The feed-forward acts on each position alone: d -> d_ff -> d,
-with GELU (tanh approximation, GPT-2; "gelu_exact": the erf form, nanoGPT's), ReLU, ReLU² (relu(x)^2), SwiGLU or GeGLU. SwiGLU is
-gated, in the Llama convention: silu(x W_gate) * (x W_up) -> W_down, where d_ff is the width of
-each of the two input projections; they are stored as one fused (2 d_ff, d) matrix, [gate | up].
+with GELU (tanh approximation, GPT-2; "gelu_exact": the erf form, nanoGPT's), ReLU, ReLU²
+(relu(x)^2), SwiGLU or GeGLU. SwiGLU is gated, in the Llama convention: silu(x W_gate) *
+(x W_up) -> W_down, where d_ff is the width of each of the two input projections; they are
+stored as one fused (2 d_ff, d) matrix, [gate | up].
 GeGLU (Gemma) is the same with GELU's tanh approximation in place of silu.
 LayerNorm uses the biased variance; RMSNorm divides by the root mean square without centring
 (`F.rms_norm`); either may drop its learnable gain. An RMSNorm with an offset (Gemma: 1) applies
