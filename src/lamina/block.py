@@ -22,7 +22,7 @@ Deliberately unaware of token ids, positions and models: a block maps vectors to
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +32,7 @@ from lamina.attention import KVCache, MultiHeadAttention, RopeArg, RopeScaling, 
 from lamina.errors import LaminaError
 
 Activation = Literal["gelu", "gelu_exact", "relu", "relu2", "swiglu", "geglu"]
+ACTIVATIONS: tuple[str, ...] = get_args(Activation)
 GATED = ("swiglu", "geglu")  # activations whose input is [gate | up], 2 d_ff wide
 NormKind = Literal["layer", "rms"]
 
@@ -146,10 +147,7 @@ def activation_module(name: Activation) -> nn.Module:
         return SwiGLU()
     if name == "geglu":
         return GeGLU()
-    raise LaminaError(
-        f"activation must be 'gelu', 'gelu_exact', 'relu', 'relu2', 'swiglu' or 'geglu', "
-        f"got {name!r}"
-    )
+    raise LaminaError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {name!r}")
 
 
 class FeedForward(nn.Module):

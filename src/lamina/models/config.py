@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from lamina.block import ACTIVATIONS, Activation
 from lamina.errors import LaminaError
 from lamina.rope import RopeScaling
 from lamina.validate import boolean as _bool
@@ -18,8 +19,6 @@ from lamina.validate import choice as _choice
 from lamina.validate import fraction as _dropout
 from lamina.validate import positive_int as _positive_int
 from lamina.validate import positive_number
-
-ACTIVATIONS = ("gelu", "gelu_exact", "relu", "relu2", "swiglu", "geglu")
 
 CONFIG_FORMAT = 1  # bumped when a saved config.json changes meaning
 
@@ -73,7 +72,7 @@ class GPTConfig(_ConfigMixin):
     # swiglu, geglu: gated, d_ff is the width of each of their two input projections (Llama's
     # convention); geglu gates with GELU's tanh approximation (Gemma); gelu is the tanh
     # approximation (GPT-2), gelu_exact the erf form (nanoGPT, BERT)
-    activation: Literal["gelu", "gelu_exact", "relu", "relu2", "swiglu", "geglu"] = "gelu"
+    activation: Activation = "gelu"
     norm_first: bool = True  # pre-LN blocks (GPT-2); False gives post-LN
     # rope: rotary positions inside attention (no position table)
     positions: Literal["learned", "sinusoidal", "rope"] = "learned"

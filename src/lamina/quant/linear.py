@@ -158,8 +158,14 @@ class Int8Linear(nn.Module):
         self.kernel_scale = scale.to(torch.bfloat16)
         return self
 
-    def dequantized(self, dtype: torch.dtype = torch.float32) -> Tensor:
-        return _dequantize_int8(self.qweight, self.scale, self.group_size, dtype)
+    def dequantized(self, dtype: torch.dtype = torch.float32, rows: Any = None) -> Tensor:
+        """W as `dtype`: q * s; `rows` (a slice or a tensor of ids) reads only those rows."""
+        if rows is None:
+            return _dequantize_int8(self.qweight, self.scale, self.group_size, dtype)
+        q, scale = self.qweight[rows].float(), self.scale[rows]
+        if self.group_size is None:
+            return (q * scale[..., None]).to(dtype)
+        return (q.unflatten(-1, (-1, self.group_size)) * scale[..., None]).flatten(-2).to(dtype)
 
     def _per_row_copy(self, chunk: int = 4096) -> tuple[Tensor, Tensor]:
         """Requantize the grouped weights per row, a few rows at a time (no full fp32 copy)."""
@@ -229,12 +235,14 @@ class Int4Linear(nn.Module):
         m.bias = _copied_bias(linear)
         return m.prepare()
 
-    def dequantized(self, dtype: torch.dtype = torch.float32) -> Tensor:
-        q = _unpack_nibbles(self.qweight).float()  # the one float temporary: the rest in place
-        n, k = q.shape
-        s, z = self.scales_and_zeros.transpose(0, 1).unbind(-1)  # (N, K // gs) each
-        g = q.view(n, k // self.group_size, self.group_size)
-        g.sub_(8).mul_(s[..., None]).add_(z[..., None])  # (q - 8) s + z
+    def dequantized(self, dtype: torch.dtype = torch.float32, rows: Any = None) -> Tensor:
+        """W as `dtype`: (q - 8) s + z; `rows` (a slice or a tensor of ids) reads only those."""
+        index = slice(None) if rows is None else rows
+        packed = self.qweight[index]  # (..., K / 2), low nibble first
+        q = torch.stack([packed & 15, packed >> 4], -1).flatten(-2).float()  # the one temporary
+        s, z = self.scales_and_zeros[:, index].movedim(0, -2).unbind(-1)  # (..., K / g) each
+        g = q.unflatten(-1, (-1, self.group_size))
+        g.sub_(8).mul_(s[..., None]).add_(z[..., None])  # in place
         return q.to(dtype)
 
     def prepare(self, kernel: str | None = None) -> Int4Linear:

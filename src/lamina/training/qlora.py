@@ -49,20 +49,12 @@ def wants_quantized(base: str) -> bool:
 
 def int4_rows(m: Int4Linear, index: Any, dtype: torch.dtype = torch.float32) -> Tensor:
     """Rows `index` (a slice or a tensor of ids) of an int4 layer's W: (q - 8) * s + z."""
-    packed = m.qweight[index]  # (..., K / 2), low nibble first
-    q = torch.stack([packed & 15, packed >> 4], -1).flatten(-2).float()
-    s, z = m.scales_and_zeros[:, index].movedim(0, -2).unbind(-1)  # (..., K / g) each
-    w = q.unflatten(-1, (-1, m.group_size))
-    w.sub_(8).mul_(s[..., None]).add_(z[..., None])  # in place: q is the one float temporary
-    return q.to(dtype)
+    return m.dequantized(dtype, rows=index)
 
 
 def int8_rows(m: Int8Linear, index: Any, dtype: torch.dtype = torch.float32) -> Tensor:
     """Rows `index` of an int8 layer's W: q * s (a scale per row, or per group of a row)."""
-    q, scale = m.qweight[index].float(), m.scale[index]
-    if m.group_size is None:
-        return (q * scale[..., None]).to(dtype)
-    return (q.unflatten(-1, (-1, m.group_size)) * scale[..., None]).flatten(-2).to(dtype)
+    return m.dequantized(dtype, rows=index)
 
 
 def _row_reader(m: nn.Module) -> Any:
