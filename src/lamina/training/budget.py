@@ -5,8 +5,8 @@ run gets.
            the measurement behind it)
     pick(max_time, corpus, rate) -> Pick(tokenizer, shape, why)   the first row the run meets
     passes(max_time, corpus, rate) -> float   how often T seconds at `rate` read the corpus
-    text_rate(device, batch) -> float   bytes of text a second this machine trains the default
-                                       shape on as BPE tokens (two timed forward+backwards)
+    text_rate(device, dtype) -> float   bytes of text a second this machine trains the default
+                                       shape on as BPE tokens (three timed forward+backwards)
     corpus_bytes(data) -> int | None   a text file's size, a folder's .txt files', the built-in
                                        corpus's (None: a prepared folder, unreadable)
     plan(given) -> (given, line | None)   `given` with the picked tokenizer and shape added,
@@ -18,13 +18,17 @@ The rows come from bench/speedrun.py (BENCHMARKS.md, "Budget-dependent defaults"
 vocabulary sees about two characters per token, so a model of the same shape reads twice the
 text per step; that wins while the run reads its corpus few times, and loses once the budget
 makes many passes: the 3 x 128 model then overfits BPE tokens first. What counts is the passes
-the budget makes, which depend on the machine: on tinyshakespeare (1.1 MB) at 120 s a quiet
-AMX Xeon trained on ~80 kB of text a second as bpe:1024 (8.5 passes; char 1.519 nats/char
-against bpe:1024's 1.586), an AVX512-BF16 EPYC on ~43 kB (4.3 passes in 100 s; bpe:1024 1.534
-against char's 1.580). So the run times two forward+backward passes of the default shape at a
-BPE vocabulary (`text_rate`, a fraction of a second) and picks BPE while the budget's passes
-at that rate stay at most the row's `passes`. The batch, warmup and evaluations are then sized
-to the budget by sizing.py.
+the budget makes, which depend on the machine: on tinyshakespeare (1.1 MB) at 120 s a quiet AMX
+Xeon trained on ~80 kB of text a second as bpe:1024 (8.6 passes; char 1.519 nats/char against
+bpe:1024's 1.586), an AVX512-BF16 EPYC on ~43 kB (3.9 passes in 100 s; bpe:1024 1.534 against
+char's 1.580; 120 s, 5.5 passes: 1.538 against ~1.58; at 300 s, 13 passes, char 1.513 against
+1.645). So the run times forward+backward passes of the default shape at a BPE vocabulary
+(`text_rate`, a fraction of a second) and picks BPE while the budget's passes at that rate stay
+at most the row's `passes`. The timing leaves out the optimizer step, the evaluations and the
+setup, so it reads about 1.4x the rate a run achieves (1.1-1.7x on the EPYC, whose speed varies:
+46-75 kB/s against 44-52): the row's 10 sits between the timed passes where BPE won (4-8 on the
+EPYC at 100-120 s) and where char did (16-20 there at 300 s; ~12 for the Xeon's 8.6 real
+passes). The batch, warmup and evaluations are then sized to the budget by sizing.py.
 
 Deliberately unaware of the command line's parsing and of what a tokenizer computes.
 """
@@ -42,6 +46,7 @@ from lamina.data.shards import is_prepared
 CHARS_PER_TOKEN = 2.25  # bpe:1024 on tinyshakespeare's validation tail (measured)
 PROBE_VOCAB = 1024
 PROBE_ROWS = 48  # the CPU default batch, of block_size windows
+PROBE_PASSES = 3  # timed forward+backwards; the fastest counts (the first pays one-off costs)
 
 
 class Row(NamedTuple):
@@ -55,11 +60,11 @@ class Row(NamedTuple):
 TABLE: tuple[Row, ...] = (
     Row(
         100.0,
-        6.0,
+        10.0,
         "bpe:1024",
         {},
-        "bpe:1024: the budget reads this corpus at most about 6 times on this machine; measured "
-        "better than char over 4-6 passes, worse over 8 and more",
+        "bpe:1024: the budget reads this corpus at most about 10 times by a timed step here; "
+        "measured better than char over 4-6 real passes, worse over 8.6 and more",
     ),
     Row(
         0.0,
@@ -67,7 +72,7 @@ TABLE: tuple[Row, ...] = (
         "char",
         {},
         "a character model: under 100 s, or where the budget reads the corpus more than about "
-        "6 times on this machine (BPE overfits first), char measured best",
+        "10 times by a timed step here (BPE overfits first), char measured best",
     ),
 )
 
@@ -94,7 +99,7 @@ def pick(max_time: float, corpus: int | None, rate: float) -> Pick:
 
 def text_rate(device: str = "auto", dtype: str = "auto") -> float:
     """Bytes of text a second this machine trains the default shape on as BPE tokens: the
-    faster of two timed forward+backward passes of PROBE_ROWS windows at a PROBE_VOCAB
+    fastest of PROBE_PASSES timed forward+backward passes of PROBE_ROWS windows at a PROBE_VOCAB
     vocabulary, in tokens a second, times CHARS_PER_TOKEN. The global RNG is left as it was."""
     import torch
     import torch.nn.functional as F
@@ -113,7 +118,7 @@ def text_rate(device: str = "auto", dtype: str = "auto") -> float:
         model = GPT(cfg).to(dev).train()
         x = torch.randint(0, PROBE_VOCAB, (PROBE_ROWS, cfg.block_size + 1), device=dev)
         best = float("inf")
-        for _ in range(2):  # the first also pays one-off costs
+        for _ in range(PROBE_PASSES):  # the first also pays one-off costs
             t0 = time.perf_counter()
             with autocast(dev, bf16):
                 logits = model(x[:, :-1])
