@@ -1151,6 +1151,47 @@ static void embed(const Model *m, int64_t tok, int64_t pos, float *x) {
         for (int i = 0; i < d; i++) x[i] += m->pos_table[(size_t)pos * d + i];
 }
 
+/* sc[i] = q . k_i x scale for the len keys from kb: 8 keys at a time, each one fma chain, the
+   8 sums reduced together (hd a multiple of 8; else one dot_f32 a key) */
+static void scores(const float *q, const float *kb, int len, int hd, float scale, float *sc) {
+    int i = 0;
+    if (hd % 8 == 0)
+        for (; i + 8 <= len; i += 8) {
+            __m256 a[8];
+            for (int t = 0; t < 8; t++) {
+                const float *kr = kb + (size_t)(i + t) * hd;
+                __m256 v = _mm256_mul_ps(_mm256_loadu_ps(q), _mm256_loadu_ps(kr));
+                for (int c = 8; c < hd; c += 8) v = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), _mm256_loadu_ps(kr + c), v);
+                a[t] = v;
+            }
+            const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+            const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+            const __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+            _mm256_storeu_ps(sc + i, _mm256_mul_ps(sum, _mm256_set1_ps(scale)));
+        }
+    for (; i < len; i++) sc[i] = dot_f32(q, kb + (size_t)i * hd, hd) * scale;
+}
+
+/* o = sum over i < len of w[i] v_i, o held in registers 64 floats at a time (hd a multiple of
+   64; else one axpy a value) */
+static void weighted_sum(const float *w, const float *vb, int len, int hd, float *o) {
+    if (hd % 64) {
+        memset(o, 0, hd * sizeof(float));
+        for (int i = 0; i < len; i++) axpy(o, w[i], vb + (size_t)i * hd, hd);
+        return;
+    }
+    for (int c0 = 0; c0 < hd; c0 += 64) {
+        __m256 acc[8];
+        for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_ps();
+        for (int i = 0; i < len; i++) {
+            const __m256 wi = _mm256_set1_ps(w[i]);
+            const float *vr = vb + (size_t)i * hd + c0;
+            for (int c = 0; c < 8; c++) acc[c] = _mm256_fmadd_ps(wi, _mm256_loadu_ps(vr + 8 * c), acc[c]);
+        }
+        for (int c = 0; c < 8; c++) _mm256_storeu_ps(o + c0 + 8 * c, acc[c]);
+    }
+}
+
 static void step_job(void *p, int tid, int nt) {
     Step *S = (Step *)p;
     const Model *m = S->m;
@@ -1218,14 +1259,12 @@ static void step_job(void *p, int tid, int nt) {
                 if (len <= 0) continue;
                 const float *q = S->qkv + (size_t)r * qkv_n + (size_t)h * hd;
                 float *sc = S->scores + (size_t)tid * CHUNK;
+                scores(q, kb, len, hd, scale, sc);
                 float mx = -INFINITY;
-                for (int i = 0; i < len; i++) {
-                    sc[i] = dot_f32(q, kb + (size_t)i * hd, hd) * scale;
-                    mx = sc[i] > mx ? sc[i] : mx;
-                }
+                for (int i = 0; i < len; i++) mx = sc[i] > mx ? sc[i] : mx;
                 for (int i = 0; i < len; i++) sc[i] -= mx;
                 softmax_unnormalised(sc, len, &part[1]);
-                for (int i = 0; i < len; i++) axpy(o, sc[i], vb + (size_t)i * hd, hd);
+                weighted_sum(sc, vb, len, hd, o);
                 part[0] = mx;
             }
         }
