@@ -182,6 +182,9 @@ class LoRALinear(nn.Module):
     def _base(self, x: Tensor) -> Tensor:
         if is_quantized(self.base) and torch.is_grad_enabled():
             return frozen_linear(x, self.base)
+        w = getattr(self.base, "weight", x)  # a float base held in bf16 (lora_option.hold_base)
+        if w.dtype != x.dtype and not torch.is_autocast_enabled(x.device.type):
+            return self.base(x.to(w.dtype)).to(x.dtype)
         return self.base(x)
 
     def _factors(self) -> tuple[Tensor, Tensor]:
