@@ -131,3 +131,19 @@ def test_a_layer_with_only_some_kernels_gets_one_of_them():
             assert cpu.call_kernel(x, has=("native",)) == "dequantize"
         want = "native" if cpu.native_missing() is None else "dequantize"
         assert cpu.call_kernel(x, has=("native",)) == want  # auto: the kernel it has
+
+
+def test_long_dequantized_calls_multiply_in_bf16_only_where_it_is_native(monkeypatch):
+    """A prefill's long calls (> MAX_ROWS rows, no gradient, float32, CPU) in bf16 where bf16
+    is native; short calls, gradients, other dtypes and a "dequantize" choice keep the input's."""
+    long, short = torch.randn(cpu.MAX_ROWS + 1, 8), torch.randn(cpu.MAX_ROWS, 8)
+    for native in (True, False):
+        monkeypatch.setattr(cpu, "native_bf16", lambda native=native: native)
+        with torch.no_grad():
+            assert cpu.dequantized_dtype(long) == (torch.bfloat16 if native else torch.float32)
+            assert cpu.dequantized_dtype(short) == torch.float32
+            assert cpu.dequantized_dtype(long.double()) == torch.float64
+            with cpu.using("dequantize"):
+                assert cpu.dequantized_dtype(long) == torch.float32
+        assert cpu.dequantized_dtype(long.requires_grad_()) == torch.float32
+        long = long.detach()

@@ -56,6 +56,23 @@ def test_kernel_path_equals_dequantized_path(kind):
     assert torch.allclose(fast, slow, rtol=tol, atol=tol * slow.abs().max().item())
 
 
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_a_long_call_multiplies_dequantized_in_the_dtype_lamina_cpu_picks(kind):
+    """A call of more than MAX_ROWS rows on a layer prepared for the native kernel (a prefill):
+    the weights dequantized in lamina.cpu.dequantized_dtype (bf16 where native), the output
+    float32; with "dequantize" chosen, the float32 matmul itself."""
+    lin = nn.Linear(128, 40)
+    m = Int8Linear.from_linear(lin) if kind == "int8" else Int4Linear.from_linear(lin, 64)
+    m.prepare("native")
+    x = torch.randn(cpu.MAX_ROWS + 8, 128)
+    with torch.no_grad():
+        dtype = cpu.dequantized_dtype(x)
+        want = (x.to(dtype) @ m.dequantized(dtype).T).float() + m.bias
+        torch.testing.assert_close(m(x), want, rtol=1e-5, atol=1e-5)
+        with cpu.using("dequantize"):
+            torch.testing.assert_close(m(x), x @ m.dequantized().T + m.bias)
+
+
 @pytest.mark.parametrize("tie", [True, False])
 @pytest.mark.parametrize("scheme,tol", [("int8", 0.03), ("int4", 0.3)])
 def test_quantized_logits_stay_close(scheme, tol, tie):

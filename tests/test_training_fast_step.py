@@ -75,27 +75,48 @@ def test_fused_adamw_steps_equal_the_for_loop_steps():
 
 
 def test_budget_table_picks_bpe_only_where_the_budget_reads_the_corpus_few_times():
-    from lamina.training.budget import TABLE, pick
+    from lamina.training.budget import TABLE, passes, pick
 
     bpe = TABLE[0]
-    enough = int(bpe.per_second * bpe.seconds)
-    assert pick(bpe.seconds, enough).tokenizer == bpe.tokenizer
-    assert pick(bpe.seconds - 1, enough).tokenizer == "char"  # too short a budget
-    assert pick(bpe.seconds, enough - 1).tokenizer == "char"  # too small a corpus
-    assert pick(bpe.seconds * 2, enough).tokenizer == "char"  # the same corpus, more passes
-    assert pick(bpe.seconds * 10, None).tokenizer == "char"
+    rate = 40_000.0  # bytes a second, made up
+    enough = int(rate * bpe.seconds / bpe.passes) + 1  # the fewest bytes read at most `passes`
+    assert passes(bpe.seconds, enough, rate) <= bpe.passes
+    assert pick(bpe.seconds, enough, rate).tokenizer == bpe.tokenizer
+    assert pick(bpe.seconds - 1, enough, rate).tokenizer == "char"  # too short a budget
+    assert pick(bpe.seconds, enough - 2, rate).tokenizer == "char"  # too small a corpus
+    assert pick(bpe.seconds * 2, enough, rate).tokenizer == "char"  # the same corpus, more passes
+    assert pick(bpe.seconds, enough, rate * 2).tokenizer == "char"  # a faster machine, too
+    assert pick(bpe.seconds * 2, enough, rate / 2).tokenizer == bpe.tokenizer  # a slower one
+    assert pick(bpe.seconds * 10, None, rate).tokenizer == "char"
 
 
-def test_budget_plan_keeps_explicit_flags_and_says_what_it_picked(tmp_path):
+def test_text_rate_times_the_default_shape_and_leaves_the_rng_alone():
+    import torch
+
+    from lamina.training.budget import text_rate
+
+    torch.manual_seed(5)
+    want = torch.rand(3)
+    torch.manual_seed(5)
+    rate = text_rate("cpu", "fp32")
+    assert 0 < rate < float("inf")
+    assert torch.equal(torch.rand(3), want)
+
+
+def test_budget_plan_keeps_explicit_flags_and_says_what_it_picked(tmp_path, monkeypatch):
+    from lamina.training import budget
     from lamina.training.budget import TABLE, plan
 
+    rate = 40_000.0
+    monkeypatch.setattr(budget, "text_rate", lambda *a: rate)  # a machine of known speed
     big = tmp_path / "big.txt"
-    enough = TABLE[0].per_second * TABLE[0].seconds
+    enough = rate * TABLE[0].seconds / TABLE[0].passes
     big.write_text("to be or not to be\n" * int(enough // 19 + 1), encoding="utf-8")
     long = TABLE[0].seconds
     given, line = plan({"data": str(big), "max_time": long})
     assert given["tokenizer"] == TABLE[0].tokenizer and TABLE[0].tokenizer in line
-    assert "pass --tokenizer" in line
+    assert "pass --tokenizer" in line and "passes as BPE" in line
+    assert plan({"data": str(big), "max_time": 4 * long})[0]["tokenizer"] == "char"
     typed_flags = ({"tokenizer": "char"}, {"preset": "tiny"}, {"init_from": "x"},
                    {"model_overrides": {"d_model": 64}})  # fmt: skip
     for typed in typed_flags:
@@ -111,7 +132,7 @@ def test_budget_plan_keeps_explicit_flags_and_says_what_it_picked(tmp_path):
 def test_a_budget_row_with_a_shape_sets_the_model_fields_and_says_so(tmp_path, monkeypatch):
     from lamina.training import budget
 
-    row = budget.Row(60.0, 0, "bpe:300", {"d_model": 64, "n_layers": 2}, "measured")
+    row = budget.Row(60.0, float("inf"), "bpe:300", {"d_model": 64, "n_layers": 2}, "measured")
     monkeypatch.setattr(budget, "TABLE", (row, *budget.TABLE))
     text = tmp_path / "t.txt"
     text.write_text("to be or not to be\n", encoding="utf-8")

@@ -7,6 +7,7 @@
     layer_kernel() -> "native" | "packed" | "dequantize"   what quantized layers prepare for
     call_kernel(x, has=None) -> the same, for one call on x (its rows, dtype, device, gradients;
                               `has`: the kernels a layer has, where not all)
+    dequantized_dtype(x) -> the dtype a call on x that runs dequantized multiplies in
     native_step() -> bool                  whether a decode step may run whole in lamina.native
     keeps_quantized(device_type) -> bool   whether lamina.open keeps a file's blocks quantized
     fused_adamw(device_type) -> bool       whether AdamW tries torch's fused kernel
@@ -21,12 +22,16 @@ bench/real_decode.py, figures in BENCHMARKS.md only):
   * "dequantize": the weights dequantized for each call; runs anywhere (GPUs included).
   * "torch": not a kernel but a choice: PyTorch only, the best of "packed" and "dequantize".
 A call the chosen kernel does not take (too many rows, a gradient to record, not on the CPU)
-runs dequantized. "auto" takes "packed" where bf16 is native (it measured fastest at batch 1
-there) for the layers, else the first entry that runs here; the decode step runs natively
-wherever lamina.native does, unless the choice names a PyTorch kernel. A loader whose model
-the native step covers prepares its int8/int4 layers for "native" alone
-(lamina.quant.saved.prepare_kernels): no packed copy is made that no step would read, and a
-prefill's long calls run dequantized (faster there than "packed": bench/kquant_decode.py).
+runs dequantized: a call of more than MAX_ROWS rows recording no gradient in bf16 where bf16 is
+native (a prefill's long calls: weights dequantized to bf16, the input cast, the output cast
+back; the packed kernels' precision there), else in the input's dtype; a choice of
+"dequantize" keeps the input's dtype (float32: the exact reference). "auto" takes "packed"
+where bf16 is native (it measured fastest at batch 1 there) for the layers, else the first
+entry that runs here; the decode step runs natively wherever lamina.native does, unless the
+choice names a PyTorch kernel. A loader whose model the native step covers prepares its
+int8/int4 layers for "native" alone (lamina.quant.saved.prepare_kernels): no packed copy is
+made that no step would read, and a prefill's long calls run dequantized (faster there than
+"packed": bench/kquant_decode.py).
 
 One environment variable sets the choice for a process; `using` overrides it in a block:
 
@@ -209,6 +214,22 @@ def call_kernel(x: Tensor, has: tuple[str, ...] | None = None) -> str:
     name = layer_kernel(has)
     rows = x.numel() // max(1, x.shape[-1])
     return name if KERNELS[name].takes(rows, x.dtype) else "dequantize"
+
+
+def dequantized_dtype(x: Tensor) -> torch.dtype:
+    """The dtype a quantized layer's call on x that runs dequantized multiplies in (see the
+    module docstring): bf16 for a float32 CPU call of more than MAX_ROWS rows recording no
+    gradient where bf16 is native and the choice is not "dequantize", else x's own dtype."""
+    if (
+        x.dtype == torch.float32
+        and x.numel() // max(1, x.shape[-1]) > MAX_ROWS
+        and x.device.type == "cpu"
+        and not (x.requires_grad and torch.is_grad_enabled())
+        and native_bf16()
+        and choice() != "dequantize"
+    ):
+        return torch.bfloat16
+    return x.dtype
 
 
 def native_step() -> bool:

@@ -182,33 +182,35 @@ class LoRALinear(nn.Module):
     def _base(self, x: Tensor) -> Tensor:
         if is_quantized(self.base) and torch.is_grad_enabled():
             return frozen_linear(x, self.base)
+        w = getattr(self.base, "weight", x)  # a float base held in bf16 (lora_option.hold_base)
+        if w.dtype != x.dtype and not torch.is_autocast_enabled(x.device.type):
+            return self.base(x.to(w.dtype)).to(x.dtype)
         return self.base(x)
+
+    def _factors(self) -> tuple[Tensor, Tensor]:
+        """(A, scaling B) of the whole output: the adapted segments' A stacked (n r, in), their
+        B block-diagonal (out, n r), zero rows where a segment is not adapted. One matmul pair
+        then updates every segment: no split of the output and no concatenation back."""
+        if len(self.lora_A) == 1 and len(self.segments) == 1:
+            (name,) = self.lora_A
+            return self.lora_A[name], self.lora_B[name] * self.scaling
+        a = torch.cat([self.lora_A[n] for n, _ in self.segments if n in self.lora_A])
+        blocks = [
+            self.lora_B[n] if n in self.lora_B else a.new_zeros(w, 0) for n, w in self.segments
+        ]
+        return a, torch.block_diag(*blocks) * self.scaling
 
     def forward(self, x: Tensor) -> Tensor:
         y = self._base(x)
-        h = self.drop(x)
-        deltas = {}
-        for name, a in self.lora_A.items():
-            b = self.lora_B[name]
-            deltas[name] = ((h.to(a.dtype) @ a.T) @ b.T * self.scaling).to(y.dtype)
-        if len(self.segments) == 1:
-            return y + deltas[self.segments[0][0]] if deltas else y
-        parts = y.split([w for _, w in self.segments], dim=-1)
-        names = [n for n, _ in self.segments]
-        return torch.cat(
-            [p + deltas[n] if n in deltas else p for p, n in zip(parts, names, strict=True)], -1
-        )
+        if not self.lora_A:
+            return y
+        a, b = self._factors()
+        return y + ((self.drop(x).to(a.dtype) @ a.T) @ b.T).to(y.dtype)
 
     def delta_weight(self) -> Tensor:
         """scaling * B A for every segment (zeros where not adapted): (out, in), float32."""
-        a0 = next(iter(self.lora_A.values()))
-        rows = []
-        for name, width in self.segments:
-            if name in self.lora_A:
-                rows.append(self.lora_B[name].float() @ self.lora_A[name].float() * self.scaling)
-            else:
-                rows.append(torch.zeros(width, self.in_features, device=a0.device))
-        return torch.cat(rows)
+        a, b = self._factors()
+        return b.float() @ a.float()
 
     def merged(self) -> nn.Module:
         """A module without adapters computing the same function (requantized if the base was)."""

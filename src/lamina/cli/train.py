@@ -31,6 +31,7 @@ import typing
 from typing import Any
 
 from lamina.cli.flags import add_config_overrides, config_overrides, field_flag
+from lamina.training.lora_option import base_note
 from lamina.training.schedule import parse_duration
 
 
@@ -263,7 +264,7 @@ def _run(
         safe_print(
             f"lamina train: {n_params / 1e6:.2f}M parameters, batch {c.batch_size} "
             f"(micro {c.micro_batch_size}), lr {c.lr:g}, {budget}, "
-            f"{'bf16' if session.bf16 else 'fp32'} on {session.device}"
+            f"{'bf16' if session.bf16 else 'fp32'}{base_note(session.model)} on {session.device}"
             f"{procs if world.size > 1 else ''}; run dir {out}"
         )
     silent = None if world.writer else open(os.devnull, "w")  # noqa: SIM115 - other ranks

@@ -365,6 +365,9 @@ static inline float row_q8(const Lin *L, int n, const int16_t *xq, const float *
 }
 
 #define TILE 8 /* input rows sharing one unpacked weight block */
+#ifndef PF_ROWS
+#define PF_ROWS 2
+#endif
 
 /* ------------------------------------------------------------------ GGML's blocks, as stored */
 
@@ -448,50 +451,45 @@ static inline __m256i bits_to_16s(uint32_t bits) {
     return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
 }
 
-/* weights j*32 .. j*32+31 of a super-block (j = 0 for a block of 32) as two vectors of 16 int16 */
-static inline __attribute__((always_inline)) void kq_unpack(int kind, const uint8_t *blk, int j, __m256i *w0, __m256i *w1) {
+/* weights j*32 .. j*32+31 of a super-block (j = 0 for a block of 32) as 32 signed bytes (every
+   kind's q fits: Q8_0's own bytes, Q6_K's q - 32, Q5_0's q - 16, the others' 0..31) */
+static inline __attribute__((always_inline)) __m256i kq_q8(int kind, const uint8_t *blk, int j) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    __m256i q;
     if (kind == LIN_Q4K || kind == LIN_Q5K) {
         const uint8_t *qs = blk + (kind == LIN_Q4K ? 16 : 48) + 32 * (j / 2);
         __m256i raw = _mm256_loadu_si256((const __m256i *)qs);
-        q = _mm256_and_si256(j & 1 ? _mm256_srli_epi16(raw, 4) : raw, m4);
+        __m256i q = _mm256_and_si256(j & 1 ? _mm256_srli_epi16(raw, 4) : raw, m4);
         if (kind == LIN_Q5K) {
             __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 16));
             __m256i hb = _mm256_and_si256(_mm256_srli_epi16(qh, j), _mm256_set1_epi8(1));
             q = _mm256_or_si256(q, _mm256_slli_epi16(hb, 4));
         }
-    } else if (kind == LIN_Q6K) {
+        return q;
+    }
+    if (kind == LIN_Q6K) {
         const int n = j / 4, t = j % 4;
         __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 64 * n + 32 * (t & 1)));
         __m256i lo = _mm256_and_si256(t >= 2 ? _mm256_srli_epi16(raw, 4) : raw, m4);
         __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * n));
         __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * t), _mm256_set1_epi8(3));
-        q = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
-        const __m256i off = _mm256_set1_epi16(32);
-        *w0 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(q)), off);
-        *w1 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(q, 1)), off);
-        return;
-    } else if (kind == LIN_Q8_0) {
-        *w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 2)));
-        *w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 18)));
-        return;
-    } else { /* Q5_0, Q5_1: 16 bytes of nibbles (weights i and i + 16), 32 high bits */
-        const uint8_t *qh = blk + (kind == LIN_Q5_0 ? 2 : 4);
-        uint32_t bits;
-        memcpy(&bits, qh, 4);
-        __m128i raw = _mm_loadu_si128((const __m128i *)(qh + 4));
-        __m256i nib = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
-        q = _mm256_or_si256(_mm256_and_si256(nib, m4), bits_to_16s(bits));
-        if (kind == LIN_Q5_0) { /* w = d (q - 16): signed q, no minimum */
-            const __m256i off = _mm256_set1_epi16(16);
-            *w0 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(q)), off);
-            *w1 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(q, 1)), off);
-            return;
-        }
+        return _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi8(32));
     }
-    *w0 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(q));
-    *w1 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(q, 1));
+    if (kind == LIN_Q8_0) return _mm256_loadu_si256((const __m256i *)(blk + 2));
+    /* Q5_0, Q5_1: 16 bytes of nibbles (weights i and i + 16), 32 high bits */
+    const uint8_t *qh = blk + (kind == LIN_Q5_0 ? 2 : 4);
+    uint32_t bits;
+    memcpy(&bits, qh, 4);
+    __m128i raw = _mm_loadu_si128((const __m128i *)(qh + 4));
+    __m256i nib = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
+    __m256i q = _mm256_or_si256(_mm256_and_si256(nib, m4), bits_to_16s(bits));
+    return kind == LIN_Q5_0 ? _mm256_sub_epi8(q, _mm256_set1_epi8(16)) : q; /* Q5_0: w = d (q - 16) */
+}
+
+/* ... as two vectors of 16 int16 */
+static inline __attribute__((always_inline)) void kq_unpack(int kind, const uint8_t *blk, int j, __m256i *w0, __m256i *w1) {
+    const __m256i q = kq_q8(kind, blk, j);
+    *w0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q));
+    *w1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1));
 }
 
 /* x . row for one weight row of kind `kind` (int16 inputs xq, scales dx and sums sx per 32) */
@@ -605,8 +603,8 @@ static void lin_rows_kq(const Lin *L, int B, const Act *a, float *y, int ystride
     for (int n = n0; n < n1; n++) {
         const uint8_t *row = (const uint8_t *)L->w + (size_t)n * rb;
         const float bias = L->bias ? L->bias[n] : 0.0f;
-        if (n + 2 < n1) /* the row after next on its way (rows of small blocks stream poorly) */
-            for (size_t o = 0; o < rb; o += 64) _mm_prefetch((const char *)row + 2 * rb + o, _MM_HINT_T0);
+        if (n + PF_ROWS < n1) /* a row further on its way (rows of small blocks stream poorly) */
+            for (size_t o = 0; o < rb; o += 64) _mm_prefetch((const char *)row + PF_ROWS * rb + o, _MM_HINT_T0);
         for (int r0 = 0; r0 < B; r0 += TILE) {
             const int rows = B - r0 < TILE ? B - r0 : TILE;
             float v[TILE];
@@ -859,6 +857,107 @@ static int lanes_min(int wide) { return wide ? 3 : 5; }
 
 static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, int n0, int n1, int accumulate);
 
+/* ------------------------------------------------------------------ one row in AVX-512 */
+
+/* One input row (a lone sequence's decode step) where the CPU has AVX-512: each block of 32
+   weights widened to 32 int16 in one vector and multiplied by the input's block with one
+   `vpmaddwd` (the same integer products and sums as the AVX2 path), NR weight rows at a time
+   so that each input block is loaded once for all of them. */
+#define WIDE __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl")))
+#define NR 4 /* weight rows per pass over the input */
+
+/* the NR rows from n (rows past n1 repeat row n: computed, not stored) */
+static inline int nr_row(int n, int j, int n1) { return n + j < n1 ? n + j : n; }
+
+WIDE static void store_nr(const Lin *L, const __m512 *acc, const float *extra, float *y, int n, int n1, int accumulate) {
+    for (int j = 0; j < NR && n + j < n1; j++) {
+        const float v = _mm512_reduce_add_ps(acc[j]) + extra[j] + (L->bias ? L->bias[n + j] : 0.0f);
+        y[n + j] = (accumulate ? y[n + j] : 0.0f) + v;
+    }
+}
+
+/* int4 rows n0..n1 for one input row (int8 ones stay on the AVX2 path: their scales, a second
+   stream, kept this form no faster) */
+WIDE static void one_row_q4_512(const Lin *L, const Act *a, float *y, int n0, int n1, int accumulate) {
+    const int k = L->k, nb = k / 32, groups = k / L->gs, sh = groups == 1 ? 31 : __builtin_ctz(L->gs / 32);
+    const size_t wb = (size_t)k / 2;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int n = n0; n < n1; n += NR) {
+        const uint8_t *w[NR];
+        const float *sc[NR];
+        for (int j = 0; j < NR; j++) {
+            const int r = nr_row(n, j, n1);
+            w[j] = (const uint8_t *)L->w + (size_t)r * wb;
+            sc[j] = L->s + (size_t)r * groups;
+        }
+        if (n + 2 * NR < n1) { /* the pass after next on its way: weights, scales, minimums */
+            for (size_t o = 0; o < NR * wb; o += 64) _mm_prefetch((const char *)w[0] + 2 * NR * wb + o, _MM_HINT_T0);
+            for (size_t o = 0; o < NR * groups * 4; o += 64) {
+                _mm_prefetch((const char *)(sc[0] + 2 * NR * groups) + o, _MM_HINT_T0);
+                _mm_prefetch((const char *)(L->mn + (size_t)(n + 2 * NR) * groups) + o, _MM_HINT_T0);
+            }
+        }
+        __m512 acc[NR];
+        for (int j = 0; j < NR; j++) acc[j] = _mm512_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            const __m512i x = _mm512_loadu_si512((const void *)(a->q + 32 * b));
+            const float d = a->dx[b];
+            for (int j = 0; j < NR; j++) { /* [16 low nibbles | 16 high nibbles] as 32 int16 */
+                const __m128i raw = _mm_loadu_si128((const __m128i *)(w[j] + 16 * b));
+                const __m512i wz = _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), m4));
+                acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(sc[j][b >> sh] * d), _mm512_cvtepi32_ps(_mm512_madd_epi16(wz, x)), acc[j]);
+            }
+        }
+        float mins[NR] = {0}; /* the minimums' part, as row_q4 */
+        for (int j = 0; j < NR && n + j < n1; j++) mins[j] = dot_f32(L->mn + (size_t)(n + j) * groups, a->sx, groups);
+        store_nr(L, acc, mins, y, n, n1, accumulate);
+    }
+}
+
+/* GGML-block rows n0..n1 for one input row */
+WIDE static inline __attribute__((always_inline)) void one_row_kq_512(int kind, const Lin *L, const Act *a, float *y, int n0, int n1, int accumulate) {
+    const int k = L->k, per = kq_per(kind), bs = kq_bytes(kind), sub = per / 32, nsb = k / per;
+    const size_t rb = kq_row_bytes(kind, k);
+    for (int n = n0; n < n1; n += NR) {
+        const uint8_t *row[NR];
+        for (int j = 0; j < NR; j++) row[j] = (const uint8_t *)L->w + (size_t)nr_row(n, j, n1) * rb;
+        if (n + 4 * NR < n1) /* four passes on (rows of small blocks stream poorly) */
+            for (size_t o = 0; o < NR * rb; o += 64) _mm_prefetch((const char *)row[0] + 4 * NR * rb + o, _MM_HINT_T0);
+        __m512 acc[NR];
+        float msum[NR];
+        for (int j = 0; j < NR; j++) acc[j] = _mm512_setzero_ps(), msum[j] = 0.0f;
+        for (int sb = 0; sb < nsb; sb++) {
+            float s[NR][16], mn[NR][PER_SB_MAX];
+            for (int j = 0; j < NR; j++) kq_scales(kind, row[j] + (size_t)sb * bs, s[j], mn[j]);
+            for (int jj = 0; jj < sub; jj++) {
+                const int b = sb * sub + jj;
+                const __m512i x = _mm512_loadu_si512((const void *)(a->q + 32 * b));
+                const float d = a->dx[b];
+                for (int j = 0; j < NR; j++) {
+                    const __m512i wz = _mm512_cvtepi8_epi16(kq_q8(kind, row[j] + (size_t)sb * bs, jj));
+                    const __m512 p = _mm512_cvtepi32_ps(_mm512_madd_epi16(wz, x));
+                    if (kind == LIN_Q6K) { /* a scale per 16: lanes 0-7 the first 16, 8-15 the next */
+                        const __m512 sv = _mm512_insertf32x8(_mm512_set1_ps(s[j][2 * jj] * d), _mm256_set1_ps(s[j][2 * jj + 1] * d), 1);
+                        acc[j] = _mm512_fmadd_ps(sv, p, acc[j]);
+                    } else {
+                        acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(s[j][2 * jj] * d), p, acc[j]);
+                        if (kq_has_min(kind)) msum[j] += mn[j][jj] * a->sx[b];
+                    }
+                }
+            }
+        }
+        store_nr(L, acc, msum, y, n, n1, accumulate);
+    }
+}
+
+WIDE static void one_row_kq_any_512(const Lin *L, const Act *a, float *y, int n0, int n1, int accumulate) {
+    switch (L->kind) {
+#define WIDE_CASE(K) case K: one_row_kq_512(K, L, a, y, n0, n1, accumulate); return;
+        KQ_CASES(WIDE_CASE)
+#undef WIDE_CASE
+    }
+}
+
 /* rows n0..n1 of an int4 / int8 linear for B >= 2 inputs; 0 when out of memory (the caller
    then runs its own loop) */
 static int lane_rows(const Lin *L, int B, const Act *a, float *y, int ystride, int n0, int n1, int accumulate) {
@@ -902,6 +1001,11 @@ static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
         }
         return;
     }
+    if (B == 1 && (L->kind == LIN_INT4 || L->kind >= LIN_Q4K) && lanes_512()) { /* one row: AVX-512 */
+        if (L->kind == LIN_INT4) one_row_q4_512(L, a, y, n0, n1, accumulate);
+        else one_row_kq_any_512(L, a, y, n0, n1, accumulate);
+        return;
+    }
     if (L->kind >= LIN_Q4K) {
         lin_rows_kq(L, B, a, y, ystride, n0, n1, accumulate);
         return;
@@ -913,11 +1017,11 @@ static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
     const size_t wb = L->kind == LIN_F32 ? (size_t)k * 4 : L->kind == LIN_INT4 ? (size_t)k / 2 : (size_t)k;
     for (int n = n0; n < n1; n++) {
         const float bias = L->bias ? L->bias[n] : 0.0f;
-        if (n + 2 < n1) { /* the row after next on its way: weights, then scales */
-            const char *next = (const char *)L->w + (size_t)(n + 2) * wb;
+        if (n + PF_ROWS < n1) { /* a row further on its way: weights, then scales */
+            const char *next = (const char *)L->w + (size_t)(n + PF_ROWS) * wb;
             for (size_t o = 0; o < wb; o += 64) _mm_prefetch(next + o, _MM_HINT_T0);
-            if (L->kind != LIN_F32) _mm_prefetch((const char *)(L->s + (size_t)(n + 2) * groups), _MM_HINT_T0);
-            if (L->kind == LIN_INT4) _mm_prefetch((const char *)(L->mn + (size_t)(n + 2) * groups), _MM_HINT_T0);
+            if (L->kind != LIN_F32) _mm_prefetch((const char *)(L->s + (size_t)(n + PF_ROWS) * groups), _MM_HINT_T0);
+            if (L->kind == LIN_INT4) _mm_prefetch((const char *)(L->mn + (size_t)(n + PF_ROWS) * groups), _MM_HINT_T0);
         }
         for (int r0 = 0; r0 < B; r0 += TILE) {
             const int rows = B - r0 < TILE ? B - r0 : TILE;
@@ -1047,6 +1151,47 @@ static void embed(const Model *m, int64_t tok, int64_t pos, float *x) {
         for (int i = 0; i < d; i++) x[i] += m->pos_table[(size_t)pos * d + i];
 }
 
+/* sc[i] = q . k_i x scale for the len keys from kb: 8 keys at a time, each one fma chain, the
+   8 sums reduced together (hd a multiple of 8; else one dot_f32 a key) */
+static void scores(const float *q, const float *kb, int len, int hd, float scale, float *sc) {
+    int i = 0;
+    if (hd % 8 == 0)
+        for (; i + 8 <= len; i += 8) {
+            __m256 a[8];
+            for (int t = 0; t < 8; t++) {
+                const float *kr = kb + (size_t)(i + t) * hd;
+                __m256 v = _mm256_mul_ps(_mm256_loadu_ps(q), _mm256_loadu_ps(kr));
+                for (int c = 8; c < hd; c += 8) v = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), _mm256_loadu_ps(kr + c), v);
+                a[t] = v;
+            }
+            const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+            const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+            const __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+            _mm256_storeu_ps(sc + i, _mm256_mul_ps(sum, _mm256_set1_ps(scale)));
+        }
+    for (; i < len; i++) sc[i] = dot_f32(q, kb + (size_t)i * hd, hd) * scale;
+}
+
+/* o = sum over i < len of w[i] v_i, o held in registers 64 floats at a time (hd a multiple of
+   64; else one axpy a value) */
+static void weighted_sum(const float *w, const float *vb, int len, int hd, float *o) {
+    if (hd % 64) {
+        memset(o, 0, hd * sizeof(float));
+        for (int i = 0; i < len; i++) axpy(o, w[i], vb + (size_t)i * hd, hd);
+        return;
+    }
+    for (int c0 = 0; c0 < hd; c0 += 64) {
+        __m256 acc[8];
+        for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_ps();
+        for (int i = 0; i < len; i++) {
+            const __m256 wi = _mm256_set1_ps(w[i]);
+            const float *vr = vb + (size_t)i * hd + c0;
+            for (int c = 0; c < 8; c++) acc[c] = _mm256_fmadd_ps(wi, _mm256_loadu_ps(vr + 8 * c), acc[c]);
+        }
+        for (int c = 0; c < 8; c++) _mm256_storeu_ps(o + c0 + 8 * c, acc[c]);
+    }
+}
+
 static void step_job(void *p, int tid, int nt) {
     Step *S = (Step *)p;
     const Model *m = S->m;
@@ -1114,14 +1259,12 @@ static void step_job(void *p, int tid, int nt) {
                 if (len <= 0) continue;
                 const float *q = S->qkv + (size_t)r * qkv_n + (size_t)h * hd;
                 float *sc = S->scores + (size_t)tid * CHUNK;
+                scores(q, kb, len, hd, scale, sc);
                 float mx = -INFINITY;
-                for (int i = 0; i < len; i++) {
-                    sc[i] = dot_f32(q, kb + (size_t)i * hd, hd) * scale;
-                    mx = sc[i] > mx ? sc[i] : mx;
-                }
+                for (int i = 0; i < len; i++) mx = sc[i] > mx ? sc[i] : mx;
                 for (int i = 0; i < len; i++) sc[i] -= mx;
                 softmax_unnormalised(sc, len, &part[1]);
-                for (int i = 0; i < len; i++) axpy(o, sc[i], vb + (size_t)i * hd, hd);
+                weighted_sum(sc, vb, len, hd, o);
                 part[0] = mx;
             }
         }

@@ -14,7 +14,8 @@ llama.cpp's Q4_K_M does), so a model keeps every such tensor at its file size.
 The native kernels (lamina/native/decode.c, "GGML's blocks") read these rows as they are: the
 decode step, and a call of up to ``lamina.cpu.MAX_ROWS`` float32 rows, quantize the input to int16
 per 32 and take integer dot products per 32 weights (within ~1e-4 of the dequantized matmul).
-Other calls (a long prefill, gradients, no native library) dequantize the rows and run in fp32:
+Other calls (a long prefill, gradients, no native library) dequantize the rows and multiply in
+fp32, or in bf16 where lamina.cpu.dequantized_dtype says so (a prefill where bf16 is native):
 through the native dequantizer where it is built, else gguf-py's `gguf.quants.dequantize`; the
 two give the same floats (tests/test_kquant.py holds them equal bit for bit).
 
@@ -34,6 +35,7 @@ from lamina.errors import LaminaError
 from lamina.native.build import library
 from lamina.native.step import linear as native_linear
 from lamina.native.structs import GGML_KINDS
+from lamina.quant.linear import dequantized_matmul
 
 # qtype -> (weights per block, bytes per block)
 BLOCKS = {
@@ -123,7 +125,7 @@ class BlockLinear(nn.Module):
         if _native_call(flat):
             y = native_linear(self, flat)  # the bias included
         else:
-            y = flat.float() @ self.dequantized().T
+            y = dequantized_matmul(self, flat.float())
             if self.bias is not None:
                 y = y + self.bias
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)

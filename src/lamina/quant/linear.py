@@ -88,6 +88,14 @@ def _copied_bias(linear: nn.Linear) -> nn.Parameter | None:
     return nn.Parameter(linear.bias.detach().float().clone(), requires_grad=False)
 
 
+def dequantized_matmul(m: nn.Module, flat: Tensor) -> Tensor:
+    """flat (M, in) @ W.T with m's weights dequantized (`m.dequantized(dtype)`), in the dtype
+    lamina.cpu.dequantized_dtype picks for the call (bf16 for a prefill where bf16 is native);
+    the output in flat's dtype."""
+    dtype = cpu.dequantized_dtype(flat)
+    return (flat.to(dtype) @ m.dequantized(dtype).T).to(flat.dtype)
+
+
 def _finish(m: Int8Linear | Int4Linear, x: Tensor, y: Tensor) -> Tensor:
     """Add the bias and give the output the input's leading dimensions."""
     if m.bias is not None:
@@ -187,7 +195,7 @@ class Int8Linear(nn.Module):
                 flat.to(torch.bfloat16).contiguous(), self.kernel_weight, self.kernel_scale
             ).to(x.dtype)
         else:
-            y = flat @ self.dequantized(x.dtype).T
+            y = dequantized_matmul(self, flat)
         return _finish(self, x, y)
 
     def extra_repr(self) -> str:
@@ -280,7 +288,7 @@ class Int4Linear(nn.Module):
             )
             y = y[:, : self.out_features].to(x.dtype)
         else:
-            y = flat @ self.dequantized(x.dtype).T
+            y = dequantized_matmul(self, flat)
         return _finish(self, x, y)
 
     def extra_repr(self) -> str:

@@ -1,9 +1,12 @@
 """Defaults that depend on the budget: the tokenizer and model shape a `lamina train --max-time T`
 run gets.
 
-    TABLE: rows (least budget s, least corpus bytes per budget second, tokenizer, model shape,
+    TABLE: rows (least budget s, most passes over the corpus, tokenizer, model shape,
            the measurement behind it)
-    pick(max_time, corpus) -> Pick(tokenizer, shape, why)   the first row that the run meets
+    pick(max_time, corpus, rate) -> Pick(tokenizer, shape, why)   the first row the run meets
+    passes(max_time, corpus, rate) -> float   how often T seconds at `rate` read the corpus
+    text_rate(device, dtype) -> float   bytes of text a second this machine trains the default
+                                       shape on as BPE tokens (three timed forward+backwards)
     corpus_bytes(data) -> int | None   a text file's size, a folder's .txt files', the built-in
                                        corpus's (None: a prepared folder, unreadable)
     plan(given) -> (given, line | None)   `given` with the picked tokenizer and shape added,
@@ -13,14 +16,19 @@ run gets.
 
 The rows come from bench/speedrun.py (BENCHMARKS.md, "Budget-dependent defaults"). A BPE
 vocabulary sees about two characters per token, so a model of the same shape reads twice the
-text per step; that wins while the run reads its corpus only once or twice (the loaded machine
-of an earlier round: 0.7 passes at 120 s, bpe:1024 1.789 nats/char against char's 2.004). It
-loses once the budget makes many passes: the 3 x 128 model then overfits BPE tokens first (a
-quiet AMX Xeon reads ~80 kB of text a second as bpe:1024: 8.5 passes of tinyshakespeare in
-120 s, bpe:1024 1.586 against char's 1.519; its held-out loss rose after 60 s). So BPE needs a
-corpus of at least `per_second` bytes per budget second (2 passes at that rate), a rate
-measured on one machine: a slower one makes fewer passes and would have gained from BPE
-sooner. The batch, warmup and evaluations are then sized to the budget by sizing.py.
+text per step; that wins while the run reads its corpus few times, and loses once the budget
+makes many passes: the 3 x 128 model then overfits BPE tokens first. What counts is the passes
+the budget makes, which depend on the machine: on tinyshakespeare (1.1 MB) at 120 s a quiet AMX
+Xeon trained on ~80 kB of text a second as bpe:1024 (8.6 passes; char 1.519 nats/char against
+bpe:1024's 1.586), an AVX512-BF16 EPYC on ~43 kB (3.9 passes in 100 s; bpe:1024 1.534 against
+char's 1.580; 120 s, 5.1 passes: 1.525 against 1.563; at 300 s, 13 passes, char 1.513 against
+1.645). So the run times forward+backward passes of the default shape at a BPE vocabulary
+(`text_rate`, a fraction of a second) and picks BPE while the budget's passes at that rate stay
+at most the row's `passes`. The timing leaves out the optimizer step, the evaluations and the
+setup, so it reads about 1.4x the rate a run achieves (1.1-1.7x on the EPYC, whose speed varies:
+46-75 kB/s against 44-52): the row's 10 sits between the timed passes where BPE won (4-8 on the
+EPYC at 100-120 s) and where char did (16-20 there at 300 s; ~12 for the Xeon's 8.6 real
+passes). The batch, warmup and evaluations are then sized to the budget by sizing.py.
 
 Deliberately unaware of the command line's parsing and of what a tokenizer computes.
 """
@@ -28,16 +36,22 @@ Deliberately unaware of the command line's parsing and of what a tokenizer compu
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from lamina.data.shards import is_prepared
 
+CHARS_PER_TOKEN = 2.25  # bpe:1024 on tinyshakespeare's validation tail (measured)
+PROBE_VOCAB = 1024
+PROBE_ROWS = 48  # the CPU default batch, of block_size windows
+PROBE_PASSES = 3  # timed forward+backwards; the fastest counts (the first pays one-off costs)
+
 
 class Row(NamedTuple):
     seconds: float  # the budget is at least this
-    per_second: int  # the corpus has at least this many bytes per second of the budget
+    passes: float  # the budget reads the corpus at most this many times (at text_rate)
     tokenizer: str
     shape: dict[str, Any]  # model fields over the CPU default shape ({}: that shape)
     why: str
@@ -45,20 +59,20 @@ class Row(NamedTuple):
 
 TABLE: tuple[Row, ...] = (
     Row(
-        120.0,
-        40_000,
+        100.0,
+        10.0,
         "bpe:1024",
         {},
-        "bpe:1024: the budget reads this corpus at most about twice; measured better than char "
-        "over few passes, worse over many",
+        "bpe:1024: the budget reads this corpus at most about 10 times by a timed step here; "
+        "measured better than char over 4-6 real passes, worse over 8.6 and more",
     ),
     Row(
         0.0,
-        0,
+        float("inf"),
         "char",
         {},
-        "a character model: under 2 minutes, or with less than 40 kB of text per budget "
-        "second (read many times, where BPE overfits first), char measured best",
+        "a character model: under 100 s, or where the budget reads the corpus more than about "
+        "10 times by a timed step here (BPE overfits first), char measured best",
     ),
 )
 
@@ -70,12 +84,49 @@ class Pick:
     why: str
 
 
-def pick(max_time: float, corpus: int | None) -> Pick:
-    """The first TABLE row whose budget and corpus size the run meets."""
+def passes(max_time: float, corpus: int | None, rate: float) -> float:
+    """How many times `max_time` seconds at `rate` bytes a second read a `corpus`-byte text."""
+    return float("inf") if not corpus else max_time * rate / corpus
+
+
+def pick(max_time: float, corpus: int | None, rate: float) -> Pick:
+    """The first TABLE row whose least budget and most passes the run meets."""
     for row in TABLE:
-        if max_time >= row.seconds and (corpus or 0) >= row.per_second * max_time:
+        if max_time >= row.seconds and passes(max_time, corpus, rate) <= row.passes:
             return Pick(row.tokenizer, dict(row.shape), row.why)
     return Pick("char", {}, TABLE[-1].why)
+
+
+def text_rate(device: str = "auto", dtype: str = "auto") -> float:
+    """Bytes of text a second this machine trains the default shape on as BPE tokens: the
+    fastest of PROBE_PASSES timed forward+backward passes of PROBE_ROWS windows at a PROBE_VOCAB
+    vocabulary, in tokens a second, times CHARS_PER_TOKEN. The global RNG is left as it was."""
+    import torch
+    import torch.nn.functional as F
+
+    from lamina.models.config import GPTConfig
+    from lamina.models.gpt import GPT
+    from lamina.training.defaults import CPU_SHAPE
+    from lamina.training.device import autocast, resolve_device, use_bf16
+
+    dev = resolve_device(device)
+    on_cpu = dev.type == "cpu"
+    shape = CPU_SHAPE if on_cpu else {}
+    cfg = GPTConfig.preset("char-cpu" if on_cpu else "baby", vocab_size=PROBE_VOCAB, **shape)
+    bf16 = use_bf16(dtype, dev, cfg.d_model)
+    with torch.random.fork_rng(devices=[] if on_cpu else [dev]):
+        model = GPT(cfg).to(dev).train()
+        x = torch.randint(0, PROBE_VOCAB, (PROBE_ROWS, cfg.block_size + 1), device=dev)
+        best = float("inf")
+        for _ in range(PROBE_PASSES):  # the first also pays one-off costs
+            t0 = time.perf_counter()
+            with autocast(dev, bf16):
+                logits = model(x[:, :-1])
+            F.cross_entropy(logits.float().flatten(0, 1), x[:, 1:].flatten()).backward()
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            best = min(best, time.perf_counter() - t0)
+    return PROBE_ROWS * cfg.block_size / best * CHARS_PER_TOKEN
 
 
 def _words(shape: dict[str, Any]) -> str:
@@ -114,14 +165,20 @@ def plan(given: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     corpus = corpus_bytes(given.get("data"))
     if corpus is None:
         return given, None
-    chosen = pick(float(given["max_time"]), corpus)
+    budget = float(given["max_time"])
+    if budget < min(row.seconds for row in TABLE if row.tokenizer != "char"):
+        rate = 0.0  # no row but char's can apply: nothing to time
+    else:
+        rate = text_rate(given.get("device", "auto"), given.get("dtype", "auto"))
+    chosen = pick(budget, corpus, rate)
     picked = f"--tokenizer {chosen.tokenizer}"
     out = {**given, "tokenizer": chosen.tokenizer}
     if chosen.shape:
         out["model_overrides"] = dict(chosen.shape)
         picked += ", " + _words(chosen.shape)
+    reads = f", ~{passes(budget, corpus, rate):.1f} passes as BPE" if rate else ""
     line = (
-        f"lamina train: plan for {given['max_time']:g} s on {corpus / 1e6:.2f} MB of text: "
+        f"lamina train: plan for {budget:g} s on {corpus / 1e6:.2f} MB of text{reads}: "
         f"{picked} ({chosen.why}; pass --tokenizer or a model flag to choose)"
     )
     return out, line

@@ -5,6 +5,10 @@
         F.cross_entropy(hidden @ weight.T, targets), with at most `chunk` rows of logits alive
         at a time, in the forward and in the backward (which recomputes each chunk's logits)
     lm_loss_chunked(model, ids, targets, chunk=1024) -> the same loss from a lamina GPT
+    frozen_head_loss(model, ids, targets) -> the same loss for a GPT whose head gets no
+        gradient (LoRA): each chunk's gradient for the hidden states is made in the forward, so
+        the logits are computed once and never kept; None where the model does not qualify
+        (a trainable, biased, soft-capped or quantized head): then use the full logits
 
 For a big vocabulary (50k tokens x 16k positions is 3.3 GB of fp32 logits, and as much again
 for their gradient) this bounds the loss's memory at chunk x V. It costs one extra head matmul
@@ -59,6 +63,65 @@ class _ChunkedCE(torch.autograd.Function):
         return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None
 
 
+class _FrozenHeadCE(torch.autograd.Function):
+    """The loss of (hidden @ weight.T) and, where hidden needs one, its gradient, both in the
+    forward (weight gets none): the backward only scales the kept gradient. The logits are as
+    the full path makes them (in the autocast dtype, then fp32), and so is their gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor, dtype: Any) -> Tensor:
+        n, w = hidden.shape[0], weight.to(dtype)
+        grad = torch.empty_like(hidden) if hidden.requires_grad else None
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        for s in range(0, n, HEAD_CHUNK):
+            t = targets[s : s + HEAD_CHUNK]
+            logits = (hidden[s : s + HEAD_CHUNK].to(dtype) @ w.T).float()
+            lse = torch.logsumexp(logits, dim=-1)
+            total += (lse - logits.gather(1, t[:, None]).squeeze(1)).sum()
+            if grad is not None:
+                g = logits.sub_(lse[:, None]).exp_()  # softmax, in place of the logits
+                g[torch.arange(len(t), device=g.device), t] -= 1.0
+                grad[s : s + HEAD_CHUNK] = (g.mul_(1.0 / n).to(dtype) @ w).to(hidden.dtype)
+        ctx.grad = grad
+        return total / n
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
+        grad, ctx.grad = ctx.grad, None
+        return (None if grad is None else grad * grad_out.to(grad.dtype)), None, None, None
+
+
+HEAD_CHUNK = 256  # rows of logits alive at a time in frozen_head_loss (256 x 49k fp32: 48 MiB)
+
+
+def _hidden(model: nn.Module, ids: Tensor) -> Tensor:
+    """The final-norm hidden states (N, d) of a lamina GPT: the head's input."""
+    x, rope = model.embed_with_rope(ids)
+    for block in model.blocks:
+        x, _ = block(x, None, False, None, rope)
+    hidden = model.norm_f(x)
+    return hidden.reshape(-1, hidden.shape[-1])
+
+
+def frozen_head_loss(model: nn.Module, ids: Tensor, targets: Tensor) -> Tensor | None:
+    """A GPT's mean next-token loss through a frozen float head, gradients made in the forward
+    (see the module docstring); None where the head is not one."""
+    head = getattr(model, "head", None)
+    if (
+        type(head) is not nn.Linear
+        or head.weight.requires_grad
+        or head.bias is not None
+        or getattr(model.config, "logit_softcap", None) is not None
+    ):
+        return None
+    kind = ids.device.type
+    on = torch.is_autocast_enabled(kind)
+    hidden = _hidden(model, ids)
+    dtype = torch.get_autocast_dtype(kind) if on else hidden.dtype
+    with torch.autocast(kind, enabled=False):
+        return _FrozenHeadCE.apply(hidden, head.weight, targets.reshape(-1), dtype)
+
+
 def chunked_cross_entropy(
     hidden: Tensor, weight: Tensor, targets: Tensor, chunk: int = 1024
 ) -> Tensor:
@@ -77,11 +140,4 @@ def lm_loss_chunked(model: nn.Module, ids: Tensor, targets: Tensor, chunk: int =
     """A lamina GPT's mean next-token loss on (ids, targets) with the head chunked."""
     if model.config.logit_softcap is not None:
         raise LaminaError("the chunked loss does not take logit_softcap; use the full logits")
-    x, rope = model.embed_with_rope(ids)
-    for block in model.blocks:
-        x, _ = block(x, None, False, None, rope)
-    hidden = model.norm_f(x)
-    d = hidden.shape[-1]
-    return chunked_cross_entropy(
-        hidden.reshape(-1, d), model.head.weight, targets.reshape(-1), chunk
-    )
+    return chunked_cross_entropy(_hidden(model, ids), model.head.weight, targets.reshape(-1), chunk)

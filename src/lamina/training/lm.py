@@ -7,6 +7,7 @@
                 against its index and read through memory maps;
         weights: seeded (the preset), --init-from SOURCE (copied in; `finetune`), or, on a
                 resume (`model_cfg` given), whatever the checkpoint restores afterwards.
+    train_loss(model, x, y) -> the loss a training step backpropagates (a frozen head's fused)
     LMObjective(train, val, block_size, seed, n_eval, eval_batch_size, val_chars)
         the loop's objective over windows of a token array (WindowSampler; validation batches
         from the held-out tail)
@@ -48,6 +49,7 @@ from lamina.errors import LaminaError
 from lamina.models.config import GPTConfig
 from lamina.models.gpt import GPT
 from lamina.tokenizers.kinds import Tokenizer, load_tokenizer
+from lamina.training.chunked_ce import frozen_head_loss
 from lamina.training.config import FINE_TUNE_SEQ_LEN, TrainConfig
 from lamina.training.device import check_model_fits, resolve_device
 from lamina.training.finetune import load_source, source_config, source_model, source_tokenizer
@@ -63,6 +65,13 @@ class LMOptions(LoRAFields):
 def lm_loss(logits: Tensor, targets: Tensor) -> Tensor:
     """Mean cross-entropy of logits (B, T, V) against targets (B, T), computed in fp32."""
     return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
+
+
+def train_loss(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
+    """The training loss: through a frozen head (LoRA) without keeping logits
+    (`chunked_ce.frozen_head_loss`), else `lm_loss` of the model's logits."""
+    fused = frozen_head_loss(model, x, y) if isinstance(model, GPT) else None
+    return lm_loss(model(x), y) if fused is None else fused
 
 
 class LMObjective:
@@ -97,8 +106,7 @@ class LMObjective:
         return self.sampler.windows(self.sampler.starts(n))
 
     def loss(self, model: nn.Module, batch: Batch) -> Tensor:
-        x, y = batch
-        return lm_loss(model(x), y)
+        return train_loss(model, *batch)
 
     def eval_batches(self) -> list[Batch]:
         if self._eval is None:

@@ -8,6 +8,10 @@
     lora_base(fields) -> "float" | "int8" | "int4" | "keep"   how --init-from is opened (a
                       GGUF file's blocks kept unless "float"; see training.qlora)
     check_lora_source(fields, init_from)   --lora without --init-from is refused
+    hold_base(model, bf16) -> int   under bf16 autocast, the float frozen base's adapted linears
+                      held in bf16 (autocast rounds them so at every matmul anyway: the same
+                      numbers, half the memory, no cast per forward); how many were
+    base_note(model) -> str   ", LoRA base bf16" (or fp32, int8, ...) for the run's header line
     save_run_model(d, model, tokenizer, origin)  a LoRA model: only its adapters and the base
                       reference (interop.adapters.save_lora_folder); any other: save_model
     restore_run_model(model, run, origin)   the adapters (or the whole model) back from a run,
@@ -24,13 +28,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
 from torch import nn
 
 from lamina.checkpoint import load_state, load_tensors, save_model, unwrap
 from lamina.errors import LaminaError
 from lamina.interop.adapters import ADAPTERS_FILE, read_lora_folder, save_lora_folder
 from lamina.interop.origin import Origin
-from lamina.lora import DEFAULT_TARGETS, LoRAConfig, apply_lora, load_lora_state, lora_config
+from lamina.lora import (
+    DEFAULT_TARGETS,
+    LoRAConfig,
+    apply_lora,
+    load_lora_state,
+    lora_config,
+    lora_modules,
+)
 from lamina.tokenizers.kinds import Tokenizer
 from lamina.training.defaults import option
 from lamina.training.qlora import BASES, base_model
@@ -103,6 +115,33 @@ def adapt(model: nn.Module, options: Any) -> nn.Module:
     if config is None:
         return model
     return apply_lora(base_model(model, options.lora_base), config)
+
+
+def hold_base(model: nn.Module, bf16: bool) -> int:
+    """A LoRA model's fp32 base linears (the adapted ones) held in bf16 when the run computes
+    under bf16 autocast: it rounds their weights (and biases) to bf16 at every matmul, so the
+    products are the same; what changes is no fp32 copy and no cast per forward. The adapters
+    stay fp32. Returns how many linears changed (0: not LoRA, not bf16, or a quantized base)."""
+    inner = unwrap(model)
+    if not bf16 or lora_config(inner) is None:
+        return 0
+    bases = [m.base for m in lora_modules(inner).values()]
+    held = [b for b in bases if isinstance(b, nn.Linear) and b.weight.dtype == torch.float32]
+    for b in held:
+        b.to(torch.bfloat16)
+    return len(held)
+
+
+def base_note(model: nn.Module) -> str:
+    """How a LoRA model's frozen base is held, for the run's first line ("" without LoRA)."""
+    inner = unwrap(model)
+    if lora_config(inner) is None:
+        return ""
+    quantized = getattr(inner, "quantization", None)
+    if quantized:
+        return f", LoRA base {quantized.get('scheme', 'quantized')}"
+    dtype = next(iter(lora_modules(inner).values())).base.weight.dtype
+    return f", LoRA base {str(dtype).removeprefix('torch.').replace('bfloat16', 'bf16')}"
 
 
 def _base_record(origin: dict[str, Any] | None) -> dict[str, Any]:

@@ -54,7 +54,7 @@ from lamina.modes import check_finite
 from lamina.tokenizers.kinds import Tokenizer
 from lamina.training.config import TrainConfig
 from lamina.training.device import resolve_device, use_bf16
-from lamina.training.lora_option import restore_run_model, save_run_model
+from lamina.training.lora_option import hold_base, restore_run_model, save_run_model
 from lamina.training.objectives import Objective, rng_state, rng_text
 from lamina.training.optim import load_optimizer_tensors, make_optimizer, optimizer_tensors
 from lamina.training.recompute import checkpoint_blocks
@@ -139,6 +139,7 @@ def _build(cfg: TrainConfig, run: RunDir | None, model_cfg: dict[str, Any] | Non
         checkpoint_blocks(built.model)
     opt = make_optimizer(built.model, cfg)
     bf16 = use_bf16(cfg.dtype, device, built.width)
+    hold_base(built.model, bf16)  # a LoRA base computes in bf16 anyway: held so
     return Session(cfg, built.model, built.objective, opt, device, bf16, run, built.tokenizer,
                    built.fingerprint, built.origin)  # fmt: skip
 

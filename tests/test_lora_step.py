@@ -1,0 +1,85 @@
+"""The LoRA step's fast paths: the frozen head's loss (gradients made in the forward, no logits
+kept) and a float base held in bf16 under bf16 autocast compute what the plain step computes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lamina import GPT, GPTConfig
+from lamina.lora import apply_lora, lora_parameters
+from lamina.training.chunked_ce import frozen_head_loss
+from lamina.training.lm import lm_loss
+from lamina.training.lora_option import base_note, hold_base
+
+CFG = dict(
+    vocab_size=67, block_size=16, d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, d_ff=48,
+    positions="rope", norm="rms", activation="swiglu", qkv_bias=False, bias=False,
+)  # fmt: skip
+
+
+def _lora_model(seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    model = apply_lora(GPT(GPTConfig(**CFG)), r=4, alpha=8, dropout=0.0, targets="all")
+    with torch.no_grad():
+        for p in lora_parameters(model):
+            p.normal_(0, 0.2)  # B non-zero: the adapters matter
+    return model.train()
+
+
+def _batch(n: int = 3, t: int = 12) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 67, (n, t + 1), generator=g)
+    return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+
+
+def _loss_and_grads(model, fn, bf16=False):
+    x, y = _batch()
+    with torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+        loss = fn(model, x, y)
+    (loss * 0.5).backward()  # a grad_out other than 1 reaches the kept gradient scaled
+    grads = [p.grad.clone() for p in lora_parameters(model)]
+    model.zero_grad(set_to_none=True)
+    return loss.detach(), grads
+
+
+def _plain(model, x, y):
+    return lm_loss(model(x), y)
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_frozen_head_loss_equals_the_full_logits_path(bf16, monkeypatch):
+    import lamina.training.chunked_ce as ce
+
+    monkeypatch.setattr(ce, "HEAD_CHUNK", 5)  # several chunks, the last one short
+    model = _lora_model()
+    want, want_g = _loss_and_grads(model, _plain, bf16)
+    got, got_g = _loss_and_grads(model, frozen_head_loss, bf16)
+    tol = dict(rtol=2e-2, atol=2e-3) if bf16 else dict(rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got, want, **tol)
+    for g, w in zip(got_g, want_g, strict=True):
+        torch.testing.assert_close(g, w, **tol)
+
+
+def test_frozen_head_loss_declines_a_head_that_trains():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**CFG))
+    x, y = _batch()
+    assert frozen_head_loss(model, x, y) is None  # its head learns: the full logits path
+
+
+def test_a_bf16_held_base_computes_what_autocast_computes():
+    model, x = _lora_model(), _batch()[0]
+    with torch.autocast("cpu", torch.bfloat16), torch.no_grad():
+        before = model(x)
+    assert base_note(model) == ", LoRA base float32"
+    assert hold_base(model, bf16=False) == 0  # fp32 runs keep the fp32 base
+    assert hold_base(model, bf16=True) == 4 * 2  # qkv, proj, fc, proj per block
+    assert base_note(model) == ", LoRA base bf16"
+    assert all(p.dtype == torch.float32 for p in lora_parameters(model))
+    assert model.blocks[0].attn.qkv.base.weight.dtype == torch.bfloat16
+    with torch.autocast("cpu", torch.bfloat16), torch.no_grad():
+        assert torch.equal(model(x), before)  # autocast rounded the same weights the same way
+    with torch.no_grad():
+        plain = model(x)  # no autocast: the held linears still run, fp32 in and out
+    assert plain.dtype == torch.float32 and torch.isfinite(plain).all()
