@@ -1,7 +1,7 @@
 """Fine-tuning, measured: the defaults for --init-from, QLoRA's memory, checkpointing's cost.
 
     PYTHONPATH=src python bench/finetune.py [--quick]        the learning-rate / warmup grid
-    PYTHONPATH=src python bench/finetune.py rss [--steps 8] [--seq 256] [--activation-checkpointing]
+    PYTHONPATH=src python bench/finetune.py rss [--steps 8] [--shapes 1x256 ...] [--activation-checkpointing]
     PYTHONPATH=src python bench/finetune.py checkpointing [--seqs 512 1024]
 
 grid: a char-cpu model is trained on the built-in Shakespeare corpus for SOURCE_SECONDS, then
@@ -109,26 +109,33 @@ def _train(out: Path, *flags: str) -> dict:
 
 
 def rss() -> None:
-    steps, seq = _arg("--steps", ["8"])[0], _arg("--seq", ["256"])[0]
+    steps = _arg("--steps", ["8"])[0]
+    shapes = _arg("--shapes", ["1x" + _arg("--seq", ["256"])[0]])
     tmp = Path(tempfile.mkdtemp(prefix="lamina-qlora-"))
-    flags = ["--max-steps", steps, "--eval-every", steps, "--seq-len", seq, "--eval-batches", "8"]
-    flags += ["--log-every", "1"]
     ckpt = "--activation-checkpointing" in sys.argv
-    flags += ["--activation-checkpointing"] if ckpt else []
     print(f"machine: {cpu_line()}; torch {torch.__version__}")
     print(
-        f"SmolLM2-135M Q4_1 GGUF, LoRA r 8 all linears, batch 1 x {seq}, {steps} steps, fp32"
+        f"SmolLM2-135M Q4_1 GGUF, LoRA r 8 all linears, {steps} steps, --dtype fp32 (float bf16: "
+        "--dtype auto, the float base held in bf16)"
         + (", --activation-checkpointing" if ckpt else "")
     )
-    print("| --lora-base | peak RSS MiB | x float | held-out nats/char before -> after | "
-          "vs float | s/step |\n|---|---:|---:|---|---:|---:|")  # fmt: skip
-    got = {}
-    for base in ("float", "int8", "int4", "keep"):
-        r = got[base] = _train(tmp / base, "--lora-base", base, *flags)
-        ref = got["float"]
-        print(f"| {base} | {r['rss']:.0f} | {r['rss'] / ref['rss']:.2f} | {r['before']:.4f} -> "
-              f"{r['after']:.4f} | {100 * (r['after'] / ref['after'] - 1):+.2f}% | "
-              f"{r['step_s']:.2f} |", flush=True)  # fmt: skip
+    print("| B x T | --lora-base | peak RSS MiB | x float | held-out nats/char before -> after | "
+          "vs float | s/step |\n|---|---|---:|---:|---|---:|---:|")  # fmt: skip
+    for shape in shapes:
+        b, t = shape.split("x")
+        flags = ["--max-steps", steps, "--eval-every", steps, "--seq-len", t, "--eval-batches", "8"]
+        flags += ["--log-every", "1", "--batch-size", b]
+        flags += ["--activation-checkpointing"] if ckpt else []
+        got = {}
+        for base in ("float", "float bf16", "int8", "int4"):
+            kind, _, dtype = base.partition(" ")
+            more = ["--dtype", "auto"] if dtype else []
+            r = got[base] = _train(tmp / kind, "--lora-base", kind, *flags, *more)
+            ref = got["float"]
+            print(f"| {b} x {t} | {base} | {r['rss']:.0f} | {r['rss'] / ref['rss']:.2f} | "
+                  f"{r['before']:.4f} -> {r['after']:.4f} | "
+                  f"{100 * (r['after'] / ref['after'] - 1):+.2f}% | {r['step_s']:.2f} |",
+                  flush=True)  # fmt: skip
 
 
 def checkpointing() -> None:

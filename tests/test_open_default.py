@@ -90,3 +90,12 @@ def test_a_hf_folder_opens_quantized_as_its_tensors_are_read(scheme, tie, tmp_pa
         torch.testing.assert_close(opened(ids), want(ids), atol=0, rtol=0)
     with pytest.raises(lamina.LaminaError, match="quantized must be one of int8, int4"):
         lamina.open(tmp_path / "hf", quantized="q4")
+
+
+def test_open_hands_freed_pages_back_where_glibc_can():
+    import platform
+
+    from lamina.interop.bundle import trim_freed_memory
+
+    glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+    assert trim_freed_memory() is glibc

@@ -207,3 +207,40 @@ def test_a_model_the_native_step_covers_keeps_no_packed_copies():
         assert m.kernels is None
         if cpu.KERNELS["packed"].missing() is None:
             assert m.kernel_weight is not None
+
+
+def test_int4_layers_on_the_native_kernel_keep_one_copy_of_their_scales():
+    """A GGUF's Q4_1 layers prepared for the native kernel hold its scales and minimums alone
+    (no saved scales_and_zeros beside them); the values, every path's output and a rebuilt
+    saved form (prepare for another kernel) are unchanged, bit for bit."""
+    from lamina import cpu
+
+    w = np.random.default_rng(2).standard_normal((24, 96)).astype(np.float32)
+    w[3] += 5
+    raw = _blocks(w, "Q4_1")
+    nibbles, sz = blocks_to_int4(raw, "Q4_1", (24, 96))
+
+    def layer() -> Int4Linear:
+        m = Int4Linear(96, 24, False, 32)
+        m.qweight, m.scales_and_zeros = nibbles, sz.clone()
+        return m.prepare("native")
+
+    kept, dropped = layer(), layer().drop_saved_scales()
+    assert dropped.scales_and_zeros is None and "scales_and_zeros" not in dropped.state_dict()
+    assert torch.equal(dropped.dequantized(), _ggml(raw, "Q4_1"))  # GGML's values, bit for bit
+    assert torch.equal(dropped.dequantized(rows=[5, 1]), kept.dequantized(rows=[5, 1]))
+    x = torch.randn(cpu.MAX_ROWS + 4, 96)
+    with torch.no_grad():
+        assert torch.equal(dropped(x), kept(x))  # a prefill's long call
+        if cpu.native_missing() is None:
+            assert torch.equal(dropped(x[:3]), kept(x[:3]))  # the native kernel
+    dropped.prepare(None)  # another kernel: the saved form rebuilt exactly
+    assert torch.equal(dropped.scales_and_zeros, sz)
+
+    cfg = _tiny_tied_config()  # from_blocks drops them where the native kernel runs the layer
+    state, qtypes = _state_as_blocks(GPT(cfg).eval(), "Q8_0", "Q4_1")
+    with torch.device("meta"):
+        empty = GPT(cfg)
+    for m in from_blocks(empty, state, qtypes).modules():
+        if isinstance(m, Int4Linear):
+            assert (m.scales_and_zeros is None) == (m.native_scale is not None)

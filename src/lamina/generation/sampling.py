@@ -7,7 +7,12 @@ filters run in that order, as in Hugging Face's default: top-k keeps the k large
 at the k-th value are all kept), top-p (nucleus) then keeps the smallest set of the most likely
 tokens whose probability adds up to at least `top_p` (the most likely token is always kept).
 Filtered tokens get probability exactly zero. Draws come from the `torch.Generator` given, so a
-seeded generator gives the same tokens on every run.
+seeded generator gives the same tokens on every run: one uniform number per row, turned into a
+token through the row's cumulative distribution (inverse transform sampling).
+
+Cheap on one row of a large vocabulary, as a server samples each token: argmax and the draw
+run in NumPy on CPU tensors (torch's reductions over one 49k row cost many times more), and
+top-p sorts only the most likely tokens that reach p (the whole row only where they do not).
 
 `check_sampling` validates the three settings once (a `LaminaError` naming the value);
 `filter_logits` and `probabilities` expose the distribution that `sample` draws from, so tests
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -57,12 +63,17 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
     """Keep the smallest set of most likely tokens whose probability sums to >= p. (B, V)."""
     if p >= 1.0:
         return logits
-    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-    probs = sorted_logits.softmax(-1)
-    # drop a token when the tokens ranked before it already reach p
-    drop_sorted = (probs.cumsum(-1) - probs) >= p
-    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-    return logits.masked_fill(drop, float("-inf"))
+    probs = logits.softmax(-1)
+    V, m = logits.shape[-1], min(logits.shape[-1], 64)
+    while True:  # the m most likely tokens, sorted; more of them until they reach p
+        top, order = torch.topk(probs, m, dim=-1)
+        if m == V or bool((top.sum(-1) >= p).all()):
+            break
+        m = min(V, 8 * m)
+    # drop a token when the tokens ranked before it already reach p (all past the m-th do)
+    keep_sorted = (top.cumsum(-1) - top) < p
+    keep = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, order, keep_sorted)
+    return logits.masked_fill(~keep, float("-inf"))
 
 
 def filter_logits(
@@ -104,7 +115,15 @@ def sample(
     check_sampling(temperature, top_k, top_p)
     if logits.dim() != 2:
         raise LaminaError(f"logits must have shape (B, V), got {tuple(logits.shape)}")
-    if temperature == 0:
-        return logits.argmax(-1)
-    probs = filter_logits(logits, temperature, top_k, top_p).softmax(-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    if temperature == 0:  # NumPy's argmax, as torch's, takes the first maximum
+        return torch.from_numpy(logits.float().cpu().numpy().argmax(-1)).to(logits.device)
+    z = filter_logits(logits, temperature, top_k, top_p).cpu().numpy()
+    where = "cpu" if generator is None else generator.device
+    u = torch.rand(z.shape[0], generator=generator, dtype=torch.float64, device=where)
+    cdf = np.exp(z - z.max(-1, keepdims=True)).cumsum(-1, dtype=np.float64)  # flat where filtered
+    total = cdf[:, -1]
+    if not np.isfinite(total).all():
+        raise LaminaError("cannot sample: the logits are not finite (NaN, or infinite everywhere)")
+    target = np.minimum(u.cpu().numpy() * total, np.nextafter(total, 0.0))  # in [0, total)
+    # the first token whose cumulative weight passes the target: never a zero-weight token
+    return torch.from_numpy((cdf <= target[:, None]).sum(-1)).to(logits.device)

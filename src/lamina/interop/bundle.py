@@ -154,7 +154,23 @@ def open_model(
     bundle = _open(p, check_device(device), dtype, False if scheme else quantized, (), scheme)
     if scheme is not None and scheme_of(bundle.model) is None:  # read whole, then quantized
         quantize(bundle.model, scheme)
+    trim_freed_memory()
     return bundle
+
+
+def trim_freed_memory() -> bool:
+    """Hand the pages the allocator holds free back to the system (glibc's malloc_trim), so a
+    load's transients are not kept beside the model and a prefill's peak starts from what the
+    model holds (BENCHMARKS.md, "Where lamina's peak RSS goes"); False where there is none."""
+    import ctypes
+
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    trim(0)
+    return True
 
 
 def _open(

@@ -160,6 +160,9 @@ def from_blocks(model: GPT, state: Mapping[str, Any], qtypes: Mapping[str, QType
     for p in model.parameters():
         p.requires_grad_(False)
     prepare_kernels(model)
+    for m in model.modules():  # run, never saved: the native kernel's scales alone (no copy)
+        if isinstance(m, Int4Linear):
+            m.drop_saved_scales()
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:
         raise LaminaError(f"no weights for {', '.join(left[:8])}")

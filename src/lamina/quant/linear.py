@@ -244,18 +244,42 @@ class Int4Linear(nn.Module):
         return m.prepare()
 
     def dequantized(self, dtype: torch.dtype = torch.float32, rows: Any = None) -> Tensor:
-        """W as `dtype`: (q - 8) s + z; `rows` (a slice or a tensor of ids) reads only those."""
+        """W as `dtype`: (q - 8) s + z, or q s + minimum where only the native layout is kept
+        (see drop_saved_scales); `rows` (a slice or a tensor of ids) reads only those."""
         index = slice(None) if rows is None else rows
         packed = self.qweight[index]  # (..., K / 2), low nibble first
         q = torch.stack([packed & 15, packed >> 4], -1).flatten(-2).float()  # the one temporary
-        s, z = self.scales_and_zeros[:, index].movedim(0, -2).unbind(-1)  # (..., K / g) each
         g = q.unflatten(-1, (-1, self.group_size))
+        if self.scales_and_zeros is None:  # GGML's own form: q d + m
+            s, low = self.native_scale[index], self.native_min[index]  # (..., K / g) each
+            g.mul_(s[..., None]).add_(low[..., None])
+            return q.to(dtype)
+        s, z = self.scales_and_zeros[:, index].movedim(0, -2).unbind(-1)  # (..., K / g) each
         g.sub_(8).mul_(s[..., None]).add_(z[..., None])  # in place
         return q.to(dtype)
+
+    def drop_saved_scales(self) -> Int4Linear:
+        """Where prepared for the native kernel, keep its (N, K / gs) scales and minimums alone
+        (the saved scales_and_zeros hold the same values): for a model that is run, not saved
+        (a GGUF file's Q4_0/Q4_1 layers, lamina.quant.from_blocks). The dequantized path reads
+        the native layout; `prepare` rebuilds the saved form first (z = minimum + 8 s: exact
+        for GGML's fp16 scales and minimums)."""
+        if self.native_scale is not None:
+            self.scales_and_zeros = None
+        return self
+
+    def restore_saved_scales(self) -> Int4Linear:
+        """Rebuild scales_and_zeros where drop_saved_scales dropped it (before the native
+        layout goes: `prepare`, or a caller that drops the kernel copies)."""
+        if self.scales_and_zeros is None:
+            s, low = self.native_scale, self.native_min
+            self.scales_and_zeros = torch.stack([s, low + 8 * s], -1).transpose(0, 1).contiguous()
+        return self
 
     def prepare(self, kernel: str | None = None) -> Int4Linear:
         """Lay the scales out for the native kernel, or pack the weights for torch's (where
         each runs); the saved form stays as it is. `kernel` as for Int8Linear.prepare."""
+        self.restore_saved_scales()
         self.kernel_weight = self.kernel_sz = self.native_scale = self.native_min = None
         self.kernels = _has(kernel)
         kernel = _prepared_for(self.qweight, kernel)

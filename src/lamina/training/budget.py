@@ -21,7 +21,7 @@ makes many passes: the 3 x 128 model then overfits BPE tokens first. What counts
 the budget makes, which depend on the machine: on tinyshakespeare (1.1 MB) at 120 s a quiet AMX
 Xeon trained on ~80 kB of text a second as bpe:1024 (8.6 passes; char 1.519 nats/char against
 bpe:1024's 1.586), an AVX512-BF16 EPYC on ~43 kB (3.9 passes in 100 s; bpe:1024 1.534 against
-char's 1.580; 120 s, 5.5 passes: 1.538 against ~1.58; at 300 s, 13 passes, char 1.513 against
+char's 1.580; 120 s, 5.1 passes: 1.525 against 1.563; at 300 s, 13 passes, char 1.513 against
 1.645). So the run times forward+backward passes of the default shape at a BPE vocabulary
 (`text_rate`, a fraction of a second) and picks BPE while the budget's passes at that rate stay
 at most the row's `passes`. The timing leaves out the optimizer step, the evaluations and the

@@ -154,6 +154,8 @@ def base_model(model: GPT, base: str) -> GPT:
     head = model.head  # read a chunk of rows at a time: its float copy is never whole
     model.head = FrozenLinear(head, _row_reader(head))
     for m in model.modules():
+        if isinstance(m, Int4Linear):  # the saved form back before the native copies go
+            m.restore_saved_scales()
         for name in KERNEL_COPIES:
             if getattr(m, name, None) is not None:
                 setattr(m, name, None)
