@@ -63,6 +63,9 @@ class _ChunkedCE(torch.autograd.Function):
         return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None
 
 
+HEAD_CHUNK = 256  # rows of logits alive at a time in frozen_head_loss (256 x 49k fp32: 48 MiB)
+
+
 class _FrozenHeadCE(torch.autograd.Function):
     """The loss of (hidden @ weight.T) and, where hidden needs one, its gradient, both in the
     forward (weight gets none): the backward only scales the kept gradient. The logits are as
@@ -89,9 +92,6 @@ class _FrozenHeadCE(torch.autograd.Function):
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
         grad, ctx.grad = ctx.grad, None
         return (None if grad is None else grad * grad_out.to(grad.dtype)), None, None, None
-
-
-HEAD_CHUNK = 256  # rows of logits alive at a time in frozen_head_loss (256 x 49k fp32: 48 MiB)
 
 
 def _hidden(model: nn.Module, ids: Tensor) -> Tensor:
