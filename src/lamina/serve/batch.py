@@ -34,9 +34,10 @@ at that row's length; the PyTorch step otherwise writes each row's key at its ow
 masks the columns past it. Sampling is per row (its own seeded generator), so a
 request's tokens do not depend on what else is in the batch (a test holds greedy tokens equal).
 
-Events, on the batch thread, to `sink(kind, payload)`: "token" `Token` (one per sampled token,
-with its new text), then "done" `Done`; or "error" (a message: the step failed or its logits
-were not finite) or "busy". Deliberately unaware of HTTP and of OpenAI's shapes.
+Events, on the batch thread at the end of each turn (`_flush`), to `sink(kind, payload)`:
+"token" `Token` (one per sampled token, with its new text), then "done" `Done`; or "error" (a
+message: the step failed or its logits were not finite) or "busy". Deliberately unaware of
+HTTP and of OpenAI's shapes.
 """
 
 from __future__ import annotations
@@ -96,6 +97,7 @@ class Batcher:
         self._stop = False
         self.steps = 0  # decode steps run (for tests and the bench)
         self.widest = 0  # the most rows one step has decoded
+        self._events: list[tuple[Callable[[str, Any], None], str, Any]] = []
         self.rode = 0  # prompt tokens computed as entries of a step (for tests and the bench)
         self.thread = threading.Thread(target=self._loop, name="lamina-batch", daemon=True)
         self.thread.start()
@@ -144,8 +146,10 @@ class Batcher:
             try:
                 with torch.no_grad():
                     self._turn()
+                self._flush()
             except Exception as exc:  # the step failed: its sequences end with an error
                 log.error("batch step failed: %s: %s", type(exc).__name__, exc)
+                self._flush()  # what the turn had sent before it failed
                 for row in self.rows:
                     if row.seq is not None:
                         row.seq.sink("error", f"generation failed: {type(exc).__name__}: {exc}")
@@ -186,12 +190,14 @@ class Batcher:
         keep = []
         for seq in waiting:
             if seq.cancel.is_set():
-                seq.sink("done", Done("cancelled", len(seq.ids), 0, 0, ""))
+                self._emit(seq, "done", Done("cancelled", len(seq.ids), 0, 0, ""))
                 continue
             free = [i for i, r in enumerate(self.rows) if r.seq is None]
             if not free:
                 if seq.deadline is not None and now > seq.deadline:
-                    seq.sink("busy", f"no free slot within the wait limit ({self.slots} slots)")
+                    self._emit(
+                        seq, "busy", f"no free slot within the wait limit ({self.slots} slots)"
+                    )
                 else:
                     keep.append(seq)
                 continue
@@ -312,7 +318,7 @@ class Batcher:
             seq.constraint.consume(token)
         seq.out.append(token)
         text = seq.text.push(token)
-        seq.sink("token", Token(token, text, lp, top))
+        self._emit(seq, "token", Token(token, text, lp, top))
         if seq.text.stopped or (seq.constraint is not None and seq.constraint.done):
             self._finish(i, "stop")
         elif len(seq.out) >= s.max_tokens or len(row.ids) >= self.context:
@@ -320,16 +326,27 @@ class Batcher:
         else:
             seq.pending = token
 
+    def _emit(self, seq: Sequence, kind: str, payload: Any) -> None:
+        self._events.append((seq.sink, kind, payload))
+
+    def _flush(self) -> None:
+        """Hand the turn's events to their sinks, all at once after the turn's work: a sink
+        that wakes another thread (an event loop) then competes for the interpreter while the
+        next step runs in native code, not while this thread samples the other rows."""
+        events, self._events = self._events, []
+        for sink, kind, payload in events:
+            sink(kind, payload)
+
     def _finish(self, i: int, reason: str) -> None:
         seq = self.rows[i].seq
         if rest := seq.text.flush():  # held back: an incomplete character, a stop's start
-            seq.sink("token", Token(-1, rest))
-        seq.sink("done", Done(reason, len(seq.ids), seq.cached, len(seq.out), seq.text.text))
+            self._emit(seq, "token", Token(-1, rest))
+        self._emit(seq, "done", Done(reason, len(seq.ids), seq.cached, len(seq.out), seq.text.text))
         self._release(i, reason)
 
     def _fail(self, row: _Row, message: str) -> None:
         log.error("%s", message)
-        row.seq.sink("error", message)
+        self._emit(row.seq, "error", message)
 
     def _release(self, i: int, reason: str | None) -> None:
         row = self.rows[i]
