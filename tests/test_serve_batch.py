@@ -270,3 +270,35 @@ def test_prompt_rests_that_ride_the_native_step_decode_as_alone():
         assert run(prompts) == alone
     finally:
         batcher.close()
+
+
+def _resident_mb() -> float:
+    from pathlib import Path
+
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def test_kv_rows_are_resident_only_as_they_fill():
+    """lazy_caches: the caches make_caches gives (shapes, zeros), their memory committed by the
+    OS as rows are written, not slots x context at once."""
+    from pathlib import Path
+
+    from lamina.serve.kv_rows import lazy_caches
+
+    if not Path("/proc/self/status").exists():
+        pytest.skip("needs Linux's /proc to read resident memory")
+    config = GPTConfig(vocab_size=50, block_size=512, d_model=64, n_heads=4, n_layers=4)
+    model = GPT(config).eval()
+    ref = model.make_caches(2, 512)
+    before = _resident_mb()
+    caches = lazy_caches(model, 64, 512)  # 4 layers x 2 x 64 x 4 x 512 x 16 floats: 64 MiB
+    assert _resident_mb() - before < 16
+    assert len(caches) == len(ref) and caches[0].k.shape == (64, *ref[0].k.shape[1:])
+    assert caches[0].k.dtype == ref[0].k.dtype and float(caches[0].v.abs().sum()) == 0.0
+    for c in caches:
+        c.k.fill_(1.0), c.v.fill_(1.0)
+    assert _resident_mb() - before > 48
+    assert float(caches[3].k[63, -1, -1, -1]) == 1.0

@@ -19,9 +19,9 @@ less than a PyTorch forward's Python calls per module; a long rest is faster thr
 batched matmuls). So a new request joins at the next step and a finished one leaves at once; a
 long prompt is prefilled a chunk at a time between the others' steps.
 
-Memory is fixed at start: `slots` rows of `context` tokens (`model.make_caches(slots,
-context)`). Rows 0..D-1 hold the decoding sequences (kept contiguous, so a step reads a view of
-the cache, never a gathered copy); a row that finishes is swapped to the end of that range. A
+Memory is bounded at start: `slots` rows of `context` tokens (`lazy_caches(model, slots,
+context)`, resident as the rows fill). Rows 0..D-1 hold the decoding sequences (contiguous, so
+a step reads a view of the cache, never a gathered copy); a row that finishes is swapped to the end of that range. A
 row keeps its tokens after its sequence ends: a new prompt goes to the free row sharing its
 longest prefix, and when another row shares more, that row's keys and values for the shared
 prefix are copied over (n choices of one prompt, many clients with one system prompt) instead
@@ -59,7 +59,14 @@ from lamina.generation.conversation import common_prefix
 from lamina.generation.prompts import TextStream
 from lamina.generation.sampling import sample
 from lamina.native import native_step, usable
-from lamina.serve.kv_rows import copy_prefix, native_rows, prefill_row, swap_rows, torch_step
+from lamina.serve.kv_rows import (
+    copy_prefix,
+    lazy_caches,
+    native_rows,
+    prefill_row,
+    swap_rows,
+    torch_step,
+)
 from lamina.serve.sequence import Done, Sequence, Token
 
 log = logging.getLogger("lamina.serve")
@@ -86,7 +93,7 @@ class Batcher:
     ) -> None:
         self.model, self.tokenizer = model.eval(), tokenizer
         self.slots, self.context, self.chunk, self.ride = slots, context, prefill_chunk, ride
-        self.caches = model.make_caches(slots, context)
+        self.caches = lazy_caches(model, slots, context)
         self.rows = [_Row() for _ in range(slots)]
         self.decoding = 0  # rows[:decoding] are decoding
         self.eot = frozenset(getattr(tokenizer, "eot_ids", ()) or ())
@@ -95,7 +102,7 @@ class Batcher:
         self._calls: collections.deque[tuple[Future, Callable, tuple]] = collections.deque()
         self._wake = threading.Condition()
         self._stop = False
-        self.steps = 0  # decode steps run (for tests and the bench)
+        self.steps = 0  # steps run that decoded (for tests and the bench)
         self.widest = 0  # the most rows one step has decoded
         self._events: list[tuple[Callable[[str, Any], None], str, Any]] = []
         self.rode = 0  # prompt tokens computed as entries of a step (for tests and the bench)
@@ -263,7 +270,7 @@ class Batcher:
             at += [i] * n
         logits = self._step(tokens, lens, at if taken else None)
         self.rode += len(tokens) - len(rows)
-        self.steps += 1
+        self.steps += bool(rows)  # a step of prompt tokens only is a prefill
         self.widest = max(self.widest, len(rows))
         for r, t in zip(rows, tokens, strict=False):
             r.ids.append(t)

@@ -1,12 +1,15 @@
 """One set of KV caches holding many sequences, a row each: the PyTorch side of the batch.
 
+    lazy_caches(model, slots, context) -> caches                        memory as rows fill
     prefill_row(model, caches, row, start, ids) -> logits (1, 1, V)   ids after `start` tokens
     torch_step(model, caches, tokens, lens) -> logits (B, V)           one token per row 0..B-1
     native_rows(engine, tokens, slots, rows) -> logits (N, V)          native step, entries
     copy_prefix(caches, src, dst, n)                                    row dst gets src's first n
     swap_rows(caches, i, j, n)                                          (their first n columns)
 
-`caches` are a model's `make_caches(slots, context)`: row r of every layer's k and v is one
+`caches` are a model's `make_caches(slots, context)` (`lazy_caches`: the same, in memory the
+OS commits page by page as the rows fill, so resident memory follows the tokens held instead of
+slots x context from the start; zero until written, like make_caches'): row r of every layer's k and v is one
 sequence, column t its token t. The model's forward sees a cache through a view whose
 `append` writes where that row's tokens go: `prefill_row` writes a chunk of one row from
 column `start` (keys of its earlier columns attended, causally); `torch_step` writes row r's
@@ -21,10 +24,14 @@ Deliberately unaware of sequences, sampling and scheduling (`batch.py`).
 
 from __future__ import annotations
 
+import math
+import mmap
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from lamina.bounds import check_fits
 
 
 class _RowsView:
@@ -54,6 +61,24 @@ class _RowView:
         self.c.v[r, :, self.pos : end] = v[0]
         self.pos = end
         return self.c.k[r : r + 1, :, :end], self.c.v[r : r + 1, :, :end]
+
+
+def lazy_caches(model: Any, slots: int, context: int) -> list[Any]:
+    """`model.make_caches(slots, context)` on the CPU, each layer's keys and values in an
+    anonymous memory map (zero pages until written; see the module docstring)."""
+    caches = model.make_caches(1, context)  # the model's checks; one row's worth of memory
+    if caches[0].k.device.type != "cpu":
+        return model.make_caches(slots, context)
+    n = slots * sum(c.k.nbytes + c.v.nbytes for c in caches)
+    check_fits(n, f"KV caches for {slots} x {context:,} positions ({len(caches)} layers)")
+    for c in caches:
+        c.k, c.v = (_mapped_zeros((slots, *t.shape[1:]), t.dtype) for t in (c.k, c.v))
+    return caches
+
+
+def _mapped_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+    buf = mmap.mmap(-1, math.prod(shape) * dtype.itemsize)  # the tensor keeps it alive
+    return torch.frombuffer(buf, dtype=dtype).view(shape)
 
 
 def prefill_row(model: Any, caches: list[Any], row: int, start: int, ids: list[int]) -> Tensor:
