@@ -17,7 +17,7 @@ from serving import live_server, request  # noqa: E402
 
 from lamina.models import GPT, GPTConfig  # noqa: E402
 from lamina.serve import Engine, Limits  # noqa: E402
-from lamina.serve.batch import Sampling, Sequence  # noqa: E402
+from lamina.serve.sequence import Sampling, Sequence  # noqa: E402
 
 PROMPTS = ["Hi", "Tell me about the sea, please", "What?", "A much longer question here, yes?"]
 
@@ -215,5 +215,58 @@ def test_the_pytorch_step_gives_each_row_what_it_gets_alone():
         with lamina.cpu.using("torch"):
             ref = generate(model, torch.tensor([prompts[1]]), 10, stop=list(tok.eot_ids))
         assert alone[1] == ref[0, len(prompts[1]) :].tolist()
+    finally:
+        batcher.close()
+
+
+def test_prompt_rests_that_ride_the_native_step_decode_as_alone():
+    """Short prompt rests (a prompt's tail after a shared prefix) ride the native step as extra
+    entries while a long rest goes through the PyTorch prefill: each request's greedy tokens
+    equal what it gets alone, and the same as with every prompt prefilled by PyTorch."""
+    from lamina import native
+    from lamina.generation.conversation import common_prefix
+    from lamina.serve.batch import Batcher
+
+    engine = chat_engine()
+    model, tok = engine.model, engine.tokenizer
+    batcher = Batcher(model, tok, slots=4, context=160, ride=20)
+    if batcher._native is None:
+        batcher.close()
+        pytest.skip(f"native step not available here: {native.reason()}")
+    system = "You are a terse helper who answers about the sea. "
+    prompts = [
+        tok.render_chat([{"role": "user", "content": system + q}])
+        for q in ("Hi", "Why?", "Tell me about waves, tides, currents and storms, at length")
+    ]
+
+    def run(group):
+        done, outs = [], []
+        for ids in group:
+            ended, out = threading.Event(), []
+
+            def sink(kind, x, ended=ended, out=out):
+                if kind == "token" and x.id >= 0:
+                    out.append(x.id)
+                if kind != "token":
+                    ended.set()
+
+            batcher.submit(Sequence(ids, Sampling(max_tokens=10, temperature=0), sink))
+            done.append(ended)
+            outs.append(out)
+        assert all(e.wait(30) for e in done)
+        return outs
+
+    try:
+        first = run([prompts[0]])  # longer than `ride`: the PyTorch prefill
+        assert batcher.rode == 0
+        alone = [first[0], *(run([ids])[0] for ids in prompts[1:])]
+        assert batcher.rode == len(prompts[1]) - common_prefix(prompts[0], prompts[1])
+        rode = batcher.rode
+        assert run(prompts) == alone and batcher.widest >= 2  # each finds its row: rests of 1
+        assert batcher.rode > rode
+        batcher.ride = 0  # every prompt through the PyTorch prefill
+        for row in batcher.rows:
+            row.ids.clear()  # nothing cached: each prompt prefilled whole
+        assert run(prompts) == alone
     finally:
         batcher.close()

@@ -1,18 +1,23 @@
 """Continuous batching: many sequences decode together, each in its own row of one KV cache.
 
-    Batcher(model, tokenizer, slots, context, prefill_chunk=256)
+    Batcher(model, tokenizer, slots, context, prefill_chunk=256, ride=64)
         .submit(seq)                 queue a `Sequence` (any thread); its sink gets the events
         .call(fn, *args) -> Future   run fn on the batch thread between two steps
         .close()
-    Sequence(ids, sampling, sink, constraint=None, cancel=None, deadline=None)
-    Sampling(max_tokens, temperature, top_k, top_p, seed, stop, logprobs)
+    Sequence(ids, sampling, sink, constraint=None, cancel=None, deadline=None)   sequence.py
+    Sampling(max_tokens, temperature, top_k, top_p, seed, stop, logprobs)       sequence.py
 
 One thread owns the model. Each turn of its loop it (1) runs the calls it was given, (2) admits
-waiting sequences into free rows, (3) prefills up to `prefill_chunk` prompt tokens (the
-admitted prompts in turn, least recently served first: several short ones, or a chunk of a long
-one) and (4) runs ONE decode step for every sequence that is decoding, each row at its own
-position. So a new request joins at the next step and a finished one leaves at once; a long
-prompt is prefilled a chunk at a time between the others' steps.
+waiting sequences into free rows, (3) prefills up to `prefill_chunk` prompt tokens of prompts
+whose uncached rest is longer than `ride` (least recently served first: several, or a chunk of
+a long one) through the PyTorch forward and (4) runs ONE step for every sequence that is
+decoding, each row at its own position. Where the native step runs, the rests of `ride` tokens
+or fewer (short prompts; the tail of a prompt whose prefix was cached) ride that step: each of
+their tokens is one more entry of it, at its own slot of its row (`native_rows`), as many as
+the step has room for (`slots` entries), the oldest prompt first (an entry costs the step far
+less than a PyTorch forward's Python calls per module; a long rest is faster through PyTorch's
+batched matmuls). So a new request joins at the next step and a finished one leaves at once; a
+long prompt is prefilled a chunk at a time between the others' steps.
 
 Memory is fixed at start: `slots` rows of `context` tokens (`model.make_caches(slots,
 context)`). Rows 0..D-1 hold the decoding sequences (kept contiguous, so a step reads a view of
@@ -53,62 +58,10 @@ from lamina.generation.conversation import common_prefix
 from lamina.generation.prompts import TextStream
 from lamina.generation.sampling import sample
 from lamina.native import native_step, usable
-from lamina.serve.kv_rows import copy_prefix, prefill_row, swap_rows, torch_step
+from lamina.serve.kv_rows import copy_prefix, native_rows, prefill_row, swap_rows, torch_step
+from lamina.serve.sequence import Done, Sequence, Token
 
 log = logging.getLogger("lamina.serve")
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How one sequence is sampled and when it stops."""
-
-    max_tokens: int
-    temperature: float = 1.0
-    top_k: int | None = None
-    top_p: float | None = None
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    logprobs: int | None = None  # None: none; k >= 0: the token's log-probability and top k
-
-
-@dataclass(frozen=True)
-class Token:
-    id: int
-    text: str  # the text this token completes ("" while a character or a stop is pending)
-    logprob: float | None = None
-    top: tuple[tuple[int, float], ...] = ()
-
-
-@dataclass(frozen=True)
-class Done:
-    finish: str  # "stop", "length" or "cancelled"
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-    text: str  # the whole text
-
-
-class Sequence:
-    """One prompt to continue; see the module docstring."""
-
-    def __init__(
-        self,
-        ids: list[int],
-        sampling: Sampling,
-        sink: Callable[[str, Any], None],
-        *,
-        constraint: Any = None,
-        cancel: threading.Event | None = None,
-        deadline: float | None = None,
-    ) -> None:
-        self.ids, self.sampling, self.sink = list(ids), sampling, sink
-        self.constraint, self.deadline = constraint, deadline
-        self.cancel = cancel or threading.Event()
-        self.out: list[int] = []
-        self.pending: int | None = None  # sampled, not yet in the cache
-        self.cached = 0
-        self.text: TextStream | None = None
-        self.generator: torch.Generator | None = None
 
 
 @dataclass
@@ -122,10 +75,16 @@ class Batcher:
     """See the module docstring."""
 
     def __init__(
-        self, model: Any, tokenizer: Any, slots: int, context: int, prefill_chunk: int = 256
+        self,
+        model: Any,
+        tokenizer: Any,
+        slots: int,
+        context: int,
+        prefill_chunk: int = 256,
+        ride: int = 64,
     ) -> None:
         self.model, self.tokenizer = model.eval(), tokenizer
-        self.slots, self.context, self.chunk = slots, context, prefill_chunk
+        self.slots, self.context, self.chunk, self.ride = slots, context, prefill_chunk, ride
         self.caches = model.make_caches(slots, context)
         self.rows = [_Row() for _ in range(slots)]
         self.decoding = 0  # rows[:decoding] are decoding
@@ -137,6 +96,7 @@ class Batcher:
         self._stop = False
         self.steps = 0  # decode steps run (for tests and the bench)
         self.widest = 0  # the most rows one step has decoded
+        self.rode = 0  # prompt tokens computed as entries of a step (for tests and the bench)
         self.thread = threading.Thread(target=self._loop, name="lamina-batch", daemon=True)
         self.thread.start()
 
@@ -197,17 +157,26 @@ class Batcher:
 
     def _turn(self) -> None:
         self._admit()
+        native = self._native is not None and usable(self.model)
         budget = self.chunk  # prompt tokens this turn, over one or several prompts
         while budget > 0:
-            prefilling = [r for r in self.rows[self.decoding :] if r.seq is not None]
+            prefilling = [r for r in self._prefilling() if not (native and self._rides(r))]
             if not prefilling:
                 break
             budget -= self._prefill(min(prefilling, key=lambda r: r.used), budget)
-        for i in reversed(range(self.decoding)):
-            if self.rows[i].seq.cancel.is_set():
-                self._finish(i, "cancelled")
-        if self.decoding:
-            self._decode()
+        for i in reversed(range(self.slots)):
+            if (seq := self.rows[i].seq) is not None and seq.cancel.is_set():
+                if i < self.decoding or (native and self._rides(self.rows[i])):
+                    self._finish(i, "cancelled")
+        riders = [r for r in self._prefilling() if self._rides(r)] if native else []
+        if self.decoding or riders:
+            self._decode(sorted(riders, key=lambda r: r.used))
+
+    def _prefilling(self) -> list[_Row]:
+        return [r for r in self.rows[self.decoding :] if r.seq is not None]
+
+    def _rides(self, row: _Row) -> bool:
+        return len(row.seq.ids) - len(row.ids) <= self.ride
 
     def _admit(self) -> None:
         now = time.monotonic()
@@ -269,20 +238,43 @@ class Batcher:
             self._next(self.decoding - 1, logits[0, -1])
         return len(chunk)
 
-    def _decode(self) -> None:
+    def _decode(self, riders: list[_Row]) -> None:
+        """One step: each decoding row's pending token, then as many of the riders' prompt
+        tokens as the step has room for (the first riders' first); a rider whose prompt is then
+        all in the cache samples its first token and joins the decoding rows."""
         rows = self.rows[: self.decoding]
         tokens = [r.seq.pending for r in rows]
         lens = [len(r.ids) for r in rows]
-        logits = self._step(tokens, lens)
+        at, taken = list(range(len(rows))), []
+        for r in riders:
+            n = min(len(r.seq.ids) - len(r.ids), self.slots - len(tokens))
+            if n <= 0:
+                break
+            start, i = len(r.ids), self.rows.index(r)
+            taken.append((r, r.seq.ids[start : start + n], len(tokens) + n - 1))
+            tokens += r.seq.ids[start : start + n]
+            lens += range(start, start + n)
+            at += [i] * n
+        logits = self._step(tokens, lens, at if taken else None)
+        self.rode += len(tokens) - len(rows)
         self.steps += 1
         self.widest = max(self.widest, len(rows))
-        for r, t in zip(rows, tokens, strict=True):
+        for r, t in zip(rows, tokens, strict=False):
             r.ids.append(t)
         for i in reversed(range(len(rows))):
             self._next(i, logits[i])
+        for r, chunk, last in taken:  # in the order they came (their `used` is their admission)
+            r.ids.extend(chunk)
+            if len(r.ids) == len(r.seq.ids):
+                self._swap(self.rows.index(r), self.decoding)
+                self.decoding += 1
+                self._next(self.decoding - 1, logits[last])
 
-    def _step(self, tokens: list[int], lens: list[int]) -> Tensor:
-        """Logits (B, V): row r's token at position lens[r], attending its columns 0..lens[r]."""
+    def _step(self, tokens: list[int], lens: list[int], at: list[int] | None) -> Tensor:
+        """Logits (B, V): entry e's token at position lens[e] of cache row at[e] (default e),
+        attending that row's columns 0..lens[e]."""
+        if at is not None:
+            return native_rows(self._native, tokens, lens, at)
         if self._native is not None and usable(self.model):
             return self._native.step_batch(tokens, lens, lens)  # rows 0..B-1, each at its length
         return torch_step(self.model, self.caches, tokens, lens)

@@ -35,8 +35,8 @@ from typing import Any
 from lamina.errors import LaminaError
 from lamina.generation.conversation import ChatOptions, check_chat_model, fit_messages, reply_room
 from lamina.generation.sampling import check_sampling
-from lamina.serve.batch import Sampling, Sequence
 from lamina.serve.grammar import Grammars
+from lamina.serve.sequence import Sampling, Sequence
 from lamina.serve.tools import (
     OPEN,
     call_schema,

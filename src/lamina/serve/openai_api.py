@@ -38,9 +38,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from lamina.errors import LaminaError
-from lamina.serve.batch import Done, Token
 from lamina.serve.chat_service import ChatService, Job, RequestError
 from lamina.serve.engine import Busy, PrepTimeout, Stopping
+from lamina.serve.sequence import Done, Token
 
 log = logging.getLogger("lamina.serve")
 
