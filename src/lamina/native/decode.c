@@ -1068,7 +1068,7 @@ VNNI static inline __attribute__((always_inline)) void one_row8_32(int kind, con
         int rn[NR];
         for (int j = 0; j < NR; j++) rn[j] = nr_row(n, j, n1), row[j] = (const uint8_t *)L->w + (size_t)rn[j] * rb;
         if (PF8 && n + PF8 * NR < n1) {
-            for (size_t o = 0; o < NR * rb; o += 64) _mm_prefetch((const char *)row[0] + PF8 * NR * rb + o, _MM_HINT_T0);
+            for (size_t o = 0; o < NR * rb; o += 64) _mm_prefetch((const char *)row[0] + PF8 * NR * rb + o, _MM_HINT_T2);
             if (groups > 1 || kind == LIN_INT4 || kind == LIN_INT8) /* lamina's kinds: their scales (and minimums) */
                 for (size_t o = 0; o < NR * groups * 4; o += 64) {
                     _mm_prefetch((const char *)(L->s + (size_t)(n + PF8 * NR) * groups) + o, _MM_HINT_T0);
@@ -1116,7 +1116,7 @@ VNNI static inline __attribute__((always_inline)) void one_row8_sb(int kind, con
         const uint8_t *row[NR];
         for (int j = 0; j < NR; j++) row[j] = (const uint8_t *)L->w + (size_t)nr_row(n, j, n1) * rb;
         if (PF8 && n + PF8 * NR < n1)
-            for (size_t o = 0; o < NR * rb; o += 64) _mm_prefetch((const char *)row[0] + PF8 * NR * rb + o, _MM_HINT_T0);
+            for (size_t o = 0; o < NR * rb; o += 64) _mm_prefetch((const char *)row[0] + PF8 * NR * rb + o, _MM_HINT_T2);
         __m512 acc[NR];
         float msum[NR];
         for (int j = 0; j < NR; j++) acc[j] = _mm512_setzero_ps(), msum[j] = 0.0f;
