@@ -130,6 +130,14 @@ static void barrier_wait(Barrier *b) {
         else _mm_pause();
 }
 
+/* where the weight streams' software prefetches go: 1 L2 (_MM_HINT_T2), 0 L1 (lm_pf_l2 to compare) */
+static int pf_l2 = 1;
+#define PF_W(p) (pf_l2 ? _mm_prefetch((p), _MM_HINT_T2) : _mm_prefetch((p), _MM_HINT_T0))
+int lm_pf_l2(int choice) {
+    if (choice >= 0) pf_l2 = choice != 0;
+    return pf_l2;
+}
+
 /* ------------------------------------------------------------------ small maths */
 
 static inline float hsum(__m256 v) {
@@ -237,8 +245,9 @@ typedef struct {
 
 /* int8 inputs (llama.cpp's Q8_0 activations: a scale per 32, amax / 127) for one input row where
    the CPU has AVX-512 VNNI: `vpdpbusd` multiplies 64 weight bytes by 64 input bytes at once.
-   Coarser than the int16 form, and on the AMD EPYC not yet faster (BENCHMARKS.md has its logit
-   error and speed): off unless LAMINA_ACT8=1 in the environment, or lm_act8(1). -1 until asked. */
+   Faster, but coarser than the int16 form, and further from llama.cpp's logits (its inputs are
+   rounded elsewhere: BENCHMARKS.md has the error and speed): off unless LAMINA_ACT8=1 in the
+   environment, or lm_act8(1). -1 until asked. */
 static int act8 = -1;
 
 static int cpu_has_vnni(void) {
@@ -650,7 +659,7 @@ static void lin_rows_kq(const Lin *L, int B, const Act *a, float *y, int ystride
         const uint8_t *row = (const uint8_t *)L->w + (size_t)n * rb;
         const float bias = L->bias ? L->bias[n] : 0.0f;
         if (n + PF_ROWS < n1) /* a row further on its way (rows of small blocks stream poorly) */
-            for (size_t o = 0; o < rb; o += 64) _mm_prefetch((const char *)row + PF_ROWS * rb + o, _MM_HINT_T0);
+            for (size_t o = 0; o < rb; o += 64) PF_W((const char *)row + PF_ROWS * rb + o);
         for (int r0 = 0; r0 < B; r0 += TILE) {
             const int rows = B - r0 < TILE ? B - r0 : TILE;
             float v[TILE];
@@ -937,10 +946,10 @@ WIDE static void one_row_q4_512(const Lin *L, const Act *a, float *y, int n0, in
             sc[j] = L->s + (size_t)r * groups;
         }
         if (n + 2 * NR < n1) { /* the pass after next on its way: weights, scales, minimums */
-            for (size_t o = 0; o < NR * wb; o += 64) _mm_prefetch((const char *)w[0] + 2 * NR * wb + o, _MM_HINT_T0);
+            for (size_t o = 0; o < NR * wb; o += 64) PF_W((const char *)w[0] + 2 * NR * wb + o);
             for (size_t o = 0; o < NR * groups * 4; o += 64) {
-                _mm_prefetch((const char *)(sc[0] + 2 * NR * groups) + o, _MM_HINT_T0);
-                _mm_prefetch((const char *)(L->mn + (size_t)(n + 2 * NR) * groups) + o, _MM_HINT_T0);
+                PF_W((const char *)(sc[0] + 2 * NR * groups) + o);
+                PF_W((const char *)(L->mn + (size_t)(n + 2 * NR) * groups) + o);
             }
         }
         __m512 acc[NR];
@@ -968,7 +977,7 @@ WIDE static inline __attribute__((always_inline)) void one_row_kq_512(int kind, 
         const uint8_t *row[NR];
         for (int j = 0; j < NR; j++) row[j] = (const uint8_t *)L->w + (size_t)nr_row(n, j, n1) * rb;
         if (n + 4 * NR < n1) /* four passes on (rows of small blocks stream poorly) */
-            for (size_t o = 0; o < NR * rb; o += 64) _mm_prefetch((const char *)row[0] + 4 * NR * rb + o, _MM_HINT_T0);
+            for (size_t o = 0; o < NR * rb; o += 64) PF_W((const char *)row[0] + 4 * NR * rb + o);
         __m512 acc[NR];
         float msum[NR];
         for (int j = 0; j < NR; j++) acc[j] = _mm512_setzero_ps(), msum[j] = 0.0f;
@@ -1223,9 +1232,9 @@ static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
         const float bias = L->bias ? L->bias[n] : 0.0f;
         if (n + PF_ROWS < n1) { /* a row further on its way: weights, then scales */
             const char *next = (const char *)L->w + (size_t)(n + PF_ROWS) * wb;
-            for (size_t o = 0; o < wb; o += 64) _mm_prefetch(next + o, _MM_HINT_T0);
-            if (L->kind != LIN_F32) _mm_prefetch((const char *)(L->s + (size_t)(n + PF_ROWS) * groups), _MM_HINT_T0);
-            if (L->kind == LIN_INT4) _mm_prefetch((const char *)(L->mn + (size_t)(n + PF_ROWS) * groups), _MM_HINT_T0);
+            for (size_t o = 0; o < wb; o += 64) PF_W(next + o);
+            if (L->kind != LIN_F32) PF_W((const char *)(L->s + (size_t)(n + PF_ROWS) * groups));
+            if (L->kind == LIN_INT4) PF_W((const char *)(L->mn + (size_t)(n + PF_ROWS) * groups));
         }
         for (int r0 = 0; r0 < B; r0 += TILE) {
             const int rows = B - r0 < TILE ? B - r0 : TILE;
