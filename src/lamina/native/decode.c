@@ -1219,6 +1219,16 @@ static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
         else one_row_kq_any_512(L, a, y, n0, n1, accumulate);
         return;
     }
+    if (B > 1 && B < lanes_min(1) && (L->kind == LIN_INT4 || L->kind >= LIN_Q4K) && lanes_512()) {
+        /* too few rows for the lanes: the one-row form per row, the weights read again from cache */
+        const int k = L->k, nb = k / 32, gsum = L->kind == LIN_INT4 ? k / L->gs : nb;
+        for (int r = 0; r < B; r++) {
+            Act one = {a->x ? a->x + (size_t)r * k : NULL, a->q + (size_t)r * k, a->dx + (size_t)r * nb,
+                       a->sx + (size_t)r * gsum, NULL, NULL, NULL};
+            lin_rows(L, 1, &one, y + (size_t)r * ystride, ystride, n0, n1, accumulate);
+        }
+        return;
+    }
     if (L->kind >= LIN_Q4K) {
         lin_rows_kq(L, B, a, y, ystride, n0, n1, accumulate);
         return;
