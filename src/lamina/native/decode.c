@@ -1224,7 +1224,8 @@ static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
         const int k = L->k, nb = k / 32, gsum = L->kind == LIN_INT4 ? k / L->gs : nb;
         for (int r = 0; r < B; r++) {
             Act one = {a->x ? a->x + (size_t)r * k : NULL, a->q + (size_t)r * k, a->dx + (size_t)r * nb,
-                       a->sx + (size_t)r * gsum, NULL, NULL, NULL};
+                       a->sx + (size_t)r * gsum, a->q8 ? a->q8 + (size_t)r * k : NULL,
+                       a->q8 ? a->d8 + (size_t)r * nb : NULL, a->q8 ? a->s8 + (size_t)r * nb : NULL};
             lin_rows(L, 1, &one, y + (size_t)r * ystride, ystride, n0, n1, accumulate);
         }
         return;
@@ -1580,7 +1581,7 @@ int lm_step(const Model *m, int B, const int64_t *tokens, const int64_t *positio
     size_t floats = (size_t)B * (2 * d + qkv_n + m->H * hd + fc_n + m->ff + hd) +
                     (size_t)nthreads * CHUNK + 2 * (size_t)B * (kmax / 32 + 1) +
                     (size_t)B * m->H * ((m->cache_len + CHUNK - 1) / CHUNK) * (hd + 2);
-    const int q8 = B == 1 && act8_on(); /* int8 inputs: one row only */
+    const int q8 = B < lanes_min(1) && act8_on(); /* int8 inputs: the rows the one-row form takes */
     if (q8) floats += 2 * (size_t)B * (kmax / 32 + 1) + ((size_t)B * kmax + 3) / 4;
     float *buf = (float *)malloc(floats * sizeof(float) + (size_t)B * kmax * sizeof(int16_t) + 64);
     if (!buf) return 0;
