@@ -177,3 +177,60 @@ def test_pytorch_path_runs_the_kept_blocks_too(models):
         assert torch.allclose(lin(x), x @ lin.dequantized().T, rtol=0, atol=1e-5)
         got = lamina.generate(kept, prompt, 8)
     assert torch.equal(got, lamina.generate(ref, prompt, 8))
+
+
+@pytest.fixture
+def act8():
+    """The int8-input form of the one-row kernels (decode.c's act8) for one test, or skip where
+    the CPU lacks AVX-512 VNNI; the int16 form (the default) restored after."""
+    from lamina.native.build import library
+
+    lib = library()
+    before = lib.lm_act8(-1)
+    if lib.lm_act8(1) != 1:
+        lib.lm_act8(before)
+        pytest.skip("no AVX-512 VNNI here: the int8-input form does not run")
+    yield lib
+    lib.lm_act8(before)
+
+
+# The int8-input form's logits differ from the int16 form's by what rounding the inputs to 8 bits
+# per 32 costs: measured (BENCHMARKS.md, the decode section) 3-4e-2 of the logits' norm on SmolLM2
+# Q4_1 / Q4_K_M / Q8_0 and ERR8 below on these fixtures; the bound is twice the largest measured.
+ACT8_TOL = 8e-2
+
+
+@pytest.mark.skipif(not _native(), reason="lamina.native not built here")
+@pytest.mark.parametrize("name", KEPT_FILES)
+def test_int8_inputs_within_their_rounding_of_the_int16_form(models, name, act8):
+    kept, ref, _ = models[name]
+    ids = torch.randint(3, 320, (1, 20), generator=torch.Generator().manual_seed(6))
+
+    def steps() -> torch.Tensor:
+        caches = kept.make_caches(1, 20)
+        ref(ids[:, :10], caches=caches)
+        engine = native.native_step(kept, caches)
+        assert engine is not None, native.unsupported(kept)
+        return torch.stack([engine.step([int(ids[0, t])], [t], [0]) for t in range(10, 20)], 1)
+
+    with torch.no_grad():
+        got = steps()
+        act8.lm_act8(0)
+        exact = steps()
+    err = ((got - exact).norm() / exact.norm()).item()
+    print(f"ERR8 {name} {err:.3e}")
+    assert 0 < err < ACT8_TOL, err  # 0: the int16 form ran both times
+
+
+@pytest.mark.skipif(not _native(), reason="lamina.native not built here")
+@pytest.mark.parametrize("qtype", list(BLOCKS))
+def test_int8_inputs_per_kind_within_their_rounding(qtype, act8):
+    # k = 288 for the kinds of 32-blocks: 9 blocks, the odd one alone (the kernel takes two at once)
+    k = 512 if BLOCKS[qtype][0] == 256 else 288
+    m = BlockLinear(k, 12, [(qtype, _rows(qtype, 12, k, 7))], torch.randn(12))
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(8))
+    want = x @ m.dequantized().T + m.bias
+    err = ((m(x) - want).norm() / want.norm()).item()
+    act8.lm_act8(0)
+    exact = ((m(x) - want).norm() / want.norm()).item()
+    assert exact < 1e-4 < err < ACT8_TOL, (exact, err)

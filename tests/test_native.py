@@ -9,6 +9,7 @@ import os
 
 import pytest
 import torch
+from test_kquant import ACT8_TOL, act8  # noqa: F401  (act8: a fixture)
 from torch import nn
 
 import lamina
@@ -150,6 +151,19 @@ def test_step_equals_the_float_model(case):
     # float: summation order only; quantized: inputs rounded to 16 bits per block of 32
     assert err < (1e-5 if scheme == "fp32" else 1e-3), err  # PyTorch's bf16-input kernels: ~1e-2
     assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+@pytest.mark.usefixtures("act8")
+@pytest.mark.parametrize("scheme", ["int8", "int4-32", "int4-64", "int8-grouped"])
+def test_int8_inputs_within_their_rounding_of_the_int16_form(scheme):
+    # lamina's own int8 / int4 layouts (the K-quant kinds: tests/test_kquant.py)
+    model = _scheme(_model(**OPTIONS[0]), scheme)
+    ids = torch.randint(0, 97, (1, 20), generator=torch.Generator().manual_seed(2))
+    got = _steps(model, ids, 12)  # one row: the int8-input form
+    native.build.library().lm_act8(0)
+    exact = _steps(model, ids, 12)
+    err = ((got - exact).norm() / exact.norm()).item()
+    assert 0 < err < ACT8_TOL, err
 
 
 def test_float_generation_equals_pytorchs_token_for_token():

@@ -120,3 +120,17 @@ def test_both_forms_of_the_batch_kernel_equal_each_row_alone():
             _batched_equal_alone("int4", prompts, [3, 0, 5, 1, 4, 2], tol=2e-4)
     finally:
         lib.lm_lanes_wide(before)
+
+
+def test_two_rows_with_int8_inputs_equal_each_row_alone():
+    """Two rows (fewer than the lanes take) run the one-row form per row, int8 inputs too."""
+    from lamina.native.build import library
+
+    lib = library()
+    before = lib.lm_act8(-1)
+    try:
+        if lib.lm_act8(1) != 1:
+            pytest.skip("no AVX-512 VNNI here: the int8-input form does not run")
+        _batched_equal_alone("int4", [[5, 6, 7, 8], [9, 10]], [1, 0], tol=1e-6)
+    finally:
+        lib.lm_act8(before)

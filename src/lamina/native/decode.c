@@ -130,6 +130,14 @@ static void barrier_wait(Barrier *b) {
         else _mm_pause();
 }
 
+/* where the weight streams' software prefetches go: 1 L2 (_MM_HINT_T2), 0 L1 (lm_pf_l2 to compare) */
+static int pf_l2 = 1;
+#define PF_W(p) (pf_l2 ? _mm_prefetch((p), _MM_HINT_T2) : _mm_prefetch((p), _MM_HINT_T0))
+int lm_pf_l2(int choice) {
+    if (choice >= 0) pf_l2 = choice != 0;
+    return pf_l2;
+}
+
 /* ------------------------------------------------------------------ small maths */
 
 static inline float hsum(__m256 v) {
@@ -229,7 +237,39 @@ typedef struct {
     int16_t *q;     /* (B, k) quantized, in the order the weight kind reads */
     float *dx;      /* (B, k/32): block scales */
     float *sx;      /* (B, k/gs) int4 only: per weight group, the sum of its inputs */
+    int8_t *q8;     /* (B, k) the same rows in int8 (one row's AVX-512 VNNI form), or NULL */
+    float *d8;      /* (B, k/32): their block scales */
+    float *s8;      /* (B, k/32): each block's sum as rounded (d8 x its int8 sum: the minimums' part
+                       must see the same inputs as the weights' q, else 8 s x the rounding stays) */
 } Act;
+
+/* int8 inputs (llama.cpp's Q8_0 activations: a scale per 32, amax / 127) for one input row where
+   the CPU has AVX-512 VNNI: `vpdpbusd` multiplies 64 weight bytes by 64 input bytes at once.
+   Faster, but coarser than the int16 form, and further from llama.cpp's logits (its inputs are
+   rounded elsewhere: BENCHMARKS.md has the error and speed): off unless LAMINA_ACT8=1 in the
+   environment, or lm_act8(1). -1 until asked. */
+static int act8 = -1;
+
+static int cpu_has_vnni(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+}
+
+static int act8_on(void) {
+    if (act8 < 0) {
+        const char *e = getenv("LAMINA_ACT8");
+        act8 = cpu_has_vnni() && e && strcmp(e, "1") == 0;
+    }
+    return act8;
+}
+
+/* choice 0: int16 inputs everywhere; 1: int8 ones for one row where the CPU has VNNI; -1 leaves
+   it; returns the form in force */
+int lm_act8(int choice) {
+    if (choice >= 0) act8 = choice && cpu_has_vnni();
+    return act8_on();
+}
 
 #define QMAX 32767.0f /* inputs quantized to int16 per block of 32 */
 
@@ -276,6 +316,21 @@ static void quantize_rows(const float *x, int r0, int r1, int k, int perm, int g
             else
                 memcpy(qb, t, sizeof t);
             a->dx[r * nb + b] = d;
+            if (a->q8) { /* the int8 form, from the floats (not from the int16 values) */
+                const float id8 = amax > 0 ? 127.0f / amax : 0.0f;
+                int32_t u[32];
+                for (int i = 0; i < 4; i++)
+                    _mm256_storeu_si256((__m256i *)(u + 8 * i), _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(id8))));
+                int8_t *q8 = a->q8 + (size_t)r * k + 32 * b;
+                if (perm)
+                    for (int i = 0; i < 16; i++) q8[i] = (int8_t)u[2 * i], q8[16 + i] = (int8_t)u[2 * i + 1];
+                else
+                    for (int i = 0; i < 32; i++) q8[i] = (int8_t)u[i];
+                int sum8 = 0;
+                for (int i = 0; i < 32; i++) sum8 += u[i];
+                a->d8[r * nb + b] = amax / 127.0f;
+                a->s8[r * nb + b] = amax / 127.0f * (float)sum8;
+            }
             if (gs > 0) {
                 float *g = &a->sx[r * (nb / per) + b / per];
                 *g = (b % per ? *g : 0.0f) + d * (float)sum;
@@ -604,7 +659,7 @@ static void lin_rows_kq(const Lin *L, int B, const Act *a, float *y, int ystride
         const uint8_t *row = (const uint8_t *)L->w + (size_t)n * rb;
         const float bias = L->bias ? L->bias[n] : 0.0f;
         if (n + PF_ROWS < n1) /* a row further on its way (rows of small blocks stream poorly) */
-            for (size_t o = 0; o < rb; o += 64) _mm_prefetch((const char *)row + PF_ROWS * rb + o, _MM_HINT_T0);
+            for (size_t o = 0; o < rb; o += 64) PF_W((const char *)row + PF_ROWS * rb + o);
         for (int r0 = 0; r0 < B; r0 += TILE) {
             const int rows = B - r0 < TILE ? B - r0 : TILE;
             float v[TILE];
@@ -891,10 +946,10 @@ WIDE static void one_row_q4_512(const Lin *L, const Act *a, float *y, int n0, in
             sc[j] = L->s + (size_t)r * groups;
         }
         if (n + 2 * NR < n1) { /* the pass after next on its way: weights, scales, minimums */
-            for (size_t o = 0; o < NR * wb; o += 64) _mm_prefetch((const char *)w[0] + 2 * NR * wb + o, _MM_HINT_T0);
+            for (size_t o = 0; o < NR * wb; o += 64) PF_W((const char *)w[0] + 2 * NR * wb + o);
             for (size_t o = 0; o < NR * groups * 4; o += 64) {
-                _mm_prefetch((const char *)(sc[0] + 2 * NR * groups) + o, _MM_HINT_T0);
-                _mm_prefetch((const char *)(L->mn + (size_t)(n + 2 * NR) * groups) + o, _MM_HINT_T0);
+                PF_W((const char *)(sc[0] + 2 * NR * groups) + o);
+                PF_W((const char *)(L->mn + (size_t)(n + 2 * NR) * groups) + o);
             }
         }
         __m512 acc[NR];
@@ -922,7 +977,7 @@ WIDE static inline __attribute__((always_inline)) void one_row_kq_512(int kind, 
         const uint8_t *row[NR];
         for (int j = 0; j < NR; j++) row[j] = (const uint8_t *)L->w + (size_t)nr_row(n, j, n1) * rb;
         if (n + 4 * NR < n1) /* four passes on (rows of small blocks stream poorly) */
-            for (size_t o = 0; o < NR * rb; o += 64) _mm_prefetch((const char *)row[0] + 4 * NR * rb + o, _MM_HINT_T0);
+            for (size_t o = 0; o < NR * rb; o += 64) PF_W((const char *)row[0] + 4 * NR * rb + o);
         __m512 acc[NR];
         float msum[NR];
         for (int j = 0; j < NR; j++) acc[j] = _mm512_setzero_ps(), msum[j] = 0.0f;
@@ -955,6 +1010,160 @@ WIDE static void one_row_kq_any_512(const Lin *L, const Act *a, float *y, int n0
 #define WIDE_CASE(K) case K: one_row_kq_512(K, L, a, y, n0, n1, accumulate); return;
         KQ_CASES(WIDE_CASE)
 #undef WIDE_CASE
+    }
+}
+
+/* ------------------------------------------------------------------ one row, int8 inputs */
+
+/* The VNNI form (see act8): each weight block as 32 unsigned bytes u with w = u - off (off 0
+   for the kinds whose offset is a minimum, folded in through the input sums as above), two
+   blocks to a 64-byte vector beside the input's two int8 blocks: `vpdpbusd` sums each 4
+   products into 16 int32 lanes (8 per block), started from -off x the input's sums. */
+#ifndef PF8
+#define PF8 4 /* passes ahead to prefetch */
+#endif
+#define VNNI __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
+
+static inline int u8_shift(int kind) { /* log2 of off, or -1: none */
+    return kind == LIN_Q6K ? 5 : kind == LIN_Q5_0 ? 4 : kind == LIN_Q8_0 || kind == LIN_INT8 ? 7 : -1;
+}
+
+static inline __attribute__((always_inline)) __m256i kq_u8(int kind, const uint8_t *blk, int j) {
+    const __m256i q = kq_q8(kind, blk, j);
+    if (kind == LIN_Q6K) return _mm256_add_epi8(q, _mm256_set1_epi8(32));
+    if (kind == LIN_Q5_0) return _mm256_add_epi8(q, _mm256_set1_epi8(16));
+    if (kind == LIN_Q8_0) return _mm256_xor_si256(q, _mm256_set1_epi8((char)0x80));
+    return q;
+}
+
+/* blocks b and b + 1 (zero when !two) of a row as 64 unsigned bytes */
+VNNI static inline __attribute__((always_inline)) __m512i pair_u8(int kind, const uint8_t *row, int b, int two) {
+    if (kind == LIN_INT4) { /* 16 bytes a block: [low nibbles | high nibbles] */
+        const __m512i m4 = _mm512_set1_epi8(0x0F);
+        if (!two) {
+            const __m128i raw = _mm_loadu_si128((const __m128i *)(row + 16 * b));
+            return _mm512_and_si512(_mm512_zextsi256_si512(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw)), m4);
+        }
+        const __m256i raw = _mm256_loadu_si256((const __m256i *)(row + 16 * b));
+        const __m512i z = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(raw), _mm256_srli_epi16(raw, 4), 1), m4);
+        return _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0)); /* [lo b, hi b, lo b+1, hi b+1] */
+    }
+    if (kind == LIN_INT8) {
+        const __m512i f = _mm512_set1_epi8((char)0x80);
+        return two ? _mm512_xor_si512(_mm512_loadu_si512((const void *)(row + 32 * b)), f)
+                   : _mm512_zextsi256_si512(_mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(row + 32 * b)), _mm256_set1_epi8((char)0x80)));
+    }
+    const int bs = kq_bytes(kind);
+    const __m512i lo = _mm512_zextsi256_si512(kq_u8(kind, row + (size_t)b * bs, 0));
+    return two ? _mm512_inserti64x4(lo, kq_u8(kind, row + (size_t)(b + 1) * bs, 0), 1) : lo;
+}
+
+static inline __attribute__((always_inline)) float lin_scale(int kind, const Lin *L, const uint8_t *row, int n, int b, int groups, int sh, float *mn) {
+    if (kind == LIN_INT4 || kind == LIN_INT8) return L->s[(size_t)n * groups + (b >> sh)];
+    float s[2];
+    kq_scales(kind, row + (size_t)b * kq_bytes(kind), s, mn);
+    return s[0];
+}
+
+/* rows n0..n1 of an int4, int8 or per-32 GGML linear (Q8_0, Q5_0, Q5_1) for one input row */
+VNNI static inline __attribute__((always_inline)) void one_row8_32(int kind, const Lin *L, const Act *a, float *y, int n0, int n1, int accumulate) {
+    const int k = L->k, nb = k / 32, sh8 = u8_shift(kind);
+    const int groups = kind == LIN_INT4 || kind == LIN_INT8 ? k / L->gs : 1;
+    const int sh = groups == 1 ? 31 : __builtin_ctz(L->gs / 32);
+    const size_t rb = kind == LIN_INT4 ? (size_t)k / 2 : kind == LIN_INT8 ? (size_t)k : kq_row_bytes(kind, k);
+    const __m512i ones = _mm512_set1_epi8(1);
+    for (int n = n0; n < n1; n += NR) {
+        const uint8_t *row[NR];
+        int rn[NR];
+        for (int j = 0; j < NR; j++) rn[j] = nr_row(n, j, n1), row[j] = (const uint8_t *)L->w + (size_t)rn[j] * rb;
+        if (PF8 && n + PF8 * NR < n1) {
+            for (size_t o = 0; o < NR * rb; o += 64) _mm_prefetch((const char *)row[0] + PF8 * NR * rb + o, _MM_HINT_T2);
+            if (groups > 1 || kind == LIN_INT4 || kind == LIN_INT8) /* lamina's kinds: their scales (and minimums) */
+                for (size_t o = 0; o < NR * groups * 4; o += 64) {
+                    _mm_prefetch((const char *)(L->s + (size_t)(n + PF8 * NR) * groups) + o, _MM_HINT_T0);
+                    if (kind == LIN_INT4) _mm_prefetch((const char *)(L->mn + (size_t)(n + PF8 * NR) * groups) + o, _MM_HINT_T0);
+                }
+        }
+        __m512 acc[NR];
+        float msum[NR];
+        for (int j = 0; j < NR; j++) acc[j] = _mm512_setzero_ps(), msum[j] = 0.0f;
+        for (int b = 0; b < nb; b += 2) {
+            const int two = b + 1 < nb;
+            const __m512i x = two ? _mm512_loadu_si512((const void *)(a->q8 + 32 * b))
+                                  : _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(a->q8 + 32 * b)));
+            const float d0 = a->d8[b], d1 = two ? a->d8[b + 1] : 0.0f;
+            __m512i init = _mm512_setzero_si512();
+            if (sh8 >= 0) init = _mm512_sub_epi32(init, _mm512_slli_epi32(_mm512_dpbusd_epi32(init, ones, x), sh8));
+            for (int j = 0; j < NR; j++) {
+                float mn0[1] = {0}, mn1[1] = {0};
+                const float s0 = lin_scale(kind, L, row[j], rn[j], b, groups, sh, mn0);
+                const float s1 = two ? lin_scale(kind, L, row[j], rn[j], b + 1, groups, sh, mn1) : 0.0f;
+                const __m512i p = _mm512_dpbusd_epi32(init, pair_u8(kind, row[j], b, two), x);
+                const __m512 sv = _mm512_insertf32x8(_mm512_set1_ps(s0 * d0), _mm256_set1_ps(s1 * d1), 1);
+                acc[j] = _mm512_fmadd_ps(sv, _mm512_cvtepi32_ps(p), acc[j]);
+                if (kind == LIN_Q5_1) msum[j] += mn0[0] * a->s8[b] + (two ? mn1[0] * a->s8[b + 1] : 0.0f);
+            }
+        }
+        if (kind == LIN_INT4)
+            for (int j = 0; j < NR && n + j < n1; j++) {
+                const float *mn = L->mn + (size_t)(n + j) * groups;
+                if (groups == nb) msum[j] = dot_f32(mn, a->s8, nb);
+                else
+                    for (int b = 0; b < nb; b++) msum[j] += mn[b >> sh] * a->s8[b];
+            }
+        store_nr(L, acc, msum, y, n, n1, accumulate);
+    }
+}
+
+/* rows n0..n1 of a super-block linear (Q4_K, Q5_K, Q6_K: 8 blocks of 32 each) for one input row */
+VNNI static inline __attribute__((always_inline)) void one_row8_sb(int kind, const Lin *L, const Act *a, float *y, int n0, int n1, int accumulate) {
+    const int k = L->k, bs = kq_bytes(kind), nsb = k / 256, sh8 = u8_shift(kind);
+    const size_t rb = kq_row_bytes(kind, k);
+    const __m512i ones = _mm512_set1_epi8(1);
+    const __m512i quad = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    for (int n = n0; n < n1; n += NR) {
+        const uint8_t *row[NR];
+        for (int j = 0; j < NR; j++) row[j] = (const uint8_t *)L->w + (size_t)nr_row(n, j, n1) * rb;
+        if (PF8 && n + PF8 * NR < n1)
+            for (size_t o = 0; o < NR * rb; o += 64) _mm_prefetch((const char *)row[0] + PF8 * NR * rb + o, _MM_HINT_T2);
+        __m512 acc[NR];
+        float msum[NR];
+        for (int j = 0; j < NR; j++) acc[j] = _mm512_setzero_ps(), msum[j] = 0.0f;
+        for (int sb = 0; sb < nsb; sb++) {
+            float s[NR][16], mn[NR][PER_SB_MAX];
+            for (int j = 0; j < NR; j++) kq_scales(kind, row[j] + (size_t)sb * bs, s[j], mn[j]);
+            for (int jj = 0; jj < 8; jj += 2) {
+                const int b = sb * 8 + jj;
+                const __m512i x = _mm512_loadu_si512((const void *)(a->q8 + 32 * b));
+                const __m512 dd = _mm512_insertf32x8(_mm512_set1_ps(a->d8[b]), _mm256_set1_ps(a->d8[b + 1]), 1);
+                __m512i init = _mm512_setzero_si512();
+                if (sh8 >= 0) init = _mm512_sub_epi32(init, _mm512_slli_epi32(_mm512_dpbusd_epi32(init, ones, x), sh8));
+                for (int j = 0; j < NR; j++) {
+                    const uint8_t *blk = row[j] + (size_t)sb * bs;
+                    const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(kq_u8(kind, blk, jj)), kq_u8(kind, blk, jj + 1), 1);
+                    const __m512i p = _mm512_dpbusd_epi32(init, w, x);
+                    __m512 sv; /* Q6_K: a scale per 16 (4 lanes); the others per 32 (8 lanes) */
+                    if (kind == LIN_Q6K) sv = _mm512_permutexvar_ps(quad, _mm512_castps128_ps512(_mm_loadu_ps(&s[j][2 * jj])));
+                    else sv = _mm512_insertf32x8(_mm512_set1_ps(s[j][2 * jj]), _mm256_set1_ps(s[j][2 * jj + 2]), 1);
+                    acc[j] = _mm512_fmadd_ps(_mm512_mul_ps(sv, dd), _mm512_cvtepi32_ps(p), acc[j]);
+                    if (kq_has_min(kind)) msum[j] += mn[j][jj] * a->s8[b] + mn[j][jj + 1] * a->s8[b + 1];
+                }
+            }
+        }
+        store_nr(L, acc, msum, y, n, n1, accumulate);
+    }
+}
+
+VNNI static void one_row8(const Lin *L, const Act *a, float *y, int n0, int n1, int accumulate) {
+    switch (L->kind) {
+    case LIN_INT4: one_row8_32(LIN_INT4, L, a, y, n0, n1, accumulate); return;
+    case LIN_INT8: one_row8_32(LIN_INT8, L, a, y, n0, n1, accumulate); return;
+    case LIN_Q8_0: one_row8_32(LIN_Q8_0, L, a, y, n0, n1, accumulate); return;
+    case LIN_Q5_0: one_row8_32(LIN_Q5_0, L, a, y, n0, n1, accumulate); return;
+    case LIN_Q5_1: one_row8_32(LIN_Q5_1, L, a, y, n0, n1, accumulate); return;
+    case LIN_Q4K: one_row8_sb(LIN_Q4K, L, a, y, n0, n1, accumulate); return;
+    case LIN_Q5K: one_row8_sb(LIN_Q5K, L, a, y, n0, n1, accumulate); return;
+    case LIN_Q6K: one_row8_sb(LIN_Q6K, L, a, y, n0, n1, accumulate); return;
     }
 }
 
@@ -1001,9 +1210,24 @@ static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
         }
         return;
     }
+    if (B == 1 && a->q8 && L->kind != LIN_F32) { /* one row, int8 inputs (act8) */
+        one_row8(L, a, y, n0, n1, accumulate);
+        return;
+    }
     if (B == 1 && (L->kind == LIN_INT4 || L->kind >= LIN_Q4K) && lanes_512()) { /* one row: AVX-512 */
         if (L->kind == LIN_INT4) one_row_q4_512(L, a, y, n0, n1, accumulate);
         else one_row_kq_any_512(L, a, y, n0, n1, accumulate);
+        return;
+    }
+    if (B > 1 && B < lanes_min(1) && (L->kind == LIN_INT4 || L->kind >= LIN_Q4K) && lanes_512()) {
+        /* too few rows for the lanes: the one-row form per row, the weights read again from cache */
+        const int k = L->k, nb = k / 32, gsum = L->kind == LIN_INT4 ? k / L->gs : nb;
+        for (int r = 0; r < B; r++) {
+            Act one = {a->x ? a->x + (size_t)r * k : NULL, a->q + (size_t)r * k, a->dx + (size_t)r * nb,
+                       a->sx + (size_t)r * gsum, a->q8 ? a->q8 + (size_t)r * k : NULL,
+                       a->q8 ? a->d8 + (size_t)r * nb : NULL, a->q8 ? a->s8 + (size_t)r * nb : NULL};
+            lin_rows(L, 1, &one, y + (size_t)r * ystride, ystride, n0, n1, accumulate);
+        }
         return;
     }
     if (L->kind >= LIN_Q4K) {
@@ -1019,9 +1243,9 @@ static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
         const float bias = L->bias ? L->bias[n] : 0.0f;
         if (n + PF_ROWS < n1) { /* a row further on its way: weights, then scales */
             const char *next = (const char *)L->w + (size_t)(n + PF_ROWS) * wb;
-            for (size_t o = 0; o < wb; o += 64) _mm_prefetch(next + o, _MM_HINT_T0);
-            if (L->kind != LIN_F32) _mm_prefetch((const char *)(L->s + (size_t)(n + PF_ROWS) * groups), _MM_HINT_T0);
-            if (L->kind == LIN_INT4) _mm_prefetch((const char *)(L->mn + (size_t)(n + PF_ROWS) * groups), _MM_HINT_T0);
+            for (size_t o = 0; o < wb; o += 64) PF_W(next + o);
+            if (L->kind != LIN_F32) PF_W((const char *)(L->s + (size_t)(n + PF_ROWS) * groups));
+            if (L->kind == LIN_INT4) PF_W((const char *)(L->mn + (size_t)(n + PF_ROWS) * groups));
         }
         for (int r0 = 0; r0 < B; r0 += TILE) {
             const int rows = B - r0 < TILE ? B - r0 : TILE;
@@ -1093,11 +1317,14 @@ int lm_linear(const Lin *L, int B, const float *x, float *y, int nthreads) {
     int nb = L->k / 32;
     void *buf = NULL;
     if (L->kind != LIN_F32) {
-        buf = malloc((size_t)B * L->k * sizeof(int16_t) + (size_t)B * nb * 2 * sizeof(float) + 64);
+        const int q8 = B == 1 && act8_on(); /* as lm_step: int8 inputs for one row */
+        buf = malloc((size_t)B * L->k * (sizeof(int16_t) + q8) + (size_t)B * nb * (2 + 2 * q8) * sizeof(float) + 64);
         if (!buf) return 0;
         j.a.dx = (float *)buf;
         j.a.sx = j.a.dx + (size_t)B * nb;
-        j.a.q = (int16_t *)(j.a.sx + (size_t)B * nb);
+        if (q8) j.a.d8 = j.a.sx + (size_t)B * nb, j.a.s8 = j.a.d8 + (size_t)B * nb;
+        j.a.q = (int16_t *)(j.a.sx + (size_t)B * nb * (1 + 2 * q8));
+        if (q8) j.a.q8 = (int8_t *)(j.a.q + (size_t)B * L->k);
     }
     prepare_act(L, x, B, &j.a);
     run_parallel(lin_job, &j, nthreads, NULL);
@@ -1354,6 +1581,8 @@ int lm_step(const Model *m, int B, const int64_t *tokens, const int64_t *positio
     size_t floats = (size_t)B * (2 * d + qkv_n + m->H * hd + fc_n + m->ff + hd) +
                     (size_t)nthreads * CHUNK + 2 * (size_t)B * (kmax / 32 + 1) +
                     (size_t)B * m->H * ((m->cache_len + CHUNK - 1) / CHUNK) * (hd + 2);
+    const int q8 = B < lanes_min(1) && act8_on(); /* int8 inputs: the rows the one-row form takes */
+    if (q8) floats += 2 * (size_t)B * (kmax / 32 + 1) + ((size_t)B * kmax + 3) / 4;
     float *buf = (float *)malloc(floats * sizeof(float) + (size_t)B * kmax * sizeof(int16_t) + 64);
     if (!buf) return 0;
     Step S = {.m = m, .B = B, .tokens = tokens, .positions = positions, .starts = starts,
@@ -1374,6 +1603,11 @@ int lm_step(const Model *m, int B, const int64_t *tokens, const int64_t *positio
     S.parts = p, p += (size_t)B * m->H * ((m->cache_len + CHUNK - 1) / CHUNK) * (hd + 2);
     S.a.dx = p, p += (size_t)B * (kmax / 32 + 1);
     S.a.sx = p, p += (size_t)B * (kmax / 32 + 1);
+    if (q8) {
+        S.a.d8 = p, p += (size_t)B * (kmax / 32 + 1);
+        S.a.s8 = p, p += (size_t)B * (kmax / 32 + 1);
+        S.a.q8 = (int8_t *)p, p += ((size_t)B * kmax + 3) / 4;
+    }
     S.a.q = (int16_t *)p;
     run_parallel(step_job, &S, nthreads, &S.bar.n);
     free(buf);
