@@ -117,7 +117,7 @@ def test_the_dequantized_matmul_gives_the_input_its_gradient_in_chunks(monkeypat
 @pytest.mark.parametrize("scheme", ["keep", "int8", "int4"])
 def test_frozen_head_loss_through_a_quantized_head_equals_the_full_logits(scheme, monkeypatch):
     import lamina.training.chunked_ce as ce
-    from lamina.training.chunked_ce import frozen_head_loss
+    from lamina.training.chunked_ce import frozen_head_loss, frozen_head_nll
     from lamina.training.lm import lm_loss
 
     monkeypatch.setattr(ce, "HEAD_CHUNK", 7)  # 3 x 12 rows: six chunks, the last one short
@@ -142,3 +142,7 @@ def test_frozen_head_loss_through_a_quantized_head_equals_the_full_logits(scheme
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     for g, w in zip(got_g, want_g, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
+    with torch.no_grad():  # the evaluation's nll through the same chunks
+        logits = model.eval()(x)
+        nll = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(y.shape)
+        torch.testing.assert_close(frozen_head_nll(model, x, y), nll, rtol=1e-5, atol=1e-5)
