@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from lamina import GPT, GPTConfig
+from lamina.data.instruct import IGNORE
 from lamina.lora import apply_lora, lora_parameters
-from lamina.training.chunked_ce import frozen_head_loss
-from lamina.training.lm import lm_loss
+from lamina.training.chunked_ce import frozen_head_loss, frozen_head_nll
+from lamina.training.lm import eval_nll, lm_loss
 from lamina.training.lora_option import base_note, hold_base
+from lamina.training.sft import row_losses
 
 CFG = dict(
     vocab_size=67, block_size=16, d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, d_ff=48,
@@ -59,6 +62,51 @@ def test_frozen_head_loss_equals_the_full_logits_path(bf16, monkeypatch):
     torch.testing.assert_close(got, want, **tol)
     for g, w in zip(got_g, want_g, strict=True):
         torch.testing.assert_close(g, w, **tol)
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_frozen_head_nll_equals_the_full_logits_per_position(bf16, monkeypatch):
+    import lamina.training.chunked_ce as ce
+
+    monkeypatch.setattr(ce, "HEAD_CHUNK", 5)
+    model, (x, y) = _lora_model().eval(), _batch()
+    y = y.clone()
+    y[0, :4] = IGNORE  # an ignored target scores 0 and is skipped
+    with torch.autocast("cpu", torch.bfloat16, enabled=bf16), torch.no_grad():
+        logits = model(x).float()
+        got = frozen_head_nll(model, x, y)
+        via_eval = eval_nll(model, x, y)  # the LM objective's evaluation takes this path
+    want = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(y.shape)
+    assert got.shape == y.shape and torch.all(got[0, :4] == 0)
+    tol = dict(rtol=2e-2, atol=2e-2) if bf16 else dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got, want, **tol)
+    assert via_eval.equal(got)
+
+
+def test_frozen_head_loss_with_ignored_targets_equals_sft_row_losses(monkeypatch):
+    import lamina.training.chunked_ce as ce
+
+    monkeypatch.setattr(ce, "HEAD_CHUNK", 5)
+    model = _lora_model()
+    x, y = _batch()
+    y = y.clone()
+    y[0, :7], y[1, 2:5], y[2, :] = IGNORE, IGNORE, IGNORE  # prompts; a row with no target
+    for rows_mean in (False, True):
+        if rows_mean:
+            plain = lambda m, x, y: row_losses(m(x), y).mean()  # noqa: E731
+        else:
+            plain = lambda m, x, y: F.cross_entropy(m(x).flatten(0, 1), y.flatten())  # noqa: E731
+        fused = lambda m, x, y, r=rows_mean: frozen_head_loss(m, x, y, rows_mean=r)  # noqa: E731
+        results = []
+        for fn in (plain, fused):
+            loss = fn(model, x, y)
+            (loss * 0.5).backward()
+            results.append((loss.detach(), [p.grad.clone() for p in lora_parameters(model)]))
+            model.zero_grad(set_to_none=True)
+        (want, want_g), (got, got_g) = results
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        for g, w in zip(got_g, want_g, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
 
 
 def test_frozen_head_loss_declines_a_head_that_trains():

@@ -112,3 +112,37 @@ def test_the_dequantized_matmul_gives_the_input_its_gradient_in_chunks(monkeypat
     with torch.no_grad():  # given rows, the eval path reads them in chunks too
         torch.testing.assert_close(FrozenLinear(head, rows)(x), x @ w.T)
     assert np.isclose(float(int4_rows(head, torch.tensor([5]))[0, 3]), float(w[5, 3]))
+
+
+@pytest.mark.parametrize("scheme", ["keep", "int8", "int4"])
+def test_frozen_head_loss_through_a_quantized_head_equals_the_full_logits(scheme, monkeypatch):
+    import lamina.training.chunked_ce as ce
+    from lamina.training.chunked_ce import frozen_head_loss, frozen_head_nll
+    from lamina.training.lm import lm_loss
+
+    monkeypatch.setattr(ce, "HEAD_CHUNK", 7)  # 3 x 12 rows: six chunks, the last one short
+    monkeypatch.setattr(fl, "CHUNK", 40)  # 96 head rows: three pieces, the last one short
+    q, twin = _pair("Q4_1")
+    model = base_model(q if scheme == "keep" else twin, scheme)
+    assert type(model.head) is FrozenLinear and model.head.rows is not None
+    torch.manual_seed(1)
+    apply_lora(model, LoRAConfig(r=4, alpha=8, dropout=0.0, targets="all"))
+    for p in lora_parameters(model):
+        nn.init.normal_(p, std=0.05)
+    model.train()
+    ids = torch.randint(0, 96, (3, 13), generator=torch.Generator().manual_seed(2))
+    x, y = ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+    results = []
+    for fn in (lambda m: lm_loss(m(x), y), lambda m: frozen_head_loss(m, x, y)):
+        loss = fn(model)
+        (loss * 0.5).backward()  # the kept gradient is scaled by grad_out
+        results.append((loss.detach(), [p.grad.clone() for p in lora_parameters(model)]))
+        model.zero_grad(set_to_none=True)
+    (want, want_g), (got, got_g) = results
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for g, w in zip(got_g, want_g, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
+    with torch.no_grad():  # the evaluation's nll through the same chunks
+        logits = model.eval()(x)
+        nll = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(y.shape)
+        torch.testing.assert_close(frozen_head_nll(model, x, y), nll, rtol=1e-5, atol=1e-5)

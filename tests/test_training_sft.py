@@ -93,3 +93,37 @@ def test_lora_sft_lowers_held_out_loss():
         opt.zero_grad()
     after = obj.evaluate(model, obj.eval_batches())["loss"]
     assert after < before - 0.5, (before, after)
+
+
+def test_a_lora_models_loss_and_evaluation_equal_the_full_logits():
+    """Over a frozen head the objective goes through chunked_ce (no full logits, the prompt
+    tokens skipped): the same loss, gradients and held-out loss as from the logits."""
+    obj, model = _objective(), _model()
+    apply_lora(model, r=4, alpha=8, dropout=0.0, targets="all")
+    with torch.no_grad():
+        for p in lora_parameters(model):
+            p.normal_(0, 0.2)
+    batch = obj.draw(6)
+    results = []
+    for fn in (
+        lambda: obj.loss(model, batch),
+        lambda: row_losses(model(batch[0]), batch[1]).mean(),
+    ):
+        loss = fn()
+        loss.backward()
+        results.append((loss.detach(), [p.grad.clone() for p in lora_parameters(model)]))
+        model.zero_grad(set_to_none=True)
+    (got, got_g), (want, want_g) = results
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for g, w in zip(got_g, want_g, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+    model.eval()
+    total = count = 0
+    with torch.no_grad():
+        for x, y in obj.eval_batches():
+            logits = model(x).flatten(0, 1)
+            total += float(torch.nn.functional.cross_entropy(logits, y.flatten(), reduction="sum"))
+            count += int((y != IGNORE).sum())
+    got = obj.evaluate(model, obj.eval_batches())
+    assert got["target_tokens"] == count
+    assert abs(got["loss"] - total / count) < 1e-5

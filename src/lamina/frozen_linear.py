@@ -6,6 +6,9 @@ base: QLoRA).
         and again in the backward, so autograd never keeps a float copy of it in between (which
         F.linear on the dequantized W would: one per layer, the whole model in float by the end
         of a forward); under autocast W is dequantized straight to the autocast dtype
+    times_wt(x, base, rows, dtype) -> x @ W.T, times_w(g, base, rows, dtype) -> g @ W: the two
+        products through the quantized W (no autograd), a piece of rows at a time given `rows`
+        (what chunked_ce.frozen_head_loss multiplies a quantized head by)
     FrozenLinear(base, rows=None)  a module doing that while gradients are on (or always,
         given `rows`), the base's own kernels (which have no backward) otherwise
 A caller that can read W by rows (`rows(start, stop, dtype)`) gets a wide layer dequantized
@@ -36,6 +39,24 @@ def _pieces(base: nn.Module, rows: Rows | None, dtype: torch.dtype) -> Iterator[
         yield start, rows(start, min(n, start + CHUNK), dtype)
 
 
+def times_wt(x: Tensor, base: nn.Module, rows: Rows | None, dtype: torch.dtype) -> Tensor:
+    """x @ W.T (no bias, no autograd), W dequantized to `dtype` a piece at a time (`rows`)."""
+    out = x.new_empty(*x.shape[:-1], base.out_features, dtype=dtype)
+    x = x.to(dtype)
+    for start, w in _pieces(base, rows, dtype):
+        out[..., start : start + w.shape[0]] = x @ w.T
+    return out
+
+
+def times_w(g: Tensor, base: nn.Module, rows: Rows | None, dtype: torch.dtype) -> Tensor:
+    """g @ W (the input's gradient of x @ W.T), W dequantized to `dtype` a piece at a time."""
+    total, g = None, g.to(dtype)
+    for start, w in _pieces(base, rows, dtype):
+        part = g[..., start : start + w.shape[0]] @ w
+        total = part if total is None else total.add_(part)
+    return total
+
+
 class _DequantizedMatmul(torch.autograd.Function):
     """x @ W.T for a frozen quantized W, dequantized in the forward and again in the backward:
     autograd keeps no float copy of W in between (F.linear on the dequantized W would keep one
@@ -44,18 +65,11 @@ class _DequantizedMatmul(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, base: nn.Module, rows: Rows | None) -> Tensor:
         ctx.base, ctx.rows = base, rows
-        out = x.new_empty(*x.shape[:-1], base.out_features)
-        for start, w in _pieces(base, rows, x.dtype):
-            out[..., start : start + w.shape[0]] = x @ w.T
-        return out
+        return times_wt(x, base, rows, x.dtype)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
-        total = None
-        for start, w in _pieces(ctx.base, ctx.rows, grad.dtype):
-            part = grad[..., start : start + w.shape[0]] @ w
-            total = part if total is None else total.add_(part)
-        return total, None, None
+        return times_w(grad, ctx.base, ctx.rows, grad.dtype), None, None
 
 
 def frozen_linear(x: Tensor, base: nn.Module, rows: Rows | None = None) -> Tensor:

@@ -6,9 +6,15 @@
         at a time, in the forward and in the backward (which recomputes each chunk's logits)
     lm_loss_chunked(model, ids, targets, chunk=1024) -> the same loss from a lamina GPT
     frozen_head_loss(model, ids, targets) -> the same loss for a GPT whose head gets no
-        gradient (LoRA): each chunk's gradient for the hidden states is made in the forward, so
-        the logits are computed once and never kept; None where the model does not qualify
-        (a trainable, biased, soft-capped or quantized head): then use the full logits
+        gradient (LoRA): HEAD_CHUNK rows at a time, each chunk's gradient for the hidden states
+        made in the forward, so the logits are computed once and never kept whole. The head is
+        a frozen float nn.Linear or a quantized FrozenLinear (QLoRA; its W read a piece of rows
+        at a time, frozen_linear.times_wt / times_w, so no float copy of it is whole either);
+        None where the model does not qualify (a trainable, biased or soft-capped head): then
+        use the full logits. Targets of IGNORE (-100) are skipped; `rows_mean=True` gives
+        SFT's loss (each row's mean over its targets, averaged over rows)
+    frozen_head_nll(model, ids, targets) -> each position's nll through the same chunks, under
+        no_grad (an evaluation without the full logits)
 
 For a big vocabulary (50k tokens x 16k positions is 3.3 GB of fp32 logits, and as much again
 for their gradient) this bounds the loss's memory at chunk x V. It costs one extra head matmul
@@ -20,12 +26,15 @@ Deliberately unaware of optimizers and the training loop.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from lamina.data.instruct import IGNORE
 from lamina.errors import LaminaError
+from lamina.frozen_linear import FrozenLinear, times_w, times_wt
 
 
 class _ChunkedCE(torch.autograd.Function):
@@ -66,32 +75,63 @@ class _ChunkedCE(torch.autograd.Function):
 HEAD_CHUNK = 256  # rows of logits alive at a time in frozen_head_loss (256 x 49k fp32: 48 MiB)
 
 
+Product = Callable[[Tensor], Tensor]  # rows in the compute dtype -> a product with W
+
+
+def _head_nll(
+    hidden: Tensor,
+    times_wt: Product,
+    times_w: Product,
+    targets: Tensor,
+    weights: Tensor | None,
+    dtype: Any,
+) -> tuple[Tensor, Tensor | None]:
+    """(each row's nll (N,) fp32, 0 at IGNORE targets; given `weights` (N,), the gradient of
+    sum(weights * nll) for the hidden states, else None), HEAD_CHUNK rows of logits at a time.
+    Rows whose target is IGNORE are skipped (no logits made for them)."""
+    n = hidden.shape[0]
+    nll = torch.zeros(n, dtype=torch.float32, device=hidden.device)
+    grad = torch.zeros_like(hidden) if weights is not None else None
+    keep = (targets != IGNORE).nonzero().squeeze(1)
+    for s in range(0, len(keep), HEAD_CHUNK):
+        at = keep[s : s + HEAD_CHUNK]
+        t = targets[at]
+        logits = times_wt(hidden[at].to(dtype)).float()
+        lse = torch.logsumexp(logits, dim=-1)
+        nll[at] = lse - logits.gather(1, t[:, None]).squeeze(1)
+        if grad is not None:
+            g = logits.sub_(lse[:, None]).exp_()  # softmax, in place of the logits
+            g[torch.arange(len(t), device=g.device), t] -= 1.0
+            grad[at] = times_w(g.mul_(weights[at, None]).to(dtype)).to(hidden.dtype)
+    return nll, grad
+
+
 class _FrozenHeadCE(torch.autograd.Function):
-    """The loss of (hidden @ weight.T) and, where hidden needs one, its gradient, both in the
-    forward (weight gets none): the backward only scales the kept gradient. The logits are as
-    the full path makes them (in the autocast dtype, then fp32), and so is their gradient."""
+    """sum(weights * nll) of (hidden @ W.T) against targets and, where hidden needs one, its
+    gradient, both in the forward (W gets none): the backward only scales the kept gradient.
+    `times_wt(h)` is h @ W.T and `times_w(g)` is g @ W (a float weight, or a quantized one
+    read a piece at a time), in `dtype`. The logits are as the full path makes them (in the
+    autocast dtype, then fp32), and so is their gradient."""
 
     @staticmethod
-    def forward(ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor, dtype: Any) -> Tensor:
-        n, w = hidden.shape[0], weight.to(dtype)
-        grad = torch.empty_like(hidden) if hidden.requires_grad else None
-        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        for s in range(0, n, HEAD_CHUNK):
-            t = targets[s : s + HEAD_CHUNK]
-            logits = (hidden[s : s + HEAD_CHUNK].to(dtype) @ w.T).float()
-            lse = torch.logsumexp(logits, dim=-1)
-            total += (lse - logits.gather(1, t[:, None]).squeeze(1)).sum()
-            if grad is not None:
-                g = logits.sub_(lse[:, None]).exp_()  # softmax, in place of the logits
-                g[torch.arange(len(t), device=g.device), t] -= 1.0
-                grad[s : s + HEAD_CHUNK] = (g.mul_(1.0 / n).to(dtype) @ w).to(hidden.dtype)
-        ctx.grad = grad
-        return total / n
+    def forward(
+        ctx: Any,
+        hidden: Tensor,
+        times_wt: Product,
+        times_w: Product,
+        targets: Tensor,
+        weights: Tensor,
+        dtype: Any,
+    ) -> Tensor:
+        w = weights if hidden.requires_grad else None
+        nll, ctx.grad = _head_nll(hidden, times_wt, times_w, targets, w, dtype)
+        return (nll * weights).sum()
 
     @staticmethod
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
         grad, ctx.grad = ctx.grad, None
-        return (None if grad is None else grad * grad_out.to(grad.dtype)), None, None, None
+        scaled = None if grad is None else grad * grad_out.to(grad.dtype)
+        return scaled, None, None, None, None, None
 
 
 def _hidden(model: nn.Module, ids: Tensor) -> Tensor:
@@ -103,23 +143,74 @@ def _hidden(model: nn.Module, ids: Tensor) -> Tensor:
     return hidden.reshape(-1, hidden.shape[-1])
 
 
-def frozen_head_loss(model: nn.Module, ids: Tensor, targets: Tensor) -> Tensor | None:
-    """A GPT's mean next-token loss through a frozen float head, gradients made in the forward
-    (see the module docstring); None where the head is not one."""
+def _frozen(head: Any) -> bool:
+    """Whether `head` is one frozen_head_loss takes: a frozen float nn.Linear without a bias,
+    or a FrozenLinear (a quantized base, which never trains) without one."""
+    if type(head) is nn.Linear:
+        return not head.weight.requires_grad and head.bias is None
+    return type(head) is FrozenLinear and head.base.bias is None
+
+
+def _products(head: nn.Module, dtype: torch.dtype) -> tuple[Product, Product]:
+    """(h -> h @ W.T, g -> g @ W) for a `_frozen` head: a quantized base is read a piece of
+    rows at a time where it can be; one that cannot is dequantized once (as the full path)."""
+    if type(head) is FrozenLinear and head.rows is not None:
+        base, rows = head.base, head.rows
+        return (lambda h: times_wt(h, base, rows, dtype)), (lambda g: times_w(g, base, rows, dtype))
+    w = head.weight.to(dtype) if type(head) is nn.Linear else head.base.dequantized(dtype)
+    return (lambda h: h @ w.T), (lambda g: g @ w)
+
+
+def _weights(targets: Tensor, rows_mean: bool) -> Tensor:
+    """Each position's weight in the loss (0 at IGNORE): the mean over every counted target,
+    or (`rows_mean`) each row's mean over its own, averaged over the rows."""
+    counted = (targets != IGNORE).float()
+    if rows_mean:
+        per_row = counted / counted.sum(-1, keepdim=True).clamp(min=1) / targets.shape[0]
+        return per_row.reshape(-1)
+    return counted.reshape(-1) / counted.sum().clamp(min=1)
+
+
+def _through_head(model: nn.Module, ids: Tensor) -> tuple[Tensor, Product, Product, Any] | None:
+    """(hidden (N, d), h @ W.T, g @ W, the compute dtype), or None where the model's head is
+    not one frozen_head_loss takes."""
     head = getattr(model, "head", None)
-    if (
-        type(head) is not nn.Linear
-        or head.weight.requires_grad
-        or head.bias is not None
-        or getattr(model.config, "logit_softcap", None) is not None
-    ):
+    if not _frozen(head) or getattr(model.config, "logit_softcap", None) is not None:
         return None
     kind = ids.device.type
     on = torch.is_autocast_enabled(kind)
     hidden = _hidden(model, ids)
     dtype = torch.get_autocast_dtype(kind) if on else hidden.dtype
-    with torch.autocast(kind, enabled=False):
-        return _FrozenHeadCE.apply(hidden, head.weight, targets.reshape(-1), dtype)
+    return hidden, *_products(head, dtype), dtype
+
+
+def frozen_head_loss(
+    model: nn.Module, ids: Tensor, targets: Tensor, rows_mean: bool = False
+) -> Tensor | None:
+    """A GPT's next-token loss through a frozen head (float, or quantized), gradients made in
+    the forward (see the module docstring): the mean over the targets that are not IGNORE, or
+    (`rows_mean`) each row's mean, averaged over rows (SFT's); None where the head is not one
+    this takes."""
+    got = _through_head(model, ids)
+    if got is None:
+        return None
+    hidden, times_wt_, times_w_, dtype = got
+    weights = _weights(targets, rows_mean).to(hidden.device)
+    with torch.autocast(ids.device.type, enabled=False):
+        return _FrozenHeadCE.apply(hidden, times_wt_, times_w_, targets.reshape(-1), weights, dtype)
+
+
+@torch.no_grad()
+def frozen_head_nll(model: nn.Module, ids: Tensor, targets: Tensor) -> Tensor | None:
+    """Each position's next-token nll (targets' shape, fp32; 0 at IGNORE targets) through the
+    same chunked head, no gradient (an evaluation); None where frozen_head_loss would be."""
+    got = _through_head(model, ids)
+    if got is None:
+        return None
+    hidden, times_wt_, times_w_, dtype = got
+    with torch.autocast(ids.device.type, enabled=False):
+        nll, _ = _head_nll(hidden, times_wt_, times_w_, targets.reshape(-1), None, dtype)
+    return nll.view(targets.shape)
 
 
 def chunked_cross_entropy(

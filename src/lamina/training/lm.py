@@ -8,6 +8,7 @@
         weights: seeded (the preset), --init-from SOURCE (copied in; `finetune`), or, on a
                 resume (`model_cfg` given), whatever the checkpoint restores afterwards.
     train_loss(model, x, y) -> the loss a training step backpropagates (a frozen head's fused)
+    eval_nll(model, x, y) -> each position's nll, no gradient (a frozen head's in chunks)
     LMObjective(train, val, block_size, seed, n_eval, eval_batch_size, val_chars)
         the loop's objective over windows of a token array (WindowSampler; validation batches
         from the held-out tail)
@@ -49,7 +50,7 @@ from lamina.errors import LaminaError
 from lamina.models.config import GPTConfig
 from lamina.models.gpt import GPT
 from lamina.tokenizers.kinds import Tokenizer, load_tokenizer
-from lamina.training.chunked_ce import frozen_head_loss
+from lamina.training.chunked_ce import frozen_head_loss, frozen_head_nll
 from lamina.training.config import FINE_TUNE_SEQ_LEN, TrainConfig
 from lamina.training.device import check_model_fits, resolve_device
 from lamina.training.finetune import load_source, source_config, source_model, source_tokenizer
@@ -72,6 +73,16 @@ def train_loss(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
     (`chunked_ce.frozen_head_loss`), else `lm_loss` of the model's logits."""
     fused = frozen_head_loss(model, x, y) if isinstance(model, GPT) else None
     return lm_loss(model(x), y) if fused is None else fused
+
+
+def eval_nll(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
+    """Each position's nll (B, T), no gradient: through a frozen head in chunks where the
+    model has one (`chunked_ce.frozen_head_nll`: no full logits), else from the logits."""
+    nll = frozen_head_nll(model, x, y) if isinstance(model, GPT) else None
+    if nll is not None:
+        return nll
+    logits = model(x).float()
+    return F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(y.shape)
 
 
 class LMObjective:
@@ -122,11 +133,7 @@ class LMObjective:
     @torch.no_grad()
     def evaluate(self, model: nn.Module, batches: list[Batch]) -> dict[str, float]:
         """The mean loss per window and, over two or more windows, its standard error."""
-        rows = []
-        for x, y in batches:
-            logits = model(x).float()
-            nll = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none")
-            rows.append(nll.view(y.shape).mean(1))
+        rows = [eval_nll(model, x, y).mean(1) for x, y in batches]
         losses = torch.cat(rows).double()
         out = {"loss": float(losses.mean())}
         if len(losses) > 1:

@@ -18,8 +18,9 @@ sees another example or a pad, so nothing needs an attention mask. `loss` is eac
 cross-entropy over its target tokens (assistant / completion tokens; every token with
 --train-on-prompt), averaged over rows: every item weighs the same, as the loop's slicing into
 micro-steps and processes assumes, so accumulation is exact. `evaluate` pools every held-out
-target token ("loss" in nats per target token). `draw` picks rows with its own generator,
-whose state `state_dict` carries, so a resume draws the same rows.
+target token ("loss" in nats per target token). A LoRA model's frozen head computes both
+in chunks (chunked_ce: no full logits, the prompt tokens skipped). `draw` picks rows with its
+own generator, whose state `state_dict` carries, so a resume draws the same rows.
 
 Deliberately unaware of files, optimizers, the loop and how the model was made (LoRA or not).
 """
@@ -37,7 +38,9 @@ from torch import Tensor, nn
 from lamina.data.instruct import IGNORE, Example, encode_example, pad_rows, read_examples
 from lamina.errors import LaminaError
 from lamina.models.config import GPTConfig
+from lamina.models.gpt import GPT
 from lamina.modes import eval_mode
+from lamina.training.chunked_ce import frozen_head_loss, frozen_head_nll
 from lamina.training.config import TrainConfig
 from lamina.training.defaults import option
 from lamina.training.device import check_model_fits, resolve_device
@@ -106,7 +109,8 @@ class SFTObjective:
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, ...]) -> Tensor:
         inputs, targets = batch
-        return row_losses(model(inputs), targets).mean()
+        fused = frozen_head_loss(model, inputs, targets, True) if isinstance(model, GPT) else None
+        return row_losses(model(inputs), targets).mean() if fused is None else fused
 
     def eval_batches(self) -> list[tuple[Tensor, Tensor]]:
         if self._eval is None:
@@ -129,10 +133,14 @@ class SFTObjective:
         with eval_mode(model):
             for inputs, targets in batches:
                 inputs, targets = inputs.to(device), targets.to(device)
-                logits = model(inputs).float()
-                total += F.cross_entropy(
-                    logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE, reduction="sum"
-                ).item()
+                nll = frozen_head_nll(model, inputs, targets) if isinstance(model, GPT) else None
+                if nll is None:
+                    logits = model(inputs).float()
+                    nll = F.cross_entropy(
+                        logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE,
+                        reduction="none",
+                    )  # fmt: skip
+                total += float(nll.sum())
                 count += int((targets != IGNORE).sum())
         return {"loss": total / max(count, 1), "target_tokens": float(count)}
 
