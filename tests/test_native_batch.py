@@ -134,3 +134,32 @@ def test_two_rows_with_int8_inputs_equal_each_row_alone():
         _batched_equal_alone("int4", [[5, 6, 7, 8], [9, 10]], [1, 0], tol=1e-6)
     finally:
         lib.lm_act8(before)
+
+
+def test_entries_of_one_row_are_a_causal_prefill_beside_a_decoding_row():
+    """step_entries: a prompt's tokens as entries of one row at consecutive slots, in one call
+    with another row's decode entry, give the logits a PyTorch forward gives each position."""
+    model = _model("fp32")
+    prompt, other = [5, 6, 7, 8, 9], [12, 13, 14]
+    with torch.no_grad():
+        caches = model.make_caches(2, 16)
+        own = model.make_caches(1, 16)
+        model(torch.tensor([other[:-1]]), caches=own)
+        for c, o in zip(caches, own, strict=True):
+            c.k[1, :, : o.pos], c.v[1, :, : o.pos] = o.k[0, :, : o.pos], o.v[0, :, : o.pos]
+        engine = native.native_step(model, caches)
+        n = len(prompt)
+        got = engine.step_entries([*prompt, other[-1]], [*range(n), 2], [0] * n + [1])
+        want = model(torch.tensor([prompt]))[0]
+        want_other = model(torch.tensor([other]))[0, -1]
+    scale = want.abs().max().item()
+    assert (got[:n] - want).abs().max().item() <= 1e-5 * scale
+    assert (got[n] - want_other).abs().max().item() <= 1e-5 * scale
+    for args in (
+        ([1, 2], [0, 0], [0, 0]),  # two entries at one slot of one row
+        ([1, 2], [0, 16], [0, 0]),  # a slot past the caches
+        ([1, 2], [0, 1], [0, 2]),  # a row the caches lack
+        ([1, 2], [0], [0, 0]),  # a token without a slot
+    ):
+        with pytest.raises(LaminaError):
+            engine.step_entries(*args)

@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from lamina.errors import LaminaError
 from lamina.frozen_linear import FrozenLinear, frozen_linear
@@ -200,12 +201,21 @@ class LoRALinear(nn.Module):
         ]
         return a, torch.block_diag(*blocks) * self.scaling
 
+    def _down(self, x: Tensor, a: Tensor) -> Tensor:
+        return self.drop(x).to(a.dtype) @ a.T
+
     def forward(self, x: Tensor) -> Tensor:
         y = self._base(x)
         if not self.lora_A:
             return y
         a, b = self._factors()
-        return y + ((self.drop(x).to(a.dtype) @ a.T) @ b.T).to(y.dtype)
+        if isinstance(self.drop, nn.Dropout) and self.training and torch.is_grad_enabled():
+            # the dropout and A's product recomputed in the backward (the same mask: the RNG
+            # state is kept): the backward keeps x alone, not the dropped copy and its mask
+            down = checkpoint(self._down, x, a, use_reentrant=False, preserve_rng_state=True)
+        else:
+            down = self._down(x, a)
+        return y + (down @ b.T).to(y.dtype)
 
     def delta_weight(self) -> Tensor:
         """scaling * B A for every segment (zeros where not adapted): (out, in), float32."""

@@ -3,6 +3,7 @@
     engine = native_step(model, caches)        # None: not built here, or this model isn't covered
     logits = engine.step(tokens, positions, starts)   # (B, vocab) float32
     logits = engine.step_batch(tokens, positions, slots, rows=None, starts=None)  # (B, vocab)
+    logits = engine.step_entries(tokens, slots, rows)   # (N, vocab): a row at several slots
     y = linear(module, x)                      # one quantized linear, for a short prefill
 
 One call runs every layer for one new token per row. `step` writes each layer's key and value
@@ -15,7 +16,10 @@ value go to slot slots[r] of that row, and it attends that row's slots starts[r]
 ..slots[r]. Nothing else about the caches is read or changed (their `pos` stays): the caller
 keeps each sequence's length (its next slot) and fills a new sequence's row as it likes, e.g.
 a PyTorch prefill through caches of batch 1 whose k and v are copied into row j of these
-caches. The rows of a call share every weight block they read (the tiled multi-row path), so
+caches. `step_entries` is the same call with a row allowed at several slots (a prompt's tokens
+riding other rows' decode step, each token one entry at its own slot and position): the kernel
+stores every entry's key and value of a layer before any entry of that layer attends, so a
+row's entries at consecutive slots are a causal prefill of those tokens. The rows of a call share every weight block they read (the tiled multi-row path), so
 B sequences cost far less than B separate steps; each row's logits are those it would get
 decoded alone (tests/test_native.py holds them equal). The model's own tensors are read in
 place (pointers into them, kept alive here), so building an engine costs no copy; build one
@@ -142,6 +146,8 @@ class NativeStep:
         """Logits (B, vocab) for one new token per row (see the module docstring), on
         `threads` threads (default: torch's intra-op count)."""
         slot, B = self._caches[0].pos, len(tokens)
+        if not 0 < B <= self.cache_batch:
+            raise LaminaError(f"a step takes 1..{self.cache_batch} rows")
         if not 0 <= slot < self.cache_len:
             raise LaminaError(f"the KV caches are full ({self.cache_len} tokens)")
         logits = self._run(tokens, positions, starts, [slot] * B, list(range(B)), threads)
@@ -175,6 +181,30 @@ class NativeStep:
                 )
         return self._run(tokens, positions, starts, slots, rows, threads)
 
+    def step_entries(
+        self,
+        tokens: Sequence[int],
+        slots: Sequence[int],
+        rows: Sequence[int],
+        threads: int | None = None,
+    ) -> Tensor:
+        """Logits (N, vocab) over N entries: entry e is token tokens[e] at slot (and
+        position) slots[e] of cache row rows[e], attending that row's slots 0..slots[e]. A row
+        may stand in several entries, at distinct slots; the slots a row's entries attend and do
+        not write must hold its earlier tokens (the caller's to keep, as in `step_batch`)."""
+        N = len(tokens)
+        if not len(slots) == len(rows) == N:
+            raise LaminaError(f"step_entries needs a slot and a row for each of {N} tokens")
+        if len(set(zip(rows, slots, strict=True))) != N:
+            raise LaminaError("step_entries got two entries at one slot of one cache row")
+        for s, r in zip(slots, rows, strict=True):
+            if not (0 <= s < self.cache_len and 0 <= r < self.cache_batch):
+                raise LaminaError(
+                    f"slot {s} (cache length {self.cache_len}) or cache row {r} "
+                    f"(cache batch {self.cache_batch}) out of range"
+                )
+        return self._run(tokens, slots, [0] * N, slots, rows, threads)
+
     def _run(
         self,
         tokens: Sequence[int],
@@ -185,8 +215,8 @@ class NativeStep:
         threads: int | None,
     ) -> Tensor:
         B = len(tokens)
-        if not 0 < B <= self.cache_batch or not len(positions) == len(starts) == len(slots) == B:
-            raise LaminaError(f"a step takes 1..{self.cache_batch} rows, each with a position")
+        if not 0 < B or not len(positions) == len(starts) == len(slots) == B:
+            raise LaminaError("a step takes one entry or more, each with a position")
         vocab = self.config.vocab_size
         for t, p, s, slot in zip(tokens, positions, starts, slots, strict=True):
             if not (0 <= t < vocab and 0 <= p < self.block_size and 0 <= s <= slot):

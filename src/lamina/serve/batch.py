@@ -13,7 +13,7 @@ whose uncached rest is longer than `ride` (least recently served first: several,
 a long one) through the PyTorch forward and (4) runs ONE step for every sequence that is
 decoding, each row at its own position. Where the native step runs, the rests of `ride` tokens
 or fewer (short prompts; the tail of a prompt whose prefix was cached) ride that step: each of
-their tokens is one more entry of it, at its own slot of its row (`native_rows`), as many as
+their tokens is one more entry of it, at its own slot of its row (`NativeStep.step_entries`), as many as
 the step has room for (`slots` entries), the oldest prompt first (an entry costs the step far
 less than a PyTorch forward's Python calls per module; a long rest is faster through PyTorch's
 batched matmuls). So a new request joins at the next step and a finished one leaves at once; a
@@ -62,7 +62,6 @@ from lamina.native import native_step, usable
 from lamina.serve.kv_rows import (
     copy_prefix,
     lazy_caches,
-    native_rows,
     prefill_row,
     swap_rows,
     torch_step,
@@ -287,7 +286,7 @@ class Batcher:
         """Logits (B, V): entry e's token at position lens[e] of cache row at[e] (default e),
         attending that row's columns 0..lens[e]."""
         if at is not None:
-            return native_rows(self._native, tokens, lens, at)
+            return self._native.step_entries(tokens, lens, at)
         if self._native is not None and usable(self.model):
             return self._native.step_batch(tokens, lens, lens)  # rows 0..B-1, each at its length
         return torch_step(self.model, self.caches, tokens, lens)

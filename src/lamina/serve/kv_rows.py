@@ -3,7 +3,6 @@
     lazy_caches(model, slots, context) -> caches                        memory as rows fill
     prefill_row(model, caches, row, start, ids) -> logits (1, 1, V)   ids after `start` tokens
     torch_step(model, caches, tokens, lens) -> logits (B, V)           one token per row 0..B-1
-    native_rows(engine, tokens, slots, rows) -> logits (N, V)          native step, entries
     copy_prefix(caches, src, dst, n)                                    row dst gets src's first n
     swap_rows(caches, i, j, n)                                          (their first n columns)
 
@@ -16,8 +15,8 @@ column `start` (keys of its earlier columns attended, causally); `torch_step` wr
 new key at column lens[r], returns the keys up to the longest row (a view, no copy) and masks,
 per row, the columns past its own length, with each row's position lens[r]. So a row computes
 what it would alone, whatever the other rows hold (the native multi-row step, where it covers
-the model, does the same in one call: `NativeStep.step_batch`). `native_rows` is that call with
-a row allowed several times at consecutive slots: a prompt's tokens riding a decode step.
+the model, does the same in one call: `NativeStep.step_batch`; `NativeStep.step_entries` takes
+a row at several consecutive slots, a prompt's tokens riding a decode step).
 
 Deliberately unaware of sequences, sampling and scheduling (`batch.py`).
 """
@@ -98,21 +97,6 @@ def torch_step(model: Any, caches: list[Any], tokens: list[int], lens: list[int]
     ids = torch.tensor(tokens, device=device)[:, None]
     out = model(ids, masked if masked.any() else None, positions=lens_t[:, None], caches=views)
     return out[:, -1]
-
-
-def native_rows(engine: Any, tokens: list[int], slots: list[int], rows: list[int]) -> Tensor:
-    """Logits (N, V) of the native step (`NativeStep`) over N entries: entry e is token
-    tokens[e] at slot (and position) slots[e] of cache row rows[e], attending that row's slots
-    0..slots[e]. A row may stand in several entries at distinct slots: the kernel stores every
-    entry's key and value of a layer before any entry of that layer attends, so entries of one
-    row at consecutive slots are a causal prefill of those tokens. `step_batch` takes one entry
-    a row (sequences, not tokens), so this checks the entries and calls its core."""
-    if len(set(zip(rows, slots, strict=True))) != len(rows):
-        raise ValueError("two entries at one slot of one row")
-    for s, r in zip(slots, rows, strict=True):
-        if not (0 <= s < engine.cache_len and 0 <= r < engine.cache_batch):
-            raise ValueError(f"slot {s} or cache row {r} outside the caches")
-    return engine._run(tokens, slots, [0] * len(rows), slots, rows, None)
 
 
 def copy_prefix(caches: list[Any], src: int, dst: int, n: int) -> None:
