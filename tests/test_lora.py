@@ -14,8 +14,6 @@ from lamina.lora import (
     LoRAConfig,
     LoRALinear,
     apply_lora,
-    count_lora_params,
-    fit_bytes,
     load_lora_state,
     lora_config,
     lora_parameters,
@@ -23,6 +21,7 @@ from lamina.lora import (
     merge_lora,
     parse_targets,
 )
+from lamina.lora_size import count_lora_params, fit_bytes
 from lamina.models.params import count_params
 from lamina.quant import quantize
 

@@ -131,3 +131,29 @@ def test_a_bf16_held_base_computes_what_autocast_computes():
     with torch.no_grad():
         plain = model(x)  # no autocast: the held linears still run, fp32 in and out
     assert plain.dtype == torch.float32 and torch.isfinite(plain).all()
+
+
+def test_lora_dropout_recomputed_in_the_backward_gives_the_plain_gradients(monkeypatch):
+    """With dropout, the adapters' input is dropped again in the backward (lora._down under a
+    checkpoint, the RNG state kept): the same loss and gradients as keeping the dropped copy."""
+    import lamina.lora as lora_module
+
+    torch.manual_seed(0)
+    model = apply_lora(GPT(GPTConfig(**CFG)), r=4, alpha=8, dropout=0.3, targets="all")
+    with torch.no_grad():
+        for p in lora_parameters(model):
+            p.normal_(0, 0.2)
+    model.train()
+    kept = []
+    for recompute in (True, False):
+        if not recompute:
+            monkeypatch.setattr(lora_module, "checkpoint", lambda fn, *a, **_: fn(*a))
+        torch.manual_seed(5)
+        kept.append(_loss_and_grads(model, _plain))
+    (got, got_g), (want, want_g) = kept
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    for g, w in zip(got_g, want_g, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+    torch.manual_seed(6)
+    other, _ = _loss_and_grads(model, _plain)
+    assert not torch.equal(other, want)  # dropout is on: another draw gives another loss

@@ -15,7 +15,8 @@ from safetensors.torch import load_file
 import lamina
 from lamina import GPT, GPTConfig
 from lamina.cli import main
-from lamina.lora import LoRAConfig, fit_bytes, lora_config
+from lamina.lora import LoRAConfig, lora_config
+from lamina.lora_size import fit_bytes
 from lamina.models.params import count_params
 from lamina.tokenizers.kinds import CharTokenizer
 

@@ -135,6 +135,7 @@ def test_decay_fraction_outside_0_1_is_refused(bad):
     [
         (["--optimizer", "sgd"], "invalid choice: 'sgd'"),
         (["--decay", "wsd", "--decay-fraction", "1.5"], "decay_fraction must be in (0, 1]"),
+        (["--decay", "cosine", "--decay-fraction", "0.4"], "shapes only --decay wsd"),
         (["--muon-ns-dtype", "fp16"], "invalid choice: 'fp16'"),
         (["--optimizer", "muon", "--fsdp", "--nproc", "2"], "--fsdp"),
         (["--embed-lr-scale", "0"], "embed_lr_scale must be a positive number"),

@@ -5,7 +5,7 @@
     merge_lora(model) -> the same GPT with plain linears again, W <- W + scaling * B A
     lora_state_dict(model) -> only the adapter tensors; lora_config(model) -> what they are
     load_lora_state(model, state) -> puts saved adapters into a model that apply_lora prepared
-    count_lora_params(config, lora), fit_bytes(config, lora): sizes by formula (memory check)
+    (sizes by formula, for the memory check: lamina.lora_size)
 
 A LoRALinear keeps its base linear (float nn.Linear, or int8/int4 from quant: QLoRA-style, the
 base stays quantized) frozen and adds, on each adapted *segment* of its output,
@@ -44,12 +44,11 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from lamina.errors import LaminaError
 from lamina.frozen_linear import FrozenLinear, frozen_linear
-from lamina.models.config import GPTConfig
 from lamina.models.gpt import GPT
-from lamina.models.params import count_params
 from lamina.validate import fraction, positive_int, positive_number
 
 TARGETS = ("q", "k", "v", "o", "gate", "up", "fc", "down", "head")
@@ -200,12 +199,21 @@ class LoRALinear(nn.Module):
         ]
         return a, torch.block_diag(*blocks) * self.scaling
 
+    def _down(self, x: Tensor, a: Tensor) -> Tensor:
+        return self.drop(x).to(a.dtype) @ a.T
+
     def forward(self, x: Tensor) -> Tensor:
         y = self._base(x)
         if not self.lora_A:
             return y
         a, b = self._factors()
-        return y + ((self.drop(x).to(a.dtype) @ a.T) @ b.T).to(y.dtype)
+        if isinstance(self.drop, nn.Dropout) and self.training and torch.is_grad_enabled():
+            # the dropout and A's product recomputed in the backward (the same mask: the RNG
+            # state is kept): the backward keeps x alone, not the dropped copy and its mask
+            down = checkpoint(self._down, x, a, use_reentrant=False, preserve_rng_state=True)
+        else:
+            down = self._down(x, a)
+        return y + (down @ b.T).to(y.dtype)
 
     def delta_weight(self) -> Tensor:
         """scaling * B A for every segment (zeros where not adapted): (out, in), float32."""
@@ -364,34 +372,3 @@ def merge_lora(model: GPT) -> GPT:
         for p in model.parameters():
             p.requires_grad_(False)
     return model
-
-
-def _segment_inputs(config: GPTConfig) -> list[tuple[str, int, int]]:
-    """(target, input width, output width) of every segment of one layer, then the head."""
-    c = config
-    hd, f, d = c.head_dim, c.ff_width, c.d_model
-    fc = [("gate", d, f), ("up", d, f)] if c.gated else [("fc", d, f)]
-    layer = [("q", d, c.n_heads * hd), ("k", d, c.kv_heads * hd), ("v", d, c.kv_heads * hd)]
-    layer += [("o", c.n_heads * hd, d), *fc, ("down", f, d)]  # o reads the H hd heads
-    return layer * c.n_layers + [("head", d, c.vocab_size)]
-
-
-def count_lora_params(config: GPTConfig, lora: LoRAConfig) -> int:
-    """Adapter parameters by formula: r (in + width) for every adapted segment."""
-    wanted = set(lora.targets)
-    return sum(lora.r * (i + o) for t, i, o in _segment_inputs(config) if t in wanted)
-
-
-def fit_bytes(
-    config: GPTConfig, lora: LoRAConfig | None = None, *, base_bytes_per_param: float = 4.0
-) -> int:
-    """Bytes of weights and optimizer state that training needs (activations not counted).
-
-    Full training: 16 bytes a parameter (fp32 weight, gradient, AdamW's two moments). With LoRA
-    the frozen base costs only its weights (`base_bytes_per_param`: 4 for fp32, about 1 for
-    int8) and each adapter parameter 16 bytes: the base never has gradients or moments.
-    """
-    n = count_params(config)
-    if lora is None:
-        return n * 16
-    return int(n * base_bytes_per_param) + count_lora_params(config, lora) * 16

@@ -26,7 +26,8 @@ from torch import nn
 
 from lamina.cpu import native_bf16
 from lamina.errors import LaminaError
-from lamina.lora import LoRAConfig, fit_bytes
+from lamina.lora import LoRAConfig
+from lamina.lora_size import fit_bytes
 from lamina.models.config import GPTConfig
 from lamina.models.params import count_params
 

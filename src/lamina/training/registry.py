@@ -192,7 +192,13 @@ def resolve(
     if fsdp and cfg.optimizer is None:
         cfg = cfg.replace(optimizer="adamw")  # Muon (the CPU default) needs whole matrices
     if fill:
+        fraction_given = cfg.decay_fraction is not None
         cfg = fill_defaults(cfg, task.situation(device or resolve_device(cfg.device).type))
+        if fraction_given and cfg.decay != "wsd":
+            raise LaminaError(
+                f"--decay-fraction shapes only --decay wsd; this run decays {cfg.decay} "
+                "(add --decay wsd)"
+            )
     return plan_batch(cfg, world_size, micro_given)
 
 
