@@ -927,6 +927,23 @@ static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
 
 /* ------------------------------------------------------------------ one row in AVX-512 */
 
+/* whether a GGML-block linear's one row takes the AVX-512 form below or row_kq's AVX2 loop:
+   2 (the default) the AVX-512 form for every kind but Q6_K, 3 for the per-32 kinds only (Q8_0,
+   Q5_0, Q5_1), 1 always, 0 never. On the AMD EPYC
+   (Zen 4; bench/step_profile.py, one row, all layers of a role in turn, under the lock) the
+   AVX-512 form is faster for the per-32 kinds (SmolLM2's Q5_0 fc 5.05 -> 4.41 ms, 1 thread),
+   about even for Q4_K (the 1B shape's fc 34.5 -> 33.3 ms) and slower for Q6_K (the 1B shape's
+   Q6_K head 29.8 -> 39.3 ms; SmolLM2's Q6_K/Q4_K out 2.42 -> 2.68 ms, 2 threads 1.29 -> 1.71).
+   lm_kq_wide sets it (-1 leaves it) and returns it, so that the forms can be compared. */
+static int kq_wide = 2;
+int lm_kq_wide(int choice) {
+    if (choice >= 0) kq_wide = choice > 3 ? 2 : choice;
+    return kq_wide;
+}
+static inline int kq_wide_for(int kind) {
+    return kq_wide == 2 ? kind != LIN_Q6K : kq_wide == 3 ? kind > LIN_Q6K : kq_wide;
+}
+
 /* One input row (a lone sequence's decode step) where the CPU has AVX-512: each block of 32
    weights widened to 32 int16 in one vector and multiplied by the input's block with one
    `vpmaddwd` (the same integer products and sums as the AVX2 path), NR weight rows at a time
@@ -1227,7 +1244,7 @@ static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
         one_row8(L, a, y, n0, n1, accumulate);
         return;
     }
-    if (B == 1 && (L->kind == LIN_INT4 || L->kind >= LIN_Q4K) && lanes_512()) { /* one row: AVX-512 */
+    if (B == 1 && (L->kind == LIN_INT4 || (L->kind >= LIN_Q4K && kq_wide_for(L->kind))) && lanes_512()) { /* one row: AVX-512 */
         if (L->kind == LIN_INT4) one_row_q4_512(L, a, y, n0, n1, accumulate);
         else one_row_kq_any_512(L, a, y, n0, n1, accumulate);
         return;
