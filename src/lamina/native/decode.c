@@ -815,10 +815,23 @@ static void lane_act2(const Lin *L, const Act *a, int r0, int rows, LaneAct2 *t)
     }
 }
 
+#ifndef LANE_PF
+#define LANE_PF 2 /* groups of NT weight rows ahead to prefetch: 0 / 2 / 4 gave an 8-row step of
+                     23.0 / 17.5 / 18.1 ms (head 4.0 / 2.1 / 2.5 ms), BENCHMARKS.md */
+#endif
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) static void lane_rows_512(const Lin *L, const LaneAct2 *t, int r0, int rows, float *y, int ystride, int n0, int n1, int accumulate) {
     const int k = L->k, nb = k / 32, nc = (nb + 1) / 2, groups = k / L->gs, sh = groups == 1 ? 31 : __builtin_ctz(L->gs / 32);
+    const size_t rb = L->kind == LIN_INT4 ? (size_t)k / 2 : (size_t)k;
     for (int n = n0; n < n1; n += NT) {
         const int nt = n1 - n < NT ? n1 - n : NT;
+        if (LANE_PF && n + (LANE_PF + 1) * NT <= n1) { /* a group further on its way: weights, scales, minimums */
+            const char *next = (const char *)L->w + (size_t)(n + LANE_PF * NT) * rb;
+            for (size_t o = 0; o < NT * rb; o += 64) PF_W(next + o);
+            for (size_t o = 0; o < NT * groups * 4; o += 64) {
+                PF_W((const char *)(L->s + (size_t)(n + LANE_PF * NT) * groups) + o);
+                if (L->kind == LIN_INT4) PF_W((const char *)(L->mn + (size_t)(n + LANE_PF * NT) * groups) + o);
+            }
+        }
         __m512 f[NT];
         for (int j = 0; j < NT; j++) f[j] = _mm512_setzero_ps();
         for (int c = 0; c < nc; c++) {
