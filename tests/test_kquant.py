@@ -234,3 +234,28 @@ def test_int8_inputs_per_kind_within_their_rounding(qtype, act8):
     act8.lm_act8(0)
     exact = ((m(x) - want).norm() / want.norm()).item()
     assert exact < 1e-4 < err < ACT8_TOL, (exact, err)
+
+
+@pytest.mark.skipif(not _native(), reason="lamina.native not built here")
+@pytest.mark.parametrize("qtype", list(BLOCKS))
+def test_one_row_forms_agree_per_kind(qtype):
+    # decode.c's lm_kq_wide: the AVX-512 one-row form (1) and the AVX2 row loop (0) both hold the
+    # dequantized product, and differ from each other by float summation order only
+    from lamina.native.build import library
+
+    lib = library()
+    before = lib.lm_kq_wide(-1)
+    k = 512 if BLOCKS[qtype][0] == 256 else 288
+    m = BlockLinear(k, 12, [(qtype, _rows(qtype, 12, k, 9))], torch.randn(12))
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(10))
+    want = x @ m.dequantized().T + m.bias
+    try:
+        outs = []
+        for form in (0, 1):
+            assert lib.lm_kq_wide(form) == form
+            outs.append(m(x))
+    finally:
+        lib.lm_kq_wide(before)
+    for y in outs:
+        assert ((y - want).norm() / want.norm()).item() < 1e-4
+    assert torch.allclose(outs[0], outs[1], rtol=1e-5, atol=1e-5)

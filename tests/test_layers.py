@@ -42,6 +42,7 @@ LAYERS: dict[str, int] = {
     "lamina.native": 7,
     "lamina.frozen_linear": 7,
     "lamina.lora": 8,
+    "lamina.lora_size": 9,
     "lamina.quant": 8,
     "lamina.checkpoint": 9,
     "lamina.checks": 10,

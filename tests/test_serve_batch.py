@@ -55,12 +55,22 @@ def test_requests_decode_together_and_each_gets_what_it_gets_alone(server):
     def one(i: int) -> None:
         got[i] = ask(client, PROMPTS[i], max_tokens=12, temperature=0).choices[0].message.content
 
+    # the batch thread waits until all four are queued, so they overlap however slowly the
+    # clients' requests arrive (on a loaded machine one could finish before the next came)
+    gate = threading.Event()
+    engine.batcher.call(gate.wait)
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(PROMPTS))]
     for t in threads:
         t.start()
+    until = time.monotonic() + 30
+    while len(engine.batcher._waiting) < len(PROMPTS) and time.monotonic() < until:
+        time.sleep(0.01)
+    queued = len(engine.batcher._waiting)
+    gate.set()
     for t in threads:
         t.join(timeout=30)
-    assert [got[i] for i in range(len(PROMPTS))] == alone
+    assert queued == len(PROMPTS)
+    assert [got.get(i) for i in range(len(PROMPTS))] == alone
     assert engine.batcher.widest >= 2  # some steps decoded several requests at once
     assert engine.batcher.steps - steps < sum(len(a) for a in alone)
 

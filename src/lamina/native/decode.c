@@ -130,11 +130,13 @@ static void barrier_wait(Barrier *b) {
         else _mm_pause();
 }
 
-/* where the weight streams' software prefetches go: 1 L2 (_MM_HINT_T2), 0 L1 (lm_pf_l2 to compare) */
+/* where the weight streams' software prefetches go: 1 L2 (_MM_HINT_T2), 0 L1, 2 none (the
+   hardware's prefetchers alone: on the AMD EPYC a step then takes 1.4-1.8x as long; the
+   distance ahead, 8 KB to 128 KB, moved it by no more than the noise; lm_pf_l2 to compare) */
 static int pf_l2 = 1;
-#define PF_W(p) (pf_l2 ? _mm_prefetch((p), _MM_HINT_T2) : _mm_prefetch((p), _MM_HINT_T0))
+#define PF_W(p) (pf_l2 == 1 ? _mm_prefetch((p), _MM_HINT_T2) : pf_l2 == 0 ? _mm_prefetch((p), _MM_HINT_T0) : (void)0)
 int lm_pf_l2(int choice) {
-    if (choice >= 0) pf_l2 = choice != 0;
+    if (choice >= 0) pf_l2 = choice > 2 ? 1 : choice;
     return pf_l2;
 }
 
@@ -813,10 +815,23 @@ static void lane_act2(const Lin *L, const Act *a, int r0, int rows, LaneAct2 *t)
     }
 }
 
+#ifndef LANE_PF
+#define LANE_PF 2 /* groups of NT weight rows ahead to prefetch: 0 / 2 / 4 gave an 8-row step of
+                     23.0 / 17.5 / 18.1 ms (head 4.0 / 2.1 / 2.5 ms), BENCHMARKS.md */
+#endif
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) static void lane_rows_512(const Lin *L, const LaneAct2 *t, int r0, int rows, float *y, int ystride, int n0, int n1, int accumulate) {
     const int k = L->k, nb = k / 32, nc = (nb + 1) / 2, groups = k / L->gs, sh = groups == 1 ? 31 : __builtin_ctz(L->gs / 32);
+    const size_t rb = L->kind == LIN_INT4 ? (size_t)k / 2 : (size_t)k;
     for (int n = n0; n < n1; n += NT) {
         const int nt = n1 - n < NT ? n1 - n : NT;
+        if (LANE_PF && n + (LANE_PF + 1) * NT <= n1) { /* a group further on its way: weights, scales, minimums */
+            const char *next = (const char *)L->w + (size_t)(n + LANE_PF * NT) * rb;
+            for (size_t o = 0; o < NT * rb; o += 64) PF_W(next + o);
+            for (size_t o = 0; o < NT * groups * 4; o += 64) {
+                PF_W((const char *)(L->s + (size_t)(n + LANE_PF * NT) * groups) + o);
+                if (L->kind == LIN_INT4) PF_W((const char *)(L->mn + (size_t)(n + LANE_PF * NT) * groups) + o);
+            }
+        }
         __m512 f[NT];
         for (int j = 0; j < NT; j++) f[j] = _mm512_setzero_ps();
         for (int c = 0; c < nc; c++) {
@@ -913,6 +928,23 @@ static int lanes_min(int wide) { return wide ? 3 : 5; }
 static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, int n0, int n1, int accumulate);
 
 /* ------------------------------------------------------------------ one row in AVX-512 */
+
+/* whether a GGML-block linear's one row takes the AVX-512 form below or row_kq's AVX2 loop:
+   2 (the default) the AVX-512 form for every kind but Q6_K, 3 for the per-32 kinds only (Q8_0,
+   Q5_0, Q5_1), 1 always, 0 never. On the AMD EPYC
+   (Zen 4; bench/step_profile.py, one row, all layers of a role in turn, under the lock) the
+   AVX-512 form is faster for the per-32 kinds (SmolLM2's Q5_0 fc 5.05 -> 4.41 ms, 1 thread),
+   about even for Q4_K (the 1B shape's fc 34.5 -> 33.3 ms) and slower for Q6_K (the 1B shape's
+   Q6_K head 29.8 -> 39.3 ms; SmolLM2's Q6_K/Q4_K out 2.42 -> 2.68 ms, 2 threads 1.29 -> 1.71).
+   lm_kq_wide sets it (-1 leaves it) and returns it, so that the forms can be compared. */
+static int kq_wide = 2;
+int lm_kq_wide(int choice) {
+    if (choice >= 0) kq_wide = choice > 3 ? 2 : choice;
+    return kq_wide;
+}
+static inline int kq_wide_for(int kind) {
+    return kq_wide == 2 ? kind != LIN_Q6K : kq_wide == 3 ? kind > LIN_Q6K : kq_wide;
+}
 
 /* One input row (a lone sequence's decode step) where the CPU has AVX-512: each block of 32
    weights widened to 32 int16 in one vector and multiplied by the input's block with one
@@ -1214,7 +1246,7 @@ static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
         one_row8(L, a, y, n0, n1, accumulate);
         return;
     }
-    if (B == 1 && (L->kind == LIN_INT4 || L->kind >= LIN_Q4K) && lanes_512()) { /* one row: AVX-512 */
+    if (B == 1 && (L->kind == LIN_INT4 || (L->kind >= LIN_Q4K && kq_wide_for(L->kind))) && lanes_512()) { /* one row: AVX-512 */
         if (L->kind == LIN_INT4) one_row_q4_512(L, a, y, n0, n1, accumulate);
         else one_row_kq_any_512(L, a, y, n0, n1, accumulate);
         return;
