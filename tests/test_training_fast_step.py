@@ -140,3 +140,26 @@ def test_a_budget_row_with_a_shape_sets_the_model_fields_and_says_so(tmp_path, m
     assert given["tokenizer"] == "bpe:300"
     assert given["model_overrides"] == {"d_model": 64, "n_layers": 2}
     assert "--d-model 64, --n-layers 2 (measured;" in line
+
+
+def test_a_budget_row_with_training_fields_sets_those_not_given(tmp_path, monkeypatch):
+    from lamina.training import budget
+
+    row = budget.Row(60.0, float("inf"), "bpe:300", {}, "measured", {"weight_decay": 0.7})
+    monkeypatch.setattr(budget, "TABLE", (row, *budget.TABLE))
+    text = tmp_path / "t.txt"
+    text.write_text("to be or not to be\n", encoding="utf-8")
+    given, line = budget.plan({"data": str(text), "max_time": 60.0})
+    assert given["weight_decay"] == 0.7 and "--weight-decay 0.7 (measured;" in line
+    assert "model_overrides" not in given
+    typed, line = budget.plan({"data": str(text), "max_time": 60.0, "weight_decay": 0.2})
+    assert typed["weight_decay"] == 0.2 and "weight-decay" not in line  # a typed flag wins
+    assert typed["tokenizer"] == "bpe:300"
+
+
+def test_the_bpe_row_raises_weight_decay_and_the_char_row_keeps_the_default():
+    from lamina.training.budget import TABLE
+
+    bpe, char = TABLE[0], TABLE[-1]
+    assert bpe.tokenizer.startswith("bpe:") and bpe.train["weight_decay"] > 0.1
+    assert char.tokenizer == "char" and "weight_decay" not in char.train

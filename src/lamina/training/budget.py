@@ -2,15 +2,15 @@
 run gets.
 
     TABLE: rows (least budget s, most passes over the corpus, tokenizer, model shape,
-           the measurement behind it)
-    pick(max_time, corpus, rate) -> Pick(tokenizer, shape, why)   the first row the run meets
+           the measurement behind it, training fields)
+    pick(max_time, corpus, rate) -> Pick(tokenizer, shape, why, train)   the first row met
     passes(max_time, corpus, rate) -> float   how often T seconds at `rate` read the corpus
     text_rate(device, dtype) -> float   bytes of text a second this machine trains the default
                                        shape on as BPE tokens (three timed forward+backwards)
     corpus_bytes(data) -> int | None   a text file's size, a folder's .txt files', the built-in
                                        corpus's (None: a prepared folder, unreadable)
-    plan(given) -> (given, line | None)   `given` with the picked tokenizer and shape added,
-        and the line the command prints about it; unchanged (and None) unless the run is a
+    plan(given) -> (given, line | None)   `given` with the picked tokenizer, shape and
+        training fields (those not given) added, and the line the command prints about it; unchanged (and None) unless the run is a
         language model from text with --max-time and no --tokenizer, model field, --init-from,
         --preset or --resume
 
@@ -28,7 +28,11 @@ at most the row's `passes`. The timing leaves out the optimizer step, the evalua
 setup, so it reads about 1.4x the rate a run achieves (1.1-1.7x on the EPYC, whose speed varies:
 46-75 kB/s against 44-52): the row's 10 sits between the timed passes where BPE won (4-8 on the
 EPYC at 100-120 s) and where char did (16-20 there at 300 s; ~12 for the Xeon's 8.6 real
-passes). The batch, warmup and evaluations are then sized to the budget by sizing.py.
+passes). By ~4 passes the 3 x 128 model already fits its BPE text (last training batches ~2.9
+nats/token against 3.46 held out), so the BPE row also raises the weight decay (a `train` field,
+kept unless --weight-decay is typed): on the EPYC at 100 s, 0 1.545, 0.1 (the CPU default)
+1.530-1.534, 0.3 1.522, 0.6 1.514-1.527, 1.0 1.507-1.522, 1.3 1.538, 2.0 1.564. The batch,
+warmup and evaluations are then sized to the budget by sizing.py.
 
 Deliberately unaware of the command line's parsing and of what a tokenizer computes.
 """
@@ -55,6 +59,7 @@ class Row(NamedTuple):
     tokenizer: str
     shape: dict[str, Any]  # model fields over the CPU default shape ({}: that shape)
     why: str
+    train: dict[str, Any] = {}  # training fields (a flag the user gave wins), e.g. weight_decay
 
 
 TABLE: tuple[Row, ...] = (
@@ -64,7 +69,9 @@ TABLE: tuple[Row, ...] = (
         "bpe:1024",
         {},
         "bpe:1024: the budget reads this corpus at most about 10 times by a timed step here; "
-        "measured better than char over 4-6 real passes, worse over 8.6 and more",
+        "measured better than char over 4-6 real passes, worse over 8.6 and more; weight decay "
+        "0.6: it fits its text by then, 1.514-1.527 against 0.1's 1.530-1.534 at 100 s",
+        {"weight_decay": 0.6},
     ),
     Row(
         0.0,
@@ -82,6 +89,7 @@ class Pick:
     tokenizer: str
     shape: dict[str, Any]
     why: str
+    train: dict[str, Any]
 
 
 def passes(max_time: float, corpus: int | None, rate: float) -> float:
@@ -93,8 +101,8 @@ def pick(max_time: float, corpus: int | None, rate: float) -> Pick:
     """The first TABLE row whose least budget and most passes the run meets."""
     for row in TABLE:
         if max_time >= row.seconds and passes(max_time, corpus, rate) <= row.passes:
-            return Pick(row.tokenizer, dict(row.shape), row.why)
-    return Pick("char", {}, TABLE[-1].why)
+            return Pick(row.tokenizer, dict(row.shape), row.why, dict(row.train))
+    return Pick("char", {}, TABLE[-1].why, {})
 
 
 def text_rate(device: str = "auto", dtype: str = "auto") -> float:
@@ -176,6 +184,10 @@ def plan(given: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     if chosen.shape:
         out["model_overrides"] = dict(chosen.shape)
         picked += ", " + _words(chosen.shape)
+    train = {k: v for k, v in chosen.train.items() if k not in given}
+    if train:
+        out.update(train)
+        picked += ", " + _words(train)
     reads = f", ~{passes(budget, corpus, rate):.1f} passes as BPE" if rate else ""
     line = (
         f"lamina train: plan for {budget:g} s on {corpus / 1e6:.2f} MB of text{reads}: "
