@@ -8,7 +8,8 @@ base: QLoRA).
         of a forward); under autocast W is dequantized straight to the autocast dtype
     times_wt(x, base, rows, dtype) -> x @ W.T, times_w(g, base, rows, dtype) -> g @ W: the two
         products through the quantized W (no autograd), a piece of rows at a time given `rows`
-        (what chunked_ce.frozen_head_loss multiplies a quantized head by)
+    pieces(base, rows, dtype) -> (first row, W's rows dequantized): all of W, or CHUNK rows at
+        a time given `rows` (what chunked_ce.frozen_head_loss reads a quantized head by)
     FrozenLinear(base, rows=None)  a module doing that while gradients are on (or always,
         given `rows`), the base's own kernels (which have no backward) otherwise
 A caller that can read W by rows (`rows(start, stop, dtype)`) gets a wide layer dequantized
@@ -29,7 +30,7 @@ Rows = Callable[[int, int, torch.dtype], Tensor]  # (start, stop, dtype) -> W[st
 CHUNK = 4096  # output rows dequantized at a time where the weights can be read by rows
 
 
-def _pieces(base: nn.Module, rows: Rows | None, dtype: torch.dtype) -> Iterator[tuple[int, Tensor]]:
+def pieces(base: nn.Module, rows: Rows | None, dtype: torch.dtype) -> Iterator[tuple[int, Tensor]]:
     """(first row, dequantized rows) covering W: all at once, or CHUNK rows at a time."""
     n = base.out_features
     if rows is None:
@@ -43,7 +44,7 @@ def times_wt(x: Tensor, base: nn.Module, rows: Rows | None, dtype: torch.dtype) 
     """x @ W.T (no bias, no autograd), W dequantized to `dtype` a piece at a time (`rows`)."""
     out = x.new_empty(*x.shape[:-1], base.out_features, dtype=dtype)
     x = x.to(dtype)
-    for start, w in _pieces(base, rows, dtype):
+    for start, w in pieces(base, rows, dtype):
         out[..., start : start + w.shape[0]] = x @ w.T
     return out
 
@@ -51,7 +52,7 @@ def times_wt(x: Tensor, base: nn.Module, rows: Rows | None, dtype: torch.dtype) 
 def times_w(g: Tensor, base: nn.Module, rows: Rows | None, dtype: torch.dtype) -> Tensor:
     """g @ W (the input's gradient of x @ W.T), W dequantized to `dtype` a piece at a time."""
     total, g = None, g.to(dtype)
-    for start, w in _pieces(base, rows, dtype):
+    for start, w in pieces(base, rows, dtype):
         part = g[..., start : start + w.shape[0]] @ w
         total = part if total is None else total.add_(part)
     return total

@@ -6,10 +6,11 @@
         at a time, in the forward and in the backward (which recomputes each chunk's logits)
     lm_loss_chunked(model, ids, targets, chunk=1024) -> the same loss from a lamina GPT
     frozen_head_loss(model, ids, targets) -> the same loss for a GPT whose head gets no
-        gradient (LoRA): HEAD_CHUNK rows at a time, each chunk's gradient for the hidden states
-        made in the forward, so the logits are computed once and never kept whole. The head is
-        a frozen float nn.Linear or a quantized FrozenLinear (QLoRA; its W read a piece of rows
-        at a time, frozen_linear.times_wt / times_w, so no float copy of it is whole either);
+        gradient (LoRA): HEAD_CHUNK rows at a time against W_CHUNK rows of W at a time (a
+        running logsumexp, then a second pass for the gradient, made in the forward), so no
+        more than HEAD_CHUNK x W_CHUNK logits are alive. The head is a frozen float nn.Linear
+        or a quantized FrozenLinear (QLoRA; its W read a piece of rows at a time,
+        frozen_linear.pieces, so no float copy of it is whole either);
         None where the model does not qualify (a trainable, biased or soft-capped head): then
         use the full logits. Targets of IGNORE (-100) are skipped; `rows_mean=True` gives
         SFT's loss (each row's mean over its targets, averaged over rows)
@@ -26,7 +27,7 @@ Deliberately unaware of optimizers and the training loop.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -34,7 +35,7 @@ from torch import Tensor, nn
 
 from lamina.data.instruct import IGNORE
 from lamina.errors import LaminaError
-from lamina.frozen_linear import FrozenLinear, times_w, times_wt
+from lamina.frozen_linear import FrozenLinear, pieces
 
 
 class _ChunkedCE(torch.autograd.Function):
@@ -72,22 +73,25 @@ class _ChunkedCE(torch.autograd.Function):
         return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None
 
 
-HEAD_CHUNK = 256  # rows of logits alive at a time in frozen_head_loss (256 x 49k fp32: 48 MiB)
+HEAD_CHUNK = 1024  # rows of hidden states per pass over the head's pieces
+W_CHUNK = 4096  # the head's rows per piece: HEAD_CHUNK x W_CHUNK fp32 logits alive, 16 MiB
 
 
-Product = Callable[[Tensor], Tensor]  # rows in the compute dtype -> a product with W
+Pieces = Callable[[], Iterator[tuple[int, Tensor]]]  # -> (first row, W's rows in the dtype)
+
+
+def _piece_logits(h: Tensor, w: Tensor) -> Tensor:
+    return (h @ w.T).float()  # in the compute dtype, then fp32: as the full path
 
 
 def _head_nll(
-    hidden: Tensor,
-    times_wt: Product,
-    times_w: Product,
-    targets: Tensor,
-    weights: Tensor | None,
-    dtype: Any,
+    hidden: Tensor, pieces: Pieces, targets: Tensor, weights: Tensor | None, dtype: Any
 ) -> tuple[Tensor, Tensor | None]:
     """(each row's nll (N,) fp32, 0 at IGNORE targets; given `weights` (N,), the gradient of
-    sum(weights * nll) for the hidden states, else None), HEAD_CHUNK rows of logits at a time.
+    sum(weights * nll) for the hidden states, else None). HEAD_CHUNK rows at a time, each over
+    W's pieces: a first pass makes the logsumexp (running) and picks the targets' logits, a
+    second (only for the gradient) makes each piece's logits again, their softmax minus the
+    one-hot, and its product with the piece. Only one piece's logits are alive at a time.
     Rows whose target is IGNORE are skipped (no logits made for them)."""
     n = hidden.shape[0]
     nll = torch.zeros(n, dtype=torch.float32, device=hidden.device)
@@ -95,43 +99,51 @@ def _head_nll(
     keep = (targets != IGNORE).nonzero().squeeze(1)
     for s in range(0, len(keep), HEAD_CHUNK):
         at = keep[s : s + HEAD_CHUNK]
-        t = targets[at]
-        logits = times_wt(hidden[at].to(dtype)).float()
-        lse = torch.logsumexp(logits, dim=-1)
-        nll[at] = lse - logits.gather(1, t[:, None]).squeeze(1)
-        if grad is not None:
-            g = logits.sub_(lse[:, None]).exp_()  # softmax, in place of the logits
-            g[torch.arange(len(t), device=g.device), t] -= 1.0
-            grad[at] = times_w(g.mul_(weights[at, None]).to(dtype)).to(hidden.dtype)
+        t, h = targets[at], hidden[at].to(dtype)
+        top = torch.full((len(t),), -torch.inf, device=h.device)
+        total, picked = torch.zeros_like(top), torch.zeros_like(top)
+        for first, w in pieces():
+            logits = _piece_logits(h, w)
+            new_top = torch.maximum(top, logits.amax(-1))
+            total = total * (top - new_top).exp() + (logits - new_top[:, None]).exp().sum(-1)
+            top = new_top
+            inside = ((t >= first) & (t < first + w.shape[0])).nonzero().squeeze(1)
+            picked[inside] = logits[inside, t[inside] - first]
+        lse = top + total.log()
+        nll[at] = lse - picked
+        if grad is None:
+            continue
+        g_h = None
+        for first, w in pieces():
+            g = _piece_logits(h, w).sub_(lse[:, None]).exp_()  # softmax, in place of the logits
+            inside = ((t >= first) & (t < first + w.shape[0])).nonzero().squeeze(1)
+            g[inside, t[inside] - first] -= 1.0
+            part = g.mul_(weights[at, None]).to(dtype) @ w
+            g_h = part if g_h is None else g_h.add_(part)
+        grad[at] = g_h.to(hidden.dtype)
     return nll, grad
 
 
 class _FrozenHeadCE(torch.autograd.Function):
     """sum(weights * nll) of (hidden @ W.T) against targets and, where hidden needs one, its
     gradient, both in the forward (W gets none): the backward only scales the kept gradient.
-    `times_wt(h)` is h @ W.T and `times_w(g)` is g @ W (a float weight, or a quantized one
-    read a piece at a time), in `dtype`. The logits are as the full path makes them (in the
-    autocast dtype, then fp32), and so is their gradient."""
+    `pieces()` gives W a piece of rows at a time (a float weight sliced, or a quantized one
+    dequantized piece by piece), in `dtype`. The logits are as the full path makes them (in
+    the autocast dtype, then fp32), and so is their gradient."""
 
     @staticmethod
     def forward(
-        ctx: Any,
-        hidden: Tensor,
-        times_wt: Product,
-        times_w: Product,
-        targets: Tensor,
-        weights: Tensor,
-        dtype: Any,
+        ctx: Any, hidden: Tensor, pieces: Pieces, targets: Tensor, weights: Tensor, dtype: Any
     ) -> Tensor:
         w = weights if hidden.requires_grad else None
-        nll, ctx.grad = _head_nll(hidden, times_wt, times_w, targets, w, dtype)
+        nll, ctx.grad = _head_nll(hidden, pieces, targets, w, dtype)
         return (nll * weights).sum()
 
     @staticmethod
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
         grad, ctx.grad = ctx.grad, None
         scaled = None if grad is None else grad * grad_out.to(grad.dtype)
-        return scaled, None, None, None, None, None
+        return scaled, None, None, None, None
 
 
 def _hidden(model: nn.Module, ids: Tensor) -> Tensor:
@@ -151,14 +163,15 @@ def _frozen(head: Any) -> bool:
     return type(head) is FrozenLinear and head.base.bias is None
 
 
-def _products(head: nn.Module, dtype: torch.dtype) -> tuple[Product, Product]:
-    """(h -> h @ W.T, g -> g @ W) for a `_frozen` head: a quantized base is read a piece of
-    rows at a time where it can be; one that cannot is dequantized once (as the full path)."""
+def _pieces(head: nn.Module, dtype: torch.dtype) -> Pieces:
+    """W_CHUNK rows of a `_frozen` head's W at a time, in `dtype`: a float weight sliced (cast
+    once if the dtype differs), a quantized base read by rows where it can be (no float copy
+    of it whole), else dequantized once (as the full path)."""
     if type(head) is FrozenLinear and head.rows is not None:
         base, rows = head.base, head.rows
-        return (lambda h: times_wt(h, base, rows, dtype)), (lambda g: times_w(g, base, rows, dtype))
+        return lambda: pieces(base, rows, dtype)
     w = head.weight.to(dtype) if type(head) is nn.Linear else head.base.dequantized(dtype)
-    return (lambda h: h @ w.T), (lambda g: g @ w)
+    return lambda: ((s, w[s : s + W_CHUNK]) for s in range(0, w.shape[0], W_CHUNK))
 
 
 def _weights(targets: Tensor, rows_mean: bool) -> Tensor:
@@ -171,9 +184,9 @@ def _weights(targets: Tensor, rows_mean: bool) -> Tensor:
     return counted.reshape(-1) / counted.sum().clamp(min=1)
 
 
-def _through_head(model: nn.Module, ids: Tensor) -> tuple[Tensor, Product, Product, Any] | None:
-    """(hidden (N, d), h @ W.T, g @ W, the compute dtype), or None where the model's head is
-    not one frozen_head_loss takes."""
+def _through_head(model: nn.Module, ids: Tensor) -> tuple[Tensor, Pieces, Any] | None:
+    """(hidden (N, d), W's pieces, the compute dtype), or None where the model's head is not
+    one frozen_head_loss takes."""
     head = getattr(model, "head", None)
     if not _frozen(head) or getattr(model.config, "logit_softcap", None) is not None:
         return None
@@ -181,7 +194,7 @@ def _through_head(model: nn.Module, ids: Tensor) -> tuple[Tensor, Product, Produ
     on = torch.is_autocast_enabled(kind)
     hidden = _hidden(model, ids)
     dtype = torch.get_autocast_dtype(kind) if on else hidden.dtype
-    return hidden, *_products(head, dtype), dtype
+    return hidden, _pieces(head, dtype), dtype
 
 
 def frozen_head_loss(
@@ -194,10 +207,10 @@ def frozen_head_loss(
     got = _through_head(model, ids)
     if got is None:
         return None
-    hidden, times_wt_, times_w_, dtype = got
+    hidden, pieces_, dtype = got
     weights = _weights(targets, rows_mean).to(hidden.device)
     with torch.autocast(ids.device.type, enabled=False):
-        return _FrozenHeadCE.apply(hidden, times_wt_, times_w_, targets.reshape(-1), weights, dtype)
+        return _FrozenHeadCE.apply(hidden, pieces_, targets.reshape(-1), weights, dtype)
 
 
 @torch.no_grad()
@@ -207,9 +220,9 @@ def frozen_head_nll(model: nn.Module, ids: Tensor, targets: Tensor) -> Tensor | 
     got = _through_head(model, ids)
     if got is None:
         return None
-    hidden, times_wt_, times_w_, dtype = got
+    hidden, pieces_, dtype = got
     with torch.autocast(ids.device.type, enabled=False):
-        nll, _ = _head_nll(hidden, times_wt_, times_w_, targets.reshape(-1), None, dtype)
+        nll, _ = _head_nll(hidden, pieces_, targets.reshape(-1), None, dtype)
     return nll.view(targets.shape)
 
 
