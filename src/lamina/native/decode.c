@@ -798,6 +798,8 @@ typedef struct {
     int32_t *xt;  /* (nb/2 rounded up, 16, LANES, 2) int16 pairs */
     float *dxt;   /* (nb/2 rounded up, LANES, 2) block scales */
     float *sxt;   /* (k/gs, LANES) int4: the group sums */
+    float *sx2;   /* int4 in groups of 32: (nb/2 rounded up, LANES, 2) the blocks' sums laid out as
+                     dxt, so the minimums join each block pair's fma; otherwise NULL */
 } LaneAct2;
 
 static void lane_act2(const Lin *L, const Act *a, int r0, int rows, LaneAct2 *t) {
@@ -810,8 +812,10 @@ static void lane_act2(const Lin *L, const Act *a, int r0, int rows, LaneAct2 *t)
             int32_t *o = t->xt + (size_t)c * 16 * LANES * 2 + r * 2 + e;
             for (int p = 0; p < 16; p++) o[p * LANES * 2] = real ? lane_pair(q + 32 * b, p, perm) : 0;
             t->dxt[(size_t)c * LANES * 2 + r * 2 + e] = real ? a->dx[(size_t)(r0 + r) * nb + b] : 0.0f;
+            if (t->sx2) t->sx2[(size_t)c * LANES * 2 + r * 2 + e] = real ? a->sx[(size_t)(r0 + r) * nb + b] : 0.0f;
         }
-        for (int g = 0; g < groups; g++) t->sxt[g * LANES + r] = q ? a->sx[(size_t)(r0 + r) * groups + g] : 0.0f;
+        if (!t->sx2)
+            for (int g = 0; g < groups; g++) t->sxt[g * LANES + r] = q ? a->sx[(size_t)(r0 + r) * groups + g] : 0.0f;
     }
 }
 
@@ -880,13 +884,20 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) static void lane_rows_512
                 memcpy(&s2d, s2, 8);
                 const __m512 sv = _mm512_castpd_ps(_mm512_set1_pd(s2d));
                 f[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s[j][0], s[j][1])), _mm512_mul_ps(dx, sv), f[j]);
+                if (t->sx2) { /* the minimums: (mn b0, mn b1) times the rows' block sums */
+                    const float *mn = L->mn + (size_t)(j < nt ? n + j : n) * groups;
+                    float m2[2] = {mn[b0], b1 >= 0 ? mn[b1] : 0.0f};
+                    double m2d;
+                    memcpy(&m2d, m2, 8);
+                    f[j] = _mm512_fmadd_ps(_mm512_castpd_ps(_mm512_set1_pd(m2d)), _mm512_loadu_ps(t->sx2 + (size_t)c * LANES * 2), f[j]);
+                }
             }
         }
         for (int j = 0; j < nt; j++) {
             /* lanes 2r and 2r + 1 are row r's two blocks: added, then the rows' 8 sums */
             const __m512 pr = _mm512_add_ps(f[j], _mm512_permute_ps(f[j], 0xB1));
             __m256 v8 = _mm512_castps512_ps256(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15), pr));
-            if (L->kind == LIN_INT4)
+            if (L->kind == LIN_INT4 && !t->sx2)
                 for (int g = 0; g < groups; g++)
                     v8 = _mm256_fmadd_ps(_mm256_set1_ps(L->mn[(size_t)(n + j) * groups + g]), _mm256_loadu_ps(t->sxt + g * LANES), v8);
             float v[LANES];
@@ -1204,12 +1215,13 @@ VNNI static void one_row8(const Lin *L, const Act *a, float *y, int n0, int n1, 
 static int lane_rows(const Lin *L, int B, const Act *a, float *y, int ystride, int n0, int n1, int accumulate) {
     const int nb = L->k / 32, nc = (nb + 1) / 2, groups = L->kind == LIN_INT4 ? L->k / L->gs : 0;
     const int wide = lanes_512();
-    void *buf = aligned_alloc(64, ((size_t)(2 * nc) * 17 * LANES * 4 + (size_t)groups * LANES * 4 + 63) & ~(size_t)63);
+    void *buf = aligned_alloc(64, ((size_t)(2 * nc) * 18 * LANES * 4 + (size_t)groups * LANES * 4 + 63) & ~(size_t)63);
     if (!buf) return 0;
     LaneAct t = {(int32_t *)buf, (float *)buf + (size_t)nb * 16 * LANES, NULL};
     t.sxt = t.dxt + (size_t)nb * LANES;
-    LaneAct2 t2 = {(int32_t *)buf, (float *)buf + (size_t)nc * 32 * LANES, NULL};
+    LaneAct2 t2 = {(int32_t *)buf, (float *)buf + (size_t)nc * 32 * LANES, NULL, NULL};
     t2.sxt = t2.dxt + (size_t)nc * 2 * LANES;
+    if (groups == nb) t2.sx2 = t2.sxt + (size_t)groups * LANES;
     for (int r0 = 0; r0 < B; r0 += LANES) {
         const int rows = B - r0 < LANES ? B - r0 : LANES;
         if (rows < lanes_min(wide)) { /* too few to fill the lanes: those rows by themselves */
