@@ -139,3 +139,20 @@ def test_a_forward_past_its_deadline_stops_at_the_next_block():
     with pytest.raises(OutOfTime), deadline(model, lambda: next(ticks), 0.5) as cut:
         model(ids)
     assert cut.entered == 1 and not model.blocks[0]._forward_pre_hooks  # hooks removed
+
+
+def test_the_probe_keeps_its_fastest_micro_step_past_a_stall():
+    now, calls = [0.0], []
+    durations = iter([0.57, 0.5, 0.01, 0.02, 9.0, 9.0])  # stalled steps, then quick ones
+
+    def step() -> None:
+        calls.append(1)
+        now[0] += next(durations)
+
+    assert sizing.fastest(lambda: now[0], step, 0.6, until=10.0) == pytest.approx(0.01)
+    assert len(calls) == sizing.PROBE_TIMINGS - 1  # the first timing was given
+    now[0], calls, durations = 0.0, [], iter([0.3, 0.2])
+    assert sizing.fastest(lambda: now[0], step, 0.4, until=0.25) == pytest.approx(
+        0.3
+    )  # past `until` at once
+    assert len(calls) == 1
