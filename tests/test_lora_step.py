@@ -52,10 +52,11 @@ def _plain(model, x, y):
 
 @pytest.mark.parametrize("bf16", [False, True])
 def test_frozen_head_loss_equals_the_full_logits_path(bf16, monkeypatch):
+    import lamina.frozen_linear as fl
     import lamina.training.chunked_ce as ce
 
     monkeypatch.setattr(ce, "HEAD_CHUNK", 5)  # several chunks, the last one short
-    monkeypatch.setattr(ce, "W_CHUNK", 13)  # the head read in pieces, the last one short
+    monkeypatch.setattr(fl, "CHUNK", 13)  # the head read in pieces, the last one short
     model = _lora_model()
     want, want_g = _loss_and_grads(model, _plain, bf16)
     got, got_g = _loss_and_grads(model, frozen_head_loss, bf16)
@@ -67,10 +68,11 @@ def test_frozen_head_loss_equals_the_full_logits_path(bf16, monkeypatch):
 
 @pytest.mark.parametrize("bf16", [False, True])
 def test_frozen_head_nll_equals_the_full_logits_per_position(bf16, monkeypatch):
+    import lamina.frozen_linear as fl
     import lamina.training.chunked_ce as ce
 
     monkeypatch.setattr(ce, "HEAD_CHUNK", 5)
-    monkeypatch.setattr(ce, "W_CHUNK", 13)
+    monkeypatch.setattr(fl, "CHUNK", 13)
     model, (x, y) = _lora_model().eval(), _batch()
     y = y.clone()
     y[0, :4] = IGNORE  # an ignored target scores 0 and is skipped
@@ -86,10 +88,11 @@ def test_frozen_head_nll_equals_the_full_logits_per_position(bf16, monkeypatch):
 
 
 def test_frozen_head_loss_with_ignored_targets_equals_sft_row_losses(monkeypatch):
+    import lamina.frozen_linear as fl
     import lamina.training.chunked_ce as ce
 
     monkeypatch.setattr(ce, "HEAD_CHUNK", 5)
-    monkeypatch.setattr(ce, "W_CHUNK", 13)
+    monkeypatch.setattr(fl, "CHUNK", 13)
     model = _lora_model()
     x, y = _batch()
     y = y.clone()

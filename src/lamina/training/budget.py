@@ -10,9 +10,9 @@ run gets.
     corpus_bytes(data) -> int | None   a text file's size, a folder's .txt files', the built-in
                                        corpus's (None: a prepared folder, unreadable)
     plan(given) -> (given, line | None)   `given` with the picked tokenizer, shape and
-        training fields (those not given) added, and the line the command prints about it; unchanged (and None) unless the run is a
-        language model from text with --max-time and no --tokenizer, model field, --init-from,
-        --preset or --resume
+        training fields (those not given) added, and the line the command prints about it;
+        unchanged (and None) unless the run is a language model from text with --max-time and
+        no --tokenizer, model field, --init-from, --preset or --resume
 
 The rows come from bench/speedrun.py (BENCHMARKS.md, "Budget-dependent defaults"). A BPE
 vocabulary sees about two characters per token, so a model of the same shape reads twice the

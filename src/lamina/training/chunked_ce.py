@@ -6,9 +6,9 @@
         at a time, in the forward and in the backward (which recomputes each chunk's logits)
     lm_loss_chunked(model, ids, targets, chunk=1024) -> the same loss from a lamina GPT
     frozen_head_loss(model, ids, targets) -> the same loss for a GPT whose head gets no
-        gradient (LoRA): HEAD_CHUNK rows at a time against W_CHUNK rows of W at a time (a
-        running logsumexp, then a second pass for the gradient, made in the forward), so no
-        more than HEAD_CHUNK x W_CHUNK logits are alive. The head is a frozen float nn.Linear
+        gradient (LoRA): HEAD_CHUNK rows at a time against frozen_linear.CHUNK rows of W at a
+        time (a running logsumexp, then a second pass for the gradient, made in the forward),
+        so no more than HEAD_CHUNK x CHUNK logits are alive. The head is a frozen float nn.Linear
         or a quantized FrozenLinear (QLoRA; its W read a piece of rows at a time,
         frozen_linear.pieces, so no float copy of it is whole either);
         None where the model does not qualify (a trainable, biased or soft-capped head): then
@@ -73,8 +73,8 @@ class _ChunkedCE(torch.autograd.Function):
         return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None
 
 
-HEAD_CHUNK = 1024  # rows of hidden states per pass over the head's pieces
-W_CHUNK = 4096  # the head's rows per piece: HEAD_CHUNK x W_CHUNK fp32 logits alive, 16 MiB
+HEAD_CHUNK = 1024  # rows of hidden states per pass over the head's pieces (frozen_linear.CHUNK
+# rows of W each): 1024 x 4096 fp32 logits alive, 16 MiB
 
 
 Pieces = Callable[[], Iterator[tuple[int, Tensor]]]  # -> (first row, W's rows in the dtype)
@@ -84,8 +84,14 @@ def _piece_logits(h: Tensor, w: Tensor) -> Tensor:
     return (h @ w.T).float()  # in the compute dtype, then fp32: as the full path
 
 
+def _targets_in(t: Tensor, first: int, width: int) -> tuple[Tensor, Tensor]:
+    """(rows whose target is one of W's rows first..first + width, that target's column)."""
+    rows = ((t >= first) & (t < first + width)).nonzero().squeeze(1)
+    return rows, t[rows] - first
+
+
 def _head_nll(
-    hidden: Tensor, pieces: Pieces, targets: Tensor, weights: Tensor | None, dtype: Any
+    hidden: Tensor, read_w: Pieces, targets: Tensor, weights: Tensor | None, dtype: Any
 ) -> tuple[Tensor, Tensor | None]:
     """(each row's nll (N,) fp32, 0 at IGNORE targets; given `weights` (N,), the gradient of
     sum(weights * nll) for the hidden states, else None). HEAD_CHUNK rows at a time, each over
@@ -102,22 +108,21 @@ def _head_nll(
         t, h = targets[at], hidden[at].to(dtype)
         top = torch.full((len(t),), -torch.inf, device=h.device)
         total, picked = torch.zeros_like(top), torch.zeros_like(top)
-        for first, w in pieces():
+        for first, w in read_w():
             logits = _piece_logits(h, w)
             new_top = torch.maximum(top, logits.amax(-1))
             total = total * (top - new_top).exp() + (logits - new_top[:, None]).exp().sum(-1)
             top = new_top
-            inside = ((t >= first) & (t < first + w.shape[0])).nonzero().squeeze(1)
-            picked[inside] = logits[inside, t[inside] - first]
+            rows, cols = _targets_in(t, first, w.shape[0])
+            picked[rows] = logits[rows, cols]
         lse = top + total.log()
         nll[at] = lse - picked
         if grad is None:
             continue
         g_h = None
-        for first, w in pieces():
+        for first, w in read_w():
             g = _piece_logits(h, w).sub_(lse[:, None]).exp_()  # softmax, in place of the logits
-            inside = ((t >= first) & (t < first + w.shape[0])).nonzero().squeeze(1)
-            g[inside, t[inside] - first] -= 1.0
+            g[_targets_in(t, first, w.shape[0])] -= 1.0
             part = g.mul_(weights[at, None]).to(dtype) @ w
             g_h = part if g_h is None else g_h.add_(part)
         grad[at] = g_h.to(hidden.dtype)
@@ -164,14 +169,20 @@ def _frozen(head: Any) -> bool:
 
 
 def _pieces(head: nn.Module, dtype: torch.dtype) -> Pieces:
-    """W_CHUNK rows of a `_frozen` head's W at a time, in `dtype`: a float weight sliced (cast
-    once if the dtype differs), a quantized base read by rows where it can be (no float copy
-    of it whole), else dequantized once (as the full path)."""
+    """A `_frozen` head's W in `dtype`, frozen_linear.CHUNK rows at a time (frozen_linear.pieces
+    for every kind): a quantized base read by rows where it can be (no float copy of it
+    whole), else a float weight (cast once if the dtype differs) or the base dequantized once
+    (as the full path), sliced."""
     if type(head) is FrozenLinear and head.rows is not None:
         base, rows = head.base, head.rows
-        return lambda: pieces(base, rows, dtype)
-    w = head.weight.to(dtype) if type(head) is nn.Linear else head.base.dequantized(dtype)
-    return lambda: ((s, w[s : s + W_CHUNK]) for s in range(0, w.shape[0], W_CHUNK))
+    else:
+        base = head if type(head) is nn.Linear else head.base
+        w = head.weight.to(dtype) if type(head) is nn.Linear else base.dequantized(dtype)
+
+        def rows(start: int, stop: int, _dtype: torch.dtype) -> Tensor:
+            return w[start:stop]
+
+    return lambda: pieces(base, rows, dtype)
 
 
 def _weights(targets: Tensor, rows_mean: bool) -> Tensor:

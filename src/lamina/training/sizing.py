@@ -19,10 +19,12 @@ The probe times micro-steps of one sequence and keeps the fastest (the first als
 one-off costs: kernels chosen and compiled for the shape): a second one unless the first alone
 took PROBE_SHARE of the budget, then more (PROBE_TIMINGS in all) while the probe has spent
 under PROBE_REPEAT_SHARE, so one stalled micro-step on a busy machine cannot shrink the batch
-(a stalled pair once cut a 100 s speedrun's batch from 48 to 4); a forward still running at PROBE_SHARE is cut off at its next block
-(`deadline`, OutOfTime) and the step estimated from the blocks it finished. The loop uses the
-same `deadline` to drop a step still running when the budget's steps must end. The probe's sequence is drawn with the objective's generator and the generator put back, so
-the steps that follow draw what they would have drawn; its gradients are dropped.
+(a stalled pair once cut a 100 s speedrun's batch from 48 to 4). A forward still running at
+PROBE_SHARE is cut off at its next block (`deadline`, OutOfTime) and the step estimated from
+the blocks it finished. The loop uses the same `deadline` to drop a step still running when
+the budget's steps must end. The probe's sequence is drawn with the objective's generator and
+the generator put back, so the steps that follow draw what they would have drawn; its
+gradients are dropped.
 
 Deliberately unaware of the command line, the run directory's layout and what a model computes.
 """
