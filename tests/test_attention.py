@@ -374,3 +374,21 @@ def test_bf16_training_on_a_cpu_runs_narrow_heads_attention_in_fp32():
     out.float().sum().backward()
     assert out.dtype == torch.bfloat16 and x.grad is not None
     torch.testing.assert_close(out.float(), attn(x)[0], atol=3e-2, rtol=3e-2)
+
+
+def test_plain_causal_fused_attention_builds_no_mask(monkeypatch):
+    import lamina.attention as la
+
+    torch.manual_seed(0)
+    attn = la.MultiHeadAttention(16, 2, causal=True).eval()
+    x = torch.randn(2, 5, 16)
+    want, _ = attn(x, need_weights=True)  # the reference path builds and applies the mask
+
+    def refuse(*a, **k):
+        raise AssertionError("a mask was built for plain causal attention")
+
+    monkeypatch.setattr(la, "attention_mask", refuse)
+    got, _ = attn(x)  # the fused kernel's causal flag: no mask built
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    with pytest.raises(AssertionError, match="mask was built"):
+        attn(x, padding_mask=torch.zeros(2, 5, dtype=torch.bool))  # a padded batch needs one

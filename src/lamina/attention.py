@@ -293,6 +293,7 @@ class MultiHeadAttention(nn.Module):
         q = q.view(B, T, H, hd).transpose(1, 2)  # (B, H, T, hd)
         k = k.view(B, T, Hkv, hd).transpose(1, 2)  # (B, H_kv, T, hd)
         v = v.view(B, T, Hkv, hd).transpose(1, 2)
+        fused = not (need_weights or self.impl == "reference" or self.softcap is not None)
         if self.qk_norm:
             q = rms_norm(q, self.q_gain, self.eps, self.norm_offset)
             k = rms_norm(k, self.k_gain, self.eps, self.norm_offset)
@@ -318,15 +319,26 @@ class MultiHeadAttention(nn.Module):
                     f"got {tuple(padding_mask.shape)}"
                 )
         window = self.sliding_window
-        allowed = attention_mask(
-            T, t_k, causal=self.causal, padding_mask=padding_mask, device=x.device, window=window
-        )
+        plain_causal = window is None or t_k <= window
+        use_causal_flag = (
+            fused and self.causal and padding_mask is None and t_k == T and plain_causal and T > 1
+        )  # the fused kernel's own causal mask: none is built
+        allowed = None
+        if not use_causal_flag:
+            allowed = attention_mask(
+                T,
+                t_k,
+                causal=self.causal,
+                padding_mask=padding_mask,
+                device=x.device,
+                window=window,
+            )
         dead = None  # queries with no key to attend to: computed on everything, then zeroed
         if padding_mask is not None:
             dead = ~allowed.any(-1, keepdim=True)  # (B, 1, T, 1)
             allowed = allowed | dead
         p = self.dropout if self.training else 0.0
-        if need_weights or self.impl == "reference" or self.softcap is not None:
+        if not fused:
             if Hkv != H:  # each key/value head serves H / H_kv consecutive query heads
                 k = k.repeat_interleave(H // Hkv, dim=1)
                 v = v.repeat_interleave(H // Hkv, dim=1)
@@ -341,23 +353,14 @@ class MultiHeadAttention(nn.Module):
             out = F.dropout(weights, p, training=True) @ v if p > 0 else weights @ v
         else:
             weights = None
-            plain_causal = window is None or t_k <= window
-            use_causal_flag = (
-                self.causal
-                and allowed is not None
-                and padding_mask is None
-                and t_k == T
-                and plain_causal
-            )
-            mask = None if use_causal_flag else allowed
             kw = dict(dropout_p=p, is_causal=use_causal_flag, scale=self.scale, enable_gqa=Hkv != H)
             if upcast_attention(q):  # bf16 training on a CPU: fp32 attention is faster
                 with torch.autocast("cpu", enabled=False):
                     out = F.scaled_dot_product_attention(
-                        q.float(), k.float(), v.float(), attn_mask=mask, **kw
+                        q.float(), k.float(), v.float(), attn_mask=allowed, **kw
                     ).to(q.dtype)
             else:
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kw)
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, **kw)
             if dead is not None:
                 out = out.masked_fill(dead, 0.0)
         out = out.transpose(1, 2).reshape(B, T, H * hd)  # (B, T, H*hd)
