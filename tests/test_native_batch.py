@@ -3,10 +3,14 @@ each in its own cache row, decoded together equal each decoded alone."""
 
 from __future__ import annotations
 
+import ctypes
+
 import pytest
 import torch
+from torch import nn
 
 from lamina import GPT, GPTConfig, LaminaError, native, quantize
+from lamina.native.structs import Pointers
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -163,3 +167,33 @@ def test_entries_of_one_row_are_a_causal_prefill_beside_a_decoding_row():
     ):
         with pytest.raises(LaminaError):
             engine.step_entries(*args)
+
+
+@pytest.mark.parametrize("group_size", [32, 64])
+def test_int4_weights_in_lanes_equal_the_dequantized_product(group_size):
+    """The batch kernel over int4 weights laid out in lanes (lm_pack16, AVX-512 VNNI): rows
+    that are not a whole number of 16-row groups, 3 threads whose row ranges cut a group,
+    1..16 input rows (the lanes take 3..8 at a time), a bias; within the int16 inputs'
+    rounding of the dequantized product, and equal to the kernel without the lanes."""
+    from lamina.native.build import library
+    from lamina.native.step import linear
+    from lamina.quant.linear import Int4Linear
+
+    lib = library()
+    torch.manual_seed(5)
+    m = Int4Linear.from_linear(nn.Linear(192, 360, bias=True), group_size)
+    L = Pointers().lin(m)  # kept: the address of a dropped struct is freed memory
+    if not lib.lm_pack16(ctypes.addressof(L), None, None, None):
+        pytest.skip("no AVX-512 VNNI here: the int4 weights stay in their rows")
+    w = m.dequantized()
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)  # rows split at multiples of 8: 120 per thread
+        for rows in (1, 3, 8, 11, 16):
+            x = torch.randn(rows, 192)
+            got, plain = linear(m, x, lanes=True), linear(m, x)
+            want = x @ w.T + m.bias
+            assert (got - want).abs().max() <= 1e-4 * want.abs().max(), rows
+            assert (got - plain).abs().max() <= 1e-5 * want.abs().max(), rows
+    finally:
+        torch.set_num_threads(before)

@@ -55,6 +55,10 @@ typedef struct {
     const float *s;  /* scales: int4 (n, k/gs); int8 (n, k/gs) */
     const float *mn; /* int4 only: minimums (n, k/gs) */
     const float *bias;
+    /* int4 only, or NULL: the weights, scales and minimums laid out again for a batch's rows
+       (16 weight rows in the lanes of a vector: lm_pack16, "weights in lanes" below) */
+    const uint8_t *lw;
+    const float *ls, *lmn;
 } Lin; /* GGML kinds: w the rows' blocks; LIN_PARTS: w an array of gs Lins, stacked by rows */
 
 typedef struct {
@@ -957,6 +961,18 @@ static inline int kq_wide_for(int kind) {
     return kq_wide == 2 ? kind != LIN_Q6K : kq_wide == 3 ? kind > LIN_Q6K : kq_wide;
 }
 
+/* whether an int8 linear's one row takes the AVX-512 form (one_row_i8_512: 1, the default) or
+   the AVX2 row loop (0); -1 leaves it; returns the form in force (1 only where the CPU has
+   AVX-512). SmolLM2 Q8_0 (lamina's int8, a scale per 32), bench/step_profile.py: BENCHMARKS.md. */
+static int i8_wide = 1;
+int lm_i8_wide(int choice) {
+    if (choice >= 0) i8_wide = choice ? 1 : 0;
+    return i8_wide && lanes_512();
+}
+#ifndef I8_PF
+#define I8_PF 4 /* passes ahead to prefetch */
+#endif
+
 /* One input row (a lone sequence's decode step) where the CPU has AVX-512: each block of 32
    weights widened to 32 int16 in one vector and multiplied by the input's block with one
    `vpmaddwd` (the same integer products and sums as the AVX2 path), NR weight rows at a time
@@ -974,8 +990,7 @@ WIDE static void store_nr(const Lin *L, const __m512 *acc, const float *extra, f
     }
 }
 
-/* int4 rows n0..n1 for one input row (int8 ones stay on the AVX2 path: their scales, a second
-   stream, kept this form no faster) */
+/* int4 rows n0..n1 for one input row (int8 ones: one_row_i8_512 below) */
 WIDE static void one_row_q4_512(const Lin *L, const Act *a, float *y, int n0, int n1, int accumulate) {
     const int k = L->k, nb = k / 32, groups = k / L->gs, sh = groups == 1 ? 31 : __builtin_ctz(L->gs / 32);
     const size_t wb = (size_t)k / 2;
@@ -1009,6 +1024,39 @@ WIDE static void one_row_q4_512(const Lin *L, const Act *a, float *y, int n0, in
         float mins[NR] = {0}; /* the minimums' part, as row_q4 */
         for (int j = 0; j < NR && n + j < n1; j++) mins[j] = dot_f32(L->mn + (size_t)(n + j) * groups, a->sx, groups);
         store_nr(L, acc, mins, y, n, n1, accumulate);
+    }
+}
+
+/* int8 rows n0..n1 for one input row (GGUF's Q8_0 read into lamina's int8: q int8 (n, k), a
+   float scale per group): 32 weights widened to 32 int16 in one vector, one `vpmaddwd` by the
+   input's block, the scales a second (small, sequential) stream prefetched beside the weights.
+   The AVX2 row loop's integer products and sums; float sums in another order. */
+WIDE static void one_row_i8_512(const Lin *L, const Act *a, float *y, int n0, int n1, int accumulate) {
+    const int k = L->k, nb = k / 32, groups = k / L->gs, sh = groups == 1 ? 31 : __builtin_ctz(L->gs / 32);
+    const float zero[NR] = {0};
+    for (int n = n0; n < n1; n += NR) {
+        const int8_t *w[NR];
+        const float *sc[NR];
+        for (int j = 0; j < NR; j++) {
+            const int r = nr_row(n, j, n1);
+            w[j] = (const int8_t *)L->w + (size_t)r * k;
+            sc[j] = L->s + (size_t)r * groups;
+        }
+        if (n + I8_PF * NR < n1) { /* I8_PF passes on: weights, then their scales */
+            for (size_t o = 0; o < (size_t)NR * k; o += 64) PF_W((const char *)w[0] + (size_t)I8_PF * NR * k + o);
+            for (size_t o = 0; o < (size_t)NR * groups * 4; o += 64) PF_W((const char *)(sc[0] + (size_t)I8_PF * NR * groups) + o);
+        }
+        __m512 acc[NR];
+        for (int j = 0; j < NR; j++) acc[j] = _mm512_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            const __m512i x = _mm512_loadu_si512((const void *)(a->q + 32 * b));
+            const float d = a->dx[b];
+            for (int j = 0; j < NR; j++) {
+                const __m512i wz = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(w[j] + 32 * b)));
+                acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(sc[j][b >> sh] * d), _mm512_cvtepi32_ps(_mm512_madd_epi16(wz, x)), acc[j]);
+            }
+        }
+        store_nr(L, acc, zero, y, n, n1, accumulate);
     }
 }
 
@@ -1210,13 +1258,144 @@ VNNI static void one_row8(const Lin *L, const Act *a, float *y, int n0, int n1, 
     }
 }
 
+/* ------------------------------------------------------------------ weights in lanes (int4) */
+
+/* The int4 linears of a batch where the CPU has AVX-512 VNNI and the linear was laid out again
+   once (lm_pack16, by native/step.py for an engine of 3 rows or more): 16 weight rows sit in the
+   lanes of one vector, each lane an int16 pair of its row's weights, and each input row's int16
+   pair is the broadcast operand, so one `vpdpwssd` multiplies a pair of 16 weight rows by one
+   input row with no unpacking per input row (the form above rebuilds each weight pair for every
+   block pair and broadcasts the weights, ~2.6x the vector operations per product). The scales
+   and minimums of the 16 rows are one vector per block; each output row's 16 sums are stored
+   at once. The same integer products as the one-row path, summed in another order. In a C harness
+   (one thread, 8 rows, fc's 3072 x 576, in cache): 242 us the form above, 151 us this one; int8
+   inputs with `vpdpbusd` took 90 us but were 250x further from the dequantized product
+   (relative RMS 3.8e-3 against 1.5e-5: llama.cpp's Q8_0 rounding), so this keeps int16.
+   Layout, per group G of 16 rows and block b: 4 vectors of 64 bytes, vector h lane i (row
+   16G + i) holding pair p = 4h + t (elements 2p, 2p + 1 of the block) at bits 4t and 16 + 4t,
+   so that pair t of every lane is (v >> 4t) & 0x000F000F; then the scales and minimums
+   (groups, nb, 16) floats. */
+#define P16_ROWS 16
+
+/* the sizes lm_pack16 fills: bytes of weights, floats of scales (and as many minimums) */
+static size_t pack16_bytes(const Lin *L) { return (size_t)((L->n + 15) / 16) * (L->k / 32) * 256; }
+static size_t pack16_floats(const Lin *L) { return (size_t)((L->n + 15) / 16) * (L->k / 32) * 16; }
+
+/* lays out an int4 linear's weights (w: pack16_bytes, 64-byte aligned), scales and minimums (sc,
+   mn: pack16_floats each, 64-byte aligned) for the batch kernel below; returns 1, or 0 where it
+   does not apply (not int4, or this CPU lacks AVX-512 VNNI): then nothing is written. w NULL:
+   only whether it applies. */
+int lm_pack16(const Lin *L, uint8_t *w, float *sc, float *mn) {
+    if (L->kind != LIN_INT4 || L->k % 32 || L->gs % 32 || !cpu_has_vnni()) return 0;
+    if (!w) return 1;
+    const int n = L->n, k = L->k, nb = k / 32, ng = (n + 15) / 16, groups = k / L->gs, per = L->gs / 32;
+    memset(w, 0, pack16_bytes(L));
+    for (int G = 0; G < ng; G++)
+        for (int b = 0; b < nb; b++) {
+            uint32_t *o = (uint32_t *)(w + ((size_t)G * nb + b) * 256);
+            float *so = sc + ((size_t)G * nb + b) * 16, *mo = mn + ((size_t)G * nb + b) * 16;
+            for (int i = 0; i < 16; i++) {
+                const int row = 16 * G + i;
+                so[i] = mo[i] = 0.0f;
+                if (row >= n) continue;
+                const uint8_t *src = (const uint8_t *)L->w + (size_t)row * (k / 2) + 16 * b;
+                for (int p = 0; p < 16; p++) /* byte p: elements 2p (low nibble), 2p + 1 */
+                    o[(p / 4) * 16 + i] |= (uint32_t)(src[p] & 15) << (4 * (p % 4)) | (uint32_t)(src[p] >> 4) << (16 + 4 * (p % 4));
+                so[i] = L->s[(size_t)row * groups + b / per];
+                mo[i] = L->mn[(size_t)row * groups + b / per];
+            }
+        }
+    return 1;
+}
+
+/* a batch's input rows r0.. for the kernel: int16 pairs (nb, LANES, 16), the blocks' scales and
+   sums (nb, LANES), absent rows zero */
+typedef struct {
+    int32_t *xp;
+    float *dx, *bs;
+} Act16;
+
+static void act16(const Lin *L, const Act *a, int r0, int rows, Act16 *t) {
+    const int k = L->k, nb = k / 32;
+    for (int r = 0; r < LANES; r++) {
+        const int16_t *q = r < rows ? a->q + (size_t)(r0 + r) * k : NULL;
+        for (int b = 0; b < nb; b++) {
+            int32_t *o = t->xp + ((size_t)b * LANES + r) * 16;
+            int sum = 0;
+            for (int p = 0; p < 16; p++) {
+                o[p] = q ? lane_pair(q + 32 * b, p, 1) : 0; /* int4 inputs are [even | odd] */
+                if (q) sum += q[32 * b + p] + q[32 * b + 16 + p];
+            }
+            const float d = q ? a->dx[(size_t)(r0 + r) * nb + b] : 0.0f;
+            t->dx[b * LANES + r] = d;
+            t->bs[b * LANES + r] = d * (float)sum;
+        }
+    }
+}
+
+#ifndef PF16
+#define PF16 2 /* groups of 16 rows ahead to prefetch */
+#endif
+/* output rows n0..n1 (the groups of 16 they touch; the stores kept to n0..n1) for the `rows`
+   inputs of t (rows r0..), into y as lin_rows */
+VNNI static void lane16_rows(const Lin *L, const Act16 *t, int r0, int rows, float *y, int ystride, int n0, int n1, int accumulate) {
+    const int nb = L->k / 32;
+    const __m512i m = _mm512_set1_epi32(0x000F000F);
+    for (int G = n0 / 16; G * 16 < n1; G++) {
+        const int lo = G * 16 < n0 ? n0 - G * 16 : 0, hi = n1 - G * 16 < 16 ? n1 - G * 16 : 16;
+        const __mmask16 keep = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
+        const uint8_t *wg = L->lw + (size_t)G * nb * 256;
+        const float *sg = L->ls + (size_t)G * nb * 16, *mg = L->lmn + (size_t)G * nb * 16;
+        const int pf = PF16 && (G + PF16) * 16 < n1;
+        __m512 f[LANES];
+        for (int r = 0; r < LANES; r++) f[r] = _mm512_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            if (pf) {
+                const char *pw = (const char *)(wg + ((size_t)PF16 * nb + b) * 256);
+                for (int o = 0; o < 256; o += 64) PF_W(pw + o);
+                PF_W((const char *)(sg + ((size_t)PF16 * nb + b) * 16));
+                PF_W((const char *)(mg + ((size_t)PF16 * nb + b) * 16));
+            }
+            __m512i acc[LANES];
+            for (int r = 0; r < LANES; r++) acc[r] = _mm512_setzero_si512();
+            const int32_t *xb = t->xp + (size_t)b * LANES * 16;
+            for (int h = 0; h < 4; h++) {
+                const __m512i pk = _mm512_load_si512((const void *)(wg + (size_t)b * 256 + 64 * h));
+                const __m512i w0 = _mm512_and_si512(pk, m), w1 = _mm512_and_si512(_mm512_srli_epi32(pk, 4), m);
+                const __m512i w2 = _mm512_and_si512(_mm512_srli_epi32(pk, 8), m), w3 = _mm512_and_si512(_mm512_srli_epi32(pk, 12), m);
+                for (int r = 0; r < LANES; r++) {
+                    const int32_t *x = xb + r * 16 + 4 * h;
+                    acc[r] = _mm512_dpwssd_epi32(acc[r], w0, _mm512_set1_epi32(x[0]));
+                    acc[r] = _mm512_dpwssd_epi32(acc[r], w1, _mm512_set1_epi32(x[1]));
+                    acc[r] = _mm512_dpwssd_epi32(acc[r], w2, _mm512_set1_epi32(x[2]));
+                    acc[r] = _mm512_dpwssd_epi32(acc[r], w3, _mm512_set1_epi32(x[3]));
+                }
+            }
+            const __m512 sc = _mm512_load_ps(sg + (size_t)b * 16), mn = _mm512_load_ps(mg + (size_t)b * 16);
+            for (int r = 0; r < LANES; r++) {
+                f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_mul_ps(sc, _mm512_set1_ps(t->dx[b * LANES + r])), f[r]);
+                f[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(t->bs[b * LANES + r]), f[r]);
+            }
+        }
+        const __m512 bias = L->bias ? _mm512_maskz_loadu_ps(keep, L->bias + 16 * G) : _mm512_setzero_ps();
+        for (int r = 0; r < rows; r++) {
+            float *o = y + (size_t)(r0 + r) * ystride + 16 * G;
+            __m512 v = _mm512_add_ps(f[r], bias);
+            if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(keep, o));
+            _mm512_mask_storeu_ps(o, keep, v);
+        }
+    }
+}
+
 /* rows n0..n1 of an int4 / int8 linear for B >= 2 inputs; 0 when out of memory (the caller
    then runs its own loop) */
 static int lane_rows(const Lin *L, int B, const Act *a, float *y, int ystride, int n0, int n1, int accumulate) {
     const int nb = L->k / 32, nc = (nb + 1) / 2, groups = L->kind == LIN_INT4 ? L->k / L->gs : 0;
-    const int wide = lanes_512();
+    const int wide = lanes_512(), packed = wide && L->lw; /* the weights in lanes */
     void *buf = aligned_alloc(64, ((size_t)(2 * nc) * 18 * LANES * 4 + (size_t)groups * LANES * 4 + 63) & ~(size_t)63);
     if (!buf) return 0;
+    Act16 t16 = {(int32_t *)buf, (float *)buf + (size_t)nb * 16 * LANES, NULL}; /* 18 per block */
+    t16.bs = t16.dx + (size_t)nb * LANES;
     LaneAct t = {(int32_t *)buf, (float *)buf + (size_t)nb * 16 * LANES, NULL};
     t.sxt = t.dxt + (size_t)nb * LANES;
     LaneAct2 t2 = {(int32_t *)buf, (float *)buf + (size_t)nc * 32 * LANES, NULL, NULL};
@@ -1231,7 +1410,10 @@ static int lane_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
             lin_rows(L, rows, &sub, y + (size_t)r0 * ystride, ystride, n0, n1, accumulate);
             continue;
         }
-        if (wide) {
+        if (packed) {
+            act16(L, a, r0, rows, &t16);
+            lane16_rows(L, &t16, r0, rows, y, ystride, n0, n1, accumulate);
+        } else if (wide) {
             lane_act2(L, a, r0, rows, &t2);
             lane_rows_512(L, &t2, r0, rows, y, ystride, n0, n1, accumulate);
         } else {
@@ -1258,8 +1440,9 @@ static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
         one_row8(L, a, y, n0, n1, accumulate);
         return;
     }
-    if (B == 1 && (L->kind == LIN_INT4 || (L->kind >= LIN_Q4K && kq_wide_for(L->kind))) && lanes_512()) { /* one row: AVX-512 */
+    if (B == 1 && (L->kind == LIN_INT4 || (L->kind == LIN_INT8 && i8_wide) || (L->kind >= LIN_Q4K && kq_wide_for(L->kind))) && lanes_512()) { /* one row: AVX-512 */
         if (L->kind == LIN_INT4) one_row_q4_512(L, a, y, n0, n1, accumulate);
+        else if (L->kind == LIN_INT8) one_row_i8_512(L, a, y, n0, n1, accumulate);
         else one_row_kq_any_512(L, a, y, n0, n1, accumulate);
         return;
     }
@@ -1675,7 +1858,8 @@ typedef struct {
 static const LayoutEntry LAYOUT[] = {
     SIZE(Lin),         AT(Lin, kind),       AT(Lin, n),          AT(Lin, k),
     AT(Lin, gs),       AT(Lin, w),          AT(Lin, s),          AT(Lin, mn),
-    AT(Lin, bias),     SIZE(Layer),         AT(Layer, n1w),      AT(Layer, n1b),
+    AT(Lin, bias),     AT(Lin, lw),         AT(Lin, ls),         AT(Lin, lmn),
+    SIZE(Layer),         AT(Layer, n1w),      AT(Layer, n1b),
     AT(Layer, n2w),    AT(Layer, n2b),      AT(Layer, qg),       AT(Layer, kg),
     AT(Layer, qkv),    AT(Layer, proj),     AT(Layer, fc),       AT(Layer, out),
     AT(Layer, kc),     AT(Layer, vc),       SIZE(Model),         AT(Model, n_layers),

@@ -55,17 +55,37 @@ from lamina.native.structs import (
     LIN_F32,
     LIN_INT8,
     Layer,
+    Lin,
     Model,
     Pointers,
     kind_of,
 )
 
 
-def linear(m: nn.Module, x: Tensor) -> Tensor:
+def in_lanes(lib: ctypes.CDLL, ptrs: Pointers, L: Lin) -> Lin:
+    """L, an int4 linear's weights also laid out in lanes for a batch's rows (decode.c's
+    lm_pack16, where the CPU has AVX-512 VNNI; a NativeStep of 3 rows or more has its blocks'
+    linears so): a copy the size of its weights, scales and minimums, kept alive by ptrs."""
+    if not lib.lm_pack16(ctypes.addressof(L), None, None, None):
+        return L  # not int4, or not this CPU's form
+    floats = (L.n + 15) // 16 * (L.k // 32) * 16  # per group of 16 rows and block
+    w_at, s_at = (ptrs.t(torch.empty(n + 64, dtype=torch.uint8)) for n in (16 * floats, 8 * floats))
+    w_at, s_at = w_at + (-w_at % 64), s_at + (-s_at % 64)  # 64-byte aligned
+    m_at = s_at + 4 * floats  # the minimums after the scales
+    if not lib.lm_pack16(ctypes.addressof(L), w_at, s_at, m_at):
+        raise LaminaError("decode.c's lm_pack16 refused a linear it had accepted")
+    L.lw, L.ls, L.lmn = w_at, s_at, m_at
+    return L
+
+
+def linear(m: nn.Module, x: Tensor, lanes: bool = False) -> Tensor:
     """x (M, K) float32 -> (M, N): a quantized linear (its bias included) through the native
-    kernel, for a few rows at a time (a short prefill); the caller checks `library()`."""
+    kernel, for a few rows at a time (a short prefill); the caller checks `library()`. lanes:
+    with the weights laid out as a batch's engine has them (`in_lanes`)."""
     ptrs = Pointers()  # alive until the call returns
     L = ptrs.lin(m)
+    if lanes:
+        L = in_lanes(library(), ptrs, L)
     x = x.detach().float().contiguous()
     y = torch.empty(x.shape[0], m.out_features)
     threads = torch.get_num_threads()
@@ -106,8 +126,10 @@ class NativeStep:
                 self._t(getattr(block.norm2, "bias", None)),
             )
             ly.qg, ly.kg = self._t(a.q_gain), self._t(a.k_gain)
-            ly.qkv, ly.proj = self._lin(a.qkv), self._lin(a.proj)
-            ly.fc, ly.out = self._lin(block.ff.fc), self._lin(block.ff.proj)
+            ly.qkv, ly.proj, ly.fc, ly.out = (
+                in_lanes(lib, self._ptrs, self._lin(m)) if self.cache_batch >= 3 else self._lin(m)
+                for m in (a.qkv, a.proj, block.ff.fc, block.ff.proj)
+            )
             ly.kc, ly.vc = self._t(cache.k), self._t(cache.v)
         self._layers = layers
         m = self._model = Model()

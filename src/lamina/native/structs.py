@@ -33,6 +33,9 @@ class Lin(ctypes.Structure):
         ("s", _p),
         ("mn", _p),
         ("bias", _p),
+        ("lw", _p),  # int4: the weights in lanes for a batch (lm_pack16), or NULL
+        ("ls", _p),
+        ("lmn", _p),
     ]
 
 
