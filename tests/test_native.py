@@ -166,6 +166,32 @@ def test_int8_inputs_within_their_rounding_of_the_int16_form(scheme):
     assert 0 < err < ACT8_TOL, err
 
 
+@pytest.mark.parametrize("group", [32, 0])
+def test_int8_one_row_forms_hold_the_dequantized_product(group):
+    # decode.c's lm_i8_wide: the AVX-512 one-row int8 form (1) and the AVX2 row loop (0); k = 288
+    # (9 blocks) and 13 rows (not a multiple of the 4 rows a pass takes); group 0: a scale per row
+    from lamina.native.step import linear
+
+    lib = native.build.library()
+    n, k = 13, 288
+    g = torch.Generator().manual_seed(11)
+    m = Int8Linear(k, n, True, group_size=group or None)
+    q, s = quantize_int8(torch.randn(n * k // (group or k), group or k, generator=g))
+    m.qweight, m.scale = q.reshape(n, k), s.reshape(n, k // group) if group else s
+    m.bias = nn.Parameter(torch.randn(n, generator=g), requires_grad=False)
+    x = torch.randn(1, k, generator=g)
+    want = x @ m.dequantized().T + m.bias
+    before = lib.lm_i8_wide(-1)
+    try:
+        outs = [(lib.lm_i8_wide(form), linear(m, x)) for form in (0, 1)]
+    finally:
+        lib.lm_i8_wide(before)
+    assert outs[0][0] == 0
+    for _, y in outs:
+        assert ((y - want).norm() / want.norm()).item() < 1e-4
+    assert torch.allclose(outs[0][1], outs[1][1], rtol=1e-5, atol=1e-5)
+
+
 def test_float_generation_equals_pytorchs_token_for_token():
     model = _model(**OPTIONS[3])
     prompts = [[5, 6, 7, 8, 9], [10, 11]]  # left-padded: the rows' windows start apart

@@ -14,7 +14,9 @@ Refused up front, in one line: --nproc below 1, --fsdp without --nproc >= 2, an 
 task's option given to another task; a negative --seed (TrainConfig: seeds are >= 0). The run directory is locked while training (a second `lamina
 train` on it is refused naming the first one's pid). Progress survives a broken stdout (e.g.
 `| head`): output stops, training and checkpoints go on. A run that ends before its first step
-(a --max-time shorter than the setup) exits 1 and says so. With --max-time (and neither
+(a --max-time shorter than the setup) exits 1 and says so. On a CPU with glibc the loop runs
+inside `training.heap.lean_heap` (the heap's freed pages handed back during a step; off with
+--no-heap-trim). With --max-time (and neither
 --batch-size nor --micro-batch-size typed, one process, not a resume) a probe step sizes the
 batch, the evaluations and the warmup to the budget first (`training.sizing`); the budget
 counts from the process's start.
@@ -23,6 +25,7 @@ counts from the process's start.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import sys
@@ -108,6 +111,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="with several processes, shard parameters, gradients and optimizer state "
         "(FSDP2) instead of replicating them (DDP)",
+    )
+    a(
+        "--no-heap-trim",
+        dest="heap_trim",
+        action="store_false",
+        help="on a CPU with glibc, do not hand the heap's freed pages back during a step "
+        "(malloc_trim every few blocks of the forward, which keeps them out of the peak RSS)",
     )
     add_config_overrides(p)
     p.set_defaults(func=run)
@@ -237,6 +247,7 @@ def _run(
     args: argparse.Namespace, session: Any, world: Any, out: str, started: float, given: set[str]
 ) -> int:
     from lamina.training.distributed import place
+    from lamina.training.heap import lean_heap
     from lamina.training.loop import run_training
     from lamina.training.progress import safe_print
     from lamina.training.registry import finished
@@ -268,14 +279,16 @@ def _run(
             f"{procs if world.size > 1 else ''}; run dir {out}"
         )
     silent = None if world.writer else open(os.devnull, "w")  # noqa: SIM115 - other ranks
-    result = run_training(
-        session,
-        placement,
-        quiet=args.quiet,
-        progress_stream=silent,
-        started_at=started_at,
-        clock=clock,
-    )
+    trim = getattr(args, "heap_trim", True) and session.device.type == "cpu" and not c.compile
+    with lean_heap(session.model) if trim else contextlib.nullcontext():
+        result = run_training(
+            session,
+            placement,
+            quiet=args.quiet,
+            progress_stream=silent,
+            started_at=started_at,
+            clock=clock,
+        )
     if not world.writer:
         return 0
     if result.stopped == "interrupted":

@@ -961,6 +961,18 @@ static inline int kq_wide_for(int kind) {
     return kq_wide == 2 ? kind != LIN_Q6K : kq_wide == 3 ? kind > LIN_Q6K : kq_wide;
 }
 
+/* whether an int8 linear's one row takes the AVX-512 form (one_row_i8_512: 1, the default) or
+   the AVX2 row loop (0); -1 leaves it; returns the form in force (1 only where the CPU has
+   AVX-512). SmolLM2 Q8_0 (lamina's int8, a scale per 32), bench/step_profile.py: BENCHMARKS.md. */
+static int i8_wide = 1;
+int lm_i8_wide(int choice) {
+    if (choice >= 0) i8_wide = choice ? 1 : 0;
+    return i8_wide && lanes_512();
+}
+#ifndef I8_PF
+#define I8_PF 4 /* passes ahead to prefetch */
+#endif
+
 /* One input row (a lone sequence's decode step) where the CPU has AVX-512: each block of 32
    weights widened to 32 int16 in one vector and multiplied by the input's block with one
    `vpmaddwd` (the same integer products and sums as the AVX2 path), NR weight rows at a time
@@ -978,8 +990,7 @@ WIDE static void store_nr(const Lin *L, const __m512 *acc, const float *extra, f
     }
 }
 
-/* int4 rows n0..n1 for one input row (int8 ones stay on the AVX2 path: their scales, a second
-   stream, kept this form no faster) */
+/* int4 rows n0..n1 for one input row (int8 ones: one_row_i8_512 below) */
 WIDE static void one_row_q4_512(const Lin *L, const Act *a, float *y, int n0, int n1, int accumulate) {
     const int k = L->k, nb = k / 32, groups = k / L->gs, sh = groups == 1 ? 31 : __builtin_ctz(L->gs / 32);
     const size_t wb = (size_t)k / 2;
@@ -1013,6 +1024,39 @@ WIDE static void one_row_q4_512(const Lin *L, const Act *a, float *y, int n0, in
         float mins[NR] = {0}; /* the minimums' part, as row_q4 */
         for (int j = 0; j < NR && n + j < n1; j++) mins[j] = dot_f32(L->mn + (size_t)(n + j) * groups, a->sx, groups);
         store_nr(L, acc, mins, y, n, n1, accumulate);
+    }
+}
+
+/* int8 rows n0..n1 for one input row (GGUF's Q8_0 read into lamina's int8: q int8 (n, k), a
+   float scale per group): 32 weights widened to 32 int16 in one vector, one `vpmaddwd` by the
+   input's block, the scales a second (small, sequential) stream prefetched beside the weights.
+   The AVX2 row loop's integer products and sums; float sums in another order. */
+WIDE static void one_row_i8_512(const Lin *L, const Act *a, float *y, int n0, int n1, int accumulate) {
+    const int k = L->k, nb = k / 32, groups = k / L->gs, sh = groups == 1 ? 31 : __builtin_ctz(L->gs / 32);
+    const float zero[NR] = {0};
+    for (int n = n0; n < n1; n += NR) {
+        const int8_t *w[NR];
+        const float *sc[NR];
+        for (int j = 0; j < NR; j++) {
+            const int r = nr_row(n, j, n1);
+            w[j] = (const int8_t *)L->w + (size_t)r * k;
+            sc[j] = L->s + (size_t)r * groups;
+        }
+        if (n + I8_PF * NR < n1) { /* I8_PF passes on: weights, then their scales */
+            for (size_t o = 0; o < (size_t)NR * k; o += 64) PF_W((const char *)w[0] + (size_t)I8_PF * NR * k + o);
+            for (size_t o = 0; o < (size_t)NR * groups * 4; o += 64) PF_W((const char *)(sc[0] + (size_t)I8_PF * NR * groups) + o);
+        }
+        __m512 acc[NR];
+        for (int j = 0; j < NR; j++) acc[j] = _mm512_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            const __m512i x = _mm512_loadu_si512((const void *)(a->q + 32 * b));
+            const float d = a->dx[b];
+            for (int j = 0; j < NR; j++) {
+                const __m512i wz = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(w[j] + 32 * b)));
+                acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(sc[j][b >> sh] * d), _mm512_cvtepi32_ps(_mm512_madd_epi16(wz, x)), acc[j]);
+            }
+        }
+        store_nr(L, acc, zero, y, n, n1, accumulate);
     }
 }
 
@@ -1396,8 +1440,9 @@ static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
         one_row8(L, a, y, n0, n1, accumulate);
         return;
     }
-    if (B == 1 && (L->kind == LIN_INT4 || (L->kind >= LIN_Q4K && kq_wide_for(L->kind))) && lanes_512()) { /* one row: AVX-512 */
+    if (B == 1 && (L->kind == LIN_INT4 || (L->kind == LIN_INT8 && i8_wide) || (L->kind >= LIN_Q4K && kq_wide_for(L->kind))) && lanes_512()) { /* one row: AVX-512 */
         if (L->kind == LIN_INT4) one_row_q4_512(L, a, y, n0, n1, accumulate);
+        else if (L->kind == LIN_INT8) one_row_i8_512(L, a, y, n0, n1, accumulate);
         else one_row_kq_any_512(L, a, y, n0, n1, accumulate);
         return;
     }

@@ -27,6 +27,8 @@
                     parse_duration
     sizing.py       --max-time: a probe step sizes the batch, evaluations and warmup to it
     recompute.py    --activation-checkpointing: blocks recomputed in the backward
+    heap.py         lean_heap: glibc's freed pages handed back during a training step
+                    (`lamina train` on a CPU; --no-heap-trim)
     muon.py         MuonAdamW: Muon for the blocks' matrices, AdamW for the rest
     session.py      a run's parts (Session, frozen) and position (RunState), fresh or resumed;
                     Placement; save_checkpoint, the one save path
