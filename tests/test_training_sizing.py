@@ -5,6 +5,7 @@ command (setup, evaluations, save) ends inside the budget."""
 from __future__ import annotations
 
 import json
+import math
 import time
 
 import pytest
@@ -156,3 +157,48 @@ def test_the_probe_keeps_its_fastest_micro_step_past_a_stall():
         0.3
     )  # past `until` at once
     assert len(calls) == 1
+
+
+def test_a_cut_is_confirmed_past_a_stall_longer_than_the_first_window():
+    """100 s, batch 48: a sequence may take 5 s / 48 ~ 0.104 s. A stall of ~1.4 s (0.28 s a
+    micro-step, as once seen) covers the 1 s window; confirming finds the quick steps after it."""
+    budget, batch = 100.0, 48
+    fits = sizing.MAX_STEP_SHARE * budget / batch
+    now, calls = [0.0], []
+
+    def clocked(durations):
+        it = iter(durations)
+
+        def step() -> None:
+            calls.append(1)
+            now[0] += next(it)
+
+        return step
+
+    until = sizing.PROBE_REPEAT_SHARE * budget
+    confirm = sizing.PROBE_CONFIRM_SHARE * budget
+    step = clocked([0.28] * 4 + [0.03] + [9.0])
+    first = 0.28
+    now[0] = first
+    unconfirmed = sizing.fastest(lambda: now[0], clocked([0.28] * 4), first, until)
+    assert unconfirmed == pytest.approx(0.28)  # the old probe: the batch would be cut to 8
+    z = choose(budget, unconfirmed, 0.01, batch_size=batch, micro_batch_size=32, seq_len=64,
+               eval_rows=320)  # fmt: skip
+    assert z.probed and z.batch_size < batch
+    now[0], calls = first, []
+    best = sizing.fastest(lambda: now[0], step, first, until, fits=fits, confirm_until=confirm)
+    assert best == pytest.approx(0.03) and len(calls) == 5  # stopped once the batch fits
+    z = choose(budget, best, 0.01, batch_size=batch, micro_batch_size=32, seq_len=64,
+               eval_rows=320)  # fmt: skip
+    assert (z.batch_size, z.probed) == (batch, False)
+    # a step truly that slow: timed until the confirmation window ends, then the cut stands
+    now[0], calls = first, []
+    best = sizing.fastest(lambda: now[0], clocked([0.2] * 100), first, until, fits=fits,
+                          confirm_until=confirm)  # fmt: skip
+    assert best == pytest.approx(0.2) and now[0] < confirm + 0.2 + 1e-9
+    assert len(calls) == math.ceil((confirm - first) / 0.2)
+    # a quick first window is not extended
+    now[0], calls = 0.01, []
+    best = sizing.fastest(lambda: now[0], clocked([0.01] * 100), 0.01, until, fits=fits,
+                          confirm_until=confirm)  # fmt: skip
+    assert len(calls) == sizing.PROBE_TIMINGS - 1

@@ -19,7 +19,11 @@ The probe times micro-steps of one sequence and keeps the fastest (the first als
 one-off costs: kernels chosen and compiled for the shape): a second one unless the first alone
 took PROBE_SHARE of the budget, then more (PROBE_TIMINGS in all) while the probe has spent
 under PROBE_REPEAT_SHARE, so one stalled micro-step on a busy machine cannot shrink the batch
-(a stalled pair once cut a 100 s speedrun's batch from 48 to 4). A forward still running at
+(a stalled pair once cut a 100 s speedrun's batch from 48 to 4). A fastest timing that would
+cut the default batch is confirmed: timings go on while the probe has spent under
+PROBE_CONFIRM_SHARE, until one says the default batch fits, so a stall longer than the first
+window cannot cut it either (one of over 1 s, 0.28 s a sequence, cut a batch from 48 to 8 and
+the run scored 1.647 against ~1.51); a step truly that slow pays the longer probe once. A forward still running at
 PROBE_SHARE is cut off at its next block (`deadline`, OutOfTime) and the step estimated from
 the blocks it finished. The loop uses the same `deadline` to drop a step still running when
 the budget's steps must end. The probe's sequence is drawn with the objective's generator and
@@ -50,7 +54,8 @@ EVAL_SHARE = 0.04  # one evaluation: at most this share of the budget
 MICRO_TOKENS = 2048  # tokens per micro-batch at most (memory of one forward and backward)
 PROBE_SHARE = 0.1  # a first micro-step longer than this share of the budget is not repeated
 PROBE_REPEAT_SHARE = 0.01  # further micro-steps are timed while the probe spent less
-PROBE_TIMINGS = 5  # micro-steps timed at most
+PROBE_TIMINGS = 5  # micro-steps timed at most (unless a cut is being confirmed)
+PROBE_CONFIRM_SHARE = 0.03  # a timing that would cut the default batch: confirmed until this
 
 
 @dataclass(frozen=True)
@@ -114,13 +119,24 @@ def _timed(clock: Callable[[], float], fn: Callable[[], Any]) -> float:
     return clock() - t0
 
 
-def fastest(clock: Callable[[], float], fn: Callable[[], Any], first: float, until: float) -> float:
+def fastest(
+    clock: Callable[[], float],
+    fn: Callable[[], Any],
+    first: float,
+    until: float,
+    *,
+    fits: float = float("inf"),
+    confirm_until: float | None = None,
+) -> float:
     """The least of `first` and more timed calls of `fn`: one, then more while `clock()` is before
-    `until`, PROBE_TIMINGS timings in all."""
+    `until`, PROBE_TIMINGS timings in all; then, while the least is over `fits` (a cut the
+    timings would make), more while `clock()` is before `confirm_until`."""
     best = min(first, _timed(clock, fn))
     for _ in range(PROBE_TIMINGS - 2):
         if clock() >= until:
             break
+        best = min(best, _timed(clock, fn))
+    while confirm_until is not None and best > fits and clock() < confirm_until:
         best = min(best, _timed(clock, fn))
     return best
 
@@ -150,7 +166,9 @@ def probe(
         forward = (clock() - t0) * len(cut.blocks) / max(1, cut.entered)
         return 3 * forward, forward
     if train < PROBE_SHARE * budget:
-        train = fastest(clock, micro_step, train, t0 + PROBE_REPEAT_SHARE * budget)
+        fits = MAX_STEP_SHARE * budget / max(1, s.cfg.batch_size)  # a sequence's most
+        train = fastest(clock, micro_step, train, t0 + PROBE_REPEAT_SHARE * budget, fits=fits,
+                        confirm_until=t0 + PROBE_CONFIRM_SHARE * budget)  # fmt: skip
     p.opt.zero_grad(set_to_none=True)
     with eval_mode(model), torch.no_grad(), autocast(s.device, s.bf16):
         forward = _timed(clock, lambda: obj.loss(model, batch))
