@@ -84,6 +84,27 @@ def test_check_finite_names_the_tensor():
         check_finite(model, "here")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_non_finite_finds_one_bad_value_anywhere(dtype, bad):
+    from lamina.modes import non_finite
+
+    model = torch.nn.Module()
+    model.empty = torch.nn.Parameter(torch.empty(0, 3, dtype=dtype))  # no min or max: skipped
+    model.w = torch.nn.Parameter(torch.randn(37, 129).to(dtype))
+    model.register_buffer("ids", torch.arange(5))  # not floating: skipped
+    assert non_finite(model) is None
+    for at in (0, 37 * 129 // 2, 37 * 129 - 1):
+        with torch.no_grad():
+            model.w.view(-1)[at] = bad
+        assert non_finite(model) == "w", (at, bad)
+        with torch.no_grad():
+            model.w.view(-1)[at] = 0.5
+    with torch.no_grad():
+        model.w.t()[3, 2] = bad  # a strided view of it
+    assert non_finite(model) == "w"
+
+
 def test_eval_and_resume_refuse_a_run_with_nan_weights(corpus, tmp_path, capsys):
     out = tmp_path / "run"
     train(corpus, out, "--max-steps", "2")

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 import lamina.cpu as cpu
 from lamina.errors import LaminaError
+from lamina.frozen_linear import dequantized as kept_dequantized
 from lamina.native.step import linear as native_linear
 from lamina.native.structs import int4_rows
 
@@ -91,9 +92,10 @@ def _copied_bias(linear: nn.Linear) -> nn.Parameter | None:
 def dequantized_matmul(m: nn.Module, flat: Tensor) -> Tensor:
     """flat (M, in) @ W.T with m's weights dequantized (`m.dequantized(dtype)`), in the dtype
     lamina.cpu.dequantized_dtype picks for the call (bf16 for a prefill where bf16 is native);
-    the output in flat's dtype."""
+    the output in flat's dtype. W goes into kept buffers inside frozen_linear.kept_dequantization
+    (`lamina train`), else into a fresh tensor."""
     dtype = cpu.dequantized_dtype(flat)
-    return (flat.to(dtype) @ m.dequantized(dtype).T).to(flat.dtype)
+    return (flat.to(dtype) @ kept_dequantized(m, dtype).T).to(flat.dtype)
 
 
 def _finish(m: Int8Linear | Int4Linear, x: Tensor, y: Tensor) -> Tensor:
@@ -166,8 +168,23 @@ class Int8Linear(nn.Module):
         self.kernel_scale = scale.to(torch.bfloat16)
         return self
 
-    def dequantized(self, dtype: torch.dtype = torch.float32, rows: Any = None) -> Tensor:
-        """W as `dtype`: q * s; `rows` (a slice or a tensor of ids) reads only those rows."""
+    dequantizes_into = True  # dequantized(..., out=) takes a buffer (frozen_linear.dequantized)
+
+    def dequantized(
+        self, dtype: torch.dtype = torch.float32, rows: Any = None, out: Tensor | None = None
+    ) -> Tensor:
+        """W as `dtype`: q * s; `rows` (a slice or a tensor of ids) reads only those rows.
+        `out`: an fp32 tensor of the result's shape written in place of a new one (the same
+        numbers), returned as it is, or cast where `dtype` is not fp32 (not used for all of W
+        in another dtype, which is computed in that dtype)."""
+        if out is not None and (rows is not None or dtype == torch.float32):
+            q = out.copy_(self.qweight if rows is None else self.qweight[rows])
+            scale = self.scale if rows is None else self.scale[rows]
+            if self.group_size is None:
+                q.mul_(scale[..., None])
+            else:
+                q.unflatten(-1, (-1, self.group_size)).mul_(scale[..., None])
+            return q.to(dtype)
         if rows is None:
             return _dequantize_int8(self.qweight, self.scale, self.group_size, dtype)
         q, scale = self.qweight[rows].float(), self.scale[rows]
@@ -243,12 +260,24 @@ class Int4Linear(nn.Module):
         m.bias = _copied_bias(linear)
         return m.prepare()
 
-    def dequantized(self, dtype: torch.dtype = torch.float32, rows: Any = None) -> Tensor:
+    dequantizes_into = True  # dequantized(..., out=) takes a buffer (frozen_linear.dequantized)
+    dequantizes_in_fp32 = True  # W in any dtype is made in fp32, then cast
+
+    def dequantized(
+        self, dtype: torch.dtype = torch.float32, rows: Any = None, out: Tensor | None = None
+    ) -> Tensor:
         """W as `dtype`: (q - 8) s + z, or q s + minimum where only the native layout is kept
-        (see drop_saved_scales); `rows` (a slice or a tensor of ids) reads only those."""
+        (see drop_saved_scales); `rows` (a slice or a tensor of ids) reads only those. `out`:
+        an fp32 tensor of the result's shape written in place of a new one (the same numbers),
+        returned as it is, or cast where `dtype` is not fp32."""
         index = slice(None) if rows is None else rows
         packed = self.qweight[index]  # (..., K / 2), low nibble first
-        q = torch.stack([packed & 15, packed >> 4], -1).flatten(-2).float()  # the one temporary
+        if out is None:
+            q = torch.stack([packed & 15, packed >> 4], -1).flatten(-2).float()  # the temporary
+        else:
+            q, pairs = out, out.unflatten(-1, (-1, 2))
+            pairs[..., 0].copy_(packed & 15)
+            pairs[..., 1].copy_(packed >> 4)
         g = q.unflatten(-1, (-1, self.group_size))
         if self.scales_and_zeros is None:  # GGML's own form: q d + m
             s, low = self.native_scale[index], self.native_min[index]  # (..., K / g) each
