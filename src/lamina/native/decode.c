@@ -26,7 +26,9 @@
      LIN_Q4K .. LIN_Q5_1  w GGML's blocks as a GGUF file stores them (lamina/quant/kquant.py):
                Q4_K, Q5_K, Q6_K super-blocks of 256, Q8_0, Q5_0, Q5_1 blocks of 32; each 32
                weights unpacked to int16 with their scales decoded once per super-block, the
-               input in natural order (see "GGML's blocks")
+               input in natural order (see "GGML's blocks"); one input row of Q4_K and Q6_K
+               takes an integer form where the CPU has AVX-512 VNNI (kq_int: the input's scale
+               per 256, each super-block summed in int32)
      LIN_PARTS w an array of gs Lins of those kinds stacked by rows (a fused q/k/v whose parts
                the file typed apart)
    The token table is float, int8 or one of the GGML kinds (a row dequantized per lookup).
@@ -247,6 +249,8 @@ typedef struct {
     float *d8;      /* (B, k/32): their block scales */
     float *s8;      /* (B, k/32): each block's sum as rounded (d8 x its int8 sum: the minimums' part
                        must see the same inputs as the weights' q, else 8 s x the rounding stays) */
+    int span;       /* blocks of 32 sharing one int16 scale in q (dx repeats it): 1, or 8 for the
+                       super-block kinds' integer form (kq_int below) */
 } Act;
 
 /* int8 inputs (llama.cpp's Q8_0 activations: a scale per 32, amax / 127) for one input row where
@@ -277,15 +281,47 @@ int lm_act8(int choice) {
     return act8_on();
 }
 
+/* Q4_K's integer form for one input row (one_row_q4k_int, AVX-512 VNNI): the input's int16
+   scale shared by a super-block of 256 (quantize_rows' span 8), each block's weights times
+   their 6-bit scale as int16 (`vpmullw`, at most 15 x 63) and `vpdpwssd` by the inputs into one
+   int32 sum per super-block, which takes one float multiply (d x the input's scale); the
+   minimums through the blocks' input sums, 8 floats a super-block. -1 until asked: on where the
+   CPU has VNNI; lm_kq_int(0) keeps the per-32 float form (one_row_kq_512). */
+static int kq_int = -1;
+static inline int kq_int_on(void) {
+    if (kq_int < 0) kq_int = cpu_has_vnni();
+    return kq_int;
+}
+int lm_kq_int(int choice) {
+    if (choice >= 0) kq_int = choice && cpu_has_vnni();
+    return kq_int_on();
+}
+static inline int kq_int_for(int kind, int k) { return (kind == LIN_Q4K || kind == LIN_Q6K) && k % 256 == 0 && kq_int_on(); }
+
 #define QMAX 32767.0f /* inputs quantized to int16 per block of 32 */
 
-/* gs: the weight groups whose input sums sx holds (0: none) */
-static void quantize_rows(const float *x, int r0, int r1, int k, int perm, int gs, Act *a) {
+/* the largest |x| of n floats (n a multiple of 8) */
+static inline float amax_of(const float *x, int n) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 mx = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8) mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    return _mm_cvtss_f32(m4);
+}
+
+/* gs: the weight groups whose input sums sx holds (0: none); span: blocks of 32 sharing one
+   int16 scale (1, or 8: a super-block's, for kq_int; k a multiple of 256 then) */
+static void quantize_rows(const float *x, int r0, int r1, int k, int perm, int gs, int span, Act *a) {
     int nb = k / 32, per = gs > 0 ? gs / 32 : 1;
+    a->span = span;
     for (int r = r0; r < r1; r++) {
         const float *xr = x + (size_t)r * k;
         int16_t *q = a->q + (size_t)r * k;
+        float wide = 0.0f; /* span > 1: the amax of the current span */
         for (int b = 0; b < nb; b++) {
+            if (span > 1 && b % span == 0) wide = amax_of(xr + 32 * b, 32 * span);
             /* vectorized, with the scalar form's exact results: the same max, product and
                rounding (cvtps2dq rounds to nearest even, as lrintf does) */
             const float *xb = xr + 32 * b;
@@ -298,8 +334,8 @@ static void quantize_rows(const float *x, int r0, int r1, int k, int perm, int g
             __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
             m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
             m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-            const float amax = _mm_cvtss_f32(m4);
-            float d = amax / QMAX, id = amax > 0 ? QMAX / amax : 0.0f;
+            const float amax = _mm_cvtss_f32(m4), aq = span > 1 ? wide : amax;
+            float d = aq / QMAX, id = aq > 0 ? QMAX / aq : 0.0f;
             const __m256 vid = _mm256_set1_ps(id);
             const __m256i hi = _mm256_set1_epi32(32767), lo = _mm256_set1_epi32(-32767);
             __m256i acc = _mm256_setzero_si256();
@@ -350,9 +386,10 @@ static void quantize_rows(const float *x, int r0, int r1, int k, int perm, int g
 static void prepare_rows(const Lin *L, const float *x, int r0, int r1, Act *a) {
     a->x = x;
     if (L->kind == LIN_PARTS) L = (const Lin *)L->w; /* parts are all GGML kinds: one form */
-    if (L->kind == LIN_INT4) quantize_rows(x, r0, r1, L->k, 1, L->gs, a);
-    else if (L->kind == LIN_INT8) quantize_rows(x, r0, r1, L->k, 0, 0, a);
-    else if (L->kind != LIN_F32) quantize_rows(x, r0, r1, L->k, 0, 32, a); /* GGML: natural order */
+    if (L->kind == LIN_INT4) quantize_rows(x, r0, r1, L->k, 1, L->gs, 1, a);
+    else if (L->kind == LIN_INT8) quantize_rows(x, r0, r1, L->k, 0, 0, 1, a);
+    else if (L->kind != LIN_F32) /* GGML: natural order; a scale per super-block for kq_int */
+        quantize_rows(x, r0, r1, L->k, 0, 32, kq_int_for(L->kind, L->k) ? 8 : 1, a);
 }
 
 static void prepare_act(const Lin *L, const float *x, int B, Act *a) { prepare_rows(L, x, 0, B, a); }
@@ -1060,6 +1097,28 @@ WIDE static void one_row_i8_512(const Lin *L, const Act *a, float *y, int n0, in
     }
 }
 
+/* Q5_0 and Q5_1 blocks of 32 straight to 32 int16 (the same integers as kq_q8 widened): the
+   16 bytes of nibbles widened once, low nibbles in lanes 0-15 and high ones in 16-31, the 32
+   high bits a lane mask (Q5_0: q - 16 where the bit is clear; Q5_1: q + 16 where it is set), in
+   place of kq_q8's byte shuffles; 1 (the default) this form, 0 kq_q8's (lm_q5_mask to compare) */
+static int q5_mask = 1;
+int lm_q5_mask(int choice) {
+    if (choice >= 0) q5_mask = choice ? 1 : 0;
+    return q5_mask;
+}
+WIDE static inline __attribute__((always_inline)) __m512i kq_w16_512(int kind, const uint8_t *blk, int jj) {
+    if ((kind == LIN_Q5_0 || kind == LIN_Q5_1) && q5_mask) {
+        const uint8_t *qh = blk + (kind == LIN_Q5_0 ? 2 : 4);
+        uint32_t bits;
+        memcpy(&bits, qh, 4);
+        const __m256i t = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(qh + 4)));
+        const __m512i nib = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(t, _mm256_set1_epi16(15))), _mm256_srli_epi16(t, 4), 1);
+        return kind == LIN_Q5_0 ? _mm512_mask_sub_epi16(nib, (__mmask32)~bits, nib, _mm512_set1_epi16(16))
+                                : _mm512_mask_add_epi16(nib, (__mmask32)bits, nib, _mm512_set1_epi16(16));
+    }
+    return _mm512_cvtepi8_epi16(kq_q8(kind, blk, jj));
+}
+
 /* GGML-block rows n0..n1 for one input row */
 WIDE static inline __attribute__((always_inline)) void one_row_kq_512(int kind, const Lin *L, const Act *a, float *y, int n0, int n1, int accumulate) {
     const int k = L->k, per = kq_per(kind), bs = kq_bytes(kind), sub = per / 32, nsb = k / per;
@@ -1080,7 +1139,7 @@ WIDE static inline __attribute__((always_inline)) void one_row_kq_512(int kind, 
                 const __m512i x = _mm512_loadu_si512((const void *)(a->q + 32 * b));
                 const float d = a->dx[b];
                 for (int j = 0; j < NR; j++) {
-                    const __m512i wz = _mm512_cvtepi8_epi16(kq_q8(kind, row[j] + (size_t)sb * bs, jj));
+                    const __m512i wz = kq_w16_512(kind, row[j] + (size_t)sb * bs, jj);
                     const __m512 p = _mm512_cvtepi32_ps(_mm512_madd_epi16(wz, x));
                     if (kind == LIN_Q6K) { /* a scale per 16: lanes 0-7 the first 16, 8-15 the next */
                         const __m512 sv = _mm512_insertf32x8(_mm512_set1_ps(s[j][2 * jj] * d), _mm256_set1_ps(s[j][2 * jj + 1] * d), 1);
@@ -1258,6 +1317,110 @@ VNNI static void one_row8(const Lin *L, const Act *a, float *y, int n0, int n1, 
     }
 }
 
+/* ------------------------------------------------------------------ one row, Q4_K in integers */
+
+/* Q4_K rows n0..n1 for one input row quantized with a scale per super-block (a->span 8; see
+   kq_int): per super-block and weight row, the 8 blocks' weights q (0..15) times their 6-bit
+   scale as int16 by `vpmullw`, `vpdpwssd` by the int16 inputs into 16 int32 lanes (16 products
+   a lane at most 15 x 63 x 32767: no overflow), then one conversion and one fma by d x the
+   input's scale; the minimums' part dmin x m_j x the blocks' input sums, one 8-float fma. The
+   same weights and inputs as the per-32 form, with the super-block's sums exact in integers. */
+VNNI static void one_row_q4k_int(const Lin *L, const Act *a, float *y, int n0, int n1, int accumulate) {
+    const int k = L->k, nsb = k / 256;
+    const size_t rb = kq_row_bytes(LIN_Q4K, k);
+    const __m512i m4 = _mm512_set1_epi16(0x0F);
+    const uint32_t lo6 = 0x3f3f3f3fu, lo4 = 0x0f0f0f0fu, b45 = 0x30303030u;
+    for (int n = n0; n < n1; n += NR) {
+        const uint8_t *row[NR];
+        for (int j = 0; j < NR; j++) row[j] = (const uint8_t *)L->w + (size_t)nr_row(n, j, n1) * rb;
+        if (n + 4 * NR < n1) /* four passes on */
+            for (size_t o = 0; o < NR * rb; o += 64) PF_W((const char *)row[0] + 4 * NR * rb + o);
+        __m512 acc[NR];
+        __m256 macc[NR];
+        for (int j = 0; j < NR; j++) acc[j] = _mm512_setzero_ps(), macc[j] = _mm256_setzero_ps();
+        for (int sb = 0; sb < nsb; sb++) {
+            const __m512i *xs = (const __m512i *)(a->q + 256 * sb);
+            __m512i x[8];
+            for (int i = 0; i < 8; i++) x[i] = _mm512_loadu_si512((const void *)(xs + i));
+            const float dxs = a->dx[8 * sb];
+            const __m256 sxs = _mm256_loadu_ps(a->sx + 8 * sb);
+            for (int j = 0; j < NR; j++) {
+                const uint8_t *blk = row[j] + (size_t)sb * 144;
+                uint32_t w[3];
+                memcpy(w, blk + 4, 12);
+                const __m256i sc = _mm256_cvtepu8_epi32(_mm_setr_epi32((int)(w[0] & lo6), (int)((w[2] & lo4) | ((w[0] >> 2) & b45)), 0, 0));
+                const __m256i mi = _mm256_cvtepu8_epi32(_mm_setr_epi32((int)(w[1] & lo6), (int)(((w[2] >> 4) & lo4) | ((w[1] >> 2) & b45)), 0, 0));
+                int32_t sw[8] __attribute__((aligned(32))); /* each scale in both halves of a word pair */
+                _mm256_store_si256((__m256i *)sw, _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16)));
+                macc[j] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(mi), _mm256_set1_ps(half(blk + 2))), sxs, macc[j]);
+                __m512i isum = _mm512_setzero_si512();
+                for (int p = 0; p < 4; p++) { /* 32 bytes: blocks 2p (low nibbles) and 2p + 1 (high) */
+                    const __m512i raw = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * p)));
+                    const __m512i lo = _mm512_and_si512(raw, m4), hi = _mm512_srli_epi16(raw, 4);
+                    isum = _mm512_dpwssd_epi32(isum, _mm512_mullo_epi16(lo, _mm512_set1_epi32(sw[2 * p])), x[2 * p]);
+                    isum = _mm512_dpwssd_epi32(isum, _mm512_mullo_epi16(hi, _mm512_set1_epi32(sw[2 * p + 1])), x[2 * p + 1]);
+                }
+                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(half(blk) * dxs), acc[j]);
+            }
+        }
+        float mins[NR];
+        for (int j = 0; j < NR; j++) mins[j] = -hsum(macc[j]);
+        store_nr(L, acc, mins, y, n, n1, accumulate);
+    }
+}
+
+/* Q6_K rows n0..n1 the same way: a super-block's 16 int8 scales (one per 16 weights) as int16,
+   spread over each block's two halves by `vpermw`; q - 32 (-32..31) times its scale is at most
+   4096 in size, so a lane's 16 products stay below 2^31 (16 x 4096 x 32767 = 2147418112). */
+static const int16_t Q6_SPREAD[8][32] __attribute__((aligned(64))) = {
+#define SPREAD_ROW(j) {2 * j, 2 * j, 2 * j, 2 * j, 2 * j, 2 * j, 2 * j, 2 * j, 2 * j, 2 * j, 2 * j, 2 * j, 2 * j, 2 * j, 2 * j, 2 * j, \
+    2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1}
+    SPREAD_ROW(0), SPREAD_ROW(1), SPREAD_ROW(2), SPREAD_ROW(3), SPREAD_ROW(4), SPREAD_ROW(5), SPREAD_ROW(6), SPREAD_ROW(7)
+#undef SPREAD_ROW
+};
+
+VNNI static void one_row_q6k_int(const Lin *L, const Act *a, float *y, int n0, int n1, int accumulate) {
+    const int k = L->k, nsb = k / 256;
+    const size_t rb = kq_row_bytes(LIN_Q6K, k);
+    const __m512i m4 = _mm512_set1_epi16(0x0F), m30 = _mm512_set1_epi16(0x30), off = _mm512_set1_epi16(32);
+    for (int n = n0; n < n1; n += NR) {
+        const uint8_t *row[NR];
+        for (int j = 0; j < NR; j++) row[j] = (const uint8_t *)L->w + (size_t)nr_row(n, j, n1) * rb;
+        if (n + 4 * NR < n1) /* four passes on */
+            for (size_t o = 0; o < NR * rb; o += 64) PF_W((const char *)row[0] + 4 * NR * rb + o);
+        __m512 acc[NR];
+        for (int j = 0; j < NR; j++) acc[j] = _mm512_setzero_ps();
+        for (int sb = 0; sb < nsb; sb++) {
+            const __m512i *xs = (const __m512i *)(a->q + 256 * sb);
+            const float dxs = a->dx[8 * sb];
+            for (int j = 0; j < NR; j++) {
+                const uint8_t *blk = row[j] + (size_t)sb * 210;
+                const __m512i sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192))));
+                __m512i isum = _mm512_setzero_si512();
+                for (int h = 0; h < 2; h++) { /* 128 weights: ql 64 bytes, qh 32 */
+                    const __m512i A = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(blk + 64 * h)));
+                    const __m512i B = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32)));
+                    const __m512i H = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h)));
+                    __m512i q[4];
+                    q[0] = _mm512_or_si512(_mm512_and_si512(A, m4), _mm512_and_si512(_mm512_slli_epi16(H, 4), m30));
+                    q[1] = _mm512_or_si512(_mm512_and_si512(B, m4), _mm512_and_si512(_mm512_slli_epi16(H, 2), m30));
+                    q[2] = _mm512_or_si512(_mm512_srli_epi16(A, 4), _mm512_and_si512(H, m30));
+                    q[3] = _mm512_or_si512(_mm512_srli_epi16(B, 4), _mm512_and_si512(_mm512_srli_epi16(H, 2), m30));
+                    for (int t = 0; t < 4; t++) {
+                        const int b = 4 * h + t;
+                        const __m512i s = _mm512_permutexvar_epi16(_mm512_load_si512((const void *)Q6_SPREAD[b]), sc);
+                        const __m512i w = _mm512_mullo_epi16(_mm512_sub_epi16(q[t], off), s);
+                        isum = _mm512_dpwssd_epi32(isum, w, _mm512_loadu_si512((const void *)(xs + b)));
+                    }
+                }
+                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(half(blk + 208) * dxs), acc[j]);
+            }
+        }
+        const float zero[NR] = {0};
+        store_nr(L, acc, zero, y, n, n1, accumulate);
+    }
+}
+
 /* ------------------------------------------------------------------ weights in lanes (int4) */
 
 /* The int4 linears of a batch where the CPU has AVX-512 VNNI and the linear was laid out again
@@ -1406,7 +1569,7 @@ static int lane_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
         if (rows < lanes_min(wide)) { /* too few to fill the lanes: those rows by themselves */
             const int k = L->k;
             Act sub = {a->x ? a->x + (size_t)r0 * k : NULL, a->q + (size_t)r0 * k, a->dx + (size_t)r0 * nb,
-                       a->sx + (size_t)r0 * (groups ? groups : 1)};
+                       a->sx + (size_t)r0 * (groups ? groups : 1), .span = a->span};
             lin_rows(L, rows, &sub, y + (size_t)r0 * ystride, ystride, n0, n1, accumulate);
             continue;
         }
@@ -1440,6 +1603,11 @@ static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
         one_row8(L, a, y, n0, n1, accumulate);
         return;
     }
+    if (B == 1 && (L->kind == LIN_Q4K || L->kind == LIN_Q6K) && a->span == 8 && kq_int_on()) { /* one row: integers */
+        if (L->kind == LIN_Q4K) one_row_q4k_int(L, a, y, n0, n1, accumulate);
+        else one_row_q6k_int(L, a, y, n0, n1, accumulate);
+        return;
+    }
     if (B == 1 && (L->kind == LIN_INT4 || (L->kind == LIN_INT8 && i8_wide) || (L->kind >= LIN_Q4K && kq_wide_for(L->kind))) && lanes_512()) { /* one row: AVX-512 */
         if (L->kind == LIN_INT4) one_row_q4_512(L, a, y, n0, n1, accumulate);
         else if (L->kind == LIN_INT8) one_row_i8_512(L, a, y, n0, n1, accumulate);
@@ -1452,7 +1620,7 @@ static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
         for (int r = 0; r < B; r++) {
             Act one = {a->x ? a->x + (size_t)r * k : NULL, a->q + (size_t)r * k, a->dx + (size_t)r * nb,
                        a->sx + (size_t)r * gsum, a->q8 ? a->q8 + (size_t)r * k : NULL,
-                       a->q8 ? a->d8 + (size_t)r * nb : NULL, a->q8 ? a->s8 + (size_t)r * nb : NULL};
+                       a->q8 ? a->d8 + (size_t)r * nb : NULL, a->q8 ? a->s8 + (size_t)r * nb : NULL, a->span};
             lin_rows(L, 1, &one, y + (size_t)r * ystride, ystride, n0, n1, accumulate);
         }
         return;
