@@ -30,6 +30,7 @@ from torch import Tensor, nn
 import lamina.cpu as cpu
 from lamina.errors import LaminaError
 from lamina.native.step import linear as native_linear
+from lamina.native.step import unpack_lanes
 from lamina.native.structs import int4_rows
 
 INT4_GROUP_SIZES = (32, 64, 128, 256)
@@ -234,6 +235,10 @@ class Int4Linear(nn.Module):
         # the native kernel's (N, K // gs) scales and minimums (w = q s + min), see prepare
         self.register_buffer("native_scale", None, persistent=False)
         self.register_buffer("native_min", None, persistent=False)
+        # or all three in 16-row lanes (lamina.native.step.pack_lanes: qweight and the native
+        # scales then None; `rows_layout` brings them back)
+        for name in ("lanes_w", "lanes_s", "lanes_mn"):
+            self.register_buffer(name, None, persistent=False)
         self.kernels: tuple[str, ...] | None = None  # see prepare
 
     @classmethod
@@ -247,11 +252,14 @@ class Int4Linear(nn.Module):
         """W as `dtype`: (q - 8) s + z, or q s + minimum where only the native layout is kept
         (see drop_saved_scales); `rows` (a slice or a tensor of ids) reads only those."""
         index = slice(None) if rows is None else rows
-        packed = self.qweight[index]  # (..., K / 2), low nibble first
+        qweight, native_scale, native_min = self.qweight, self.native_scale, self.native_min
+        if qweight is None:  # in lanes: the rows' layout read back, for this call
+            qweight, native_scale, native_min = unpack_lanes(self)
+        packed = qweight[index]  # (..., K / 2), low nibble first
         q = torch.stack([packed & 15, packed >> 4], -1).flatten(-2).float()  # the one temporary
         g = q.unflatten(-1, (-1, self.group_size))
         if self.scales_and_zeros is None:  # GGML's own form: q d + m
-            s, low = self.native_scale[index], self.native_min[index]  # (..., K / g) each
+            s, low = native_scale[index], native_min[index]  # (..., K / g) each
             g.mul_(s[..., None]).add_(low[..., None])
             return q.to(dtype)
         s, z = self.scales_and_zeros[:, index].movedim(0, -2).unbind(-1)  # (..., K / g) each
@@ -264,13 +272,33 @@ class Int4Linear(nn.Module):
         (a GGUF file's Q4_0/Q4_1 layers, lamina.quant.from_blocks). The dequantized path reads
         the native layout; `prepare` rebuilds the saved form first (z = minimum + 8 s: exact
         for GGML's fp16 scales and minimums)."""
-        if self.native_scale is not None:
+        if self.native_scale is not None or self.lanes_w is not None:
             self.scales_and_zeros = None
         return self
+
+    def rows_layout(self) -> Int4Linear:
+        """Bring qweight and the native scales back where pack_lanes laid them out in lanes
+        (the lanes then go): before anything that reads the rows' own layout in place."""
+        if self.qweight is None and self.lanes_w is not None:
+            self.qweight, self.native_scale, self.native_min = unpack_lanes(self)
+            self.lanes_w = self.lanes_s = self.lanes_mn = None
+        return self
+
+    def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
+        # the saved form whatever the layout in memory: in lanes, the rows' layout read back
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if self.qweight is None and self.lanes_w is not None:
+            q, s, low = unpack_lanes(self)
+            destination[prefix + "qweight"] = q
+            if self.scales_and_zeros is None:
+                destination[prefix + "scales_and_zeros"] = (
+                    torch.stack([s, low + 8 * s], -1).transpose(0, 1).contiguous()
+                )
 
     def restore_saved_scales(self) -> Int4Linear:
         """Rebuild scales_and_zeros where drop_saved_scales dropped it (before the native
         layout goes: `prepare`, or a caller that drops the kernel copies)."""
+        self.rows_layout()
         if self.scales_and_zeros is None:
             s, low = self.native_scale, self.native_min
             self.scales_and_zeros = torch.stack([s, low + 8 * s], -1).transpose(0, 1).contiguous()
