@@ -1,7 +1,8 @@
 """Fine-tuning, measured: the defaults for --init-from, QLoRA's memory, checkpointing's cost.
 
     PYTHONPATH=src python bench/finetune.py [--quick]        the learning-rate / warmup grid
-    PYTHONPATH=src python bench/finetune.py rss [--steps 8] [--shapes 1x256 ...] [--activation-checkpointing]
+    PYTHONPATH=src python bench/finetune.py rss [--steps 8] [--shapes 1x256 ...] [--bases float int4]
+        [--activation-checkpointing]
     PYTHONPATH=src python bench/finetune.py checkpointing [--seqs 512 1024]
 
 grid: a char-cpu model is trained on the built-in Shakespeare corpus for SOURCE_SECONDS, then
@@ -13,6 +14,8 @@ rss: `lamina train --init-from SmolLM2-135M Q4_1 GGUF --lora` on tinyshakespeare
 stored), each in its own process (its peak RSS from wait4), the same seed, batch 1 x --seq
 tokens, --steps steps, fp32 (--dtype fp32: no autocast copies), and the same held-out windows:
 peak RSS, its ratio to float's, held-out nats/char before and after, seconds per step.
+--bases: the rows (default float float-bf16 int8 int4; float-bf16 is --dtype auto, the float
+base held in bf16); the first is the one the ratios are to.
 
 checkpointing: the same LoRA run (float base, fp32) at each --seqs length with and without
 --activation-checkpointing, alternating, each in its own process: peak RSS and s/step.
@@ -127,11 +130,11 @@ def rss() -> None:
         flags += ["--log-every", "1", "--batch-size", b]
         flags += ["--activation-checkpointing"] if ckpt else []
         got = {}
-        for base in ("float", "float bf16", "int8", "int4"):
-            kind, _, dtype = base.partition(" ")
+        for base in _arg("--bases", ["float", "float-bf16", "int8", "int4"]):
+            kind, _, dtype = base.partition("-")
             more = ["--dtype", "auto"] if dtype else []
             r = got[base] = _train(tmp / kind, "--lora-base", kind, *flags, *more)
-            ref = got["float"]
+            ref = next(iter(got.values()))
             print(f"| {b} x {t} | {base} | {r['rss']:.0f} | {r['rss'] / ref['rss']:.2f} | "
                   f"{r['before']:.4f} -> {r['after']:.4f} | "
                   f"{100 * (r['after'] / ref['after'] - 1):+.2f}% | {r['step_s']:.2f} |",

@@ -202,7 +202,7 @@ def test_int4_weights_in_lanes_equal_the_dequantized_product(group_size):
 @pytest.mark.parametrize("group_size", [32, 64])
 def test_int4_lanes_read_back_exactly(group_size):
     """unpack_lanes gives back the rows' layout bit for bit; the dequantized weights, the saved
-    form and `rows_layout` are those of the module before it was laid out in lanes."""
+    form and `restore_saved_scales` are those of the module before it was laid out in lanes."""
     from lamina.native.step import pack_lanes
     from lamina.quant.linear import Int4Linear
 
@@ -217,7 +217,7 @@ def test_int4_lanes_read_back_exactly(group_size):
     saved = m.state_dict()
     assert saved.keys() == state.keys()
     assert all(torch.equal(saved[k], v) for k, v in state.items())
-    m.rows_layout()
+    m.restore_saved_scales()
     assert m.lanes_w is None
     assert torch.equal(m.qweight, q) and torch.equal(m.native_scale, s)
     assert torch.equal(m.native_min, low)

@@ -100,7 +100,7 @@ def test_the_dequantized_matmul_gives_the_input_its_gradient_in_chunks(monkeypat
     head = q.head
     from lamina.training.qlora import int4_rows
 
-    rows = lambda a, b, dtype: int4_rows(head, slice(a, b), dtype)  # noqa: E731
+    rows = lambda a, b, dtype, out=None: int4_rows(head, slice(a, b), dtype, out)  # noqa: E731
     x = torch.randn(3, 5, 64, requires_grad=True)
     w = head.dequantized()
     for reader in (None, rows):
@@ -112,6 +112,54 @@ def test_the_dequantized_matmul_gives_the_input_its_gradient_in_chunks(monkeypat
     with torch.no_grad():  # given rows, the eval path reads them in chunks too
         torch.testing.assert_close(FrozenLinear(head, rows)(x), x @ w.T)
     assert np.isclose(float(int4_rows(head, torch.tensor([5]))[0, 3]), float(w[5, 3]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dequantizing_into_a_buffer_gives_the_same_numbers(dtype):
+    torch.manual_seed(0)
+    lin = nn.Linear(128, 48)
+    int4, grouped = Int4Linear.from_linear(lin, 32), Int8Linear.from_linear(lin)
+    grouped.qweight, grouped.scale = int4.dequantized().round().to(torch.int8), torch.rand(48, 4)
+    grouped.group_size = 32
+    for m in (int4, Int8Linear.from_linear(lin), grouped):
+        for rows in (None, slice(5, 29), torch.tensor([3, 0, 47])):
+            want = m.dequantized(dtype, rows=rows)
+            out = torch.full((want.shape[0], 128), float("nan"))
+            got = m.dequantized(dtype, rows=rows, out=out)
+            assert torch.equal(got, want), (type(m).__name__, rows)
+            if dtype == torch.float32 and (rows is not None or not isinstance(m, Int8Linear)):
+                assert got.data_ptr() == out.data_ptr()  # written into it, not made anew
+
+
+def test_the_step_dequantizes_into_kept_buffers_not_fresh_tensors(monkeypatch):
+    monkeypatch.setattr(fl, "CHUNK", 16)
+    q, _ = _pair("Q4_1")
+    from lamina.training.qlora import int4_rows
+
+    head = q.head
+    rows = lambda a, b, dtype, out=None: int4_rows(head, slice(a, b), dtype, out)  # noqa: E731
+    x = torch.randn(2, 3, 64, requires_grad=True)
+    layer = q.blocks[0].ff.proj  # an Int4Linear: its own call on 40 rows runs dequantized
+
+    def ptrs() -> set[int]:
+        return {p.data_ptr() for _, p in fl.pieces(head, rows, torch.float32)}
+
+    outside = [ptrs(), ptrs()]
+    h = torch.randn(40, layer.in_features)
+    with fl.kept_dequantization():
+        seen = []
+        for dtype in (torch.float32, torch.bfloat16, torch.float32):
+            with torch.no_grad(), fl.kept_dequantization():  # nested: the same buffers
+                want = h @ layer.dequantized().T
+                torch.testing.assert_close(layer(h), want, rtol=0.02, atol=0.02)
+                kept = fl.dequantized(layer, dtype)
+                assert kept.data_ptr() in {b.data_ptr() for b in fl._KEPT.buffers.values()}
+            seen.append(ptrs())
+            y = frozen_linear(x, head, rows)
+            torch.testing.assert_close(y, x @ head.dequantized().T)
+        assert seen[0] == seen[1] == seen[2] and len(seen[0]) == 1  # one buffer: every piece
+    assert fl._KEPT.buffers == {}  # freed on leaving
+    assert len(outside[0]) > 1  # outside, each piece is a fresh tensor
 
 
 @pytest.mark.parametrize("scheme", ["keep", "int8", "int4"])

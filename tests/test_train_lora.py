@@ -79,9 +79,20 @@ def test_sample_eval_and_merge_read_a_lora_run(base, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("scheme", ["int8", "int4"])
-def test_qlora_trains_adapters_over_a_quantized_base(base, tmp_path, capsys, scheme):
+def test_qlora_trains_adapters_over_a_quantized_base(base, tmp_path, capsys, scheme, monkeypatch):
+    import lamina.frozen_linear as fl
+
+    kept = []  # the buffers in use while training: W went into them, not fresh tensors
+    read = fl.dequantized
+
+    def spy(*args, **kwargs):
+        kept.append(bool(getattr(fl._KEPT, "buffers", None)))
+        return read(*args, **kwargs)
+
+    monkeypatch.setattr(fl, "dequantized", spy)
     run = tmp_path / scheme
     assert _train(base, run, "--max-steps", "2", "--lora-base", scheme) == 0
+    assert kept and any(kept) and fl._KEPT.buffers == {}  # used, and freed after the run
     a = load_file(run / "adapters.safetensors")
     assert any(".lora_B." in k and t.abs().sum() > 0 for k, t in a.items())
     assert (

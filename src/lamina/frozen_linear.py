@@ -12,32 +12,99 @@ base: QLoRA).
         a time given `rows` (what chunked_ce.frozen_head_loss reads a quantized head by)
     FrozenLinear(base, rows=None)  a module doing that while gradients are on (or always,
         given `rows`), the base's own kernels (which have no backward) otherwise
-A caller that can read W by rows (`rows(start, stop, dtype)`) gets a wide layer dequantized
-CHUNK rows at a time, forward and backward: the float copy of a 49k-row head is never whole.
+A caller that can read W by rows (`rows(start, stop, dtype, out=None)`) gets a wide layer
+dequantized CHUNK rows at a time, forward and backward: the float copy of a 49k-row head is
+never whole (`out`: an fp32 tensor of the rows' shape to write them into, or None).
+
+    kept_dequantization()  a context: inside, W (or a piece) of a base that dequantizes into a
+        buffer (int8, int4) goes into buffers this thread keeps, not fresh tensors (see there)
+    dequantized(base, dtype, rows=None, start=0, stop=None) -> W[start:stop] so (what
+        `pieces` and lamina.quant's dequantized matmul read W by)
 
 Deliberately unaware of adapters, of how weights are quantized and of training.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-Rows = Callable[[int, int, torch.dtype], Tensor]  # (start, stop, dtype) -> W[start:stop]
+Rows = Callable[..., Tensor]  # (start, stop, dtype, out=None) -> W[start:stop], into `out`
 CHUNK = 4096  # output rows dequantized at a time where the weights can be read by rows
+_KEPT = threading.local()  # this thread's dequantization buffers, inside kept_dequantization
+
+
+@contextlib.contextmanager
+def kept_dequantization() -> Iterator[None]:
+    """Inside, on this thread: int8/int4 weights dequantized for a matmul (`pieces`, and the
+    layers' own dequantized path, lamina.quant.dequantized_matmul) go into buffers kept for the
+    purpose (one fp32, one of the compute dtype, each the size of the largest W or piece read:
+    ~9 MiB fp32 for SmolLM2's 4096-row head pieces) instead of fresh tensors: the same numbers,
+    and a step's hundreds of same-sized float temporaries (forward, recomputation and backward
+    of every layer; an evaluation's) stay out of the C heap, where the free chunks left between
+    them stayed resident (BENCHMARKS.md, "QLoRA's memory, the heap"). The buffers are freed on
+    leaving the outermost one. `lamina train` runs inside one."""
+    depth = getattr(_KEPT, "depth", 0)
+    _KEPT.depth = depth + 1
+    try:
+        yield
+    finally:
+        _KEPT.depth = depth
+        if depth == 0:
+            _KEPT.buffers = {}
+
+
+def _buffer(role: str, shape: tuple[int, int], dtype: torch.dtype, device: Any) -> Tensor:
+    """A tensor of `shape` over this thread's kept buffer for (role, dtype, device), grown to
+    the largest asked for (its old contents are not kept)."""
+    kept = _KEPT.__dict__.setdefault("buffers", {})
+    key, n = (role, dtype, torch.device(device)), shape[0] * shape[1]
+    flat = kept.get(key)
+    if flat is None or flat.numel() < n:
+        kept[key] = flat = None  # the old one freed before the larger one is made
+        kept[key] = flat = torch.empty(n, dtype=dtype, device=device)
+    return flat[:n].view(shape)
+
+
+def dequantized(base: nn.Module, dtype: torch.dtype, rows: Rows | None = None,
+                start: int = 0, stop: int | None = None) -> Tensor:  # fmt: skip
+    """W[start:stop] (all of W without `rows`) in `dtype`, into the kept buffers inside
+    kept_dequantization where the base dequantizes into one (`dequantizes_into`: int8, int4;
+    the same numbers either way; a view the next call may overwrite), else a fresh tensor."""
+    stop = base.out_features if stop is None else stop
+    into = getattr(base, "dequantizes_into", False) and getattr(_KEPT, "depth", 0) > 0
+    if not into:
+        return base.dequantized(dtype) if rows is None else rows(start, stop, dtype)
+    device = (base.qweight if hasattr(base, "qweight") else base.weight).device
+    out = _buffer("fp32", (stop - start, base.in_features), torch.float32, device)
+    fp32_first = dtype == torch.float32 or getattr(base, "dequantizes_in_fp32", False)
+    if rows is None and not fp32_first:  # made in `dtype` itself (int8): its cast made fresh
+        return base.dequantized(dtype, out=out)
+    # made in fp32, then cast: as without `out`
+    w = (
+        base.dequantized(torch.float32, out=out)
+        if rows is None
+        else rows(start, stop, out.dtype, out)
+    )
+    if dtype == torch.float32:
+        return w
+    return _buffer("cast", tuple(w.shape), dtype, device).copy_(w)
 
 
 def pieces(base: nn.Module, rows: Rows | None, dtype: torch.dtype) -> Iterator[tuple[int, Tensor]]:
-    """(first row, dequantized rows) covering W: all at once, or CHUNK rows at a time."""
+    """(first row, dequantized rows) covering W: all at once, or CHUNK rows at a time. A piece
+    may be a view of a buffer the next one overwrites: use each before taking the next."""
     n = base.out_features
     if rows is None:
-        yield 0, base.dequantized(dtype)
+        yield 0, dequantized(base, dtype)
         return
     for start in range(0, n, CHUNK):
-        yield start, rows(start, min(n, start + CHUNK), dtype)
+        yield start, dequantized(base, dtype, rows, start, min(n, start + CHUNK))
 
 
 def times_wt(x: Tensor, base: nn.Module, rows: Rows | None, dtype: torch.dtype) -> Tensor:

@@ -16,7 +16,9 @@ train` on it is refused naming the first one's pid). Progress survives a broken 
 `| head`): output stops, training and checkpoints go on. A run that ends before its first step
 (a --max-time shorter than the setup) exits 1 and says so. On a CPU with glibc the loop runs
 inside `training.heap.lean_heap` (the heap's freed pages handed back during a step; off with
---no-heap-trim). With --max-time (and neither
+--no-heap-trim), and (without --compile) the probe and the loop inside
+`frozen_linear.kept_dequantization` (a quantized base's weights dequantized into kept buffers,
+not fresh tensors). With --max-time (and neither
 --batch-size nor --micro-batch-size typed, one process, not a resume) a probe step sizes the
 batch, the evaluations and the warmup to the budget first (`training.sizing`); the budget
 counts from the process's start.
@@ -246,12 +248,8 @@ def _same_folder(a: str, b: str) -> bool:
 def _run(
     args: argparse.Namespace, session: Any, world: Any, out: str, started: float, given: set[str]
 ) -> int:
+    from lamina.frozen_linear import kept_dequantization
     from lamina.training.distributed import place
-    from lamina.training.heap import lean_heap
-    from lamina.training.loop import run_training
-    from lamina.training.progress import safe_print
-    from lamina.training.registry import finished
-    from lamina.training.sizing import size_to_budget
 
     if world.writer and session.run.stale_pid:
         print(
@@ -260,6 +258,20 @@ def _run(
             file=sys.stderr,
         )
     placement = place(session, world)
+    with contextlib.nullcontext() if session.cfg.compile else kept_dequantization():
+        return _sized_run(args, session, world, out, placement, given, started)
+
+
+def _sized_run(
+    args: argparse.Namespace, session: Any, world: Any, out: str, placement: Any,
+    given: set[str], started: float,
+) -> int:  # fmt: skip
+    from lamina.training.heap import lean_heap
+    from lamina.training.loop import run_training
+    from lamina.training.progress import safe_print
+    from lamina.training.registry import finished
+    from lamina.training.sizing import size_to_budget
+
     clock, started_at = world.timing(started, session.cfg.max_time is not None)
     sized = {"batch_size", "micro_batch_size"} & given
     if session.cfg.max_time and world.size == 1 and not args.resume and not sized:

@@ -77,8 +77,8 @@ def pack_lanes(m: nn.Module) -> bool:
     """Lay an int4 linear's weights, scales and minimums out in lanes (decode.c's lm_pack16,
     where the CPU has AVX-512 VNNI) IN PLACE: m.lanes_w / lanes_s / lanes_mn take the place of
     qweight / native_scale / native_min, which go (one copy of the weights, not two). Every
-    native call reads the lanes (one row as 8); `Int4Linear.dequantized` and `rows_layout`
-    read them back (`unpack_lanes`). False (nothing changed) where it does not apply: not an
+    native call reads the lanes (one row as 8); `Int4Linear.dequantized` and
+    `restore_saved_scales` read them back (`unpack_lanes`). False (nothing changed) where it does not apply: not an
     int4 linear prepared for the native kernel, no library, or not this CPU's form."""
     lib = library()
     if kind_of(m) != "int4" or lib is None or getattr(m, "lanes_w", None) is not None:

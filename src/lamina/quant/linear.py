@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 import lamina.cpu as cpu
 from lamina.errors import LaminaError
+from lamina.frozen_linear import dequantized as kept_dequantized
 from lamina.native.step import linear as native_linear
 from lamina.native.step import unpack_lanes
 from lamina.native.structs import int4_rows
@@ -92,9 +93,10 @@ def _copied_bias(linear: nn.Linear) -> nn.Parameter | None:
 def dequantized_matmul(m: nn.Module, flat: Tensor) -> Tensor:
     """flat (M, in) @ W.T with m's weights dequantized (`m.dequantized(dtype)`), in the dtype
     lamina.cpu.dequantized_dtype picks for the call (bf16 for a prefill where bf16 is native);
-    the output in flat's dtype."""
+    the output in flat's dtype. W goes into kept buffers inside frozen_linear.kept_dequantization
+    (`lamina train`), else into a fresh tensor."""
     dtype = cpu.dequantized_dtype(flat)
-    return (flat.to(dtype) @ m.dequantized(dtype).T).to(flat.dtype)
+    return (flat.to(dtype) @ kept_dequantized(m, dtype).T).to(flat.dtype)
 
 
 def _finish(m: Int8Linear | Int4Linear, x: Tensor, y: Tensor) -> Tensor:
@@ -102,6 +104,11 @@ def _finish(m: Int8Linear | Int4Linear, x: Tensor, y: Tensor) -> Tensor:
     if m.bias is not None:
         y = y + m.bias.to(y.dtype)
     return y.reshape(*x.shape[:-1], m.out_features)
+
+
+def _saved_scales(s: Tensor, low: Tensor) -> Tensor:
+    """The native (N, K/gs) scales and minimums -> the saved (K/gs, N, 2) scales and zeros."""
+    return torch.stack([s, low + 8 * s], -1).transpose(0, 1).contiguous()
 
 
 def _dequantize_int8(
@@ -167,8 +174,23 @@ class Int8Linear(nn.Module):
         self.kernel_scale = scale.to(torch.bfloat16)
         return self
 
-    def dequantized(self, dtype: torch.dtype = torch.float32, rows: Any = None) -> Tensor:
-        """W as `dtype`: q * s; `rows` (a slice or a tensor of ids) reads only those rows."""
+    dequantizes_into = True  # dequantized(..., out=) takes a buffer (frozen_linear.dequantized)
+
+    def dequantized(
+        self, dtype: torch.dtype = torch.float32, rows: Any = None, out: Tensor | None = None
+    ) -> Tensor:
+        """W as `dtype`: q * s; `rows` (a slice or a tensor of ids) reads only those rows.
+        `out`: an fp32 tensor of the result's shape written in place of a new one (the same
+        numbers), returned as it is, or cast where `dtype` is not fp32 (not used for all of W
+        in another dtype, which is computed in that dtype)."""
+        if out is not None and (rows is not None or dtype == torch.float32):
+            q = out.copy_(self.qweight if rows is None else self.qweight[rows])
+            scale = self.scale if rows is None else self.scale[rows]
+            if self.group_size is None:
+                q.mul_(scale[..., None])
+            else:
+                q.unflatten(-1, (-1, self.group_size)).mul_(scale[..., None])
+            return q.to(dtype)
         if rows is None:
             return _dequantize_int8(self.qweight, self.scale, self.group_size, dtype)
         q, scale = self.qweight[rows].float(), self.scale[rows]
@@ -235,8 +257,7 @@ class Int4Linear(nn.Module):
         # the native kernel's (N, K // gs) scales and minimums (w = q s + min), see prepare
         self.register_buffer("native_scale", None, persistent=False)
         self.register_buffer("native_min", None, persistent=False)
-        # or all three in 16-row lanes (lamina.native.step.pack_lanes: qweight and the native
-        # scales then None; `rows_layout` brings them back)
+        # or all three in 16-row lanes instead (lamina.native.step.pack_lanes)
         for name in ("lanes_w", "lanes_s", "lanes_mn"):
             self.register_buffer(name, None, persistent=False)
         self.kernels: tuple[str, ...] | None = None  # see prepare
@@ -248,15 +269,27 @@ class Int4Linear(nn.Module):
         m.bias = _copied_bias(linear)
         return m.prepare()
 
-    def dequantized(self, dtype: torch.dtype = torch.float32, rows: Any = None) -> Tensor:
+    dequantizes_into = True  # dequantized(..., out=) takes a buffer (frozen_linear.dequantized)
+    dequantizes_in_fp32 = True  # W in any dtype is made in fp32, then cast
+
+    def dequantized(
+        self, dtype: torch.dtype = torch.float32, rows: Any = None, out: Tensor | None = None
+    ) -> Tensor:
         """W as `dtype`: (q - 8) s + z, or q s + minimum where only the native layout is kept
-        (see drop_saved_scales); `rows` (a slice or a tensor of ids) reads only those."""
+        (see drop_saved_scales); `rows` (a slice or a tensor of ids) reads only those. `out`:
+        an fp32 tensor of the result's shape written in place of a new one (the same numbers),
+        returned as it is, or cast where `dtype` is not fp32."""
         index = slice(None) if rows is None else rows
         qweight, native_scale, native_min = self.qweight, self.native_scale, self.native_min
         if qweight is None:  # in lanes: the rows' layout read back, for this call
             qweight, native_scale, native_min = unpack_lanes(self)
         packed = qweight[index]  # (..., K / 2), low nibble first
-        q = torch.stack([packed & 15, packed >> 4], -1).flatten(-2).float()  # the one temporary
+        if out is None:
+            q = torch.stack([packed & 15, packed >> 4], -1).flatten(-2).float()  # the temporary
+        else:
+            q, pairs = out, out.unflatten(-1, (-1, 2))
+            pairs[..., 0].copy_(packed & 15)
+            pairs[..., 1].copy_(packed >> 4)
         g = q.unflatten(-1, (-1, self.group_size))
         if self.scales_and_zeros is None:  # GGML's own form: q d + m
             s, low = native_scale[index], native_min[index]  # (..., K / g) each
@@ -276,32 +309,23 @@ class Int4Linear(nn.Module):
             self.scales_and_zeros = None
         return self
 
-    def rows_layout(self) -> Int4Linear:
-        """Bring qweight and the native scales back where pack_lanes laid them out in lanes
-        (the lanes then go): before anything that reads the rows' own layout in place."""
-        if self.qweight is None and self.lanes_w is not None:
-            self.qweight, self.native_scale, self.native_min = unpack_lanes(self)
-            self.lanes_w = self.lanes_s = self.lanes_mn = None
-        return self
-
     def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
         # the saved form whatever the layout in memory: in lanes, the rows' layout read back
         super()._save_to_state_dict(destination, prefix, keep_vars)
-        if self.qweight is None and self.lanes_w is not None:
-            q, s, low = unpack_lanes(self)
-            destination[prefix + "qweight"] = q
+        if self.lanes_w is not None:
+            destination[prefix + "qweight"], s, low = unpack_lanes(self)
             if self.scales_and_zeros is None:
-                destination[prefix + "scales_and_zeros"] = (
-                    torch.stack([s, low + 8 * s], -1).transpose(0, 1).contiguous()
-                )
+                destination[prefix + "scales_and_zeros"] = _saved_scales(s, low)
 
     def restore_saved_scales(self) -> Int4Linear:
         """Rebuild scales_and_zeros where drop_saved_scales dropped it (before the native
         layout goes: `prepare`, or a caller that drops the kernel copies)."""
-        self.rows_layout()
+        if self.lanes_w is not None:  # and the rows' layout where pack_lanes laid it in lanes
+            self.qweight, self.native_scale, self.native_min = unpack_lanes(self)
+            self.lanes_w = self.lanes_s = self.lanes_mn = None
         if self.scales_and_zeros is None:
             s, low = self.native_scale, self.native_min
-            self.scales_and_zeros = torch.stack([s, low + 8 * s], -1).transpose(0, 1).contiguous()
+            self.scales_and_zeros = _saved_scales(s, low)
         return self
 
     def prepare(self, kernel: str | None = None) -> Int4Linear:

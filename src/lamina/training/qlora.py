@@ -47,19 +47,26 @@ def wants_quantized(base: str) -> bool:
     return base != "float"
 
 
-def int4_rows(m: Int4Linear, index: Any, dtype: torch.dtype = torch.float32) -> Tensor:
-    """Rows `index` (a slice or a tensor of ids) of an int4 layer's W: (q - 8) * s + z."""
-    return m.dequantized(dtype, rows=index)
+def int4_rows(
+    m: Int4Linear, index: Any, dtype: torch.dtype = torch.float32, out: Tensor | None = None
+) -> Tensor:
+    """Rows `index` (a slice or a tensor of ids) of an int4 layer's W: (q - 8) * s + z (into
+    `out`, an fp32 tensor of their shape, where given)."""
+    return m.dequantized(dtype, rows=index, out=out)
 
 
-def int8_rows(m: Int8Linear, index: Any, dtype: torch.dtype = torch.float32) -> Tensor:
+def int8_rows(
+    m: Int8Linear, index: Any, dtype: torch.dtype = torch.float32, out: Tensor | None = None
+) -> Tensor:
     """Rows `index` of an int8 layer's W: q * s (a scale per row, or per group of a row)."""
-    return m.dequantized(dtype, rows=index)
+    return m.dequantized(dtype, rows=index, out=out)
 
 
 def _row_reader(m: nn.Module) -> Any:
     read = {Int4Linear: int4_rows, Int8Linear: int8_rows}.get(type(m))
-    return None if read is None else (lambda a, b, dtype: read(m, slice(a, b), dtype))
+    return (
+        None if read is None else (lambda a, b, dtype, out=None: read(m, slice(a, b), dtype, out))
+    )
 
 
 class HeadRows(nn.Module):
