@@ -1423,8 +1423,9 @@ VNNI static void one_row_q6k_int(const Lin *L, const Act *a, float *y, int n0, i
 
 /* ------------------------------------------------------------------ weights in lanes (int4) */
 
-/* The int4 linears of a batch where the CPU has AVX-512 VNNI and the linear was laid out again
-   once (lm_pack16, by native/step.py for an engine of 3 rows or more): 16 weight rows sit in the
+/* The int4 linears where the CPU has AVX-512 VNNI and the linear was laid out again once, in
+   place (lm_pack16, by native/step.py's pack_lanes for an engine of 3 rows or more; its rows'
+   own layout then freed, so every call on it, one row too, runs here: lanes16): 16 weight rows sit in the
    lanes of one vector, each lane an int16 pair of its row's weights, and each input row's int16
    pair is the broadcast operand, so one `vpdpwssd` multiplies a pair of 16 weight rows by one
    input row with no unpacking per input row (the form above rebuilds each weight pair for every
@@ -1445,11 +1446,13 @@ static size_t pack16_bytes(const Lin *L) { return (size_t)((L->n + 15) / 16) * (
 static size_t pack16_floats(const Lin *L) { return (size_t)((L->n + 15) / 16) * (L->k / 32) * 16; }
 
 /* lays out an int4 linear's weights (w: pack16_bytes, 64-byte aligned), scales and minimums (sc,
-   mn: pack16_floats each, 64-byte aligned) for the batch kernel below; returns 1, or 0 where it
-   does not apply (not int4, or this CPU lacks AVX-512 VNNI): then nothing is written. w NULL:
-   only whether it applies. */
+   mn: pack16_floats each, 64-byte aligned) for the kernel below; returns 1, or 0 where it does
+   not apply (not int4, this CPU lacks AVX-512 VNNI, or lm_lanes_wide(0) chose the AVX2 form):
+   then nothing is written. w NULL: only
+   whether it applies. A Lin with lw set runs every call in lanes (one row too), so its rows'
+   own layout (w, s, mn) may then be NULL: native/step.py's pack_lanes frees it. */
 int lm_pack16(const Lin *L, uint8_t *w, float *sc, float *mn) {
-    if (L->kind != LIN_INT4 || L->k % 32 || L->gs % 32 || !cpu_has_vnni()) return 0;
+    if (L->kind != LIN_INT4 || L->k % 32 || L->gs % 32 || !cpu_has_vnni() || !lanes_512()) return 0;
     if (!w) return 1;
     const int n = L->n, k = L->k, nb = k / 32, ng = (n + 15) / 16, groups = k / L->gs, per = L->gs / 32;
     memset(w, 0, pack16_bytes(L));
@@ -1468,6 +1471,30 @@ int lm_pack16(const Lin *L, uint8_t *w, float *sc, float *mn) {
                 mo[i] = L->mn[(size_t)row * groups + b / per];
             }
         }
+    return 1;
+}
+
+/* the inverse: a linear in lanes (lw, ls, lmn) back to its rows' layout, into w (n, k/2), s and mn
+   (n, k/gs) (the scales and minimums of a group of blocks are equal in the lanes); 0 where L is
+   not int4 in lanes. */
+int lm_unpack16(const Lin *L, uint8_t *w, float *s, float *mn) {
+    if (L->kind != LIN_INT4 || !L->lw || L->k % 32 || L->gs % 32) return 0;
+    const int n = L->n, k = L->k, nb = k / 32, groups = k / L->gs, per = L->gs / 32;
+    for (int row = 0; row < n; row++) {
+        const int G = row / 16, i = row % 16;
+        for (int b = 0; b < nb; b++) {
+            const uint32_t *o = (const uint32_t *)(L->lw + ((size_t)G * nb + b) * 256);
+            uint8_t *dst = w + (size_t)row * (k / 2) + 16 * b;
+            for (int p = 0; p < 16; p++) {
+                const uint32_t v = o[(p / 4) * 16 + i] >> (4 * (p % 4));
+                dst[p] = (uint8_t)((v & 15) | ((v >> 16) & 15) << 4);
+            }
+            if (b % per == 0) {
+                s[(size_t)row * groups + b / per] = L->ls[((size_t)G * nb + b) * 16 + i];
+                mn[(size_t)row * groups + b / per] = L->lmn[((size_t)G * nb + b) * 16 + i];
+            }
+        }
+    }
     return 1;
 }
 
@@ -1499,10 +1526,12 @@ static void act16(const Lin *L, const Act *a, int r0, int rows, Act16 *t) {
 #ifndef PF16
 #define PF16 2 /* groups of 16 rows ahead to prefetch */
 #endif
-/* output rows n0..n1 (the groups of 16 they touch; the stores kept to n0..n1) for the `rows`
-   inputs of t (rows r0..), into y as lin_rows */
-VNNI static void lane16_rows(const Lin *L, const Act16 *t, int r0, int rows, float *y, int ystride, int n0, int n1, int accumulate) {
-    const int nb = L->k / 32;
+/* output rows n0..n1 (the groups of 16 they touch; the stores kept to n0..n1) for the R inputs of
+   t (rows r0..), into y as lin_rows. R is a constant in each instance below (1..LANES); a row's
+   integer sums go to NA = 4 / R accumulators (R < 4: the blocks' 16 `vpdpwssd` in independent
+   chains) added at each block's end, so every row's result is the same whatever R. */
+VNNI static inline __attribute__((always_inline)) void lane16_body(const Lin *L, const Act16 *t, int r0, const int R, float *y, int ystride, int n0, int n1, int accumulate) {
+    const int nb = L->k / 32, NA = R >= 4 ? 1 : 4 / R;
     const __m512i m = _mm512_set1_epi32(0x000F000F);
     for (int G = n0 / 16; G * 16 < n1; G++) {
         const int lo = G * 16 < n0 ? n0 - G * 16 : 0, hi = n1 - G * 16 < 16 ? n1 - G * 16 : 16;
@@ -1511,7 +1540,7 @@ VNNI static void lane16_rows(const Lin *L, const Act16 *t, int r0, int rows, flo
         const float *sg = L->ls + (size_t)G * nb * 16, *mg = L->lmn + (size_t)G * nb * 16;
         const int pf = PF16 && (G + PF16) * 16 < n1;
         __m512 f[LANES];
-        for (int r = 0; r < LANES; r++) f[r] = _mm512_setzero_ps();
+        for (int r = 0; r < R; r++) f[r] = _mm512_setzero_ps();
         for (int b = 0; b < nb; b++) {
             if (pf) {
                 const char *pw = (const char *)(wg + ((size_t)PF16 * nb + b) * 256);
@@ -1519,29 +1548,32 @@ VNNI static void lane16_rows(const Lin *L, const Act16 *t, int r0, int rows, flo
                 PF_W((const char *)(sg + ((size_t)PF16 * nb + b) * 16));
                 PF_W((const char *)(mg + ((size_t)PF16 * nb + b) * 16));
             }
-            __m512i acc[LANES];
-            for (int r = 0; r < LANES; r++) acc[r] = _mm512_setzero_si512();
+            __m512i acc[LANES]; /* R * NA of them: 4 or R */
+            for (int r = 0; r < R * NA; r++) acc[r] = _mm512_setzero_si512();
             const int32_t *xb = t->xp + (size_t)b * LANES * 16;
             for (int h = 0; h < 4; h++) {
                 const __m512i pk = _mm512_load_si512((const void *)(wg + (size_t)b * 256 + 64 * h));
                 const __m512i w0 = _mm512_and_si512(pk, m), w1 = _mm512_and_si512(_mm512_srli_epi32(pk, 4), m);
                 const __m512i w2 = _mm512_and_si512(_mm512_srli_epi32(pk, 8), m), w3 = _mm512_and_si512(_mm512_srli_epi32(pk, 12), m);
-                for (int r = 0; r < LANES; r++) {
+                for (int r = 0; r < R; r++) {
                     const int32_t *x = xb + r * 16 + 4 * h;
-                    acc[r] = _mm512_dpwssd_epi32(acc[r], w0, _mm512_set1_epi32(x[0]));
-                    acc[r] = _mm512_dpwssd_epi32(acc[r], w1, _mm512_set1_epi32(x[1]));
-                    acc[r] = _mm512_dpwssd_epi32(acc[r], w2, _mm512_set1_epi32(x[2]));
-                    acc[r] = _mm512_dpwssd_epi32(acc[r], w3, _mm512_set1_epi32(x[3]));
+                    __m512i *c = &acc[r * NA + h % NA];
+                    *c = _mm512_dpwssd_epi32(*c, w0, _mm512_set1_epi32(x[0]));
+                    *c = _mm512_dpwssd_epi32(*c, w1, _mm512_set1_epi32(x[1]));
+                    *c = _mm512_dpwssd_epi32(*c, w2, _mm512_set1_epi32(x[2]));
+                    *c = _mm512_dpwssd_epi32(*c, w3, _mm512_set1_epi32(x[3]));
                 }
             }
             const __m512 sc = _mm512_load_ps(sg + (size_t)b * 16), mn = _mm512_load_ps(mg + (size_t)b * 16);
-            for (int r = 0; r < LANES; r++) {
-                f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_mul_ps(sc, _mm512_set1_ps(t->dx[b * LANES + r])), f[r]);
+            for (int r = 0; r < R; r++) {
+                __m512i s = acc[r * NA];
+                for (int j = 1; j < NA; j++) s = _mm512_add_epi32(s, acc[r * NA + j]);
+                f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(sc, _mm512_set1_ps(t->dx[b * LANES + r])), f[r]);
                 f[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(t->bs[b * LANES + r]), f[r]);
             }
         }
         const __m512 bias = L->bias ? _mm512_maskz_loadu_ps(keep, L->bias + 16 * G) : _mm512_setzero_ps();
-        for (int r = 0; r < rows; r++) {
+        for (int r = 0; r < R; r++) {
             float *o = y + (size_t)(r0 + r) * ystride + 16 * G;
             __m512 v = _mm512_add_ps(f[r], bias);
             if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(keep, o));
@@ -1550,15 +1582,40 @@ VNNI static void lane16_rows(const Lin *L, const Act16 *t, int r0, int rows, flo
     }
 }
 
+#define LANE16_R(R) \
+    VNNI static void lane16_r##R(const Lin *L, const Act16 *t, int r0, float *y, int ystride, int n0, int n1, int accumulate) { \
+        lane16_body(L, t, r0, R, y, ystride, n0, n1, accumulate);                                                              \
+    }
+LANE16_R(1) LANE16_R(2) LANE16_R(3) LANE16_R(4) LANE16_R(5) LANE16_R(6) LANE16_R(7) LANE16_R(8)
+#undef LANE16_R
+
+/* the int4 rows n0..n1 of a linear laid out in lanes (lm_pack16), for any number of inputs: every
+   call on such a linear comes here (its rows' own layout may be gone, see lm_pack16); returns 0
+   when out of memory */
+static int lanes16(const Lin *L, int B, const Act *a, float *y, int ystride, int n0, int n1, int accumulate) {
+    static void (*const by_rows[LANES])(const Lin *, const Act16 *, int, float *, int, int, int, int) = {
+        lane16_r1, lane16_r2, lane16_r3, lane16_r4, lane16_r5, lane16_r6, lane16_r7, lane16_r8};
+    const int nb = L->k / 32;
+    void *buf = aligned_alloc(64, ((size_t)nb * 18 * LANES * 4 + 63) & ~(size_t)63);
+    if (!buf) return 0;
+    Act16 t = {(int32_t *)buf, (float *)buf + (size_t)nb * 16 * LANES, NULL}; /* 18 per block */
+    t.bs = t.dx + (size_t)nb * LANES;
+    for (int r0 = 0; r0 < B; r0 += LANES) {
+        const int rows = B - r0 < LANES ? B - r0 : LANES;
+        act16(L, a, r0, rows, &t);
+        by_rows[rows - 1](L, &t, r0, y, ystride, n0, n1, accumulate);
+    }
+    free(buf);
+    return 1;
+}
+
 /* rows n0..n1 of an int4 / int8 linear for B >= 2 inputs; 0 when out of memory (the caller
    then runs its own loop) */
 static int lane_rows(const Lin *L, int B, const Act *a, float *y, int ystride, int n0, int n1, int accumulate) {
     const int nb = L->k / 32, nc = (nb + 1) / 2, groups = L->kind == LIN_INT4 ? L->k / L->gs : 0;
-    const int wide = lanes_512(), packed = wide && L->lw; /* the weights in lanes */
+    const int wide = lanes_512();
     void *buf = aligned_alloc(64, ((size_t)(2 * nc) * 18 * LANES * 4 + (size_t)groups * LANES * 4 + 63) & ~(size_t)63);
     if (!buf) return 0;
-    Act16 t16 = {(int32_t *)buf, (float *)buf + (size_t)nb * 16 * LANES, NULL}; /* 18 per block */
-    t16.bs = t16.dx + (size_t)nb * LANES;
     LaneAct t = {(int32_t *)buf, (float *)buf + (size_t)nb * 16 * LANES, NULL};
     t.sxt = t.dxt + (size_t)nb * LANES;
     LaneAct2 t2 = {(int32_t *)buf, (float *)buf + (size_t)nc * 32 * LANES, NULL, NULL};
@@ -1573,10 +1630,7 @@ static int lane_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
             lin_rows(L, rows, &sub, y + (size_t)r0 * ystride, ystride, n0, n1, accumulate);
             continue;
         }
-        if (packed) {
-            act16(L, a, r0, rows, &t16);
-            lane16_rows(L, &t16, r0, rows, y, ystride, n0, n1, accumulate);
-        } else if (wide) {
+        if (wide) {
             lane_act2(L, a, r0, rows, &t2);
             lane_rows_512(L, &t2, r0, rows, y, ystride, n0, n1, accumulate);
         } else {
@@ -1598,6 +1652,14 @@ static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
             if (lo < hi) lin_rows(&parts[i], B, a, y + off, ystride, lo - off, hi - off, accumulate);
         }
         return;
+    }
+    if (L->kind == LIN_INT4 && L->lw) { /* laid out in lanes: every number of rows */
+        if (lanes16(L, B, a, y, ystride, n0, n1, accumulate)) return;
+        if (!L->w) { /* out of memory and no rows' layout to fall back on: NaN, not garbage */
+            for (int r = 0; r < B; r++)
+                for (int n = n0; n < n1; n++) y[(size_t)r * ystride + n] = NAN;
+            return;
+        }
     }
     if (B == 1 && a->q8 && L->kind != LIN_F32) { /* one row, int8 inputs (act8) */
         one_row8(L, a, y, n0, n1, accumulate);
