@@ -259,3 +259,56 @@ def test_one_row_forms_agree_per_kind(qtype):
     for y in outs:
         assert ((y - want).norm() / want.norm()).item() < 1e-4
     assert torch.allclose(outs[0], outs[1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not _native(), reason="lamina.native not built here")
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+def test_integer_form_of_the_super_block_kinds(qtype):
+    # decode.c's lm_kq_int: one input row quantized with a scale per 256, each super-block's
+    # products summed in int32 (1), against the per-32 float form (0); a fused linear whose parts
+    # mix kinds (Q5_0 rows keep their kernel, reading the same inputs) too
+    from lamina.native.build import library
+
+    lib = library()
+    before = lib.lm_kq_int(-1)
+    if lib.lm_kq_int(1) != 1:
+        lib.lm_kq_int(before)
+        pytest.skip("no AVX-512 VNNI here: the integer form does not run")
+    k = 768
+    parts = [(qtype, _rows(qtype, 13, k, 11)), ("Q5_0", _rows("Q5_0", 6, k, 12))]
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(13))
+    x[0, ::97] *= 30  # a few large inputs, as real activations have
+    try:
+        for chosen in (parts[:1], parts):
+            n = sum(r.shape[0] for _, r in chosen)
+            m = BlockLinear(k, n, chosen, torch.randn(n))
+            want = x @ m.dequantized().T + m.bias
+            outs = []
+            for form in (1, 0):
+                assert lib.lm_kq_int(form) == form
+                outs.append(m(x))
+            for y in outs:
+                assert ((y - want).norm() / want.norm()).item() < 3e-4  # measured up to 1.6e-4
+            assert not torch.equal(outs[0], outs[1])  # the integer form ran
+    finally:
+        lib.lm_kq_int(before)
+
+
+@pytest.mark.skipif(not _native(), reason="lamina.native not built here")
+@pytest.mark.parametrize("qtype", ["Q5_0", "Q5_1"])
+def test_five_bit_blocks_by_lane_mask_are_kq_q8s_integers(qtype):
+    # decode.c's lm_q5_mask: the high bits as a lane mask (1) or by kq_q8's byte shuffles (0):
+    # the same integers summed in the same order, so the same floats, and the dequantized product
+    from lamina.native.build import library
+
+    lib = library()
+    before = lib.lm_q5_mask(-1)
+    m = BlockLinear(288, 13, [(qtype, _rows(qtype, 13, 288, 14))], torch.randn(13))
+    x = torch.randn(1, 288, generator=torch.Generator().manual_seed(15))
+    want = x @ m.dequantized().T + m.bias
+    try:
+        outs = [m(x) for form in (1, 0) if lib.lm_q5_mask(form) == form]
+    finally:
+        lib.lm_q5_mask(before)
+    assert torch.equal(outs[0], outs[1])
+    assert ((outs[0] - want).norm() / want.norm()).item() < 1e-4

@@ -3,14 +3,11 @@ each in its own cache row, decoded together equal each decoded alone."""
 
 from __future__ import annotations
 
-import ctypes
-
 import pytest
 import torch
 from torch import nn
 
 from lamina import GPT, GPTConfig, LaminaError, native, quantize
-from lamina.native.structs import Pointers
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -171,29 +168,93 @@ def test_entries_of_one_row_are_a_causal_prefill_beside_a_decoding_row():
 
 @pytest.mark.parametrize("group_size", [32, 64])
 def test_int4_weights_in_lanes_equal_the_dequantized_product(group_size):
-    """The batch kernel over int4 weights laid out in lanes (lm_pack16, AVX-512 VNNI): rows
-    that are not a whole number of 16-row groups, 3 threads whose row ranges cut a group,
-    1..16 input rows (the lanes take 3..8 at a time), a bias; within the int16 inputs'
-    rounding of the dequantized product, and equal to the kernel without the lanes."""
-    from lamina.native.build import library
-    from lamina.native.step import linear
+    """An int4 linear laid out in lanes in place (pack_lanes: lm_pack16, AVX-512 VNNI): its rows'
+    layout goes, every native call reads the lanes. Rows that are not a whole number of 16-row
+    groups, 3 threads whose row ranges cut a group, 1..16 input rows (the lanes take up to 8 at a
+    time, one row too), a bias; within the int16 inputs' rounding of the dequantized product,
+    each row equal to itself computed alone (bit for bit), and close to the rows' layout kernel."""
+    from lamina.native.step import linear, pack_lanes
     from lamina.quant.linear import Int4Linear
 
-    lib = library()
     torch.manual_seed(5)
-    m = Int4Linear.from_linear(nn.Linear(192, 360, bias=True), group_size)
-    L = Pointers().lin(m)  # kept: the address of a dropped struct is freed memory
-    if not lib.lm_pack16(ctypes.addressof(L), None, None, None):
-        pytest.skip("no AVX-512 VNNI here: the int4 weights stay in their rows")
+    m = Int4Linear.from_linear(nn.Linear(192, 360, bias=True), group_size).prepare("native")
     w = m.dequantized()
+    xs = {rows: torch.randn(rows, 192) for rows in (1, 2, 3, 8, 11, 16)}
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(3)  # rows split at multiples of 8: 120 per thread
-        for rows in (1, 3, 8, 11, 16):
-            x = torch.randn(rows, 192)
-            got, plain = linear(m, x, lanes=True), linear(m, x)
+        plain = {rows: linear(m, x) for rows, x in xs.items()}
+        if not pack_lanes(m):
+            pytest.skip("no AVX-512 VNNI here: the int4 weights stay in their rows")
+        assert m.qweight is None and m.native_scale is None and m.native_min is None
+        assert not pack_lanes(m)  # once
+        for rows, x in xs.items():
+            got = linear(m, x)
             want = x @ w.T + m.bias
             assert (got - want).abs().max() <= 1e-4 * want.abs().max(), rows
-            assert (got - plain).abs().max() <= 1e-5 * want.abs().max(), rows
+            assert (got - plain[rows]).abs().max() <= 1e-5 * want.abs().max(), rows
+            alone = torch.cat([linear(m, x[r : r + 1]) for r in range(rows)])
+            assert torch.equal(got, alone), rows
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("group_size", [32, 64])
+def test_int4_lanes_read_back_exactly(group_size):
+    """unpack_lanes gives back the rows' layout bit for bit; the dequantized weights, the saved
+    form and `restore_saved_scales` are those of the module before it was laid out in lanes."""
+    from lamina.native.step import pack_lanes
+    from lamina.quant.linear import Int4Linear
+
+    torch.manual_seed(6)
+    m = Int4Linear.from_linear(nn.Linear(128, 40, bias=False), group_size).prepare("native")
+    q, s, low, w = m.qweight.clone(), m.native_scale.clone(), m.native_min.clone(), m.dequantized()
+    state = {k: v.clone() for k, v in m.state_dict().items()}
+    if not pack_lanes(m):
+        pytest.skip("no AVX-512 VNNI here: the int4 weights stay in their rows")
+    assert torch.equal(m.dequantized(), w)
+    assert torch.equal(m.dequantized(rows=slice(3, 9)), w[3:9])
+    saved = m.state_dict()
+    assert saved.keys() == state.keys()
+    assert all(torch.equal(saved[k], v) for k, v in state.items())
+    m.restore_saved_scales()
+    assert m.lanes_w is None
+    assert torch.equal(m.qweight, q) and torch.equal(m.native_scale, s)
+    assert torch.equal(m.native_min, low)
+
+
+def test_a_batch_engine_keeps_one_copy_of_the_int4_weights():
+    """A NativeStep of 3 rows or more lays the int4 linears out in lanes in place: the rows'
+    layout goes, a one-row engine built afterwards reads the lanes, and the PyTorch forward
+    (native linear for a few rows, dequantized for many) still gives the same logits."""
+    model = _model("int4")
+    fc = model.blocks[0].ff.fc
+    with torch.no_grad():
+        ids = torch.tensor([[5, 6, 7, 8] * 12])  # 48 tokens: the dequantized path past 32 rows
+        want_long, want_short = model(ids)[0], model(ids[:, :3])[0]
+        engine = native.native_step(model, model.make_caches(4, 40))
+        if fc.lanes_w is None:
+            pytest.skip("no AVX-512 VNNI here: the int4 weights stay in their rows")
+        assert fc.qweight is None and engine is not None
+        got_long, got_short = model(ids)[0], model(ids[:, :3])[0]
+    assert (got_long - want_long).abs().max() <= 1e-4 * want_long.abs().max()
+    assert (got_short - want_short).abs().max() <= 1e-4 * want_short.abs().max()
+    _batched_equal_alone_model(model)
+
+
+def _batched_equal_alone_model(model: GPT) -> None:
+    prompts = [[5, 6, 7], [12], [13, 14]]
+    with torch.no_grad():
+        caches = model.make_caches(3, 40)
+        for row, prompt in enumerate(prompts):
+            own = model.make_caches(1, 40)
+            if len(prompt) > 1:
+                model(torch.tensor([prompt[:-1]]), caches=own)
+            for c, o in zip(caches, own, strict=True):
+                c.k[row, :, : o.pos], c.v[row, :, : o.pos] = o.k[0, :, : o.pos], o.v[0, :, : o.pos]
+        engine = native.native_step(model, caches)
+        slots = [len(p) - 1 for p in prompts]
+        got = engine.step_batch([p[-1] for p in prompts], slots, slots)
+    for i, prompt in enumerate(prompts):
+        _, want = _alone(model, prompt, 1)
+        assert torch.equal(got[i], want[0]), i  # the lanes compute each row as alone

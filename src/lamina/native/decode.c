@@ -26,7 +26,9 @@
      LIN_Q4K .. LIN_Q5_1  w GGML's blocks as a GGUF file stores them (lamina/quant/kquant.py):
                Q4_K, Q5_K, Q6_K super-blocks of 256, Q8_0, Q5_0, Q5_1 blocks of 32; each 32
                weights unpacked to int16 with their scales decoded once per super-block, the
-               input in natural order (see "GGML's blocks")
+               input in natural order (see "GGML's blocks"); one input row of Q4_K and Q6_K
+               takes an integer form where the CPU has AVX-512 VNNI (kq_int: the input's scale
+               per 256, each super-block summed in int32)
      LIN_PARTS w an array of gs Lins of those kinds stacked by rows (a fused q/k/v whose parts
                the file typed apart)
    The token table is float, int8 or one of the GGML kinds (a row dequantized per lookup).
@@ -247,6 +249,8 @@ typedef struct {
     float *d8;      /* (B, k/32): their block scales */
     float *s8;      /* (B, k/32): each block's sum as rounded (d8 x its int8 sum: the minimums' part
                        must see the same inputs as the weights' q, else 8 s x the rounding stays) */
+    int span;       /* blocks of 32 sharing one int16 scale in q (dx repeats it): 1, or 8 for the
+                       super-block kinds' integer form (kq_int below) */
 } Act;
 
 /* int8 inputs (llama.cpp's Q8_0 activations: a scale per 32, amax / 127) for one input row where
@@ -277,15 +281,47 @@ int lm_act8(int choice) {
     return act8_on();
 }
 
+/* Q4_K's integer form for one input row (one_row_q4k_int, AVX-512 VNNI): the input's int16
+   scale shared by a super-block of 256 (quantize_rows' span 8), each block's weights times
+   their 6-bit scale as int16 (`vpmullw`, at most 15 x 63) and `vpdpwssd` by the inputs into one
+   int32 sum per super-block, which takes one float multiply (d x the input's scale); the
+   minimums through the blocks' input sums, 8 floats a super-block. -1 until asked: on where the
+   CPU has VNNI; lm_kq_int(0) keeps the per-32 float form (one_row_kq_512). */
+static int kq_int = -1;
+static inline int kq_int_on(void) {
+    if (kq_int < 0) kq_int = cpu_has_vnni();
+    return kq_int;
+}
+int lm_kq_int(int choice) {
+    if (choice >= 0) kq_int = choice && cpu_has_vnni();
+    return kq_int_on();
+}
+static inline int kq_int_for(int kind, int k) { return (kind == LIN_Q4K || kind == LIN_Q6K) && k % 256 == 0 && kq_int_on(); }
+
 #define QMAX 32767.0f /* inputs quantized to int16 per block of 32 */
 
-/* gs: the weight groups whose input sums sx holds (0: none) */
-static void quantize_rows(const float *x, int r0, int r1, int k, int perm, int gs, Act *a) {
+/* the largest |x| of n floats (n a multiple of 8) */
+static inline float amax_of(const float *x, int n) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 mx = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8) mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    return _mm_cvtss_f32(m4);
+}
+
+/* gs: the weight groups whose input sums sx holds (0: none); span: blocks of 32 sharing one
+   int16 scale (1, or 8: a super-block's, for kq_int; k a multiple of 256 then) */
+static void quantize_rows(const float *x, int r0, int r1, int k, int perm, int gs, int span, Act *a) {
     int nb = k / 32, per = gs > 0 ? gs / 32 : 1;
+    a->span = span;
     for (int r = r0; r < r1; r++) {
         const float *xr = x + (size_t)r * k;
         int16_t *q = a->q + (size_t)r * k;
+        float wide = 0.0f; /* span > 1: the amax of the current span */
         for (int b = 0; b < nb; b++) {
+            if (span > 1 && b % span == 0) wide = amax_of(xr + 32 * b, 32 * span);
             /* vectorized, with the scalar form's exact results: the same max, product and
                rounding (cvtps2dq rounds to nearest even, as lrintf does) */
             const float *xb = xr + 32 * b;
@@ -298,8 +334,8 @@ static void quantize_rows(const float *x, int r0, int r1, int k, int perm, int g
             __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
             m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
             m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-            const float amax = _mm_cvtss_f32(m4);
-            float d = amax / QMAX, id = amax > 0 ? QMAX / amax : 0.0f;
+            const float amax = _mm_cvtss_f32(m4), aq = span > 1 ? wide : amax;
+            float d = aq / QMAX, id = aq > 0 ? QMAX / aq : 0.0f;
             const __m256 vid = _mm256_set1_ps(id);
             const __m256i hi = _mm256_set1_epi32(32767), lo = _mm256_set1_epi32(-32767);
             __m256i acc = _mm256_setzero_si256();
@@ -350,9 +386,10 @@ static void quantize_rows(const float *x, int r0, int r1, int k, int perm, int g
 static void prepare_rows(const Lin *L, const float *x, int r0, int r1, Act *a) {
     a->x = x;
     if (L->kind == LIN_PARTS) L = (const Lin *)L->w; /* parts are all GGML kinds: one form */
-    if (L->kind == LIN_INT4) quantize_rows(x, r0, r1, L->k, 1, L->gs, a);
-    else if (L->kind == LIN_INT8) quantize_rows(x, r0, r1, L->k, 0, 0, a);
-    else if (L->kind != LIN_F32) quantize_rows(x, r0, r1, L->k, 0, 32, a); /* GGML: natural order */
+    if (L->kind == LIN_INT4) quantize_rows(x, r0, r1, L->k, 1, L->gs, 1, a);
+    else if (L->kind == LIN_INT8) quantize_rows(x, r0, r1, L->k, 0, 0, 1, a);
+    else if (L->kind != LIN_F32) /* GGML: natural order; a scale per super-block for kq_int */
+        quantize_rows(x, r0, r1, L->k, 0, 32, kq_int_for(L->kind, L->k) ? 8 : 1, a);
 }
 
 static void prepare_act(const Lin *L, const float *x, int B, Act *a) { prepare_rows(L, x, 0, B, a); }
@@ -1060,6 +1097,28 @@ WIDE static void one_row_i8_512(const Lin *L, const Act *a, float *y, int n0, in
     }
 }
 
+/* Q5_0 and Q5_1 blocks of 32 straight to 32 int16 (the same integers as kq_q8 widened): the
+   16 bytes of nibbles widened once, low nibbles in lanes 0-15 and high ones in 16-31, the 32
+   high bits a lane mask (Q5_0: q - 16 where the bit is clear; Q5_1: q + 16 where it is set), in
+   place of kq_q8's byte shuffles; 1 (the default) this form, 0 kq_q8's (lm_q5_mask to compare) */
+static int q5_mask = 1;
+int lm_q5_mask(int choice) {
+    if (choice >= 0) q5_mask = choice ? 1 : 0;
+    return q5_mask;
+}
+WIDE static inline __attribute__((always_inline)) __m512i kq_w16_512(int kind, const uint8_t *blk, int jj) {
+    if ((kind == LIN_Q5_0 || kind == LIN_Q5_1) && q5_mask) {
+        const uint8_t *qh = blk + (kind == LIN_Q5_0 ? 2 : 4);
+        uint32_t bits;
+        memcpy(&bits, qh, 4);
+        const __m256i t = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(qh + 4)));
+        const __m512i nib = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(t, _mm256_set1_epi16(15))), _mm256_srli_epi16(t, 4), 1);
+        return kind == LIN_Q5_0 ? _mm512_mask_sub_epi16(nib, (__mmask32)~bits, nib, _mm512_set1_epi16(16))
+                                : _mm512_mask_add_epi16(nib, (__mmask32)bits, nib, _mm512_set1_epi16(16));
+    }
+    return _mm512_cvtepi8_epi16(kq_q8(kind, blk, jj));
+}
+
 /* GGML-block rows n0..n1 for one input row */
 WIDE static inline __attribute__((always_inline)) void one_row_kq_512(int kind, const Lin *L, const Act *a, float *y, int n0, int n1, int accumulate) {
     const int k = L->k, per = kq_per(kind), bs = kq_bytes(kind), sub = per / 32, nsb = k / per;
@@ -1080,7 +1139,7 @@ WIDE static inline __attribute__((always_inline)) void one_row_kq_512(int kind, 
                 const __m512i x = _mm512_loadu_si512((const void *)(a->q + 32 * b));
                 const float d = a->dx[b];
                 for (int j = 0; j < NR; j++) {
-                    const __m512i wz = _mm512_cvtepi8_epi16(kq_q8(kind, row[j] + (size_t)sb * bs, jj));
+                    const __m512i wz = kq_w16_512(kind, row[j] + (size_t)sb * bs, jj);
                     const __m512 p = _mm512_cvtepi32_ps(_mm512_madd_epi16(wz, x));
                     if (kind == LIN_Q6K) { /* a scale per 16: lanes 0-7 the first 16, 8-15 the next */
                         const __m512 sv = _mm512_insertf32x8(_mm512_set1_ps(s[j][2 * jj] * d), _mm256_set1_ps(s[j][2 * jj + 1] * d), 1);
@@ -1258,10 +1317,115 @@ VNNI static void one_row8(const Lin *L, const Act *a, float *y, int n0, int n1, 
     }
 }
 
+/* ------------------------------------------------------------------ one row, Q4_K in integers */
+
+/* Q4_K rows n0..n1 for one input row quantized with a scale per super-block (a->span 8; see
+   kq_int): per super-block and weight row, the 8 blocks' weights q (0..15) times their 6-bit
+   scale as int16 by `vpmullw`, `vpdpwssd` by the int16 inputs into 16 int32 lanes (16 products
+   a lane at most 15 x 63 x 32767: no overflow), then one conversion and one fma by d x the
+   input's scale; the minimums' part dmin x m_j x the blocks' input sums, one 8-float fma. The
+   same weights and inputs as the per-32 form, with the super-block's sums exact in integers. */
+VNNI static void one_row_q4k_int(const Lin *L, const Act *a, float *y, int n0, int n1, int accumulate) {
+    const int k = L->k, nsb = k / 256;
+    const size_t rb = kq_row_bytes(LIN_Q4K, k);
+    const __m512i m4 = _mm512_set1_epi16(0x0F);
+    const uint32_t lo6 = 0x3f3f3f3fu, lo4 = 0x0f0f0f0fu, b45 = 0x30303030u;
+    for (int n = n0; n < n1; n += NR) {
+        const uint8_t *row[NR];
+        for (int j = 0; j < NR; j++) row[j] = (const uint8_t *)L->w + (size_t)nr_row(n, j, n1) * rb;
+        if (n + 4 * NR < n1) /* four passes on */
+            for (size_t o = 0; o < NR * rb; o += 64) PF_W((const char *)row[0] + 4 * NR * rb + o);
+        __m512 acc[NR];
+        __m256 macc[NR];
+        for (int j = 0; j < NR; j++) acc[j] = _mm512_setzero_ps(), macc[j] = _mm256_setzero_ps();
+        for (int sb = 0; sb < nsb; sb++) {
+            const __m512i *xs = (const __m512i *)(a->q + 256 * sb);
+            __m512i x[8];
+            for (int i = 0; i < 8; i++) x[i] = _mm512_loadu_si512((const void *)(xs + i));
+            const float dxs = a->dx[8 * sb];
+            const __m256 sxs = _mm256_loadu_ps(a->sx + 8 * sb);
+            for (int j = 0; j < NR; j++) {
+                const uint8_t *blk = row[j] + (size_t)sb * 144;
+                uint32_t w[3];
+                memcpy(w, blk + 4, 12);
+                const __m256i sc = _mm256_cvtepu8_epi32(_mm_setr_epi32((int)(w[0] & lo6), (int)((w[2] & lo4) | ((w[0] >> 2) & b45)), 0, 0));
+                const __m256i mi = _mm256_cvtepu8_epi32(_mm_setr_epi32((int)(w[1] & lo6), (int)(((w[2] >> 4) & lo4) | ((w[1] >> 2) & b45)), 0, 0));
+                int32_t sw[8] __attribute__((aligned(32))); /* each scale in both halves of a word pair */
+                _mm256_store_si256((__m256i *)sw, _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16)));
+                macc[j] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(mi), _mm256_set1_ps(half(blk + 2))), sxs, macc[j]);
+                __m512i isum = _mm512_setzero_si512();
+                for (int p = 0; p < 4; p++) { /* 32 bytes: blocks 2p (low nibbles) and 2p + 1 (high) */
+                    const __m512i raw = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * p)));
+                    const __m512i lo = _mm512_and_si512(raw, m4), hi = _mm512_srli_epi16(raw, 4);
+                    isum = _mm512_dpwssd_epi32(isum, _mm512_mullo_epi16(lo, _mm512_set1_epi32(sw[2 * p])), x[2 * p]);
+                    isum = _mm512_dpwssd_epi32(isum, _mm512_mullo_epi16(hi, _mm512_set1_epi32(sw[2 * p + 1])), x[2 * p + 1]);
+                }
+                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(half(blk) * dxs), acc[j]);
+            }
+        }
+        float mins[NR];
+        for (int j = 0; j < NR; j++) mins[j] = -hsum(macc[j]);
+        store_nr(L, acc, mins, y, n, n1, accumulate);
+    }
+}
+
+/* Q6_K rows n0..n1 the same way: a super-block's 16 int8 scales (one per 16 weights) as int16,
+   spread over each block's two halves by `vpermw`; q - 32 (-32..31) times its scale is at most
+   4096 in size, so a lane's 16 products stay below 2^31 (16 x 4096 x 32767 = 2147418112). */
+static const int16_t Q6_SPREAD[8][32] __attribute__((aligned(64))) = {
+#define SPREAD_ROW(j) {2 * j, 2 * j, 2 * j, 2 * j, 2 * j, 2 * j, 2 * j, 2 * j, 2 * j, 2 * j, 2 * j, 2 * j, 2 * j, 2 * j, 2 * j, 2 * j, \
+    2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1}
+    SPREAD_ROW(0), SPREAD_ROW(1), SPREAD_ROW(2), SPREAD_ROW(3), SPREAD_ROW(4), SPREAD_ROW(5), SPREAD_ROW(6), SPREAD_ROW(7)
+#undef SPREAD_ROW
+};
+
+VNNI static void one_row_q6k_int(const Lin *L, const Act *a, float *y, int n0, int n1, int accumulate) {
+    const int k = L->k, nsb = k / 256;
+    const size_t rb = kq_row_bytes(LIN_Q6K, k);
+    const __m512i m4 = _mm512_set1_epi16(0x0F), m30 = _mm512_set1_epi16(0x30), off = _mm512_set1_epi16(32);
+    for (int n = n0; n < n1; n += NR) {
+        const uint8_t *row[NR];
+        for (int j = 0; j < NR; j++) row[j] = (const uint8_t *)L->w + (size_t)nr_row(n, j, n1) * rb;
+        if (n + 4 * NR < n1) /* four passes on */
+            for (size_t o = 0; o < NR * rb; o += 64) PF_W((const char *)row[0] + 4 * NR * rb + o);
+        __m512 acc[NR];
+        for (int j = 0; j < NR; j++) acc[j] = _mm512_setzero_ps();
+        for (int sb = 0; sb < nsb; sb++) {
+            const __m512i *xs = (const __m512i *)(a->q + 256 * sb);
+            const float dxs = a->dx[8 * sb];
+            for (int j = 0; j < NR; j++) {
+                const uint8_t *blk = row[j] + (size_t)sb * 210;
+                const __m512i sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192))));
+                __m512i isum = _mm512_setzero_si512();
+                for (int h = 0; h < 2; h++) { /* 128 weights: ql 64 bytes, qh 32 */
+                    const __m512i A = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(blk + 64 * h)));
+                    const __m512i B = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32)));
+                    const __m512i H = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h)));
+                    __m512i q[4];
+                    q[0] = _mm512_or_si512(_mm512_and_si512(A, m4), _mm512_and_si512(_mm512_slli_epi16(H, 4), m30));
+                    q[1] = _mm512_or_si512(_mm512_and_si512(B, m4), _mm512_and_si512(_mm512_slli_epi16(H, 2), m30));
+                    q[2] = _mm512_or_si512(_mm512_srli_epi16(A, 4), _mm512_and_si512(H, m30));
+                    q[3] = _mm512_or_si512(_mm512_srli_epi16(B, 4), _mm512_and_si512(_mm512_srli_epi16(H, 2), m30));
+                    for (int t = 0; t < 4; t++) {
+                        const int b = 4 * h + t;
+                        const __m512i s = _mm512_permutexvar_epi16(_mm512_load_si512((const void *)Q6_SPREAD[b]), sc);
+                        const __m512i w = _mm512_mullo_epi16(_mm512_sub_epi16(q[t], off), s);
+                        isum = _mm512_dpwssd_epi32(isum, w, _mm512_loadu_si512((const void *)(xs + b)));
+                    }
+                }
+                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(half(blk + 208) * dxs), acc[j]);
+            }
+        }
+        const float zero[NR] = {0};
+        store_nr(L, acc, zero, y, n, n1, accumulate);
+    }
+}
+
 /* ------------------------------------------------------------------ weights in lanes (int4) */
 
-/* The int4 linears of a batch where the CPU has AVX-512 VNNI and the linear was laid out again
-   once (lm_pack16, by native/step.py for an engine of 3 rows or more): 16 weight rows sit in the
+/* The int4 linears where the CPU has AVX-512 VNNI and the linear was laid out again once, in
+   place (lm_pack16, by native/step.py's pack_lanes for an engine of 3 rows or more; its rows'
+   own layout then freed, so every call on it, one row too, runs here: lanes16): 16 weight rows sit in the
    lanes of one vector, each lane an int16 pair of its row's weights, and each input row's int16
    pair is the broadcast operand, so one `vpdpwssd` multiplies a pair of 16 weight rows by one
    input row with no unpacking per input row (the form above rebuilds each weight pair for every
@@ -1282,11 +1446,13 @@ static size_t pack16_bytes(const Lin *L) { return (size_t)((L->n + 15) / 16) * (
 static size_t pack16_floats(const Lin *L) { return (size_t)((L->n + 15) / 16) * (L->k / 32) * 16; }
 
 /* lays out an int4 linear's weights (w: pack16_bytes, 64-byte aligned), scales and minimums (sc,
-   mn: pack16_floats each, 64-byte aligned) for the batch kernel below; returns 1, or 0 where it
-   does not apply (not int4, or this CPU lacks AVX-512 VNNI): then nothing is written. w NULL:
-   only whether it applies. */
+   mn: pack16_floats each, 64-byte aligned) for the kernel below; returns 1, or 0 where it does
+   not apply (not int4, this CPU lacks AVX-512 VNNI, or lm_lanes_wide(0) chose the AVX2 form):
+   then nothing is written. w NULL: only
+   whether it applies. A Lin with lw set runs every call in lanes (one row too), so its rows'
+   own layout (w, s, mn) may then be NULL: native/step.py's pack_lanes frees it. */
 int lm_pack16(const Lin *L, uint8_t *w, float *sc, float *mn) {
-    if (L->kind != LIN_INT4 || L->k % 32 || L->gs % 32 || !cpu_has_vnni()) return 0;
+    if (L->kind != LIN_INT4 || L->k % 32 || L->gs % 32 || !cpu_has_vnni() || !lanes_512()) return 0;
     if (!w) return 1;
     const int n = L->n, k = L->k, nb = k / 32, ng = (n + 15) / 16, groups = k / L->gs, per = L->gs / 32;
     memset(w, 0, pack16_bytes(L));
@@ -1305,6 +1471,30 @@ int lm_pack16(const Lin *L, uint8_t *w, float *sc, float *mn) {
                 mo[i] = L->mn[(size_t)row * groups + b / per];
             }
         }
+    return 1;
+}
+
+/* the inverse: a linear in lanes (lw, ls, lmn) back to its rows' layout, into w (n, k/2), s and mn
+   (n, k/gs) (the scales and minimums of a group of blocks are equal in the lanes); 0 where L is
+   not int4 in lanes. */
+int lm_unpack16(const Lin *L, uint8_t *w, float *s, float *mn) {
+    if (L->kind != LIN_INT4 || !L->lw || L->k % 32 || L->gs % 32) return 0;
+    const int n = L->n, k = L->k, nb = k / 32, groups = k / L->gs, per = L->gs / 32;
+    for (int row = 0; row < n; row++) {
+        const int G = row / 16, i = row % 16;
+        for (int b = 0; b < nb; b++) {
+            const uint32_t *o = (const uint32_t *)(L->lw + ((size_t)G * nb + b) * 256);
+            uint8_t *dst = w + (size_t)row * (k / 2) + 16 * b;
+            for (int p = 0; p < 16; p++) {
+                const uint32_t v = o[(p / 4) * 16 + i] >> (4 * (p % 4));
+                dst[p] = (uint8_t)((v & 15) | ((v >> 16) & 15) << 4);
+            }
+            if (b % per == 0) {
+                s[(size_t)row * groups + b / per] = L->ls[((size_t)G * nb + b) * 16 + i];
+                mn[(size_t)row * groups + b / per] = L->lmn[((size_t)G * nb + b) * 16 + i];
+            }
+        }
+    }
     return 1;
 }
 
@@ -1336,10 +1526,12 @@ static void act16(const Lin *L, const Act *a, int r0, int rows, Act16 *t) {
 #ifndef PF16
 #define PF16 2 /* groups of 16 rows ahead to prefetch */
 #endif
-/* output rows n0..n1 (the groups of 16 they touch; the stores kept to n0..n1) for the `rows`
-   inputs of t (rows r0..), into y as lin_rows */
-VNNI static void lane16_rows(const Lin *L, const Act16 *t, int r0, int rows, float *y, int ystride, int n0, int n1, int accumulate) {
-    const int nb = L->k / 32;
+/* output rows n0..n1 (the groups of 16 they touch; the stores kept to n0..n1) for the R inputs of
+   t (rows r0..), into y as lin_rows. R is a constant in each instance below (1..LANES); a row's
+   integer sums go to NA = 4 / R accumulators (R < 4: the blocks' 16 `vpdpwssd` in independent
+   chains) added at each block's end, so every row's result is the same whatever R. */
+VNNI static inline __attribute__((always_inline)) void lane16_body(const Lin *L, const Act16 *t, int r0, const int R, float *y, int ystride, int n0, int n1, int accumulate) {
+    const int nb = L->k / 32, NA = R >= 4 ? 1 : 4 / R;
     const __m512i m = _mm512_set1_epi32(0x000F000F);
     for (int G = n0 / 16; G * 16 < n1; G++) {
         const int lo = G * 16 < n0 ? n0 - G * 16 : 0, hi = n1 - G * 16 < 16 ? n1 - G * 16 : 16;
@@ -1348,7 +1540,7 @@ VNNI static void lane16_rows(const Lin *L, const Act16 *t, int r0, int rows, flo
         const float *sg = L->ls + (size_t)G * nb * 16, *mg = L->lmn + (size_t)G * nb * 16;
         const int pf = PF16 && (G + PF16) * 16 < n1;
         __m512 f[LANES];
-        for (int r = 0; r < LANES; r++) f[r] = _mm512_setzero_ps();
+        for (int r = 0; r < R; r++) f[r] = _mm512_setzero_ps();
         for (int b = 0; b < nb; b++) {
             if (pf) {
                 const char *pw = (const char *)(wg + ((size_t)PF16 * nb + b) * 256);
@@ -1356,29 +1548,32 @@ VNNI static void lane16_rows(const Lin *L, const Act16 *t, int r0, int rows, flo
                 PF_W((const char *)(sg + ((size_t)PF16 * nb + b) * 16));
                 PF_W((const char *)(mg + ((size_t)PF16 * nb + b) * 16));
             }
-            __m512i acc[LANES];
-            for (int r = 0; r < LANES; r++) acc[r] = _mm512_setzero_si512();
+            __m512i acc[LANES]; /* R * NA of them: 4 or R */
+            for (int r = 0; r < R * NA; r++) acc[r] = _mm512_setzero_si512();
             const int32_t *xb = t->xp + (size_t)b * LANES * 16;
             for (int h = 0; h < 4; h++) {
                 const __m512i pk = _mm512_load_si512((const void *)(wg + (size_t)b * 256 + 64 * h));
                 const __m512i w0 = _mm512_and_si512(pk, m), w1 = _mm512_and_si512(_mm512_srli_epi32(pk, 4), m);
                 const __m512i w2 = _mm512_and_si512(_mm512_srli_epi32(pk, 8), m), w3 = _mm512_and_si512(_mm512_srli_epi32(pk, 12), m);
-                for (int r = 0; r < LANES; r++) {
+                for (int r = 0; r < R; r++) {
                     const int32_t *x = xb + r * 16 + 4 * h;
-                    acc[r] = _mm512_dpwssd_epi32(acc[r], w0, _mm512_set1_epi32(x[0]));
-                    acc[r] = _mm512_dpwssd_epi32(acc[r], w1, _mm512_set1_epi32(x[1]));
-                    acc[r] = _mm512_dpwssd_epi32(acc[r], w2, _mm512_set1_epi32(x[2]));
-                    acc[r] = _mm512_dpwssd_epi32(acc[r], w3, _mm512_set1_epi32(x[3]));
+                    __m512i *c = &acc[r * NA + h % NA];
+                    *c = _mm512_dpwssd_epi32(*c, w0, _mm512_set1_epi32(x[0]));
+                    *c = _mm512_dpwssd_epi32(*c, w1, _mm512_set1_epi32(x[1]));
+                    *c = _mm512_dpwssd_epi32(*c, w2, _mm512_set1_epi32(x[2]));
+                    *c = _mm512_dpwssd_epi32(*c, w3, _mm512_set1_epi32(x[3]));
                 }
             }
             const __m512 sc = _mm512_load_ps(sg + (size_t)b * 16), mn = _mm512_load_ps(mg + (size_t)b * 16);
-            for (int r = 0; r < LANES; r++) {
-                f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_mul_ps(sc, _mm512_set1_ps(t->dx[b * LANES + r])), f[r]);
+            for (int r = 0; r < R; r++) {
+                __m512i s = acc[r * NA];
+                for (int j = 1; j < NA; j++) s = _mm512_add_epi32(s, acc[r * NA + j]);
+                f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(sc, _mm512_set1_ps(t->dx[b * LANES + r])), f[r]);
                 f[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(t->bs[b * LANES + r]), f[r]);
             }
         }
         const __m512 bias = L->bias ? _mm512_maskz_loadu_ps(keep, L->bias + 16 * G) : _mm512_setzero_ps();
-        for (int r = 0; r < rows; r++) {
+        for (int r = 0; r < R; r++) {
             float *o = y + (size_t)(r0 + r) * ystride + 16 * G;
             __m512 v = _mm512_add_ps(f[r], bias);
             if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(keep, o));
@@ -1387,15 +1582,40 @@ VNNI static void lane16_rows(const Lin *L, const Act16 *t, int r0, int rows, flo
     }
 }
 
+#define LANE16_R(R) \
+    VNNI static void lane16_r##R(const Lin *L, const Act16 *t, int r0, float *y, int ystride, int n0, int n1, int accumulate) { \
+        lane16_body(L, t, r0, R, y, ystride, n0, n1, accumulate);                                                              \
+    }
+LANE16_R(1) LANE16_R(2) LANE16_R(3) LANE16_R(4) LANE16_R(5) LANE16_R(6) LANE16_R(7) LANE16_R(8)
+#undef LANE16_R
+
+/* the int4 rows n0..n1 of a linear laid out in lanes (lm_pack16), for any number of inputs: every
+   call on such a linear comes here (its rows' own layout may be gone, see lm_pack16); returns 0
+   when out of memory */
+static int lanes16(const Lin *L, int B, const Act *a, float *y, int ystride, int n0, int n1, int accumulate) {
+    static void (*const by_rows[LANES])(const Lin *, const Act16 *, int, float *, int, int, int, int) = {
+        lane16_r1, lane16_r2, lane16_r3, lane16_r4, lane16_r5, lane16_r6, lane16_r7, lane16_r8};
+    const int nb = L->k / 32;
+    void *buf = aligned_alloc(64, ((size_t)nb * 18 * LANES * 4 + 63) & ~(size_t)63);
+    if (!buf) return 0;
+    Act16 t = {(int32_t *)buf, (float *)buf + (size_t)nb * 16 * LANES, NULL}; /* 18 per block */
+    t.bs = t.dx + (size_t)nb * LANES;
+    for (int r0 = 0; r0 < B; r0 += LANES) {
+        const int rows = B - r0 < LANES ? B - r0 : LANES;
+        act16(L, a, r0, rows, &t);
+        by_rows[rows - 1](L, &t, r0, y, ystride, n0, n1, accumulate);
+    }
+    free(buf);
+    return 1;
+}
+
 /* rows n0..n1 of an int4 / int8 linear for B >= 2 inputs; 0 when out of memory (the caller
    then runs its own loop) */
 static int lane_rows(const Lin *L, int B, const Act *a, float *y, int ystride, int n0, int n1, int accumulate) {
     const int nb = L->k / 32, nc = (nb + 1) / 2, groups = L->kind == LIN_INT4 ? L->k / L->gs : 0;
-    const int wide = lanes_512(), packed = wide && L->lw; /* the weights in lanes */
+    const int wide = lanes_512();
     void *buf = aligned_alloc(64, ((size_t)(2 * nc) * 18 * LANES * 4 + (size_t)groups * LANES * 4 + 63) & ~(size_t)63);
     if (!buf) return 0;
-    Act16 t16 = {(int32_t *)buf, (float *)buf + (size_t)nb * 16 * LANES, NULL}; /* 18 per block */
-    t16.bs = t16.dx + (size_t)nb * LANES;
     LaneAct t = {(int32_t *)buf, (float *)buf + (size_t)nb * 16 * LANES, NULL};
     t.sxt = t.dxt + (size_t)nb * LANES;
     LaneAct2 t2 = {(int32_t *)buf, (float *)buf + (size_t)nc * 32 * LANES, NULL, NULL};
@@ -1406,14 +1626,11 @@ static int lane_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
         if (rows < lanes_min(wide)) { /* too few to fill the lanes: those rows by themselves */
             const int k = L->k;
             Act sub = {a->x ? a->x + (size_t)r0 * k : NULL, a->q + (size_t)r0 * k, a->dx + (size_t)r0 * nb,
-                       a->sx + (size_t)r0 * (groups ? groups : 1)};
+                       a->sx + (size_t)r0 * (groups ? groups : 1), .span = a->span};
             lin_rows(L, rows, &sub, y + (size_t)r0 * ystride, ystride, n0, n1, accumulate);
             continue;
         }
-        if (packed) {
-            act16(L, a, r0, rows, &t16);
-            lane16_rows(L, &t16, r0, rows, y, ystride, n0, n1, accumulate);
-        } else if (wide) {
+        if (wide) {
             lane_act2(L, a, r0, rows, &t2);
             lane_rows_512(L, &t2, r0, rows, y, ystride, n0, n1, accumulate);
         } else {
@@ -1436,8 +1653,21 @@ static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
         }
         return;
     }
+    if (L->kind == LIN_INT4 && L->lw) { /* laid out in lanes: every number of rows */
+        if (lanes16(L, B, a, y, ystride, n0, n1, accumulate)) return;
+        if (!L->w) { /* out of memory and no rows' layout to fall back on: NaN, not garbage */
+            for (int r = 0; r < B; r++)
+                for (int n = n0; n < n1; n++) y[(size_t)r * ystride + n] = NAN;
+            return;
+        }
+    }
     if (B == 1 && a->q8 && L->kind != LIN_F32) { /* one row, int8 inputs (act8) */
         one_row8(L, a, y, n0, n1, accumulate);
+        return;
+    }
+    if (B == 1 && (L->kind == LIN_Q4K || L->kind == LIN_Q6K) && a->span == 8 && kq_int_on()) { /* one row: integers */
+        if (L->kind == LIN_Q4K) one_row_q4k_int(L, a, y, n0, n1, accumulate);
+        else one_row_q6k_int(L, a, y, n0, n1, accumulate);
         return;
     }
     if (B == 1 && (L->kind == LIN_INT4 || (L->kind == LIN_INT8 && i8_wide) || (L->kind >= LIN_Q4K && kq_wide_for(L->kind))) && lanes_512()) { /* one row: AVX-512 */
@@ -1452,7 +1682,7 @@ static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
         for (int r = 0; r < B; r++) {
             Act one = {a->x ? a->x + (size_t)r * k : NULL, a->q + (size_t)r * k, a->dx + (size_t)r * nb,
                        a->sx + (size_t)r * gsum, a->q8 ? a->q8 + (size_t)r * k : NULL,
-                       a->q8 ? a->d8 + (size_t)r * nb : NULL, a->q8 ? a->s8 + (size_t)r * nb : NULL};
+                       a->q8 ? a->d8 + (size_t)r * nb : NULL, a->q8 ? a->s8 + (size_t)r * nb : NULL, a->span};
             lin_rows(L, 1, &one, y + (size_t)r * ystride, ystride, n0, n1, accumulate);
         }
         return;

@@ -5,6 +5,8 @@
     logits = engine.step_batch(tokens, positions, slots, rows=None, starts=None)  # (B, vocab)
     logits = engine.step_entries(tokens, slots, rows)   # (N, vocab): a row at several slots
     y = linear(module, x)                      # one quantized linear, for a short prefill
+    pack_lanes(int4_linear) -> bool            its weights in 16-row lanes, in place (one copy)
+    unpack_lanes(int4_linear) -> (qweight, scale, minimum)   its rows' layout, new tensors
 
 One call runs every layer for one new token per row. `step` writes each layer's key and value
 at the caches' `pos`, lets row r attend cache slots starts[r]..pos, returns the logits and
@@ -23,7 +25,10 @@ row's entries at consecutive slots are a causal prefill of those tokens. The row
 B sequences cost far less than B separate steps; each row's logits are those it would get
 decoded alone (tests/test_native.py holds them equal). The model's own tensors are read in
 place (pointers into them, kept alive here), so building an engine costs no copy; build one
-per generation (or per server), since it sees the tensors the model holds at that moment.
+per generation (or per server), since it sees the tensors the model holds at that moment. An
+engine of 3 cache rows or more (a server's) first lays each int4 linear out in lanes where the
+CPU has AVX-512 VNNI (`pack_lanes`: in place, the module keeps that layout and every native
+call on it, one row or many, reads it; PyTorch's paths read it back through `unpack_lanes`).
 
 Which models it covers is coverage.py's (`unsupported(model)` says why not); `native_step`
 returns None for the rest, leaving PyTorch to run the step. The quantized linears quantize
@@ -55,37 +60,77 @@ from lamina.native.structs import (
     LIN_F32,
     LIN_INT8,
     Layer,
-    Lin,
     Model,
     Pointers,
     kind_of,
 )
 
 
-def in_lanes(lib: ctypes.CDLL, ptrs: Pointers, L: Lin) -> Lin:
-    """L, an int4 linear's weights also laid out in lanes for a batch's rows (decode.c's
-    lm_pack16, where the CPU has AVX-512 VNNI; a NativeStep of 3 rows or more has its blocks'
-    linears so): a copy the size of its weights, scales and minimums, kept alive by ptrs."""
+def _aligned(nbytes: int, dtype: torch.dtype) -> Tensor:
+    """A 64-byte aligned 1-d tensor of nbytes (a view into a slightly larger one)."""
+    raw = torch.empty(nbytes + 64, dtype=torch.uint8)
+    at = -raw.data_ptr() % 64
+    return raw[at : at + nbytes].view(dtype)
+
+
+def pack_lanes(m: nn.Module) -> bool:
+    """Lay an int4 linear's weights, scales and minimums out in lanes (decode.c's lm_pack16,
+    where the CPU has AVX-512 VNNI) IN PLACE: m.lanes_w / lanes_s / lanes_mn take the place of
+    qweight / native_scale / native_min, which go (one copy of the weights, not two). Every
+    native call reads the lanes (one row as 8); `Int4Linear.dequantized` and
+    `restore_saved_scales` read them back (`unpack_lanes`). False (nothing changed) where it does not apply: not an
+    int4 linear prepared for the native kernel, no library, or not this CPU's form."""
+    lib = library()
+    if kind_of(m) != "int4" or lib is None or getattr(m, "lanes_w", None) is not None:
+        return False
+    if m.native_scale is None:
+        return False  # prepared for another kernel: its rows stay as they are
+    ptrs = Pointers()  # alive until packed
+    L = ptrs.lin(m)
     if not lib.lm_pack16(ctypes.addressof(L), None, None, None):
-        return L  # not int4, or not this CPU's form
+        return False
     floats = (L.n + 15) // 16 * (L.k // 32) * 16  # per group of 16 rows and block
-    w_at, s_at = (ptrs.t(torch.empty(n + 64, dtype=torch.uint8)) for n in (16 * floats, 8 * floats))
-    w_at, s_at = w_at + (-w_at % 64), s_at + (-s_at % 64)  # 64-byte aligned
-    m_at = s_at + 4 * floats  # the minimums after the scales
-    if not lib.lm_pack16(ctypes.addressof(L), w_at, s_at, m_at):
+    w = _aligned(16 * floats, torch.uint8)
+    sc, mn = _aligned(4 * floats, torch.float32), _aligned(4 * floats, torch.float32)
+    if not lib.lm_pack16(ctypes.addressof(L), w.data_ptr(), sc.data_ptr(), mn.data_ptr()):
         raise LaminaError("decode.c's lm_pack16 refused a linear it had accepted")
-    L.lw, L.ls, L.lmn = w_at, s_at, m_at
-    return L
+    m.lanes_w, m.lanes_s, m.lanes_mn = w, sc, mn
+    m.qweight = m.native_scale = m.native_min = None
+    return True
 
 
-def linear(m: nn.Module, x: Tensor, lanes: bool = False) -> Tensor:
+def _trim_freed_memory() -> None:
+    """glibc's malloc_trim(0): the rows' layouts pack_lanes freed are many small chunks amid
+    the heap, kept by the allocator until trimmed (SmolLM2 Q4_1: RSS after a 16-row engine
+    405 MB untrimmed, 368 trimmed, 444 with the copy beside the rows); nothing off glibc."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    trim(0)
+
+
+def unpack_lanes(m: nn.Module) -> tuple[Tensor, Tensor, Tensor]:
+    """An int4 linear laid out in lanes (`pack_lanes`) -> its rows' layout, new tensors:
+    qweight uint8 (N, K/2), scales and minimums float (N, K/gs) (w = q s + minimum)."""
+    lib = library()
+    if lib is None:
+        raise LaminaError("an int4 linear in lanes needs the native library to unpack")
+    L = Pointers().lin(m)
+    n, k, groups = m.out_features, m.in_features, m.in_features // m.group_size
+    q = torch.empty(n, k // 2, dtype=torch.uint8)
+    s, low = torch.empty(n, groups), torch.empty(n, groups)
+    if not lib.lm_unpack16(ctypes.addressof(L), q.data_ptr(), s.data_ptr(), low.data_ptr()):
+        raise LaminaError("decode.c's lm_unpack16 refused an int4 linear in lanes")
+    return q, s, low
+
+
+def linear(m: nn.Module, x: Tensor) -> Tensor:
     """x (M, K) float32 -> (M, N): a quantized linear (its bias included) through the native
-    kernel, for a few rows at a time (a short prefill); the caller checks `library()`. lanes:
-    with the weights laid out as a batch's engine has them (`in_lanes`)."""
+    kernel, for a few rows at a time (a short prefill); the caller checks `library()`."""
     ptrs = Pointers()  # alive until the call returns
     L = ptrs.lin(m)
-    if lanes:
-        L = in_lanes(library(), ptrs, L)
     x = x.detach().float().contiguous()
     y = torch.empty(x.shape[0], m.out_features)
     threads = torch.get_num_threads()
@@ -113,7 +158,7 @@ class NativeStep:
                     raise LaminaError("the native step needs contiguous float32 CPU caches")
         self.cache_len, self.cache_batch = lens.pop(), caches[0].k.shape[0]
         self._caches = list(caches)
-        layers = (Layer * c.n_layers)()
+        layers, packed = (Layer * c.n_layers)(), 0
         for i, (block, cache) in enumerate(zip(model.blocks, caches, strict=True)):
             ly = layers[i]
             a = block.attn
@@ -126,10 +171,10 @@ class NativeStep:
                 self._t(getattr(block.norm2, "bias", None)),
             )
             ly.qg, ly.kg = self._t(a.q_gain), self._t(a.k_gain)
-            ly.qkv, ly.proj, ly.fc, ly.out = (
-                in_lanes(lib, self._ptrs, self._lin(m)) if self.cache_batch >= 3 else self._lin(m)
-                for m in (a.qkv, a.proj, block.ff.fc, block.ff.proj)
-            )
+            mods = (a.qkv, a.proj, block.ff.fc, block.ff.proj)
+            if self.cache_batch >= 3:  # a batch's engine: the int4 linears in lanes, in place
+                packed += sum(pack_lanes(mod) for mod in mods)
+            ly.qkv, ly.proj, ly.fc, ly.out = (self._lin(mod) for mod in mods)
             ly.kc, ly.vc = self._t(cache.k), self._t(cache.v)
         self._layers = layers
         m = self._model = Model()
@@ -154,6 +199,10 @@ class NativeStep:
             m.inv_freq = self._t(rotary_frequencies(c.head_dim, c.rope_theta, c.rope_scaling))
         m.nfw = self._t(getattr(model.norm_f, "weight", None))
         m.nfb = self._t(getattr(model.norm_f, "bias", None))
+        if self.cache_batch >= 3:
+            packed += pack_lanes(model.head)
+        if packed:
+            _trim_freed_memory()
         m.head = self._lin(model.head)
         m.layers = layers
         self._fn = lib.lm_step

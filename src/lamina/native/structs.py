@@ -33,7 +33,7 @@ class Lin(ctypes.Structure):
         ("s", _p),
         ("mn", _p),
         ("bias", _p),
-        ("lw", _p),  # int4: the weights in lanes for a batch (lm_pack16), or NULL
+        ("lw", _p),  # int4: the weights in lanes (lm_pack16), or NULL; then w, s, mn NULL
         ("ls", _p),
         ("lmn", _p),
     ]
@@ -122,6 +122,9 @@ class Pointers:
             self.structs.append(array)
             L.kind, L.gs, L.w, L.bias = LIN_PARTS, len(parts), ctypes.addressof(array), None
             return L
+        elif kind == "int4" and getattr(m, "lanes_w", None) is not None:  # native/step.py's
+            L.kind, L.gs = LIN_INT4, m.group_size  # pack_lanes: the lanes alone
+            L.lw, L.ls, L.lmn = self.t(m.lanes_w), self.t(m.lanes_s), self.t(m.lanes_mn)
         elif kind == "int4":
             L.kind, L.gs = LIN_INT4, m.group_size
             scale, low = m.native_scale, m.native_min

@@ -31,6 +31,7 @@ import lamina.cpu as cpu
 from lamina.errors import LaminaError
 from lamina.frozen_linear import dequantized as kept_dequantized
 from lamina.native.step import linear as native_linear
+from lamina.native.step import unpack_lanes
 from lamina.native.structs import int4_rows
 
 INT4_GROUP_SIZES = (32, 64, 128, 256)
@@ -103,6 +104,11 @@ def _finish(m: Int8Linear | Int4Linear, x: Tensor, y: Tensor) -> Tensor:
     if m.bias is not None:
         y = y + m.bias.to(y.dtype)
     return y.reshape(*x.shape[:-1], m.out_features)
+
+
+def _saved_scales(s: Tensor, low: Tensor) -> Tensor:
+    """The native (N, K/gs) scales and minimums -> the saved (K/gs, N, 2) scales and zeros."""
+    return torch.stack([s, low + 8 * s], -1).transpose(0, 1).contiguous()
 
 
 def _dequantize_int8(
@@ -251,6 +257,9 @@ class Int4Linear(nn.Module):
         # the native kernel's (N, K // gs) scales and minimums (w = q s + min), see prepare
         self.register_buffer("native_scale", None, persistent=False)
         self.register_buffer("native_min", None, persistent=False)
+        # or all three in 16-row lanes instead (lamina.native.step.pack_lanes)
+        for name in ("lanes_w", "lanes_s", "lanes_mn"):
+            self.register_buffer(name, None, persistent=False)
         self.kernels: tuple[str, ...] | None = None  # see prepare
 
     @classmethod
@@ -271,7 +280,10 @@ class Int4Linear(nn.Module):
         an fp32 tensor of the result's shape written in place of a new one (the same numbers),
         returned as it is, or cast where `dtype` is not fp32."""
         index = slice(None) if rows is None else rows
-        packed = self.qweight[index]  # (..., K / 2), low nibble first
+        qweight, native_scale, native_min = self.qweight, self.native_scale, self.native_min
+        if qweight is None:  # in lanes: the rows' layout read back, for this call
+            qweight, native_scale, native_min = unpack_lanes(self)
+        packed = qweight[index]  # (..., K / 2), low nibble first
         if out is None:
             q = torch.stack([packed & 15, packed >> 4], -1).flatten(-2).float()  # the temporary
         else:
@@ -280,7 +292,7 @@ class Int4Linear(nn.Module):
             pairs[..., 1].copy_(packed >> 4)
         g = q.unflatten(-1, (-1, self.group_size))
         if self.scales_and_zeros is None:  # GGML's own form: q d + m
-            s, low = self.native_scale[index], self.native_min[index]  # (..., K / g) each
+            s, low = native_scale[index], native_min[index]  # (..., K / g) each
             g.mul_(s[..., None]).add_(low[..., None])
             return q.to(dtype)
         s, z = self.scales_and_zeros[:, index].movedim(0, -2).unbind(-1)  # (..., K / g) each
@@ -293,16 +305,27 @@ class Int4Linear(nn.Module):
         (a GGUF file's Q4_0/Q4_1 layers, lamina.quant.from_blocks). The dequantized path reads
         the native layout; `prepare` rebuilds the saved form first (z = minimum + 8 s: exact
         for GGML's fp16 scales and minimums)."""
-        if self.native_scale is not None:
+        if self.native_scale is not None or self.lanes_w is not None:
             self.scales_and_zeros = None
         return self
+
+    def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
+        # the saved form whatever the layout in memory: in lanes, the rows' layout read back
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if self.lanes_w is not None:
+            destination[prefix + "qweight"], s, low = unpack_lanes(self)
+            if self.scales_and_zeros is None:
+                destination[prefix + "scales_and_zeros"] = _saved_scales(s, low)
 
     def restore_saved_scales(self) -> Int4Linear:
         """Rebuild scales_and_zeros where drop_saved_scales dropped it (before the native
         layout goes: `prepare`, or a caller that drops the kernel copies)."""
+        if self.lanes_w is not None:  # and the rows' layout where pack_lanes laid it in lanes
+            self.qweight, self.native_scale, self.native_min = unpack_lanes(self)
+            self.lanes_w = self.lanes_s = self.lanes_mn = None
         if self.scales_and_zeros is None:
             s, low = self.native_scale, self.native_min
-            self.scales_and_zeros = torch.stack([s, low + 8 * s], -1).transpose(0, 1).contiguous()
+            self.scales_and_zeros = _saved_scales(s, low)
         return self
 
     def prepare(self, kernel: str | None = None) -> Int4Linear:
