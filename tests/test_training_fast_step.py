@@ -163,3 +163,16 @@ def test_the_bpe_row_raises_weight_decay_and_the_char_row_keeps_the_default():
     bpe, char = TABLE[0], TABLE[-1]
     assert bpe.tokenizer.startswith("bpe:") and bpe.train["weight_decay"] > 0.1
     assert char.tokenizer == "char" and "weight_decay" not in char.train
+
+
+def test_the_bpe_row_covers_the_points_where_bpe_measured_better():
+    """tinyshakespeare (1,115,394 bytes) on the AMX Xeon, whose timed rate read ~98 kB/s:
+    bpe:1536 beat char at 114 s and 140 s (10.0 and 12.3 timed passes); char won from 16 timed
+    passes (the EPYC at 300 s), which the Xeon's rate gives at 300 s too (26)."""
+    from lamina.training.budget import TABLE, pick
+
+    corpus, rate = 1_115_394, 97_800.0
+    assert pick(114, corpus, rate).tokenizer == pick(140, corpus, rate).tokenizer == "bpe:1536"
+    assert pick(140, corpus, rate).train == TABLE[0].train
+    assert pick(300, corpus, rate).tokenizer == "char"
+    assert pick(300, corpus, rate / 2).tokenizer == "char"  # 13.2 passes: a machine half as fast

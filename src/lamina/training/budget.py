@@ -26,12 +26,16 @@ char's 1.580; 120 s, 5.1 passes: 1.525 against 1.563; at 300 s, 13 passes, char 
 (`text_rate`, a fraction of a second) and picks BPE while the budget's passes at that rate stay
 at most the row's `passes`. The timing leaves out the optimizer step, the evaluations and the
 setup, so it reads about 1.4x the rate a run achieves (1.1-1.7x on the EPYC, whose speed varies:
-46-75 kB/s against 44-52): the row's 10 sits between the timed passes where BPE won (4-8 on the
-EPYC at 100-120 s) and where char did (16-20 there at 300 s; ~12 for the Xeon's 8.6 real
-passes). By ~4 passes the 3 x 128 model already fits its BPE text (last training batches ~2.9
-nats/token against 3.46 held out), so the BPE row also raises the weight decay (a `train` field,
-kept unless --weight-decay is typed): on the EPYC at 100 s, 0 1.545, 0.1 (the CPU default)
-1.530-1.534, 0.3 1.522, 0.6 1.514-1.527, 1.0 1.507-1.522, 1.3 1.538, 2.0 1.564 (bpe:1024).
+46-75 kB/s against 44-52). The row's 13 sits between the timed passes where BPE won and where
+char did: BPE (bpe:1536, weight decay 0.6) won at 4-8 on the EPYC at 100-120 s and at 10-12 on
+an AMX Xeon at 114-140 s (1.5055 / 1.5065 against char's 1.5969 / 1.5321 at 114 s, 1.5116
+against 1.5481 at 140 s, each pair in one hold); char won at 16-20 on the EPYC at 300 s (against
+bpe:1024 with weight decay 0.1, the row before; 10 was the bound then, which put 114 s on the
+Xeon, 10.0 timed passes, on char). By ~4 passes the 3 x 128 model already fits its BPE text
+(last training batches ~2.9 nats/token against 3.46 held out), so the BPE row also raises the
+weight decay (a `train` field, kept unless --weight-decay is typed): on the EPYC at 100 s, 0
+1.545, 0.1 (the CPU default) 1.530-1.534, 0.3 1.522, 0.6 1.514-1.527, 1.0 1.507-1.522, 1.3
+1.538, 2.0 1.564 (bpe:1024).
 The row's vocabulary is bpe:1536 (2.44 characters a token): with weight decay 0.6 it beat
 bpe:1024 with 0.6 in each of two holds at 100 s (1.5150 / 1.5081 against 1.5269 / 1.5248) and at
 120 s (1.4984 against 1.5120); 0.8 and lr 1.5e-2 lost on top of it. The batch, warmup and
@@ -71,13 +75,13 @@ class Row(NamedTuple):
 TABLE: tuple[Row, ...] = (
     Row(
         100.0,
-        10.0,
+        13.0,
         "bpe:1536",
         {},
-        "BPE: the budget reads this corpus at most about 10 times by a timed step here; "
-        "measured better than char over 4-6 real passes, worse over 8.6 and more; bpe:1536 with "
-        "weight decay 0.6 (it fits its text by then): 1.506-1.515 at 100 s against bpe:1024's "
-        "1.525-1.527, 1.498 at 120 s against 1.512",
+        "BPE: the budget reads this corpus at most about 13 times by a timed step here; "
+        "measured better than char up to 12 timed passes (4-9 real), worse from 16; bpe:1536 "
+        "with weight decay 0.6 (it fits its text by then): 1.506-1.515 at 100 s against "
+        "bpe:1024's 1.525-1.527, 1.498 at 120 s against 1.512",
         {"weight_decay": 0.6},
     ),
     Row(
@@ -86,7 +90,7 @@ TABLE: tuple[Row, ...] = (
         "char",
         {},
         "a character model: under 100 s, or where the budget reads the corpus more than about "
-        "10 times by a timed step here (BPE overfits first), char measured best",
+        "13 times by a timed step here (BPE overfits first), char measured best",
     ),
 )
 
