@@ -344,3 +344,24 @@ def test_real_chat_reply_equals_the_float_models(smollm2):
         fast = lamina.generate(q4, torch.tensor(ids), 24)
     slow = lamina.generate(f32, torch.tensor(ids), 24)
     assert torch.equal(fast, slow)
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2, 4])
+def test_attention_forms_for_heads_of_64(kv_heads):
+    # decode.c's lm_att_wide: heads of 64 take the AVX-512 attention (1; a GQA group's heads
+    # together) or the AVX2 one (0): both the float model's step, differing by summation order
+    lib = native.build.library()
+    before = lib.lm_att_wide(-1)
+    model = _model(positions="rope", norm="rms", n_kv_heads=kv_heads, d_head=64, bias=False)
+    ids = torch.randint(0, 97, (2, 40), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = model(ids)[:, 12:]
+    try:
+        outs = [_steps(model, ids, 12) for form in (1, 0) if lib.lm_att_wide(form) == form]
+    finally:
+        lib.lm_att_wide(before)
+    for got in outs:
+        assert ((got - want).norm() / want.norm()).item() < 1e-5
+        assert torch.equal(got.argmax(-1), want.argmax(-1))
+    if len(outs) == 2:
+        assert not torch.equal(outs[0], outs[1])  # the AVX-512 form ran

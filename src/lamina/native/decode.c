@@ -1876,6 +1876,75 @@ static void weighted_sum(const float *w, const float *vb, int len, int hd, float
     }
 }
 
+/* Attention in AVX-512 for heads of 64 (where the CPU has it; lm_att_wide(0) keeps the AVX2
+   form above): the scores 8 keys at a time, each key's 64 products in 4 fmas of 16; and the
+   weighted sum of values for all the query heads of one key/value head at once (up to ATT_G:
+   GQA's group), each value row loaded once for the group, where the AVX2 form reads it once a
+   head. The same products as the AVX2 form, summed in another order. */
+#define ATT_G 4
+static int att_wide = 1;
+int lm_att_wide(int choice) {
+    if (choice >= 0) att_wide = choice ? 1 : 0;
+    return att_wide && lanes_512();
+}
+
+WIDE static void scores_512(const float *q, const float *kb, int len, float scale, float *sc) {
+    const __m512 q0 = _mm512_loadu_ps(q), q1 = _mm512_loadu_ps(q + 16), q2 = _mm512_loadu_ps(q + 32), q3 = _mm512_loadu_ps(q + 48);
+    int i = 0;
+    for (; i + 8 <= len; i += 8) {
+        __m256 a[8];
+        for (int t = 0; t < 8; t++) {
+            const float *kr = kb + (size_t)(i + t) * 64;
+            __m512 v = _mm512_mul_ps(q0, _mm512_loadu_ps(kr));
+            v = _mm512_fmadd_ps(q1, _mm512_loadu_ps(kr + 16), v);
+            v = _mm512_fmadd_ps(q2, _mm512_loadu_ps(kr + 32), v);
+            v = _mm512_fmadd_ps(q3, _mm512_loadu_ps(kr + 48), v);
+            a[t] = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+        }
+        const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+        const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+        const __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+        _mm256_storeu_ps(sc + i, _mm256_mul_ps(sum, _mm256_set1_ps(scale)));
+    }
+    for (; i < len; i++) {
+        const float *kr = kb + (size_t)i * 64;
+        __m512 v = _mm512_mul_ps(q0, _mm512_loadu_ps(kr));
+        v = _mm512_fmadd_ps(q1, _mm512_loadu_ps(kr + 16), v);
+        v = _mm512_fmadd_ps(q2, _mm512_loadu_ps(kr + 32), v);
+        v = _mm512_fmadd_ps(q3, _mm512_loadu_ps(kr + 48), v);
+        sc[i] = _mm512_reduce_add_ps(v) * scale;
+    }
+}
+
+/* o[g] = sum over i < len of w[g CHUNK + i] v_i for the G heads g of a group */
+WIDE static inline __attribute__((always_inline)) void weighted_group(int G, const float *w, const float *vb, int len, float **o) {
+    __m512 acc[ATT_G][4];
+    for (int g = 0; g < G; g++)
+        for (int c = 0; c < 4; c++) acc[g][c] = _mm512_setzero_ps();
+    for (int i = 0; i < len; i++) {
+        const float *vr = vb + (size_t)i * 64;
+        const __m512 v0 = _mm512_loadu_ps(vr), v1 = _mm512_loadu_ps(vr + 16), v2 = _mm512_loadu_ps(vr + 32), v3 = _mm512_loadu_ps(vr + 48);
+        for (int g = 0; g < G; g++) {
+            const __m512 wi = _mm512_set1_ps(w[g * CHUNK + i]);
+            acc[g][0] = _mm512_fmadd_ps(wi, v0, acc[g][0]);
+            acc[g][1] = _mm512_fmadd_ps(wi, v1, acc[g][1]);
+            acc[g][2] = _mm512_fmadd_ps(wi, v2, acc[g][2]);
+            acc[g][3] = _mm512_fmadd_ps(wi, v3, acc[g][3]);
+        }
+    }
+    for (int g = 0; g < G; g++)
+        for (int c = 0; c < 4; c++) _mm512_storeu_ps(o[g] + 16 * c, acc[g][c]);
+}
+
+WIDE static void weighted_group_512(int G, const float *w, const float *vb, int len, float **o) {
+    switch (G) {
+    case 1: weighted_group(1, w, vb, len, o); return;
+    case 2: weighted_group(2, w, vb, len, o); return;
+    case 3: weighted_group(3, w, vb, len, o); return;
+    default: weighted_group(4, w, vb, len, o); return;
+    }
+}
+
 static void step_job(void *p, int tid, int nt) {
     Step *S = (Step *)p;
     const Model *m = S->m;
@@ -1926,7 +1995,7 @@ static void step_job(void *p, int tid, int nt) {
            out among the threads (a chunk's keys and values stay in cache for its group's heads);
            then each head's chunks are merged by their maxima into the softmax of the whole.
            The chunks do not depend on the thread count, so neither do the results. */
-        const int nch = (L + CHUNK - 1) / CHUNK;
+        const int nch = (L + CHUNK - 1) / CHUNK, wide_att = hd == 64 && group <= ATT_G && lm_att_wide(-1);
         for (int t = tid; t < B * Hkv * nch; t += nt) {
             const int r = t / (Hkv * nch), kh = (t / nch) % Hkv, c = t % nch;
             const int64_t first = S->starts[r];
@@ -1934,6 +2003,28 @@ static void step_job(void *p, int tid, int nt) {
             const int len = n - c0 < CHUNK ? n - c0 : CHUNK;
             const size_t base = S->rows[r] * bstride + (size_t)kh * L * hd + (size_t)(first + c0) * hd;
             const float *kb = ly->kc + base, *vb = ly->vc + base;
+            if (wide_att) { /* the group's heads together (see lm_att_wide) */
+                float *scg = S->scores + (size_t)tid * CHUNK * ATT_G, *og[ATT_G];
+                for (int g = 0; g < group; g++) {
+                    const int h = kh * group + g;
+                    float *part = S->parts + (((size_t)r * H + h) * nch + c) * (hd + 2);
+                    og[g] = part + 2;
+                    part[0] = -INFINITY, part[1] = 0.0f;
+                    if (len <= 0) {
+                        memset(og[g], 0, hd * sizeof(float));
+                        continue;
+                    }
+                    float *sc = scg + (size_t)g * CHUNK;
+                    scores_512(S->qkv + (size_t)r * qkv_n + (size_t)h * hd, kb, len, scale, sc);
+                    float mx = -INFINITY;
+                    for (int i = 0; i < len; i++) mx = sc[i] > mx ? sc[i] : mx;
+                    for (int i = 0; i < len; i++) sc[i] -= mx;
+                    softmax_unnormalised(sc, len, &part[1]);
+                    part[0] = mx;
+                }
+                if (len > 0) weighted_group_512(group, scg, vb, len, og);
+                continue;
+            }
             for (int g = 0; g < group; g++) {
                 const int h = kh * group + g;
                 float *part = S->parts + (((size_t)r * H + h) * nch + c) * (hd + 2);
@@ -2036,7 +2127,7 @@ int lm_step(const Model *m, int B, const int64_t *tokens, const int64_t *positio
     const int d = m->d, hd = m->hd, qkv_n = (m->H + 2 * m->Hkv) * hd;
     const int fc_n = m->layers[0].fc.n, kmax = max3(d, m->H * hd, m->ff);
     size_t floats = (size_t)B * (2 * d + qkv_n + m->H * hd + fc_n + m->ff + hd) +
-                    (size_t)nthreads * CHUNK + 2 * (size_t)B * (kmax / 32 + 1) +
+                    (size_t)nthreads * CHUNK * ATT_G + 2 * (size_t)B * (kmax / 32 + 1) +
                     (size_t)B * m->H * ((m->cache_len + CHUNK - 1) / CHUNK) * (hd + 2);
     const int q8 = B < lanes_min(1) && act8_on(); /* int8 inputs: the rows the one-row form takes */
     if (q8) floats += 2 * (size_t)B * (kmax / 32 + 1) + ((size_t)B * kmax + 3) / 4;
@@ -2056,7 +2147,7 @@ int lm_step(const Model *m, int B, const int64_t *tokens, const int64_t *positio
     S.h = p, p += (size_t)B * m->ff;
     S.cs = p, p += (size_t)B * (hd / 2);
     S.sn = p, p += (size_t)B * (hd / 2);
-    S.scores = p, p += (size_t)nthreads * CHUNK;
+    S.scores = p, p += (size_t)nthreads * CHUNK * ATT_G;
     S.parts = p, p += (size_t)B * m->H * ((m->cache_len + CHUNK - 1) / CHUNK) * (hd + 2);
     S.a.dx = p, p += (size_t)B * (kmax / 32 + 1);
     S.a.sx = p, p += (size_t)B * (kmax / 32 + 1);
