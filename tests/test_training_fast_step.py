@@ -167,12 +167,13 @@ def test_the_bpe_row_raises_weight_decay_and_the_char_row_keeps_the_default():
 
 def test_the_bpe_row_covers_the_points_where_bpe_measured_better():
     """tinyshakespeare (1,115,394 bytes) on the AMX Xeon, whose timed rate read ~98 kB/s:
-    bpe:1536 beat char at 114 s and 140 s (10.0 and 12.3 timed passes); char won from 16 timed
-    passes (the EPYC at 300 s), which the Xeon's rate gives at 300 s too (26)."""
+    bpe:1536 beat char at 65 s, 114 s and 140 s (5.7, 10.0 and 12.3 timed passes); char won from
+    16 timed passes (the EPYC at 300 s), which the Xeon's rate gives at 300 s too (26)."""
     from lamina.training.budget import TABLE, pick
 
     corpus, rate = 1_115_394, 97_800.0
     assert pick(114, corpus, rate).tokenizer == pick(140, corpus, rate).tokenizer == "bpe:1536"
+    assert pick(65, corpus, rate).tokenizer == "bpe:1536"  # nanoGPT's 2,000 steps, quiet
     assert pick(140, corpus, rate).train == TABLE[0].train
     assert pick(300, corpus, rate).tokenizer == "char"
     assert pick(300, corpus, rate / 2).tokenizer == "char"  # 13.2 passes: a machine half as fast
