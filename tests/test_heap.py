@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+import lamina.libc as libc_module
 from lamina.cli import main
 from lamina.training import heap
 
@@ -49,7 +50,7 @@ def test_trims_every_kth_training_forward_and_unhooks_on_exit():
 
 
 def test_no_op_where_the_c_library_is_not_glibc(monkeypatch):
-    monkeypatch.setattr(heap.platform, "libc_ver", lambda: ("", ""))
+    monkeypatch.setattr(libc_module.platform, "libc_ver", lambda: ("", ""))
     assert heap.glibc() is None
     model = Blocks(2)
     with heap.lean_heap(model, every=1) as on:

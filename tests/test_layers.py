@@ -26,6 +26,7 @@ LAYERS: dict[str, int] = {
     "lamina.schema": 1,
     "lamina.validate": 1,
     "lamina.tensorfile": 1,
+    "lamina.libc": 1,
     # leaf modules inside a package (see LEAF_MODULES): the native library's builder, and the
     # kernel policy that asks it
     "lamina.native.build": 1,

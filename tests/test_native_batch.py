@@ -53,19 +53,26 @@ def test_batched_rows_equal_each_row_decoded_alone(scheme):
     _batched_equal_alone(scheme, prompts, [2, 0, 1])  # own cache rows, not in batch order
 
 
+def _filled_caches(model: GPT, prompts: list[list[int]], rows: list[int], batch: int) -> list:
+    """Caches of `batch` rows, row rows[i] holding prompts[i] but its last token, each row
+    filled by itself (a prefill of one sequence)."""
+    caches = model.make_caches(batch, 40)
+    for prompt, row in zip(prompts, rows, strict=True):
+        own = model.make_caches(1, 40)
+        if len(prompt) > 1:
+            model(torch.tensor([prompt[:-1]]), caches=own)
+        for c, o in zip(caches, own, strict=True):
+            c.k[row, :, : o.pos], c.v[row, :, : o.pos] = o.k[0, :, : o.pos], o.v[0, :, : o.pos]
+    return caches
+
+
 def _batched_equal_alone(
     scheme: str, prompts: list[list[int]], rows: list[int], tol: float = 1e-4
 ) -> None:
     model = _model(scheme)
     steps = 12
     with torch.no_grad():
-        caches = model.make_caches(len(prompts), 40)
-        for prompt, row in zip(prompts, rows, strict=True):  # each row filled by itself
-            own = model.make_caches(1, 40)
-            if len(prompt) > 1:
-                model(torch.tensor([prompt[:-1]]), caches=own)
-            for c, o in zip(caches, own, strict=True):
-                c.k[row, :, : o.pos], c.v[row, :, : o.pos] = o.k[0, :, : o.pos], o.v[0, :, : o.pos]
+        caches = _filled_caches(model, prompts, rows, len(prompts))
         engine = native.native_step(model, caches)
         slots = [len(p) - 1 for p in prompts]
         toks = [p[-1] for p in prompts]
@@ -245,14 +252,7 @@ def test_a_batch_engine_keeps_one_copy_of_the_int4_weights():
 def _batched_equal_alone_model(model: GPT) -> None:
     prompts = [[5, 6, 7], [12], [13, 14]]
     with torch.no_grad():
-        caches = model.make_caches(3, 40)
-        for row, prompt in enumerate(prompts):
-            own = model.make_caches(1, 40)
-            if len(prompt) > 1:
-                model(torch.tensor([prompt[:-1]]), caches=own)
-            for c, o in zip(caches, own, strict=True):
-                c.k[row, :, : o.pos], c.v[row, :, : o.pos] = o.k[0, :, : o.pos], o.v[0, :, : o.pos]
-        engine = native.native_step(model, caches)
+        engine = native.native_step(model, _filled_caches(model, prompts, [0, 1, 2], 3))
         slots = [len(p) - 1 for p in prompts]
         got = engine.step_batch([p[-1] for p in prompts], slots, slots)
     for i, prompt in enumerate(prompts):

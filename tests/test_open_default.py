@@ -95,7 +95,7 @@ def test_a_hf_folder_opens_quantized_as_its_tensors_are_read(scheme, tie, tmp_pa
 def test_open_hands_freed_pages_back_where_glibc_can():
     import platform
 
-    from lamina.interop.bundle import trim_freed_memory
+    from lamina.libc import trim_freed_memory
 
     glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
     assert trim_freed_memory() is glibc

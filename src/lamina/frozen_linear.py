@@ -80,11 +80,11 @@ def dequantized(base: nn.Module, dtype: torch.dtype, rows: Rows | None = None,
     into = getattr(base, "dequantizes_into", False) and getattr(_KEPT, "depth", 0) > 0
     if not into:
         return base.dequantized(dtype) if rows is None else rows(start, stop, dtype)
+    fp32_first = dtype == torch.float32 or getattr(base, "dequantizes_in_fp32", False)
+    if rows is None and not fp32_first:  # all of W made in `dtype` itself (int8): no buffer
+        return base.dequantized(dtype)
     device = (base.qweight if hasattr(base, "qweight") else base.weight).device
     out = _buffer("fp32", (stop - start, base.in_features), torch.float32, device)
-    fp32_first = dtype == torch.float32 or getattr(base, "dequantizes_in_fp32", False)
-    if rows is None and not fp32_first:  # made in `dtype` itself (int8): its cast made fresh
-        return base.dequantized(dtype, out=out)
     # made in fp32, then cast: as without `out`
     w = (
         base.dequantized(torch.float32, out=out)

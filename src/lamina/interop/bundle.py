@@ -55,6 +55,7 @@ from lamina.checkpoint import check_device, load_model
 from lamina.errors import LaminaError
 from lamina.files import kind_of, read_json
 from lamina.interop.origin import MAX_BASE_CHAIN, Kind, Origin, _files, _labelled, files_read
+from lamina.libc import trim_freed_memory
 from lamina.models.encoder import SequenceClassifier
 from lamina.models.gpt import GPT
 from lamina.tokenizers.kinds import Tokenizer
@@ -156,21 +157,6 @@ def open_model(
         quantize(bundle.model, scheme)
     trim_freed_memory()
     return bundle
-
-
-def trim_freed_memory() -> bool:
-    """Hand the pages the allocator holds free back to the system (glibc's malloc_trim), so a
-    load's transients are not kept beside the model and a prefill's peak starts from what the
-    model holds (BENCHMARKS.md, "Where lamina's peak RSS goes"); False where there is none."""
-    import ctypes
-
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return False
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    trim(0)
-    return True
 
 
 def _open(

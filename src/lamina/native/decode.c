@@ -1020,6 +1020,14 @@ int lm_i8_wide(int choice) {
 /* the NR rows from n (rows past n1 repeat row n: computed, not stored) */
 static inline int nr_row(int n, int j, int n1) { return n + j < n1 ? n + j : n; }
 
+/* row[j]: the NR weight rows of a pass from n, each rb bytes (nr_row), with the rows four passes
+   on prefetched (rows of small blocks stream poorly) */
+static inline void nr_rows(const Lin *L, size_t rb, int n, int n1, const uint8_t **row) {
+    for (int j = 0; j < NR; j++) row[j] = (const uint8_t *)L->w + (size_t)nr_row(n, j, n1) * rb;
+    if (n + 4 * NR < n1)
+        for (size_t o = 0; o < NR * rb; o += 64) PF_W((const char *)row[0] + 4 * NR * rb + o);
+}
+
 WIDE static void store_nr(const Lin *L, const __m512 *acc, const float *extra, float *y, int n, int n1, int accumulate) {
     for (int j = 0; j < NR && n + j < n1; j++) {
         const float v = _mm512_reduce_add_ps(acc[j]) + extra[j] + (L->bias ? L->bias[n + j] : 0.0f);
@@ -1125,9 +1133,7 @@ WIDE static inline __attribute__((always_inline)) void one_row_kq_512(int kind, 
     const size_t rb = kq_row_bytes(kind, k);
     for (int n = n0; n < n1; n += NR) {
         const uint8_t *row[NR];
-        for (int j = 0; j < NR; j++) row[j] = (const uint8_t *)L->w + (size_t)nr_row(n, j, n1) * rb;
-        if (n + 4 * NR < n1) /* four passes on (rows of small blocks stream poorly) */
-            for (size_t o = 0; o < NR * rb; o += 64) PF_W((const char *)row[0] + 4 * NR * rb + o);
+        nr_rows(L, rb, n, n1, row);
         __m512 acc[NR];
         float msum[NR];
         for (int j = 0; j < NR; j++) acc[j] = _mm512_setzero_ps(), msum[j] = 0.0f;
@@ -1332,9 +1338,7 @@ VNNI static void one_row_q4k_int(const Lin *L, const Act *a, float *y, int n0, i
     const uint32_t lo6 = 0x3f3f3f3fu, lo4 = 0x0f0f0f0fu, b45 = 0x30303030u;
     for (int n = n0; n < n1; n += NR) {
         const uint8_t *row[NR];
-        for (int j = 0; j < NR; j++) row[j] = (const uint8_t *)L->w + (size_t)nr_row(n, j, n1) * rb;
-        if (n + 4 * NR < n1) /* four passes on */
-            for (size_t o = 0; o < NR * rb; o += 64) PF_W((const char *)row[0] + 4 * NR * rb + o);
+        nr_rows(L, rb, n, n1, row);
         __m512 acc[NR];
         __m256 macc[NR];
         for (int j = 0; j < NR; j++) acc[j] = _mm512_setzero_ps(), macc[j] = _mm256_setzero_ps();
@@ -1385,9 +1389,7 @@ VNNI static void one_row_q6k_int(const Lin *L, const Act *a, float *y, int n0, i
     const __m512i m4 = _mm512_set1_epi16(0x0F), m30 = _mm512_set1_epi16(0x30), off = _mm512_set1_epi16(32);
     for (int n = n0; n < n1; n += NR) {
         const uint8_t *row[NR];
-        for (int j = 0; j < NR; j++) row[j] = (const uint8_t *)L->w + (size_t)nr_row(n, j, n1) * rb;
-        if (n + 4 * NR < n1) /* four passes on */
-            for (size_t o = 0; o < NR * rb; o += 64) PF_W((const char *)row[0] + 4 * NR * rb + o);
+        nr_rows(L, rb, n, n1, row);
         __m512 acc[NR];
         for (int j = 0; j < NR; j++) acc[j] = _mm512_setzero_ps();
         for (int sb = 0; sb < nsb; sb++) {
@@ -1888,17 +1890,21 @@ int lm_att_wide(int choice) {
     return att_wide && lanes_512();
 }
 
+/* one key's 64 products with the query q0..q3, in 16 lanes */
+WIDE static inline __attribute__((always_inline)) __m512 key64(__m512 q0, __m512 q1, __m512 q2, __m512 q3, const float *kr) {
+    __m512 v = _mm512_mul_ps(q0, _mm512_loadu_ps(kr));
+    v = _mm512_fmadd_ps(q1, _mm512_loadu_ps(kr + 16), v);
+    v = _mm512_fmadd_ps(q2, _mm512_loadu_ps(kr + 32), v);
+    return _mm512_fmadd_ps(q3, _mm512_loadu_ps(kr + 48), v);
+}
+
 WIDE static void scores_512(const float *q, const float *kb, int len, float scale, float *sc) {
     const __m512 q0 = _mm512_loadu_ps(q), q1 = _mm512_loadu_ps(q + 16), q2 = _mm512_loadu_ps(q + 32), q3 = _mm512_loadu_ps(q + 48);
     int i = 0;
     for (; i + 8 <= len; i += 8) {
         __m256 a[8];
         for (int t = 0; t < 8; t++) {
-            const float *kr = kb + (size_t)(i + t) * 64;
-            __m512 v = _mm512_mul_ps(q0, _mm512_loadu_ps(kr));
-            v = _mm512_fmadd_ps(q1, _mm512_loadu_ps(kr + 16), v);
-            v = _mm512_fmadd_ps(q2, _mm512_loadu_ps(kr + 32), v);
-            v = _mm512_fmadd_ps(q3, _mm512_loadu_ps(kr + 48), v);
+            const __m512 v = key64(q0, q1, q2, q3, kb + (size_t)(i + t) * 64);
             a[t] = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
         }
         const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
@@ -1906,14 +1912,7 @@ WIDE static void scores_512(const float *q, const float *kb, int len, float scal
         const __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
         _mm256_storeu_ps(sc + i, _mm256_mul_ps(sum, _mm256_set1_ps(scale)));
     }
-    for (; i < len; i++) {
-        const float *kr = kb + (size_t)i * 64;
-        __m512 v = _mm512_mul_ps(q0, _mm512_loadu_ps(kr));
-        v = _mm512_fmadd_ps(q1, _mm512_loadu_ps(kr + 16), v);
-        v = _mm512_fmadd_ps(q2, _mm512_loadu_ps(kr + 32), v);
-        v = _mm512_fmadd_ps(q3, _mm512_loadu_ps(kr + 48), v);
-        sc[i] = _mm512_reduce_add_ps(v) * scale;
-    }
+    for (; i < len; i++) sc[i] = _mm512_reduce_add_ps(key64(q0, q1, q2, q3, kb + (size_t)i * 64)) * scale;
 }
 
 /* o[g] = sum over i < len of w[g CHUNK + i] v_i for the G heads g of a group */
@@ -2003,28 +2002,8 @@ static void step_job(void *p, int tid, int nt) {
             const int len = n - c0 < CHUNK ? n - c0 : CHUNK;
             const size_t base = S->rows[r] * bstride + (size_t)kh * L * hd + (size_t)(first + c0) * hd;
             const float *kb = ly->kc + base, *vb = ly->vc + base;
-            if (wide_att) { /* the group's heads together (see lm_att_wide) */
-                float *scg = S->scores + (size_t)tid * CHUNK * ATT_G, *og[ATT_G];
-                for (int g = 0; g < group; g++) {
-                    const int h = kh * group + g;
-                    float *part = S->parts + (((size_t)r * H + h) * nch + c) * (hd + 2);
-                    og[g] = part + 2;
-                    part[0] = -INFINITY, part[1] = 0.0f;
-                    if (len <= 0) {
-                        memset(og[g], 0, hd * sizeof(float));
-                        continue;
-                    }
-                    float *sc = scg + (size_t)g * CHUNK;
-                    scores_512(S->qkv + (size_t)r * qkv_n + (size_t)h * hd, kb, len, scale, sc);
-                    float mx = -INFINITY;
-                    for (int i = 0; i < len; i++) mx = sc[i] > mx ? sc[i] : mx;
-                    for (int i = 0; i < len; i++) sc[i] -= mx;
-                    softmax_unnormalised(sc, len, &part[1]);
-                    part[0] = mx;
-                }
-                if (len > 0) weighted_group_512(group, scg, vb, len, og);
-                continue;
-            }
+            /* wide_att: each head's scores kept apart, the group's weighted sums at once */
+            float *scg = S->scores + (size_t)tid * CHUNK * ATT_G, *og[ATT_G];
             for (int g = 0; g < group; g++) {
                 const int h = kh * group + g;
                 float *part = S->parts + (((size_t)r * H + h) * nch + c) * (hd + 2);
@@ -2033,15 +2012,18 @@ static void step_job(void *p, int tid, int nt) {
                 part[0] = -INFINITY, part[1] = 0.0f;
                 if (len <= 0) continue;
                 const float *q = S->qkv + (size_t)r * qkv_n + (size_t)h * hd;
-                float *sc = S->scores + (size_t)tid * CHUNK;
-                scores(q, kb, len, hd, scale, sc);
+                float *sc = scg + (wide_att ? (size_t)g * CHUNK : 0);
+                if (wide_att) scores_512(q, kb, len, scale, sc);
+                else scores(q, kb, len, hd, scale, sc);
                 float mx = -INFINITY;
                 for (int i = 0; i < len; i++) mx = sc[i] > mx ? sc[i] : mx;
                 for (int i = 0; i < len; i++) sc[i] -= mx;
                 softmax_unnormalised(sc, len, &part[1]);
-                weighted_sum(sc, vb, len, hd, o);
                 part[0] = mx;
+                if (wide_att) og[g] = o;
+                else weighted_sum(sc, vb, len, hd, o);
             }
+            if (wide_att && len > 0) weighted_group_512(group, scg, vb, len, og);
         }
         barrier_wait(&S->bar);
         for (int t = tid; t < B * H; t += nt) {

@@ -51,6 +51,7 @@ from torch import Tensor, nn
 import lamina.cpu as cpu
 from lamina.attention import KVCache, rotary_frequencies
 from lamina.errors import LaminaError
+from lamina.libc import trim_freed_memory
 from lamina.models.gpt import GPT
 from lamina.native.build import library
 from lamina.native.coverage import unsupported
@@ -97,18 +98,6 @@ def pack_lanes(m: nn.Module) -> bool:
     m.lanes_w, m.lanes_s, m.lanes_mn = w, sc, mn
     m.qweight = m.native_scale = m.native_min = None
     return True
-
-
-def _trim_freed_memory() -> None:
-    """glibc's malloc_trim(0): the rows' layouts pack_lanes freed are many small chunks amid
-    the heap, kept by the allocator until trimmed (SmolLM2 Q4_1: RSS after a 16-row engine
-    405 MB untrimmed, 368 trimmed, 444 with the copy beside the rows); nothing off glibc."""
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    trim(0)
 
 
 def unpack_lanes(m: nn.Module) -> tuple[Tensor, Tensor, Tensor]:
@@ -202,7 +191,7 @@ class NativeStep:
         if self.cache_batch >= 3:
             packed += pack_lanes(model.head)
         if packed:
-            _trim_freed_memory()
+            trim_freed_memory()  # the rows' layouts pack_lanes freed: small chunks amid the heap
         m.head = self._lin(model.head)
         m.layers = layers
         self._fn = lib.lm_step

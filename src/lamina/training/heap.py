@@ -5,7 +5,7 @@
         `model` made with gradients on (a training forward, not an evaluation); the hooks are
         removed on exit. Where the C library is not glibc (macOS, musl, Windows) it does
         nothing. `lamina train` wraps its loop in it on a CPU, unless --no-heap-trim.
-    glibc() -> the process's C library (ctypes) when it is glibc with malloc_trim, else None
+    (glibc() is lamina.libc's: the process's C library when it is glibc, else None)
 
 Why (BENCHMARKS.md, "QLoRA's memory, the heap"): torch's CPU tensors come from malloc. Inside
 one training step of an int4 base (1 x 256, --activation-checkpointing) the live tensors made
@@ -19,32 +19,15 @@ a caller's process (`main([...])`) is left as it was once the command returns.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
-import platform
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
+from lamina.libc import glibc
+
 TRIM_EVERY = 5  # blocks between trims (SmolLM2's 30 blocks: 6 per step)
-
-
-def glibc() -> Any | None:
-    """The process's C library through ctypes when it is glibc (with malloc_trim), else None."""
-    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
-        return None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    except OSError:
-        return None
-    trim = getattr(libc, "malloc_trim", None)
-    if trim is None:
-        return None
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    return libc
 
 
 @contextlib.contextmanager
