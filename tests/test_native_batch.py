@@ -28,7 +28,9 @@ def _model(scheme: str) -> GPT:
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(4)
-    return quantize(model, "int4", group_size=32) if scheme == "int4" else model
+    if scheme == "fp32":
+        return model
+    return quantize(model, scheme, group_size=32)
 
 
 def _alone(model: GPT, prompt: list[int], steps: int) -> tuple[list[int], list[torch.Tensor]]:
@@ -128,6 +130,33 @@ def test_both_forms_of_the_batch_kernel_equal_each_row_alone():
             _batched_equal_alone("int4", prompts, [3, 0, 5, 1, 4, 2], tol=2e-4)
     finally:
         lib.lm_lanes_wide(before)
+
+
+@pytest.mark.parametrize(
+    ("scheme", "switch"), [("int4", "lm_lanes_min"), ("int8", "lm_lanes_min8")]
+)
+def test_the_avx2_lanes_threshold_rows_equal_each_row_alone(scheme, switch):
+    """decode.c's lanes_min: from its AVX2 threshold on (lm_lanes_min for int4, lm_lanes_min8
+    for int8) a batch's linears take the AVX2 lanes, below it the per-row tiles. At the
+    threshold (int8's default, 9, is past the lanes' 8 rows: 5 here), with the lanes and with
+    the tiles forced (the threshold one higher), and one row below it: each row as alone."""
+    from lamina.native.build import library
+
+    lib = library()
+    fn = getattr(lib, switch)
+    wide, before = lib.lm_lanes_wide(-1), fn(-1)
+    least = min(before, 5)
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [12], [13, 14, 15], [16, 17], [18], [19, 20, 21]]
+    try:
+        lib.lm_lanes_wide(0)  # the AVX2 form, where the CPU has both
+        for threshold, n in ((least, least), (least + 1, least), (least, least - 1)):
+            assert fn(threshold) == threshold
+            rows = [n - 1 - i for i in range(n)]  # own cache rows, not in batch order
+            _batched_equal_alone(scheme, prompts[:n], rows, tol=2e-4)
+        assert fn(1) == least and fn(99) == 9  # below 2 left as it is; past 9 the most
+    finally:
+        fn(before)
+        lib.lm_lanes_wide(wide)
 
 
 def test_two_rows_with_int8_inputs_equal_each_row_alone():

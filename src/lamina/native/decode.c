@@ -973,9 +973,22 @@ int lm_lanes_wide(int choice) {
 }
 
 /* the fewest rows worth the lanes (which cost the same for 1 row as for 8): the AVX-512 form's
-   8 rows cost about 2.3 rows' time, the AVX2 form's about 4.4 (BENCHMARKS.md, the server's
-   section) */
-static int lanes_min(int wide) { return wide ? 3 : 5; }
+   8 rows cost about 2.3 rows' time (BENCHMARKS.md, the server's section). The AVX2 form's, per
+   kind, on the AVX2-only EPYC Zen 3 (bench/batch_step.py, SmolLM2 Q4_1, 2 threads): int4 lanes
+   even with the per-row tiles at 4 rows (blocks 21.2 / 21.3 ms), ahead from 5 (22.4 / 26.0);
+   the int8 head in lanes 5.6-7.6 ms for 2..8 rows against the tiles' 2.4 (2) .. 5.5 (8), so an
+   int8 linear takes the tiles (LANES + 1: never the lanes). lm_lanes_min (int4) and
+   lm_lanes_min8 (int8) set the AVX2 thresholds (2..LANES + 1; -1 leaves) and return them, so
+   that they can be compared (bench/batch_step.py --switch lm_lanes_min). */
+static int lanes_min_avx2 = 5, lanes_min_avx2_i8 = LANES + 1;
+static int lanes_set(int *at, int choice) {
+    if (choice >= 2) *at = choice > LANES + 1 ? LANES + 1 : choice;
+    return *at;
+}
+int lm_lanes_min(int choice) { return lanes_set(&lanes_min_avx2, choice); }
+int lm_lanes_min8(int choice) { return lanes_set(&lanes_min_avx2_i8, choice); }
+static int lanes_min(int wide) { return wide ? 3 : lanes_min_avx2; }
+static int lanes_min_for(int wide, int kind) { return !wide && kind == LIN_INT8 ? lanes_min_avx2_i8 : lanes_min(wide); }
 
 static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, int n0, int n1, int accumulate);
 
@@ -1625,7 +1638,7 @@ static int lane_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
     if (groups == nb) t2.sx2 = t2.sxt + (size_t)groups * LANES;
     for (int r0 = 0; r0 < B; r0 += LANES) {
         const int rows = B - r0 < LANES ? B - r0 : LANES;
-        if (rows < lanes_min(wide)) { /* too few to fill the lanes: those rows by themselves */
+        if (rows < lanes_min_for(wide, L->kind)) { /* too few to fill the lanes: those rows by themselves */
             const int k = L->k;
             Act sub = {a->x ? a->x + (size_t)r0 * k : NULL, a->q + (size_t)r0 * k, a->dx + (size_t)r0 * nb,
                        a->sx + (size_t)r0 * (groups ? groups : 1), .span = a->span};
@@ -1693,7 +1706,7 @@ static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
         lin_rows_kq(L, B, a, y, ystride, n0, n1, accumulate);
         return;
     }
-    if (B >= lanes_min(lanes_512()) && L->kind != LIN_F32 && lane_rows(L, B, a, y, ystride, n0, n1, accumulate))
+    if (B >= lanes_min_for(lanes_512(), L->kind) && L->kind != LIN_F32 && lane_rows(L, B, a, y, ystride, n0, n1, accumulate))
         return;
     const int k = L->k, nb = k / 32, groups = L->gs ? k / L->gs : 1; /* float: gs 0 */
     const int sh = groups == 1 ? 31 : __builtin_ctz(L->gs / 32);
