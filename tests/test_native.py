@@ -192,6 +192,53 @@ def test_int8_one_row_forms_hold_the_dequantized_product(group):
     assert torch.allclose(outs[0][1], outs[1][1], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "kind,k,group", [("int4", 256, 32), ("int4", 1536, 64), ("int8", 256, 32), ("int8", 1536, 0)]
+)
+def test_avx2_one_row_passes_hold_the_row_loops(kind, k, group):
+    # decode.c's lm_nr2 (the AVX2 one-row form, 4 weight rows a pass): 0 the row loops, 1 int4 at
+    # k <= 1024, 2 every int4 / int8 row; 21 rows (13 and 8 a thread at 2 threads: passes and a
+    # remainder), 1 and 2 threads. Where the AVX-512 forms run, lm_nr2 is 0 whatever it is set to.
+    import ctypes
+
+    from lamina.native.structs import Pointers
+
+    lib = native.build.library()
+    n = 21
+    g = torch.Generator().manual_seed(12)
+    dense = nn.Linear(k, n)
+    with torch.no_grad():
+        dense.weight.copy_(torch.randn(n, k, generator=g))
+        dense.bias.copy_(torch.randn(n, generator=g))
+    if kind == "int4":
+        m = Int4Linear.from_linear(dense, group).prepare("native")
+    else:
+        m = Int8Linear(k, n, True, group_size=group or None)
+        q, s = quantize_int8(dense.weight.detach().reshape(n * k // (group or k), group or k))
+        m.qweight, m.scale = q.reshape(n, k), s.reshape(n, k // group) if group else s
+        m.bias = nn.Parameter(dense.bias.detach().clone(), requires_grad=False)
+    x = torch.randn(1, k, generator=g)
+    want = x @ m.dequantized().T + m.bias
+    ptrs = Pointers()
+    L = ptrs.lin(m)
+    before, outs = lib.lm_nr2(-1), {}
+    try:
+        for nt in (1, 2):
+            for choice in (0, 1, 2):
+                y = torch.empty(1, n)
+                form = lib.lm_nr2(choice)
+                assert lib.lm_linear(ctypes.addressof(L), 1, x.data_ptr(), y.data_ptr(), nt)
+                outs[nt, choice] = (form, y)
+    finally:
+        lib.lm_nr2(before)
+    assert before == (0 if lib.lm_lanes_wide(-1) else 1)  # the default: 1 where AVX-512 is not
+    loops = outs[1, 0][1]
+    for (nt, choice), (form, y) in outs.items():
+        assert form in (0, choice)
+        assert ((y - want).norm() / want.norm()).item() < 1e-4
+        assert torch.allclose(y, loops, rtol=1e-5, atol=1e-4), (nt, choice)
+
+
 def test_float_generation_equals_pytorchs_token_for_token():
     model = _model(**OPTIONS[3])
     prompts = [[5, 6, 7, 8, 9], [10, 11]]  # left-padded: the rows' windows start apart
@@ -321,10 +368,19 @@ def smollm2(smollm2_gguf):
     return q4.eval(), f32.eval(), meta
 
 
-def test_real_q4_1_steps_equal_the_dequantized_model(smollm2):
+@pytest.mark.parametrize("nr2", [1, 0, 2])
+def test_real_q4_1_steps_equal_the_dequantized_model(smollm2, nr2):
+    # nr2: decode.c's lm_nr2 where the AVX-512 forms do not run (1, the default; 0 the row
+    # loops; 2 the int8 head and the int4 rows at k 1536 in passes of 4 rows too)
     q4, f32, _ = smollm2
     ids = torch.randint(0, 49152, (1, 40), generator=torch.Generator().manual_seed(4))
-    got = _steps(q4, ids, 24, prefill=f32)
+    lib = native.build.library()
+    before = lib.lm_nr2(-1)
+    try:
+        lib.lm_nr2(nr2)
+        got = _steps(q4, ids, 24, prefill=f32)
+    finally:
+        lib.lm_nr2(before)
     with torch.no_grad():
         want = f32(ids)[:, 24:]
     err = ((got - want).norm() / want.norm()).item()

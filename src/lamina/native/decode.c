@@ -1182,6 +1182,93 @@ WIDE static void one_row_kq_any_512(const Lin *L, const Act *a, float *y, int n0
     }
 }
 
+/* ------------------------------------------------------------------ one row in AVX2, NR rows a pass */
+
+/* One input row where the CPU lacks AVX-512 (lm_nr2): NR weight rows per pass over the input,
+   each input block loaded once for all of them, the rows of passes further on prefetched, with
+   the row loop's integer products (unpack_q4 / unpack_q8, dot_block) and its minimums' part
+   (row_q4's). Whole passes only: the rows past the last multiple of NR take the row loop.
+   lm_nr2: 1 (the default) int4 rows with k <= 1024 only, 2 int4 and int8 rows of any k, 0 the
+   row loops alone; -1 leaves it; returns the form in force (0 where the AVX-512 forms run).
+   The default from bench/step_profile.py --switch lm_nr2 on the AVX2-only AMD EPYC (Zen 3),
+   SmolLM2 Q4_1: 1 and 2 both faster than 0 in a whole step, 1 the faster of the two at one
+   thread (its int4 out projection at k 1536 and its int8 head gain only when the role is timed
+   alone, partly from cache) and even at two (BENCHMARKS.md). */
+static int nr2 = 1;
+int lm_nr2(int choice) {
+    if (choice >= 0) nr2 = choice > 2 ? 1 : choice;
+    return lanes_512() ? 0 : nr2;
+}
+static inline int nr2_for(const Lin *L) {
+    if (lanes_512() || L->k % 32) return 0;
+    return L->kind == LIN_INT4 ? nr2 == 2 || (nr2 == 1 && L->k <= 1024) : L->kind == LIN_INT8 && nr2 == 2;
+}
+#ifndef NR2_PF
+#define NR2_PF 2 /* passes ahead to prefetch (none: the hardware's prefetchers alone, far slower) */
+#endif
+
+static inline void store_nr2(const Lin *L, const __m256 *acc, const float *extra, float *y, int n, int accumulate) {
+    for (int j = 0; j < NR; j++) {
+        const float v = hsum(acc[j]) + extra[j] + (L->bias ? L->bias[n + j] : 0.0f);
+        y[n + j] = (accumulate ? y[n + j] : 0.0f) + v;
+    }
+}
+
+/* int4 rows n0..n1 (n1 - n0 a multiple of NR) for one input row */
+static void one_row_q4_nr2(const Lin *L, const Act *a, float *y, int n0, int n1, int accumulate) {
+    const int k = L->k, nb = k / 32, groups = k / L->gs, sh = groups == 1 ? 31 : __builtin_ctz(L->gs / 32);
+    const size_t wb = (size_t)k / 2;
+    for (int n = n0; n < n1; n += NR) {
+        const uint8_t *w = (const uint8_t *)L->w + (size_t)n * wb; /* the NR rows, one after another */
+        const float *sc = L->s + (size_t)n * groups;
+        if (n + NR2_PF * NR < n1) { /* NR2_PF passes on: weights, scales, minimums */
+            for (size_t o = 0; o < NR * wb; o += 64) PF_W((const char *)w + NR2_PF * NR * wb + o);
+            for (size_t o = 0; o < (size_t)NR * groups * 4; o += 64) {
+                PF_W((const char *)(sc + NR2_PF * NR * groups) + o);
+                PF_W((const char *)(L->mn + (size_t)(n + NR2_PF * NR) * groups) + o);
+            }
+        }
+        __m256 acc[NR];
+        for (int j = 0; j < NR; j++) acc[j] = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            const float d = a->dx[b];
+            for (int j = 0; j < NR; j++) {
+                __m256i w0, w1;
+                unpack_q4(w + j * wb, b, &w0, &w1);
+                acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(sc[j * groups + (b >> sh)] * d), _mm256_cvtepi32_ps(dot_block(w0, w1, a->q, b)), acc[j]);
+            }
+        }
+        float mins[NR]; /* the minimums' part, as row_q4 */
+        for (int j = 0; j < NR; j++) mins[j] = dot_f32(L->mn + (size_t)(n + j) * groups, a->sx, groups);
+        store_nr2(L, acc, mins, y, n, accumulate);
+    }
+}
+
+/* int8 rows n0..n1 (n1 - n0 a multiple of NR) for one input row */
+static void one_row_i8_nr2(const Lin *L, const Act *a, float *y, int n0, int n1, int accumulate) {
+    const int k = L->k, nb = k / 32, groups = k / L->gs, sh = groups == 1 ? 31 : __builtin_ctz(L->gs / 32);
+    const float zero[NR] = {0};
+    for (int n = n0; n < n1; n += NR) {
+        const int8_t *w = (const int8_t *)L->w + (size_t)n * k;
+        const float *sc = L->s + (size_t)n * groups;
+        if (n + NR2_PF * NR < n1) { /* NR2_PF passes on: weights, then their scales */
+            for (size_t o = 0; o < (size_t)NR * k; o += 64) PF_W((const char *)w + (size_t)NR2_PF * NR * k + o);
+            for (size_t o = 0; o < (size_t)NR * groups * 4; o += 64) PF_W((const char *)(sc + (size_t)NR2_PF * NR * groups) + o);
+        }
+        __m256 acc[NR];
+        for (int j = 0; j < NR; j++) acc[j] = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            const float d = a->dx[b];
+            for (int j = 0; j < NR; j++) {
+                __m256i w0, w1;
+                unpack_q8(w + (size_t)j * k, b, &w0, &w1);
+                acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(sc[j * groups + (b >> sh)] * d), _mm256_cvtepi32_ps(dot_block(w0, w1, a->q, b)), acc[j]);
+            }
+        }
+        store_nr2(L, acc, zero, y, n, accumulate);
+    }
+}
+
 /* ------------------------------------------------------------------ one row, int8 inputs */
 
 /* The VNNI form (see act8): each weight block as 32 unsigned bytes u with w = u - off (off 0
@@ -1690,6 +1777,13 @@ static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
         else if (L->kind == LIN_INT8) one_row_i8_512(L, a, y, n0, n1, accumulate);
         else one_row_kq_any_512(L, a, y, n0, n1, accumulate);
         return;
+    }
+    if (B == 1 && nr2_for(L)) { /* one row, AVX2: whole passes of NR rows, the rest the row loop below */
+        const int n2 = n0 + (n1 - n0) / NR * NR;
+        if (L->kind == LIN_INT4) one_row_q4_nr2(L, a, y, n0, n2, accumulate);
+        else one_row_i8_nr2(L, a, y, n0, n2, accumulate);
+        if (n2 == n1) return;
+        n0 = n2;
     }
     if (B > 1 && B < lanes_min(1) && (L->kind == LIN_INT4 || L->kind >= LIN_Q4K) && lanes_512()) {
         /* too few rows for the lanes: the one-row form per row, the weights read again from cache */
