@@ -202,3 +202,44 @@ def test_a_cut_is_confirmed_past_a_stall_longer_than_the_first_window():
     best = sizing.fastest(lambda: now[0], clocked([0.01] * 100), 0.01, until, fits=fits,
                           confirm_until=confirm)  # fmt: skip
     assert len(calls) == sizing.PROBE_TIMINGS - 1
+
+
+def test_setup_before_the_first_step_is_charged_to_the_budget(base, tmp_path, capsys, monkeypatch):
+    """Issue 36: a from-scratch run's setup (here the tokenizer's fit, made 1 s slow) counts
+    against --max-time: the loop's clock starts before it, the probe sizes the run to what it
+    left, the progress says how long it took, and the command ends inside the budget."""
+    from lamina.data import text_splits
+    from lamina.training import loop
+
+    seen: dict[str, float] = {}
+    real_fit, real_run = text_splits.build_tokenizer, loop.run_training
+
+    def slow_fit(*args, **kw):
+        if "fit" not in seen:
+            seen["fit"] = time.perf_counter()
+            time.sleep(1.0)
+        return real_fit(*args, **kw)
+
+    def spy(s, *args, **kw):
+        seen["started_at"] = kw["started_at"]
+        return real_run(s, *args, **kw)
+
+    monkeypatch.setattr(text_splits, "build_tokenizer", slow_fit)
+    monkeypatch.setattr(loop, "run_training", spy)
+    out = tmp_path / "scratch"
+    args = ["train", "--data", str(base / "corpus.txt"), "--tokenizer", "char"]
+    args += ["--preset", "tiny", "--block-size", "16", "--max-time", "5s", "--out", str(out)]
+    t0 = time.perf_counter()
+    assert main([*args, "--quiet"]) == 0
+    took = time.perf_counter() - t0
+    said = capsys.readouterr().out
+    assert seen["started_at"] <= seen["fit"]  # the budget's clock was running during setup
+    assert took < 5.0 + 2.0, said
+    setup = float(said.split("setup took ")[1].split(" s")[0])
+    assert 1.0 <= setup < 5.0, said
+    left = float(said.split("% of the ")[1].split(" s left after setup")[0])
+    assert left <= 5.0 - 1.0, said  # the probe's shares are of what setup left
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["step"] >= 1 and 1.0 <= state["seconds_used"] <= took
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert next(r for r in steps if "loss" in r)["elapsed"] >= 1.0  # counted from before setup

@@ -279,6 +279,8 @@ def _sized_run(
                                  safe_print)  # fmt: skip
     c = session.cfg
     budget = f"{c.max_time:g} s" if c.max_time else f"{c.max_steps} steps"
+    if c.max_time:  # setup (plan, tokenizer, tokenizing, probe) is charged to the budget
+        budget += f" (setup took {clock() - started_at:.1f} s of it)"
     n_params = sum(p.numel() for p in session.model.parameters())
     procs = f" x {world.size} processes ({'FSDP' if world.fsdp else 'DDP'}, {world.backend})"
     if world.writer and hasattr(session.objective, "describe"):

@@ -13,7 +13,9 @@ the default batch. Otherwise the batch is the number of sequences that take STEP
 budget (at least one), in micro-batches of at most MICRO_TOKENS tokens. An evaluation gets
 EVAL_SHARE of the budget: the held-out windows that fit in it (at least two, for a standard
 error; at most what the defaults would evaluate), the same windows at every evaluation. The
-warmup is at most a tenth of the steps the budget leaves room for.
+warmup is at most a tenth of the steps the budget leaves room for. "The budget" here is what
+setup (the plan's timing, the tokenizer, tokenizing, loading) left of --max-time, which counts
+from the process's start.
 
 The probe times micro-steps of one sequence and keeps the fastest (the first also pays
 one-off costs: kernels chosen and compiled for the shape): a second one unless the first alone
@@ -185,9 +187,10 @@ def size_to_budget(
     notify: Callable[[str], Any],
 ) -> Session:
     """`s` with its batch, evaluation size and warmup fitted to the time left of --max-time
-    (`elapsed`: seconds already spent); the choice printed and recorded."""
+    (`elapsed`: seconds already spent, by setup: the shares are of what is left); the choice
+    printed and recorded."""
     cfg = s.cfg
-    budget = float(cfg.max_time)
+    budget = max(float(cfg.max_time) - elapsed, 1e-3)  # the time setup left: shares of it
     seq = int(getattr(s.objective, "tokens_per_item", 1))
     n_eval = int(getattr(s.objective, "n_eval", cfg.eval_batches or 1))
     eval_bs = int(getattr(s.objective, "eval_batch_size", 1))
@@ -199,7 +202,7 @@ def size_to_budget(
     changes: dict[str, Any] = {"batch_size": z.batch_size, "micro_batch_size": z.micro_batch_size}
     new_eval_bs = min(z.batch_size, 16)  # the objectives' rule: the same windows on a resume
     changes["eval_batches"] = max(2 if new_eval_bs == 1 else 1, z.eval_rows // new_eval_bs)
-    left = budget - elapsed - (clock() - t0)
+    left = budget - (clock() - t0)
     steps = max(1, int(left * (1 - 3 * EVAL_SHARE) / max(z.step_seconds, 1e-9)))
     if "warmup" not in given and cfg.warmup is not None:
         changes["warmup"] = min(cfg.warmup, steps // 10)
@@ -214,8 +217,8 @@ def size_to_budget(
         f"lamina train: probe: one {seq}-token sequence took {train:.2f} s to train on, "
         f"{forward:.2f} s to evaluate; batch {z.batch_size} = micro-batch "
         f"{z.micro_batch_size} x {accum} accumulation ({why}), about {z.step_seconds:.1f} s a "
-        f"step ({100 * z.step_seconds / budget:.1f}% of {budget:g} s, ~{steps} steps); "
-        f"evaluations on {changes.get('eval_batches', n_eval) * new_eval_bs} held-out "
+        f"step ({100 * z.step_seconds / budget:.1f}% of the {budget:.1f} s left after setup, "
+        f"~{steps} steps); evaluations on {changes.get('eval_batches', n_eval) * new_eval_bs} held-out "
         f"sequences; warmup {changes.get('warmup', cfg.warmup)}"
     )
     rows = changes.get("eval_batches", n_eval) * new_eval_bs
