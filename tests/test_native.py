@@ -166,6 +166,16 @@ def test_int8_inputs_within_their_rounding_of_the_int16_form(scheme):
     assert 0 < err < ACT8_TOL, err
 
 
+def _int8_linear(weight: torch.Tensor, bias: torch.Tensor, group: int) -> Int8Linear:
+    """`weight` (n, k) quantized to int8, a scale per `group` (0: per row), with `bias`."""
+    n, k = weight.shape
+    m = Int8Linear(k, n, True, group_size=group or None)
+    q, s = quantize_int8(weight.reshape(n * k // (group or k), group or k))
+    m.qweight, m.scale = q.reshape(n, k), s.reshape(n, k // group) if group else s
+    m.bias = nn.Parameter(bias.clone(), requires_grad=False)
+    return m
+
+
 @pytest.mark.parametrize("group", [32, 0])
 def test_int8_one_row_forms_hold_the_dequantized_product(group):
     # decode.c's lm_i8_wide: the AVX-512 one-row int8 form (1) and the AVX2 row loop (0); k = 288
@@ -175,10 +185,7 @@ def test_int8_one_row_forms_hold_the_dequantized_product(group):
     lib = native.build.library()
     n, k = 13, 288
     g = torch.Generator().manual_seed(11)
-    m = Int8Linear(k, n, True, group_size=group or None)
-    q, s = quantize_int8(torch.randn(n * k // (group or k), group or k, generator=g))
-    m.qweight, m.scale = q.reshape(n, k), s.reshape(n, k // group) if group else s
-    m.bias = nn.Parameter(torch.randn(n, generator=g), requires_grad=False)
+    m = _int8_linear(torch.randn(n, k, generator=g), torch.randn(n, generator=g), group)
     x = torch.randn(1, k, generator=g)
     want = x @ m.dequantized().T + m.bias
     before = lib.lm_i8_wide(-1)
@@ -213,10 +220,7 @@ def test_avx2_one_row_passes_hold_the_row_loops(kind, k, group):
     if kind == "int4":
         m = Int4Linear.from_linear(dense, group).prepare("native")
     else:
-        m = Int8Linear(k, n, True, group_size=group or None)
-        q, s = quantize_int8(dense.weight.detach().reshape(n * k // (group or k), group or k))
-        m.qweight, m.scale = q.reshape(n, k), s.reshape(n, k // group) if group else s
-        m.bias = nn.Parameter(dense.bias.detach().clone(), requires_grad=False)
+        m = _int8_linear(dense.weight.detach(), dense.bias.detach(), group)
     x = torch.randn(1, k, generator=g)
     want = x @ m.dequantized().T + m.bias
     ptrs = Pointers()

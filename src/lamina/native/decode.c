@@ -1207,25 +1207,19 @@ static inline int nr2_for(const Lin *L) {
 #define NR2_PF 2 /* passes ahead to prefetch (none: the hardware's prefetchers alone, far slower) */
 #endif
 
-static inline void store_nr2(const Lin *L, const __m256 *acc, const float *extra, float *y, int n, int accumulate) {
-    for (int j = 0; j < NR; j++) {
-        const float v = hsum(acc[j]) + extra[j] + (L->bias ? L->bias[n + j] : 0.0f);
-        y[n + j] = (accumulate ? y[n + j] : 0.0f) + v;
-    }
-}
-
-/* int4 rows n0..n1 (n1 - n0 a multiple of NR) for one input row */
-static void one_row_q4_nr2(const Lin *L, const Act *a, float *y, int n0, int n1, int accumulate) {
+/* rows n0..n1 (n1 - n0 a multiple of NR) for one input row: int4 (q4, with row_q4's minimums'
+   part) or int8; q4 a constant at each call, so each kind gets its own loop */
+static inline __attribute__((always_inline)) void one_row_nr2(int q4, const Lin *L, const Act *a, float *y, int n0, int n1, int accumulate) {
     const int k = L->k, nb = k / 32, groups = k / L->gs, sh = groups == 1 ? 31 : __builtin_ctz(L->gs / 32);
-    const size_t wb = (size_t)k / 2;
+    const size_t wb = q4 ? (size_t)k / 2 : (size_t)k; /* bytes a weight row */
     for (int n = n0; n < n1; n += NR) {
         const uint8_t *w = (const uint8_t *)L->w + (size_t)n * wb; /* the NR rows, one after another */
         const float *sc = L->s + (size_t)n * groups;
-        if (n + NR2_PF * NR < n1) { /* NR2_PF passes on: weights, scales, minimums */
+        if (n + NR2_PF * NR < n1) { /* NR2_PF passes on: weights, scales (and int4's minimums) */
             for (size_t o = 0; o < NR * wb; o += 64) PF_W((const char *)w + NR2_PF * NR * wb + o);
             for (size_t o = 0; o < (size_t)NR * groups * 4; o += 64) {
                 PF_W((const char *)(sc + NR2_PF * NR * groups) + o);
-                PF_W((const char *)(L->mn + (size_t)(n + NR2_PF * NR) * groups) + o);
+                if (q4) PF_W((const char *)(L->mn + (size_t)(n + NR2_PF * NR) * groups) + o);
             }
         }
         __m256 acc[NR];
@@ -1234,40 +1228,22 @@ static void one_row_q4_nr2(const Lin *L, const Act *a, float *y, int n0, int n1,
             const float d = a->dx[b];
             for (int j = 0; j < NR; j++) {
                 __m256i w0, w1;
-                unpack_q4(w + j * wb, b, &w0, &w1);
+                if (q4) unpack_q4(w + j * wb, b, &w0, &w1);
+                else unpack_q8((const int8_t *)w + j * wb, b, &w0, &w1);
                 acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(sc[j * groups + (b >> sh)] * d), _mm256_cvtepi32_ps(dot_block(w0, w1, a->q, b)), acc[j]);
             }
         }
-        float mins[NR]; /* the minimums' part, as row_q4 */
-        for (int j = 0; j < NR; j++) mins[j] = dot_f32(L->mn + (size_t)(n + j) * groups, a->sx, groups);
-        store_nr2(L, acc, mins, y, n, accumulate);
+        for (int j = 0; j < NR; j++) {
+            float v = hsum(acc[j]) + (L->bias ? L->bias[n + j] : 0.0f);
+            if (q4) v += dot_f32(L->mn + (size_t)(n + j) * groups, a->sx, groups);
+            y[n + j] = (accumulate ? y[n + j] : 0.0f) + v;
+        }
     }
 }
 
-/* int8 rows n0..n1 (n1 - n0 a multiple of NR) for one input row */
-static void one_row_i8_nr2(const Lin *L, const Act *a, float *y, int n0, int n1, int accumulate) {
-    const int k = L->k, nb = k / 32, groups = k / L->gs, sh = groups == 1 ? 31 : __builtin_ctz(L->gs / 32);
-    const float zero[NR] = {0};
-    for (int n = n0; n < n1; n += NR) {
-        const int8_t *w = (const int8_t *)L->w + (size_t)n * k;
-        const float *sc = L->s + (size_t)n * groups;
-        if (n + NR2_PF * NR < n1) { /* NR2_PF passes on: weights, then their scales */
-            for (size_t o = 0; o < (size_t)NR * k; o += 64) PF_W((const char *)w + (size_t)NR2_PF * NR * k + o);
-            for (size_t o = 0; o < (size_t)NR * groups * 4; o += 64) PF_W((const char *)(sc + (size_t)NR2_PF * NR * groups) + o);
-        }
-        __m256 acc[NR];
-        for (int j = 0; j < NR; j++) acc[j] = _mm256_setzero_ps();
-        for (int b = 0; b < nb; b++) {
-            const float d = a->dx[b];
-            for (int j = 0; j < NR; j++) {
-                __m256i w0, w1;
-                unpack_q8(w + (size_t)j * k, b, &w0, &w1);
-                acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(sc[j * groups + (b >> sh)] * d), _mm256_cvtepi32_ps(dot_block(w0, w1, a->q, b)), acc[j]);
-            }
-        }
-        store_nr2(L, acc, zero, y, n, accumulate);
-    }
-}
+/* each kind its own function: inlined into lin_rows instead, the step gained less from nr2 (BENCHMARKS.md) */
+static void one_row_q4_nr2(const Lin *L, const Act *a, float *y, int n0, int n1, int accumulate) { one_row_nr2(1, L, a, y, n0, n1, accumulate); }
+static void one_row_i8_nr2(const Lin *L, const Act *a, float *y, int n0, int n1, int accumulate) { one_row_nr2(0, L, a, y, n0, n1, accumulate); }
 
 /* ------------------------------------------------------------------ one row, int8 inputs */
 
