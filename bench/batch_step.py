@@ -14,18 +14,23 @@ rest, so the blocks' scaling and the head's are seen apart. Rounds alternate the
 the best round is kept. --switch names one of decode.c's `int lm_X(int choice)` functions
 (lm_lanes_min, lm_lanes_min8: from how many rows the AVX2 form takes the lanes, int4 / int8),
 set to each of --values in turn within every round (one table per value) and restored at the
-end. Torch's threads are set with torch.set_num_threads (this process only).
+end. --roles also times each linear role at B rows (every block's qkv, proj, fc, out, then the
+head: one `lm_linear` call per layer, all layers in turn, as bench/step_profile.py does for one
+row), the step less their sum being attention, norms, the inputs' quantization and barriers.
+Torch's threads are set with torch.set_num_threads (this process only).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import sys
 import time
 from pathlib import Path
 
 import torch
 from machine import cpu_line
+from step_profile import roles
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
@@ -38,6 +43,21 @@ def timed(fn, steps: int) -> float:
     return (time.perf_counter() - t0) / steps
 
 
+def timed_role(
+    lib, lins: list, b: int, x: torch.Tensor, y: torch.Tensor, steps: int, nt: int
+) -> float:
+    """One role's linears at b rows, every layer's in turn (lm_linear), seconds per pass."""
+    fn = lib.lm_linear
+    reps = max(1, steps // 4)
+    for L in lins:
+        fn(ctypes.addressof(L), b, x.data_ptr(), y.data_ptr(), nt)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        for L in lins:
+            fn(ctypes.addressof(L), b, x.data_ptr(), y.data_ptr(), nt)
+    return (time.perf_counter() - t0) / reps
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("gguf", nargs="?")
@@ -48,11 +68,13 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--switch", help="a decode.c lm_X(int choice) switch, e.g. lm_lanes_min")
     ap.add_argument("--values", default="", help="the switch's values, e.g. 5,4,3,2")
+    ap.add_argument("--roles", action="store_true", help="time each linear role at B rows too")
     args = ap.parse_args()
     import lamina
     from lamina import native
     from lamina.native.build import library as engine_library
     from lamina.native.step import linear
+    from lamina.native.structs import Pointers
 
     path = args.gguf
     if path is None:
@@ -71,6 +93,11 @@ def main() -> int:
     before = switch(-1) if switch else None
     values = [int(v) for v in args.values.split(",")] if switch and args.values else [before]
     best = {(v, b): [float("inf")] * 2 for v in values for b in counts}
+    lib = engine_library()
+    groups = roles(model) if args.roles else []
+    ptrs = Pointers()
+    lins = [(name, [ptrs.lin(m) for m in mods], mods[0]) for name, mods in groups]
+    role_best = {(v, b, name): float("inf") for v in values for b in counts for name, *_ in lins}
     try:
         with torch.no_grad():
             for _ in range(args.rounds):
@@ -84,6 +111,11 @@ def main() -> int:
                         head = timed(lambda: linear(model.head, x), args.steps)  # noqa: B023
                         old = best[v, b]
                         best[v, b] = [min(old[0], step), min(old[1], head)]
+                        for name, ls, m in lins:
+                            x = torch.randn(b, m.in_features)
+                            y = torch.empty(b, m.out_features)
+                            t = timed_role(lib, ls, b, x, y, args.steps, args.threads)
+                            role_best[v, b, name] = min(role_best[v, b, name], t)
     finally:
         if switch:
             switch(before)
@@ -108,6 +140,15 @@ def main() -> int:
                 f"{(b / step) / (counts[0] / one[0]):.2f}x | {1e3 * head:.2f} | {1e3 * rest:.2f} | "
                 f"{(b / rest) / (counts[0] / (one[0] - one[1])):.2f}x |"
             )
+        if lins:
+            print(
+                "\n| rows |" + "".join(f" {n} ms |" for n, *_ in lins) + " linears ms | rest ms |"
+            )
+            print("|---|" + "---|" * (len(lins) + 2))
+            for b in counts:
+                ts = [role_best[v, b, n] for n, *_ in lins]
+                row = "".join(f" {1e3 * t:.2f} |" for t in ts)
+                print(f"| {b} |{row} {1e3 * sum(ts):.2f} | {1e3 * (best[v, b][0] - sum(ts)):.2f} |")
     return 0
 
 

@@ -287,3 +287,38 @@ def _batched_equal_alone_model(model: GPT) -> None:
     for i, prompt in enumerate(prompts):
         _, want = _alone(model, prompt, 1)
         assert torch.equal(got[i], want[0]), i  # the lanes compute each row as alone
+
+
+@pytest.mark.parametrize("group", [32, 64, 0])
+def test_int8_batch_lanes_hold_the_dequantized_product(group):
+    """A batch's int8 linear (the head's kind) in lanes, each form in turn where the CPU has it:
+    k = 288 (9 blocks: the AVX-512 form's last block pair has one block), 37 rows (not a multiple
+    of the 4 weight rows a pass takes), 3..11 input rows (the lanes take 8 at a time), 2 threads;
+    group 32 a scale per block, 64 per two, 0 per row. Each row within the int16 inputs' rounding
+    of the dequantized product and equal to itself computed alone to float summation order."""
+    from test_native import _int8_linear
+
+    from lamina.native.build import library
+    from lamina.native.step import linear
+
+    lib = library()
+    g = torch.Generator().manual_seed(13)
+    n, k = 37, 288
+    m = _int8_linear(torch.randn(n, k, generator=g), torch.randn(n, generator=g), group)
+    w = m.dequantized()
+    xs = {rows: torch.randn(rows, k, generator=g) for rows in (3, 5, 8, 11)}
+    before, wide = torch.get_num_threads(), lib.lm_lanes_wide(-1)
+    try:
+        torch.set_num_threads(2)
+        for form in (0, 1):
+            if lib.lm_lanes_wide(form) != form:
+                continue  # this CPU lacks AVX-512 VNNI: its own form is the AVX2 one
+            for rows, x in xs.items():
+                got = linear(m, x)
+                want = x @ w.T + m.bias
+                assert ((got - want).norm() / want.norm()).item() < 1e-4, (form, rows)
+                alone = torch.cat([linear(m, x[r : r + 1]) for r in range(rows)])
+                assert torch.allclose(got, alone, rtol=1e-5, atol=1e-5), (form, rows)
+    finally:
+        torch.set_num_threads(before)
+        lib.lm_lanes_wide(wide)

@@ -843,6 +843,9 @@ typedef struct {
                      dxt, so the minimums join each block pair's fma; otherwise NULL */
 } LaneAct2;
 
+/* int8: the pair lane_rows_512's w2[j][i] holds (its 32-bit unpacks, within 128-bit lanes) */
+#define I8_PAIR(i) ((i) < 8 ? 4 * ((i) / 2) + (i) % 2 : 4 * (((i) - 8) / 2) + 2 + (i) % 2)
+
 static void lane_act2(const Lin *L, const Act *a, int r0, int rows, LaneAct2 *t) {
     const int k = L->k, nb = k / 32, nc = (nb + 1) / 2, groups = L->kind == LIN_INT4 ? k / L->gs : 0;
     const int perm = L->kind == LIN_INT4;
@@ -851,7 +854,7 @@ static void lane_act2(const Lin *L, const Act *a, int r0, int rows, LaneAct2 *t)
         for (int b = 0; b < 2 * nc; b++) {
             const int c = b / 2, e = b % 2, real = q && b < nb;
             int32_t *o = t->xt + (size_t)c * 16 * LANES * 2 + r * 2 + e;
-            for (int p = 0; p < 16; p++) o[p * LANES * 2] = real ? lane_pair(q + 32 * b, p, perm) : 0;
+            for (int p = 0; p < 16; p++) o[p * LANES * 2] = real ? lane_pair(q + 32 * b, perm ? p : I8_PAIR(p), perm) : 0;
             t->dxt[(size_t)c * LANES * 2 + r * 2 + e] = real ? a->dx[(size_t)(r0 + r) * nb + b] : 0.0f;
             if (t->sx2) t->sx2[(size_t)c * LANES * 2 + r * 2 + e] = real ? a->sx[(size_t)(r0 + r) * nb + b] : 0.0f;
         }
@@ -900,11 +903,11 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) static void lane_rows_512
                     const int8_t *wr = (const int8_t *)L->w + (size_t)nn * k;
                     const __m512i p0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(wr + 32 * b0)));
                     const __m512i p1 = b1 >= 0 ? _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(wr + 32 * b1))) : _mm512_setzero_si512();
-                    /* 32-bit pairs interleaved across the two blocks, in pair order */
-                    const __m512i i0 = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-                    const __m512i i1 = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-                    _mm512_store_si512(w2[j], _mm512_permutex2var_epi32(p0, i0, p1));
-                    _mm512_store_si512(w2[j] + 8, _mm512_permutex2var_epi32(p0, i1, p1));
+                    /* 32-bit pairs interleaved across the two blocks within 128-bit lanes (one
+                       cycle, where a lane-crossing permute took three): w2[j][i] holds pair
+                       I8_PAIR(i), which lane_act2 puts beside it */
+                    _mm512_store_si512(w2[j], _mm512_unpacklo_epi32(p0, p1));
+                    _mm512_store_si512(w2[j] + 8, _mm512_unpackhi_epi32(p0, p1));
                 }
             }
             const __m512i *xb = (const __m512i *)(t->xt + (size_t)c * 16 * LANES * 2);
@@ -920,9 +923,13 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) static void lane_rows_512
             const __m512 dx = _mm512_loadu_ps(t->dxt + (size_t)c * LANES * 2);
             for (int j = 0; j < NT; j++) {
                 const float *sc = L->s + (size_t)(j < nt ? n + j : n) * groups;
-                float s2[2] = {sc[b0 >> sh], b1 >= 0 ? sc[b1 >> sh] : 0.0f};
                 double s2d;
-                memcpy(&s2d, s2, 8);
+                if (sh == 0 && b1 >= 0) { /* a scale per block: the pair's two side by side */
+                    memcpy(&s2d, sc + b0, 8);
+                } else {
+                    float s2[2] = {sc[b0 >> sh], b1 >= 0 ? sc[b1 >> sh] : 0.0f};
+                    memcpy(&s2d, s2, 8);
+                }
                 const __m512 sv = _mm512_castpd_ps(_mm512_set1_pd(s2d));
                 f[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s[j][0], s[j][1])), _mm512_mul_ps(dx, sv), f[j]);
                 if (t->sx2) { /* the minimums: (mn b0, mn b1) times the rows' block sums */
@@ -1577,24 +1584,27 @@ int lm_unpack16(const Lin *L, uint8_t *w, float *s, float *mn) {
 }
 
 /* a batch's input rows r0.. for the kernel: int16 pairs (nb, LANES, 16), the blocks' scales and
-   sums (nb, LANES), absent rows zero */
+   scaled sums (nb, LANES) */
 typedef struct {
     int32_t *xp;
     float *dx, *bs;
 } Act16;
 
-static void act16(const Lin *L, const Act *a, int r0, int rows, Act16 *t) {
+/* the kernel reads rows 0..rows-1 only (its instance is the row count), so absent rows are not
+   written. A block's 32 int16 inputs come [even | odd] (int4's order): one permute puts each
+   pair (2p, 2p + 1) in int32 p; their sum by one `vpmaddwd` with ones. */
+VNNI static void act16(const Lin *L, const Act *a, int r0, int rows, Act16 *t) {
     const int k = L->k, nb = k / 32;
-    for (int r = 0; r < LANES; r++) {
-        const int16_t *q = r < rows ? a->q + (size_t)(r0 + r) * k : NULL;
+    const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                           23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i ones = _mm512_set1_epi16(1);
+    for (int r = 0; r < rows; r++) {
+        const int16_t *q = a->q + (size_t)(r0 + r) * k;
         for (int b = 0; b < nb; b++) {
-            int32_t *o = t->xp + ((size_t)b * LANES + r) * 16;
-            int sum = 0;
-            for (int p = 0; p < 16; p++) {
-                o[p] = q ? lane_pair(q + 32 * b, p, 1) : 0; /* int4 inputs are [even | odd] */
-                if (q) sum += q[32 * b + p] + q[32 * b + 16 + p];
-            }
-            const float d = q ? a->dx[(size_t)(r0 + r) * nb + b] : 0.0f;
+            const __m512i v = _mm512_loadu_si512((const void *)(q + 32 * b));
+            _mm512_store_si512((void *)(t->xp + ((size_t)b * LANES + r) * 16), _mm512_permutexvar_epi16(pairs, v));
+            const int sum = _mm512_reduce_add_epi32(_mm512_madd_epi16(v, ones));
+            const float d = a->dx[(size_t)(r0 + r) * nb + b];
             t->dx[b * LANES + r] = d;
             t->bs[b * LANES + r] = d * (float)sum;
         }
@@ -2027,6 +2037,14 @@ WIDE static void weighted_group_512(int G, const float *w, const float *vb, int 
     }
 }
 
+/* whether a thread's attention task prefetches its next task's keys and values (1) or not (0);
+   -1 leaves it; returns it (bench/batch_step.py --switch lm_att_pf) */
+static int att_pf = 1;
+int lm_att_pf(int choice) {
+    if (choice >= 0) att_pf = choice ? 1 : 0;
+    return att_pf;
+}
+
 static void step_job(void *p, int tid, int nt) {
     Step *S = (Step *)p;
     const Model *m = S->m;
@@ -2076,15 +2094,28 @@ static void step_job(void *p, int tid, int nt) {
         /* one query per head over the cache slots start..slot, in chunks of CHUNK slots shared
            out among the threads (a chunk's keys and values stay in cache for its group's heads);
            then each head's chunks are merged by their maxima into the softmax of the whole.
-           The chunks do not depend on the thread count, so neither do the results. */
+           The chunks do not depend on the thread count, so neither do the results. Tasks go
+           chunk by chunk (all rows' and heads' first chunks, then the second ones...), so that
+           the threads share the filled chunks: numbered row by row, a cache of 512 slots
+           filled to 96 gave every task of the one filled chunk to thread 0 (an 8-row step's
+           attention 3.6 ms on one thread while the other waited, BENCHMARKS.md). */
         const int nch = (L + CHUNK - 1) / CHUNK, wide_att = hd == 64 && group <= ATT_G && lm_att_wide(-1);
         for (int t = tid; t < B * Hkv * nch; t += nt) {
-            const int r = t / (Hkv * nch), kh = (t / nch) % Hkv, c = t % nch;
+            const int c = t / (B * Hkv), r = (t / Hkv) % B, kh = t % Hkv;
             const int64_t first = S->starts[r];
             const int n = (int)(S->slots[r] - first + 1), c0 = c * CHUNK;
             const int len = n - c0 < CHUNK ? n - c0 : CHUNK;
             const size_t base = S->rows[r] * bstride + (size_t)kh * L * hd + (size_t)(first + c0) * hd;
             const float *kb = ly->kc + base, *vb = ly->vc + base;
+            if (att_pf && t + nt < B * Hkv * nch) { /* the thread's next task's keys and values on their way */
+                const int t2 = t + nt, c2 = t2 / (B * Hkv), r2 = (t2 / Hkv) % B, kh2 = t2 % Hkv;
+                const int n2 = (int)(S->slots[r2] - S->starts[r2] + 1) - c2 * CHUNK;
+                const size_t b2 = S->rows[r2] * bstride + (size_t)kh2 * L * hd + (size_t)(S->starts[r2] + c2 * CHUNK) * hd;
+                for (size_t o = 0; o < (size_t)(n2 < CHUNK ? n2 : CHUNK) * hd * 4 && n2 > 0; o += 64) {
+                    PF_W((const char *)(ly->kc + b2) + o);
+                    PF_W((const char *)(ly->vc + b2) + o);
+                }
+            }
             /* wide_att: each head's scores kept apart, the group's weighted sums at once */
             float *scg = S->scores + (size_t)tid * CHUNK * ATT_G, *og[ATT_G];
             for (int g = 0; g < group; g++) {
