@@ -2038,11 +2038,11 @@ WIDE static void weighted_group_512(int G, const float *w, const float *vb, int 
 }
 
 /* whether a thread's attention task prefetches its next task's keys and values (1) or not (0);
-   -1 leaves it; returns it (bench/batch_step.py --switch lm_att_pf) */
-static int att_pf = 1;
-int lm_att_pf(int choice) {
-    if (choice >= 0) att_pf = choice ? 1 : 0;
-    return att_pf;
+   -1 leaves it; returns it (bench/batch_step.py --switch lm_att_next) */
+static int att_next = 1;
+int lm_att_next(int choice) {
+    if (choice >= 0) att_next = choice ? 1 : 0;
+    return att_next;
 }
 
 static void step_job(void *p, int tid, int nt) {
@@ -2107,7 +2107,7 @@ static void step_job(void *p, int tid, int nt) {
             const int len = n - c0 < CHUNK ? n - c0 : CHUNK;
             const size_t base = S->rows[r] * bstride + (size_t)kh * L * hd + (size_t)(first + c0) * hd;
             const float *kb = ly->kc + base, *vb = ly->vc + base;
-            if (att_pf && t + nt < B * Hkv * nch) { /* the thread's next task's keys and values on their way */
+            if (att_next && t + nt < B * Hkv * nch) { /* the thread's next task's keys and values on their way */
                 const int t2 = t + nt, c2 = t2 / (B * Hkv), r2 = (t2 / Hkv) % B, kh2 = t2 % Hkv;
                 const int n2 = (int)(S->slots[r2] - S->starts[r2] + 1) - c2 * CHUNK;
                 const size_t b2 = S->rows[r2] * bstride + (size_t)kh2 * L * hd + (size_t)(S->starts[r2] + c2 * CHUNK) * hd;
