@@ -376,6 +376,38 @@ def test_bf16_training_on_a_cpu_runs_narrow_heads_attention_in_fp32():
     torch.testing.assert_close(out.float(), attn(x)[0], atol=3e-2, rtol=3e-2)
 
 
+def test_bf16_training_rotates_and_normalises_q_and_k_in_fp32_before_the_fp32_kernel(monkeypatch):
+    """Where the narrow-head kernel runs in fp32, q and k are cast once, before the qk-norm and
+    the rotation, so they reach it without a round trip through bf16 (the cheaper order)."""
+    import lamina.attention as la
+
+    seen = {}
+    kernel = la.F.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):
+        seen["q"], seen["k"] = q.detach(), k.detach()
+        return kernel(q, k, v, **kw)
+
+    monkeypatch.setattr(la.F, "scaled_dot_product_attention", spy)
+    torch.manual_seed(0)
+    attn = la.MultiHeadAttention(32, 4, causal=True, rope_theta=10000.0, qk_norm=True).train()
+    x = torch.randn(2, 6, 32, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, _ = attn(x)
+    out.float().sum().backward()
+    assert out.dtype == torch.bfloat16 and x.grad is not None
+    q = seen["q"]
+    assert q.dtype == torch.float32
+    assert not torch.equal(q, q.bfloat16().float())  # not rounded to bf16 after the rotation
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        qkv = attn.qkv(x.detach())  # the projection as bf16 computes it
+    q0 = qkv[..., :32].float().view(2, 6, 4, 8).transpose(1, 2)
+    q0 = la.rms_norm(q0, attn.q_gain, attn.eps, attn.norm_offset)
+    want = la.apply_rotary(q0, *la.rotary_tables(torch.arange(6), 8, 10000.0))
+    torch.testing.assert_close(q, want, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(out.float(), attn(x)[0], atol=3e-2, rtol=3e-2)  # fp32 throughout
+
+
 def test_plain_causal_fused_attention_builds_no_mask(monkeypatch):
     import lamina.attention as la
 

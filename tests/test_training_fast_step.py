@@ -165,6 +165,31 @@ def test_the_bpe_row_raises_weight_decay_and_the_char_row_keeps_the_default():
     assert char.tokenizer == "char" and "weight_decay" not in char.train
 
 
+def test_the_bpe_row_trains_rotary_positions_on_the_cpu_default_shape(tmp_path, monkeypatch):
+    """The BPE row's one model field is rotary positions: the plan sets it, the CPU default
+    shape (3 layers, no dropout) is kept around it, and the model has no position table."""
+    from lamina import GPT, GPTConfig
+    from lamina.training import budget
+    from lamina.training.config import TrainConfig
+    from lamina.training.registry import resolve
+
+    bpe = budget.TABLE[0]
+    assert bpe.shape == {"positions": "rope"}
+    monkeypatch.setattr(budget, "text_rate", lambda *a: 10.0)  # a slow machine: few passes
+    text = tmp_path / "t.txt"
+    text.write_text("to be or not to be\n" * 200, encoding="utf-8")
+    given, line = budget.plan({"data": str(text), "max_time": bpe.seconds})
+    assert given["tokenizer"] == bpe.tokenizer and "--positions rope" in line
+    cfg = resolve(TrainConfig(**given), "cpu")
+    assert cfg.model_overrides == {"n_layers": 3, "dropout": 0.0, "positions": "rope"}
+    model = GPT(GPTConfig.preset("char-cpu", vocab_size=64, **cfg.model_overrides))
+    learned = GPT(GPTConfig.preset("char-cpu", vocab_size=64, n_layers=3))
+    assert "embed.wpe.weight" in dict(learned.named_parameters())  # what rope leaves out
+    assert model.config.positions == "rope" and "embed.wpe.weight" not in dict(
+        model.named_parameters()
+    )
+
+
 def test_the_bpe_row_covers_the_points_where_bpe_measured_better():
     """tinyshakespeare (1,115,394 bytes) on the AMX Xeon, whose timed rate read ~98 kB/s:
     bpe:1536 beat char at 65 s, 114 s and 140 s (5.7, 10.0 and 12.3 timed passes); char won from

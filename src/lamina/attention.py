@@ -294,6 +294,10 @@ class MultiHeadAttention(nn.Module):
         k = k.view(B, T, Hkv, hd).transpose(1, 2)  # (B, H_kv, T, hd)
         v = v.view(B, T, Hkv, hd).transpose(1, 2)
         fused = not (need_weights or self.impl == "reference" or self.softcap is not None)
+        upcast = fused and upcast_attention(q)  # bf16 training on a CPU: fp32 attention is faster
+        dtype = q.dtype
+        if upcast and cache is None:  # cast once, so the norms and rotations run in fp32 too
+            q, k, v = q.float(), k.float(), v.float()
         if self.qk_norm:
             q = rms_norm(q, self.q_gain, self.eps, self.norm_offset)
             k = rms_norm(k, self.k_gain, self.eps, self.norm_offset)
@@ -354,11 +358,11 @@ class MultiHeadAttention(nn.Module):
         else:
             weights = None
             kw = dict(dropout_p=p, is_causal=use_causal_flag, scale=self.scale, enable_gqa=Hkv != H)
-            if upcast_attention(q):  # bf16 training on a CPU: fp32 attention is faster
+            if upcast:
                 with torch.autocast("cpu", enabled=False):
                     out = F.scaled_dot_product_attention(
                         q.float(), k.float(), v.float(), attn_mask=allowed, **kw
-                    ).to(q.dtype)
+                    ).to(dtype)
             else:
                 out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, **kw)
             if dead is not None:

@@ -39,8 +39,14 @@ held out), so the BPE row also raises the weight decay (a `train` field, kept un
 0.3 1.522, 0.6 1.514-1.527, 1.0 1.507-1.522, 1.3 1.538, 2.0 1.564 (bpe:1024).
 The row's vocabulary is bpe:1536 (2.44 characters a token): with weight decay 0.6 it beat
 bpe:1024 with 0.6 in each of two holds at 100 s (1.5150 / 1.5081 against 1.5269 / 1.5248) and at
-120 s (1.4984 against 1.5120); 0.8 and lr 1.5e-2 lost on top of it. The batch, warmup and
-evaluations are then sized to the budget by sizing.py.
+120 s (1.4984 against 1.5120); 0.8 and lr 1.5e-2 lost on top of it. The row's one model field is
+rotary positions (no position table): on the AVX512-BF16 EPYC, 600 steps with learned positions
+scored 1.5060 (twice, bit for bit), rotary 1.4799 in the 552 steps their ~8% dearer step buys;
+at nanoGPT's wall time (107 s there) the default with rotary positions reached 1.4861 / 1.4793
+against 1.5016 / 1.5029 with learned ones, each pair in one hold; exact GELU, an untied head and
+batch 32 lost at 600 steps, QK-norm won 0.009 there but costs ~8% of the steps and lost on top of
+rotary, as did lr 1.5e-2. The batch, warmup and evaluations are then sized to the budget by
+sizing.py.
 
 Deliberately unaware of the command line's parsing and of what a tokenizer computes.
 """
@@ -78,11 +84,12 @@ TABLE: tuple[Row, ...] = (
         60.0,  # the nearest measured: 65 s, BPE 1.5087 against char's 1.5774 (AMX Xeon, quiet)
         13.0,
         "bpe:1536",
-        {},
+        {"positions": "rope"},
         "BPE: the budget reads this corpus at most about 13 times by a timed step here; "
         "measured better than char up to 12 timed passes (4-9 real), worse from 16; bpe:1536 "
         "with weight decay 0.6 (it fits its text by then): 1.506-1.515 at 100 s against "
-        "bpe:1024's 1.525-1.527, 1.498 at 120 s against 1.512",
+        "bpe:1024's 1.525-1.527, 1.498 at 120 s against 1.512; rotary positions: 1.479-1.486 "
+        "at 107 s against learned positions' 1.502-1.503",
         {"weight_decay": 0.6},
     ),
     Row(
