@@ -344,3 +344,25 @@ def test_five_bit_blocks_in_pairs_hold_the_one_block_form(qtype, k):
         assert ((y - want).norm() / want.norm()).item() < 1e-4
     assert torch.allclose(outs[0], outs[1], rtol=1e-5, atol=1e-4)
     assert not torch.equal(outs[0], outs[1])  # the pair form ran
+
+
+@pytest.mark.skipif(not _native(), reason="lamina.native not built here")
+@pytest.mark.parametrize("qtype", list(BLOCKS))
+def test_prefetch_spread_through_a_pass_changes_no_float(qtype):
+    # decode.c's lm_pf_spread: the weights of passes ahead prefetched a few lines a step (1) or a
+    # pass's rows at once (0); 40 rows, so that passes ahead exist; the same floats either way
+    from lamina.native.build import library
+
+    lib = library()
+    before = lib.lm_pf_spread(-1)
+    k = 512 if BLOCKS[qtype][0] == 256 else 288
+    m = BlockLinear(k, 40, [(qtype, _rows(qtype, 40, k, 18))], torch.randn(40))
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(19))
+    want = x @ m.dequantized().T + m.bias
+    try:
+        outs = [m(x) for form in (1, 0) if lib.lm_pf_spread(form) == form]
+    finally:
+        lib.lm_pf_spread(before)
+    assert before == 1 and len(outs) == 2
+    assert torch.equal(outs[0], outs[1])
+    assert ((outs[0] - want).norm() / want.norm()).item() < 1e-4

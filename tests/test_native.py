@@ -256,6 +256,35 @@ def test_avx512_one_row_block_forms_hold_the_old_ones(kind, k, group):
         assert not torch.equal(outs[0], outs[1])  # the pair form ran (its sums in another order)
 
 
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+def test_prefetch_spread_through_a_pass_changes_no_float(kind):
+    # decode.c's lm_pf_spread (see test_kquant's): the int4 and int8 one-row forms, 40 rows
+    from lamina.native.step import linear
+
+    lib = native.build.library()
+    n, k = 40, 576
+    g = torch.Generator().manual_seed(20)
+    weight, bias = torch.randn(n, k, generator=g), torch.randn(n, generator=g)
+    if kind == "int4":
+        dense = nn.Linear(k, n)
+        with torch.no_grad():
+            dense.weight.copy_(weight)
+            dense.bias.copy_(bias)
+        m = Int4Linear.from_linear(dense, 32).prepare("native")
+    else:
+        m = _int8_linear(weight, bias, 32)
+    x = torch.randn(1, k, generator=g)
+    before = lib.lm_pf_spread(-1)
+    try:
+        outs = [linear(m, x) for form in (1, 0) if lib.lm_pf_spread(form) == form]
+    finally:
+        lib.lm_pf_spread(before)
+    assert before == 1 and len(outs) == 2
+    assert torch.equal(outs[0], outs[1])
+    want = x @ m.dequantized().T + m.bias
+    assert ((outs[0] - want).norm() / want.norm()).item() < 1e-4
+
+
 @pytest.mark.parametrize(
     "kind,k,group", [("int4", 256, 32), ("int4", 1536, 64), ("int8", 256, 32), ("int8", 1536, 0)]
 )

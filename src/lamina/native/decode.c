@@ -1040,12 +1040,32 @@ int lm_i8_wide(int choice) {
 /* the NR rows from n (rows past n1 repeat row n: computed, not stored) */
 static inline int nr_row(int n, int j, int n1) { return n + j < n1 ? n + j : n; }
 
+/* How the one-row AVX-512 forms prefetch the weights of the passes ahead: 1 (the default) a few
+   lines a row at each step of a pass (each step the bytes it reads, so many passes on), 0 all of
+   a pass's rows at its start (the earlier form: bursts of up to NR x k bytes of prefetches, which
+   on the AMD EPYC Zen 4 left a row of 1536 int8 weights streaming at 0.53x the spread form's
+   rate; BENCHMARKS.md). lm_pf_spread sets it (-1 leaves it) and returns it. */
+static int pf_spread = 1;
+int lm_pf_spread(int choice) {
+    if (choice >= 0) pf_spread = choice ? 1 : 0;
+    return pf_spread;
+}
+
 /* row[j]: the NR weight rows of a pass from n, each rb bytes (nr_row), with the rows four passes
-   on prefetched (rows of small blocks stream poorly) */
+   on prefetched at once where pf_spread is 0 (else the kernel calls pf_rows as it goes) */
 static inline void nr_rows(const Lin *L, size_t rb, int n, int n1, const uint8_t **row) {
     for (int j = 0; j < NR; j++) row[j] = (const uint8_t *)L->w + (size_t)nr_row(n, j, n1) * rb;
-    if (n + 4 * NR < n1)
+    if (!pf_spread && n + 4 * NR < n1)
         for (size_t o = 0; o < NR * rb; o += 64) PF_W((const char *)row[0] + 4 * NR * rb + o);
+}
+
+/* the lines of bytes from..to of each of the NR rows pfo bytes on (from 0: the first line too;
+   else from the line after the one holding from, which the previous call took) */
+static inline void pf_rows(const uint8_t *const *row, size_t pfo, size_t from, size_t to) {
+    for (int j = 0; j < NR; j++) {
+        const uintptr_t a0 = (uintptr_t)(row[j] + pfo + from), a1 = (uintptr_t)(row[j] + pfo + to);
+        for (uintptr_t p = from ? (a0 + 63) & ~(uintptr_t)63 : a0 & ~(uintptr_t)63; p < a1; p += 64) PF_W((const char *)p);
+    }
 }
 
 WIDE static void store_nr(const Lin *L, const __m512 *acc, const float *extra, float *y, int n, int n1, int accumulate) {
@@ -1139,9 +1159,11 @@ VNNI static void one_row_q4p_512(const Lin *L, const Act *a, float *y, int n0, i
         }
         /* the pass after next on its way: scales and minimums at once, the weights a line a row
            every four blocks (spread through the pass, as one_row_i8s_512) */
-        const int ahead = n + 2 * NR < n1;
+        const int ahead = n + 2 * NR < n1, spread = ahead && pf_spread;
         const size_t pfo = 2 * NR * wb;
         if (ahead) {
+            if (!spread)
+                for (size_t o = 0; o < NR * wb; o += 64) PF_W((const char *)w[0] + pfo + o);
             for (size_t o = 0; o < NR * groups * 4; o += 64) {
                 PF_W((const char *)(sc[0] + 2 * NR * groups) + o);
                 PF_W((const char *)(L->mn + (size_t)(n + 2 * NR) * groups) + o);
@@ -1160,7 +1182,7 @@ VNNI static void one_row_q4p_512(const Lin *L, const Act *a, float *y, int n0, i
                 const __m512i xe = _mm512_shuffle_i64x2(xa, xb, _MM_SHUFFLE(1, 0, 1, 0)); /* even weights' inputs */
                 const __m512i xo = _mm512_shuffle_i64x2(xa, xb, _MM_SHUFFLE(3, 2, 3, 2)); /* odd */
                 const __m512i idx = _mm512_add_epi32(half_idx, _mm512_set1_epi32(p));
-                if (ahead && !(b & 3))
+                if (spread && !(b & 3))
                     for (int j = 0; j < NR; j++) PF_W((const char *)w[j] + pfo + 16 * b);
                 for (int j = 0; j < NR; j++) {
                     const __m512i z = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(w[j] + 16 * b)));
@@ -1242,10 +1264,13 @@ WIDE static void one_row_i8s_512(const Lin *L, const Act *a, float *y, int n0, i
         }
         /* I8_PF passes on: the scales at once, the weights a line a row every two blocks (spread
            through the pass, not all at its start: out's 576 x 1536 streamed 1.66x as fast so) */
-        const int ahead = n + I8_PF * NR < n1;
+        const int ahead = n + I8_PF * NR < n1, spread = ahead && pf_spread;
         const size_t pfo = (size_t)I8_PF * NR * k;
-        if (ahead)
+        if (ahead) {
+            if (!spread)
+                for (size_t o = 0; o < (size_t)NR * k; o += 64) PF_W((const char *)w[0] + pfo + o);
             for (size_t o = 0; o < (size_t)NR * groups * 4; o += 64) PF_W((const char *)(sc[0] + (size_t)I8_PF * NR * groups) + o);
+        }
         __m512 acc[NR];
         for (int j = 0; j < NR; j++) acc[j] = _mm512_setzero_ps();
         for (int b0 = 0; b0 < nb; b0 += 16) {
@@ -1257,7 +1282,7 @@ WIDE static void one_row_i8s_512(const Lin *L, const Act *a, float *y, int n0, i
             for (int p = 0; p < m; p++) {
                 const int b = b0 + p;
                 const __m512i x = _mm512_loadu_si512((const void *)(a->q + 32 * b));
-                if (ahead && !(b & 1))
+                if (spread && !(b & 1))
                     for (int j = 0; j < NR; j++) PF_W((const char *)w[j] + pfo + 32 * b);
                 for (int j = 0; j < NR; j++) {
                     const __m512i wz = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(w[j] + 32 * b)));
@@ -1315,9 +1340,9 @@ VNNI static inline __attribute__((always_inline)) void one_row_q5p(int kind, con
     const __m512i half_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     for (int n = n0; n < n1; n += NR) {
         const uint8_t *row[NR];
-        for (int j = 0; j < NR; j++) row[j] = (const uint8_t *)L->w + (size_t)nr_row(n, j, n1) * rb;
+        nr_rows(L, rb, n, n1, row);
         /* four passes on (as nr_rows), a line a row each pair of blocks, spread through the pass */
-        const int ahead = n + 4 * NR < n1;
+        const int ahead = pf_spread && n + 4 * NR < n1;
         const size_t pfo = 4 * NR * rb;
         __m512 acc[NR];
         __m128 mac[NR];
@@ -1391,10 +1416,12 @@ WIDE static inline __attribute__((always_inline)) void one_row_kq_512(int kind, 
     for (int n = n0; n < n1; n += NR) {
         const uint8_t *row[NR];
         nr_rows(L, rb, n, n1, row);
+        const int spread = pf_spread && n + 4 * NR < n1;
         __m512 acc[NR];
         float msum[NR];
         for (int j = 0; j < NR; j++) acc[j] = _mm512_setzero_ps(), msum[j] = 0.0f;
         for (int sb = 0; sb < nsb; sb++) {
+            if (spread) pf_rows(row, 4 * NR * rb, (size_t)sb * bs, (size_t)(sb + 1) * bs);
             float s[NR][16], mn[NR][PER_SB_MAX];
             for (int j = 0; j < NR; j++) kq_scales(kind, row[j] + (size_t)sb * bs, s[j], mn[j]);
             for (int jj = 0; jj < sub; jj++) {
@@ -1658,10 +1685,12 @@ VNNI static void one_row_q4k_int(const Lin *L, const Act *a, float *y, int n0, i
     for (int n = n0; n < n1; n += NR) {
         const uint8_t *row[NR];
         nr_rows(L, rb, n, n1, row);
+        const int spread = pf_spread && n + 4 * NR < n1;
         __m512 acc[NR];
         __m256 macc[NR];
         for (int j = 0; j < NR; j++) acc[j] = _mm512_setzero_ps(), macc[j] = _mm256_setzero_ps();
         for (int sb = 0; sb < nsb; sb++) {
+            if (spread) pf_rows(row, 4 * NR * rb, (size_t)sb * 144, (size_t)(sb + 1) * 144);
             const __m512i *xs = (const __m512i *)(a->q + 256 * sb);
             __m512i x[8];
             for (int i = 0; i < 8; i++) x[i] = _mm512_loadu_si512((const void *)(xs + i));
@@ -1709,9 +1738,11 @@ VNNI static void one_row_q6k_int(const Lin *L, const Act *a, float *y, int n0, i
     for (int n = n0; n < n1; n += NR) {
         const uint8_t *row[NR];
         nr_rows(L, rb, n, n1, row);
+        const int spread = pf_spread && n + 4 * NR < n1;
         __m512 acc[NR];
         for (int j = 0; j < NR; j++) acc[j] = _mm512_setzero_ps();
         for (int sb = 0; sb < nsb; sb++) {
+            if (spread) pf_rows(row, 4 * NR * rb, (size_t)sb * 210, (size_t)(sb + 1) * 210);
             const __m512i *xs = (const __m512i *)(a->q + 256 * sb);
             const float dxs = a->dx[8 * sb];
             for (int j = 0; j < NR; j++) {
