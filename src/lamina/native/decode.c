@@ -1050,6 +1050,12 @@ int lm_pf_spread(int choice) {
     if (choice >= 0) pf_spread = choice ? 1 : 0;
     return pf_spread;
 }
+/* passes ahead that the GGML kinds' spread prefetches reach (lm_pf_passes, 1..64; -1 leaves it) */
+static int pf_passes = 4;
+int lm_pf_passes(int choice) {
+    if (choice >= 1) pf_passes = choice > 64 ? 64 : choice;
+    return pf_passes;
+}
 
 /* row[j]: the NR weight rows of a pass from n, each rb bytes (nr_row), with the rows four passes
    on prefetched at once where pf_spread is 0 (else the kernel calls pf_rows as it goes) */
@@ -1342,8 +1348,8 @@ VNNI static inline __attribute__((always_inline)) void one_row_q5p(int kind, con
         const uint8_t *row[NR];
         nr_rows(L, rb, n, n1, row);
         /* four passes on (as nr_rows), a line a row each pair of blocks, spread through the pass */
-        const int ahead = pf_spread && n + 4 * NR < n1;
-        const size_t pfo = 4 * NR * rb;
+        const int ahead = pf_spread && n + pf_passes * NR < n1;
+        const size_t pfo = (size_t)pf_passes * NR * rb;
         __m512 acc[NR];
         __m128 mac[NR];
         for (int j = 0; j < NR; j++) acc[j] = _mm512_setzero_ps(), mac[j] = _mm_setzero_ps();
@@ -1416,12 +1422,12 @@ WIDE static inline __attribute__((always_inline)) void one_row_kq_512(int kind, 
     for (int n = n0; n < n1; n += NR) {
         const uint8_t *row[NR];
         nr_rows(L, rb, n, n1, row);
-        const int spread = pf_spread && n + 4 * NR < n1;
+        const int spread = pf_spread && n + pf_passes * NR < n1;
         __m512 acc[NR];
         float msum[NR];
         for (int j = 0; j < NR; j++) acc[j] = _mm512_setzero_ps(), msum[j] = 0.0f;
         for (int sb = 0; sb < nsb; sb++) {
-            if (spread) pf_rows(row, 4 * NR * rb, (size_t)sb * bs, (size_t)(sb + 1) * bs);
+            if (spread) pf_rows(row, (size_t)pf_passes * NR * rb, (size_t)sb * bs, (size_t)(sb + 1) * bs);
             float s[NR][16], mn[NR][PER_SB_MAX];
             for (int j = 0; j < NR; j++) kq_scales(kind, row[j] + (size_t)sb * bs, s[j], mn[j]);
             for (int jj = 0; jj < sub; jj++) {
@@ -1685,12 +1691,12 @@ VNNI static void one_row_q4k_int(const Lin *L, const Act *a, float *y, int n0, i
     for (int n = n0; n < n1; n += NR) {
         const uint8_t *row[NR];
         nr_rows(L, rb, n, n1, row);
-        const int spread = pf_spread && n + 4 * NR < n1;
+        const int spread = pf_spread && n + pf_passes * NR < n1;
         __m512 acc[NR];
         __m256 macc[NR];
         for (int j = 0; j < NR; j++) acc[j] = _mm512_setzero_ps(), macc[j] = _mm256_setzero_ps();
         for (int sb = 0; sb < nsb; sb++) {
-            if (spread) pf_rows(row, 4 * NR * rb, (size_t)sb * 144, (size_t)(sb + 1) * 144);
+            if (spread) pf_rows(row, (size_t)pf_passes * NR * rb, (size_t)sb * 144, (size_t)(sb + 1) * 144);
             const __m512i *xs = (const __m512i *)(a->q + 256 * sb);
             __m512i x[8];
             for (int i = 0; i < 8; i++) x[i] = _mm512_loadu_si512((const void *)(xs + i));
@@ -1738,11 +1744,11 @@ VNNI static void one_row_q6k_int(const Lin *L, const Act *a, float *y, int n0, i
     for (int n = n0; n < n1; n += NR) {
         const uint8_t *row[NR];
         nr_rows(L, rb, n, n1, row);
-        const int spread = pf_spread && n + 4 * NR < n1;
+        const int spread = pf_spread && n + pf_passes * NR < n1;
         __m512 acc[NR];
         for (int j = 0; j < NR; j++) acc[j] = _mm512_setzero_ps();
         for (int sb = 0; sb < nsb; sb++) {
-            if (spread) pf_rows(row, 4 * NR * rb, (size_t)sb * 210, (size_t)(sb + 1) * 210);
+            if (spread) pf_rows(row, (size_t)pf_passes * NR * rb, (size_t)sb * 210, (size_t)(sb + 1) * 210);
             const __m512i *xs = (const __m512i *)(a->q + 256 * sb);
             const float dxs = a->dx[8 * sb];
             for (int j = 0; j < NR; j++) {
