@@ -302,13 +302,67 @@ def test_five_bit_blocks_by_lane_mask_are_kq_q8s_integers(qtype):
     from lamina.native.build import library
 
     lib = library()
-    before = lib.lm_q5_mask(-1)
+    before, pair = lib.lm_q5_mask(-1), lib.lm_q5_pair(-1)
     m = BlockLinear(288, 13, [(qtype, _rows(qtype, 13, 288, 14))], torch.randn(13))
     x = torch.randn(1, 288, generator=torch.Generator().manual_seed(15))
     want = x @ m.dequantized().T + m.bias
     try:
+        lib.lm_q5_pair(0)  # one_row_kq_512, where the mask is read
         outs = [m(x) for form in (1, 0) if lib.lm_q5_mask(form) == form]
     finally:
         lib.lm_q5_mask(before)
+        lib.lm_q5_pair(pair)
+    assert torch.equal(outs[0], outs[1])
+    assert ((outs[0] - want).norm() / want.norm()).item() < 1e-4
+
+
+@pytest.mark.skipif(not _native(), reason="lamina.native not built here")
+@pytest.mark.parametrize("qtype,k", [("Q5_0", 288), ("Q5_1", 288), ("Q5_0", 1536), ("Q5_1", 576)])
+def test_five_bit_blocks_in_pairs_hold_the_one_block_form(qtype, k):
+    # decode.c's lm_q5_pair: Q5_0 / Q5_1 rows two blocks a step (1) against one_row_kq_512 (0):
+    # the same integers, float sums in another order; k 288 leaves an odd block alone; 13 rows
+    from lamina.native.build import library
+
+    lib = library()
+    before = lib.lm_q5_pair(-1)
+    if lib.lm_q5_pair(1) != 1:
+        lib.lm_q5_pair(before)
+        pytest.skip("no AVX-512 VNNI here: the pair form does not run")
+    m = BlockLinear(k, 13, [(qtype, _rows(qtype, 13, k, 16))], torch.randn(13))
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(17))
+    x[0, ::97] *= 30
+    want = x @ m.dequantized().T + m.bias
+    try:
+        outs = []
+        for form in (1, 0):
+            assert lib.lm_q5_pair(form) == form
+            outs.append(m(x))
+    finally:
+        lib.lm_q5_pair(before)
+    assert before == 1  # the default where it runs
+    for y in outs:
+        assert ((y - want).norm() / want.norm()).item() < 1e-4
+    assert torch.allclose(outs[0], outs[1], rtol=1e-5, atol=1e-4)
+    assert not torch.equal(outs[0], outs[1])  # the pair form ran
+
+
+@pytest.mark.skipif(not _native(), reason="lamina.native not built here")
+@pytest.mark.parametrize("qtype", list(BLOCKS))
+def test_prefetch_spread_through_a_pass_changes_no_float(qtype):
+    # decode.c's lm_pf_spread: the weights of passes ahead prefetched a few lines a step (1) or a
+    # pass's rows at once (0); 40 rows, so that passes ahead exist; the same floats either way
+    from lamina.native.build import library
+
+    lib = library()
+    before = lib.lm_pf_spread(-1)
+    k = 512 if BLOCKS[qtype][0] == 256 else 288
+    m = BlockLinear(k, 40, [(qtype, _rows(qtype, 40, k, 18))], torch.randn(40))
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(19))
+    want = x @ m.dequantized().T + m.bias
+    try:
+        outs = [m(x) for form in (1, 0) if lib.lm_pf_spread(form) == form]
+    finally:
+        lib.lm_pf_spread(before)
+    assert before == 1 and len(outs) == 2
     assert torch.equal(outs[0], outs[1])
     assert ((outs[0] - want).norm() / want.norm()).item() < 1e-4

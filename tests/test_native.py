@@ -200,6 +200,92 @@ def test_int8_one_row_forms_hold_the_dequantized_product(group):
 
 
 @pytest.mark.parametrize(
+    "kind,k,group",
+    [
+        ("int4", 288, 32),
+        ("int4", 1536, 32),
+        ("int4", 1536, 64),
+        ("int4", 1024, 256),
+        ("int8", 288, 32),
+        ("int8", 1536, 64),
+        ("int8", 576, 0),
+    ],
+)
+def test_avx512_one_row_block_forms_hold_the_old_ones(kind, k, group):
+    # decode.c's lm_q4_pair (int4: two blocks a step, 1) against one_row_q4_512 (0), and lm_i8_sd
+    # (int8: the blocks' scale products made 16 at a time, 1) against one_row_i8_512 (0, the same
+    # floats in the same order: bit-equal). k 288: 9 blocks (an odd one left alone); 1536: 48
+    # blocks (three windows of 16); groups of 1, 2 and 8 blocks, int8's scale per row (0); 13 rows
+    # (not a multiple of the 4 a pass takes); a few large inputs, as real activations have.
+    from lamina.native.step import linear
+
+    lib = native.build.library()
+    switch = lib.lm_q4_pair if kind == "int4" else lib.lm_i8_sd
+    before = switch(-1)
+    if not lib.lm_lanes_wide(-1) or switch(1) != 1:
+        switch(before)
+        pytest.skip("no AVX-512 VNNI here: the one-row AVX-512 forms do not run")
+    n = 13
+    g = torch.Generator().manual_seed(16)
+    weight, bias = torch.randn(n, k, generator=g), torch.randn(n, generator=g)
+    if kind == "int4":
+        dense = nn.Linear(k, n)
+        with torch.no_grad():
+            dense.weight.copy_(weight)
+            dense.bias.copy_(bias)
+        m = Int4Linear.from_linear(dense, group).prepare("native")
+    else:
+        m = _int8_linear(weight, bias, group)
+    x = torch.randn(1, k, generator=g)
+    x[0, ::97] *= 30
+    want = x @ m.dequantized().T + m.bias
+    try:
+        outs = []
+        for form in (1, 0):
+            assert switch(form) == form
+            outs.append(linear(m, x))
+    finally:
+        switch(before)
+    assert before == 1  # the default where it runs
+    for y in outs:
+        assert ((y - want).norm() / want.norm()).item() < 1e-4
+    if kind == "int8":
+        assert torch.equal(outs[0], outs[1])
+    else:
+        assert torch.allclose(outs[0], outs[1], rtol=1e-5, atol=1e-4)
+        assert not torch.equal(outs[0], outs[1])  # the pair form ran (its sums in another order)
+
+
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+def test_prefetch_spread_through_a_pass_changes_no_float(kind):
+    # decode.c's lm_pf_spread (see test_kquant's): the int4 and int8 one-row forms, 40 rows
+    from lamina.native.step import linear
+
+    lib = native.build.library()
+    n, k = 40, 576
+    g = torch.Generator().manual_seed(20)
+    weight, bias = torch.randn(n, k, generator=g), torch.randn(n, generator=g)
+    if kind == "int4":
+        dense = nn.Linear(k, n)
+        with torch.no_grad():
+            dense.weight.copy_(weight)
+            dense.bias.copy_(bias)
+        m = Int4Linear.from_linear(dense, 32).prepare("native")
+    else:
+        m = _int8_linear(weight, bias, 32)
+    x = torch.randn(1, k, generator=g)
+    before = lib.lm_pf_spread(-1)
+    try:
+        outs = [linear(m, x) for form in (1, 0) if lib.lm_pf_spread(form) == form]
+    finally:
+        lib.lm_pf_spread(before)
+    assert before == 1 and len(outs) == 2
+    assert torch.equal(outs[0], outs[1])
+    want = x @ m.dequantized().T + m.bias
+    assert ((outs[0] - want).norm() / want.norm()).item() < 1e-4
+
+
+@pytest.mark.parametrize(
     "kind,k,group", [("int4", 256, 32), ("int4", 1536, 64), ("int8", 256, 32), ("int8", 1536, 0)]
 )
 def test_avx2_one_row_passes_hold_the_row_loops(kind, k, group):
@@ -409,17 +495,25 @@ def test_real_chat_reply_equals_the_float_models(smollm2):
 @pytest.mark.parametrize("kv_heads", [1, 2, 4])
 def test_attention_forms_for_heads_of_64(kv_heads):
     # decode.c's lm_att_wide: heads of 64 take the AVX-512 attention (1; a GQA group's heads
-    # together) or the AVX2 one (0): both the float model's step, differing by summation order
+    # together) or the AVX2 one (0): both the float model's step, differing by summation order;
+    # lm_att_pf (the AVX-512 form's prefetches of keys and values ahead) changes no float
     lib = native.build.library()
     before = lib.lm_att_wide(-1)
     model = _model(positions="rope", norm="rms", n_kv_heads=kv_heads, d_head=64, bias=False)
     ids = torch.randint(0, 97, (2, 40), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         want = model(ids)[:, 12:]
+    pf = lib.lm_att_pf(-1)
     try:
         outs = [_steps(model, ids, 12) for form in (1, 0) if lib.lm_att_wide(form) == form]
+        lib.lm_att_wide(1)
+        lib.lm_att_pf(0)  # the AVX-512 form without its prefetches: the same floats
+        unfetched = _steps(model, ids, 12)
     finally:
         lib.lm_att_wide(before)
+        lib.lm_att_pf(pf)
+    assert pf > 0  # the default prefetches
+    assert torch.equal(unfetched, outs[0])
     for got in outs:
         assert ((got - want).norm() / want.norm()).item() < 1e-5
         assert torch.equal(got.argmax(-1), want.argmax(-1))

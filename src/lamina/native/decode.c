@@ -148,6 +148,12 @@ int lm_pf_l2(int choice) {
 
 /* ------------------------------------------------------------------ small maths */
 
+static inline float hsum128(__m128 s) {
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -1035,17 +1041,44 @@ int lm_i8_wide(int choice) {
    `vpmaddwd` (the same integer products and sums as the AVX2 path), NR weight rows at a time
    so that each input block is loaded once for all of them. */
 #define WIDE __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl")))
+#define VNNI __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
 #define NR 4 /* weight rows per pass over the input */
 
 /* the NR rows from n (rows past n1 repeat row n: computed, not stored) */
 static inline int nr_row(int n, int j, int n1) { return n + j < n1 ? n + j : n; }
 
+/* How the one-row AVX-512 forms prefetch the weights of the passes ahead: 1 (the default) a few
+   lines a row at each step of a pass (each step the bytes it reads, so many passes on), 0 all of
+   a pass's rows at its start (the earlier form: bursts of up to NR x k bytes of prefetches, which
+   on the AMD EPYC Zen 4 left a row of 1536 int8 weights streaming at 0.53x the spread form's
+   rate; BENCHMARKS.md). lm_pf_spread sets it (-1 leaves it) and returns it. */
+static int pf_spread = 1;
+int lm_pf_spread(int choice) {
+    if (choice >= 0) pf_spread = choice ? 1 : 0;
+    return pf_spread;
+}
+/* passes ahead that the GGML kinds' spread prefetches reach (lm_pf_passes, 1..64; -1 leaves it) */
+static int pf_passes = 4;
+int lm_pf_passes(int choice) {
+    if (choice >= 1) pf_passes = choice > 64 ? 64 : choice;
+    return pf_passes;
+}
+
 /* row[j]: the NR weight rows of a pass from n, each rb bytes (nr_row), with the rows four passes
-   on prefetched (rows of small blocks stream poorly) */
+   on prefetched at once where pf_spread is 0 (else the kernel calls pf_rows as it goes) */
 static inline void nr_rows(const Lin *L, size_t rb, int n, int n1, const uint8_t **row) {
     for (int j = 0; j < NR; j++) row[j] = (const uint8_t *)L->w + (size_t)nr_row(n, j, n1) * rb;
-    if (n + 4 * NR < n1)
+    if (!pf_spread && n + 4 * NR < n1)
         for (size_t o = 0; o < NR * rb; o += 64) PF_W((const char *)row[0] + 4 * NR * rb + o);
+}
+
+/* the lines of bytes from..to of each of the NR rows pfo bytes on (from 0: the first line too;
+   else from the line after the one holding from, which the previous call took) */
+static inline void pf_rows(const uint8_t *const *row, size_t pfo, size_t from, size_t to) {
+    for (int j = 0; j < NR; j++) {
+        const uintptr_t a0 = (uintptr_t)(row[j] + pfo + from), a1 = (uintptr_t)(row[j] + pfo + to);
+        for (uintptr_t p = from ? (a0 + 63) & ~(uintptr_t)63 : a0 & ~(uintptr_t)63; p < a1; p += 64) PF_W((const char *)p);
+    }
 }
 
 WIDE static void store_nr(const Lin *L, const __m512 *acc, const float *extra, float *y, int n, int n1, int accumulate) {
@@ -1092,6 +1125,101 @@ WIDE static void one_row_q4_512(const Lin *L, const Act *a, float *y, int n0, in
     }
 }
 
+/* the products s dx of blocks b0 .. b0 + m (m <= 16) of NR rows' scales sc (groups of 2^sh
+   blocks; b0 a multiple of 16, so that block b0 + i takes scale (b0 >> sh) + (i >> sh)) */
+WIDE static inline __attribute__((always_inline)) void sd16(const float *const *sc, const float *dx, int b0, int m, int sh, __m512 *sd) {
+    const __mmask16 live = (__mmask16)((1u << m) - 1);
+    const __m512 dxv = _mm512_maskz_loadu_ps(live, dx + b0);
+    if (sh == 0) {
+        for (int j = 0; j < NR; j++) sd[j] = _mm512_mul_ps(_mm512_maskz_loadu_ps(live, sc[j] + b0), dxv);
+        return;
+    }
+    const int ng = ((b0 + m - 1) >> sh) - (b0 >> sh) + 1;
+    const __mmask16 glive = (__mmask16)((1u << ng) - 1);
+    const __m512i gidx = _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), sh > 4 ? 4 : sh);
+    for (int j = 0; j < NR; j++) sd[j] = _mm512_mul_ps(_mm512_permutexvar_ps(gidx, _mm512_maskz_loadu_ps(glive, sc[j] + (b0 >> sh))), dxv);
+}
+
+/* int4 rows in block pairs (one_row_q4p_512, AVX-512 VNNI; 1, the default, where the CPU has it;
+   0 keeps one_row_q4_512; -1 leaves it; returns the form in force) */
+static int q4_pair = 1;
+int lm_q4_pair(int choice) {
+    if (choice >= 0) q4_pair = choice ? 1 : 0;
+    return q4_pair && lanes_512();
+}
+
+/* int4 rows n0..n1 for one input row, two blocks a step: a row's 32 bytes of blocks b and b + 1
+   widened to 32 int16 ([b's 16 bytes | b + 1's]), their low nibbles (the blocks' even weights)
+   and high nibbles (odd) each one vector; the input's two blocks regrouped the same way once a
+   pass for the NR rows ([b even | b + 1 even], [b odd | b + 1 odd]: its [even | odd] order per
+   block makes that two 256-bit shuffles), so two `vpdpwssd` give block b's 8 partial sums in
+   lanes 0-7 and b + 1's in 8-15; one conversion and one fma by [s_b dx_b x8 | s_b+1 dx_b+1 x8]
+   (the products s dx computed 16 blocks at a time, spread by `vpermps`). one_row_q4_512 takes a
+   block a step: its own unpacking, conversion, scalar product and fma for each. The same integer
+   products; float sums in another order. */
+VNNI static void one_row_q4p_512(const Lin *L, const Act *a, float *y, int n0, int n1, int accumulate) {
+    const int k = L->k, nb = k / 32, nb2 = nb & ~1, groups = k / L->gs, sh = groups == 1 ? 31 : __builtin_ctz(L->gs / 32);
+    const size_t wb = (size_t)k / 2;
+    const __m512i m4 = _mm512_set1_epi16(0x0F);
+    const __m512i half_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    for (int n = n0; n < n1; n += NR) {
+        const uint8_t *w[NR];
+        const float *sc[NR];
+        for (int j = 0; j < NR; j++) {
+            const int r = nr_row(n, j, n1);
+            w[j] = (const uint8_t *)L->w + (size_t)r * wb;
+            sc[j] = L->s + (size_t)r * groups;
+        }
+        /* the pass after next on its way: scales and minimums at once, the weights a line a row
+           every four blocks (spread through the pass, as one_row_i8s_512) */
+        const int ahead = n + 2 * NR < n1, spread = ahead && pf_spread;
+        const size_t pfo = 2 * NR * wb;
+        if (ahead) {
+            if (!spread)
+                for (size_t o = 0; o < NR * wb; o += 64) PF_W((const char *)w[0] + pfo + o);
+            for (size_t o = 0; o < NR * groups * 4; o += 64) {
+                PF_W((const char *)(sc[0] + 2 * NR * groups) + o);
+                PF_W((const char *)(L->mn + (size_t)(n + 2 * NR) * groups) + o);
+            }
+        }
+        __m512 acc[NR];
+        for (int j = 0; j < NR; j++) acc[j] = _mm512_setzero_ps();
+        for (int b0 = 0; b0 < nb2; b0 += 16) { /* 16 blocks: their s dx products, one vector a row */
+            const int m = nb2 - b0 < 16 ? nb2 - b0 : 16;
+            __m512 sd[NR];
+            sd16(sc, a->dx, b0, m, sh, sd);
+            for (int p = 0; p < m; p += 2) {
+                const int b = b0 + p;
+                const __m512i xa = _mm512_loadu_si512((const void *)(a->q + 32 * b));
+                const __m512i xb = _mm512_loadu_si512((const void *)(a->q + 32 * b + 32));
+                const __m512i xe = _mm512_shuffle_i64x2(xa, xb, _MM_SHUFFLE(1, 0, 1, 0)); /* even weights' inputs */
+                const __m512i xo = _mm512_shuffle_i64x2(xa, xb, _MM_SHUFFLE(3, 2, 3, 2)); /* odd */
+                const __m512i idx = _mm512_add_epi32(half_idx, _mm512_set1_epi32(p));
+                if (spread && !(b & 3))
+                    for (int j = 0; j < NR; j++) PF_W((const char *)w[j] + pfo + 16 * b);
+                for (int j = 0; j < NR; j++) {
+                    const __m512i z = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(w[j] + 16 * b)));
+                    const __m512i s = _mm512_dpwssd_epi32(_mm512_madd_epi16(_mm512_and_si512(z, m4), xe), _mm512_srli_epi16(z, 4), xo);
+                    acc[j] = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx, sd[j]), _mm512_cvtepi32_ps(s), acc[j]);
+                }
+            }
+        }
+        if (nb2 < nb) { /* an odd last block: one_row_q4_512's step */
+            const int b = nb2;
+            const __m512i x = _mm512_loadu_si512((const void *)(a->q + 32 * b));
+            const float d = a->dx[b];
+            for (int j = 0; j < NR; j++) {
+                const __m128i raw = _mm_loadu_si128((const __m128i *)(w[j] + 16 * b));
+                const __m512i wz = _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0F)));
+                acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(sc[j][b >> sh] * d), _mm512_cvtepi32_ps(_mm512_madd_epi16(wz, x)), acc[j]);
+            }
+        }
+        float mins[NR] = {0}; /* the minimums' part, as row_q4 */
+        for (int j = 0; j < NR && n + j < n1; j++) mins[j] = dot_f32(L->mn + (size_t)(n + j) * groups, a->sx, groups);
+        store_nr(L, acc, mins, y, n, n1, accumulate);
+    }
+}
+
 /* int8 rows n0..n1 for one input row (GGUF's Q8_0 read into lamina's int8: q int8 (n, k), a
    float scale per group): 32 weights widened to 32 int16 in one vector, one `vpmaddwd` by the
    input's block, the scales a second (small, sequential) stream prefetched beside the weights.
@@ -1125,6 +1253,60 @@ WIDE static void one_row_i8_512(const Lin *L, const Act *a, float *y, int n0, in
     }
 }
 
+/* int8 rows n0..n1 for one input row, one_row_i8_512's steps with the products s dx of 16 blocks
+   of a row made at once (one vector multiply, stored) and each block's fma taking its product
+   as a broadcast memory operand, in place of a scalar multiply and a broadcast per block and
+   row: the same floats in the same order (bit-equal outputs). 1 (the default) this form, 0
+   one_row_i8_512; -1 leaves it; returns the form in force (1 only where AVX-512 runs). */
+static int i8_sd = 1;
+int lm_i8_sd(int choice) {
+    if (choice >= 0) i8_sd = choice ? 1 : 0;
+    return i8_sd && lanes_512();
+}
+
+WIDE static void one_row_i8s_512(const Lin *L, const Act *a, float *y, int n0, int n1, int accumulate) {
+    const int k = L->k, nb = k / 32, groups = k / L->gs, sh = groups == 1 ? 31 : __builtin_ctz(L->gs / 32);
+    const float zero[NR] = {0};
+    for (int n = n0; n < n1; n += NR) {
+        const int8_t *w[NR];
+        const float *sc[NR];
+        for (int j = 0; j < NR; j++) {
+            const int r = nr_row(n, j, n1);
+            w[j] = (const int8_t *)L->w + (size_t)r * k;
+            sc[j] = L->s + (size_t)r * groups;
+        }
+        /* I8_PF passes on: the scales at once, the weights a line a row every two blocks (spread
+           through the pass, not all at its start: out's 576 x 1536 streamed 1.66x as fast so) */
+        const int ahead = n + I8_PF * NR < n1, spread = ahead && pf_spread;
+        const size_t pfo = (size_t)I8_PF * NR * k;
+        if (ahead) {
+            if (!spread)
+                for (size_t o = 0; o < (size_t)NR * k; o += 64) PF_W((const char *)w[0] + pfo + o);
+            for (size_t o = 0; o < (size_t)NR * groups * 4; o += 64) PF_W((const char *)(sc[0] + (size_t)I8_PF * NR * groups) + o);
+        }
+        __m512 acc[NR];
+        for (int j = 0; j < NR; j++) acc[j] = _mm512_setzero_ps();
+        for (int b0 = 0; b0 < nb; b0 += 16) {
+            const int m = nb - b0 < 16 ? nb - b0 : 16;
+            __m512 sdv[NR];
+            float sd[NR][16] __attribute__((aligned(64)));
+            sd16(sc, a->dx, b0, m, sh, sdv);
+            for (int j = 0; j < NR; j++) _mm512_store_ps(sd[j], sdv[j]);
+            for (int p = 0; p < m; p++) {
+                const int b = b0 + p;
+                const __m512i x = _mm512_loadu_si512((const void *)(a->q + 32 * b));
+                if (spread && !(b & 1))
+                    for (int j = 0; j < NR; j++) PF_W((const char *)w[j] + pfo + 32 * b);
+                for (int j = 0; j < NR; j++) {
+                    const __m512i wz = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(w[j] + 32 * b)));
+                    acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(sd[j][p]), _mm512_cvtepi32_ps(_mm512_madd_epi16(wz, x)), acc[j]);
+                }
+            }
+        }
+        store_nr(L, acc, zero, y, n, n1, accumulate);
+    }
+}
+
 /* Q5_0 and Q5_1 blocks of 32 straight to 32 int16 (the same integers as kq_q8 widened): the
    16 bytes of nibbles widened once, low nibbles in lanes 0-15 and high ones in 16-31, the 32
    high bits a lane mask (Q5_0: q - 16 where the bit is clear; Q5_1: q + 16 where it is set), in
@@ -1147,6 +1329,99 @@ WIDE static inline __attribute__((always_inline)) __m512i kq_w16_512(int kind, c
     return _mm512_cvtepi8_epi16(kq_q8(kind, blk, jj));
 }
 
+/* Q5_0 and Q5_1 rows in block pairs (one_row_q5p_512; 1, the default, where the CPU has AVX-512
+   VNNI; 0 keeps one_row_kq_512; -1 leaves it; returns the form in force) */
+static int q5_pair = 1;
+int lm_q5_pair(int choice) {
+    if (choice >= 0) q5_pair = choice ? 1 : 0;
+    return q5_pair && lanes_512();
+}
+
+/* Q5_0 / Q5_1 rows n0..n1 for one input row, two blocks a step (one_row_q4p_512's way): blocks b
+   and b + 1's 16 bytes of nibbles side by side, widened to 32 int16, their low nibbles (weights
+   0-15 of each) one vector and their high ones (16-31) another, the 32 + 32 high bits regrouped
+   the same way into two lane masks (Q5_0: q - 16 where the bit is clear; Q5_1: q + 16 where it
+   is set, as kq_w16_512); the input's two blocks regrouped once a pass ([b 0-15 | b + 1 0-15],
+   [b 16-31 | b + 1 16-31]); two `vpdpwssd`, one conversion, one fma by [d_b dx_b x8 | d_b+1
+   dx_b+1 x8]. The fp16 scales (and Q5_1's minimums) of 16 blocks of a row are read at once and
+   converted by one `vcvtph2ps`; Q5_1's minimums' part is one fma of 16 a row (m x the blocks'
+   input sums). The same integers as one_row_kq_512; float sums in another order. */
+VNNI static inline __attribute__((always_inline)) void one_row_q5p(int kind, const Lin *L, const Act *a, float *y, int n0, int n1, int accumulate) {
+    const int k = L->k, nb = k / 32, nb2 = nb & ~1, bs = kq_bytes(kind), qo = kind == LIN_Q5_0 ? 2 : 4;
+    const size_t rb = kq_row_bytes(kind, k);
+    const __m512i m4 = _mm512_set1_epi16(0x0F), sixteen = _mm512_set1_epi16(16);
+    const __m512i half_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    for (int n = n0; n < n1; n += NR) {
+        const uint8_t *row[NR];
+        nr_rows(L, rb, n, n1, row);
+        /* four passes on (as nr_rows), a line a row each pair of blocks, spread through the pass */
+        const int ahead = pf_spread && n + pf_passes * NR < n1;
+        const size_t pfo = (size_t)pf_passes * NR * rb;
+        __m512 acc[NR];
+        __m128 mac[NR];
+        for (int j = 0; j < NR; j++) acc[j] = _mm512_setzero_ps(), mac[j] = _mm_setzero_ps();
+        {
+            for (int b = 0; b < nb2; b += 2) {
+                const __m512i xa = _mm512_loadu_si512((const void *)(a->q + 32 * b));
+                const __m512i xb = _mm512_loadu_si512((const void *)(a->q + 32 * b + 32));
+                const __m512i xl = _mm512_shuffle_i64x2(xa, xb, _MM_SHUFFLE(1, 0, 1, 0)); /* weights 0-15 of each */
+                const __m512i xh = _mm512_shuffle_i64x2(xa, xb, _MM_SHUFFLE(3, 2, 3, 2)); /* 16-31 */
+                const __m128 dx2 = _mm_castpd_ps(_mm_load_sd((const double *)(a->dx + b)));
+                const __m128 sx2 = kind == LIN_Q5_1 ? _mm_castpd_ps(_mm_load_sd((const double *)(a->sx + b))) : _mm_setzero_ps();
+                if (ahead)
+                    for (int j = 0; j < NR; j++) PF_W((const char *)row[j] + pfo + (size_t)b * bs);
+                for (int j = 0; j < NR; j++) {
+                    const uint8_t *q0 = row[j] + (size_t)b * bs + qo, *q1 = q0 + bs;
+                    uint16_t d0, d1;
+                    memcpy(&d0, q0 - qo, 2);
+                    memcpy(&d1, q1 - qo, 2);
+                    const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128((int)(d0 | (uint32_t)d1 << 16)));
+                    const __m512 sv = _mm512_permutexvar_ps(half_idx, _mm512_castps128_ps512(_mm_mul_ps(dd, dx2)));
+                    if (kind == LIN_Q5_1) {
+                        uint16_t m0, m1;
+                        memcpy(&m0, q0 - 2, 2);
+                        memcpy(&m1, q1 - 2, 2);
+                        mac[j] = _mm_fmadd_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)(m0 | (uint32_t)m1 << 16))), sx2, mac[j]);
+                    }
+                    uint32_t h0, h1;
+                    memcpy(&h0, q0, 4);
+                    memcpy(&h1, q1, 4);
+                    const __m512i z = _mm512_cvtepu8_epi16(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(q0 + 4))),
+                                                                                   _mm_loadu_si128((const __m128i *)(q1 + 4)), 1));
+                    __m512i lo = _mm512_and_si512(z, m4), hi = _mm512_srli_epi16(z, 4);
+                    const __mmask32 blo = (h0 & 0xFFFFu) | h1 << 16, bhi = h0 >> 16 | (h1 & 0xFFFF0000u);
+                    if (kind == LIN_Q5_0) {
+                        lo = _mm512_mask_sub_epi16(lo, (__mmask32)~blo, lo, sixteen);
+                        hi = _mm512_mask_sub_epi16(hi, (__mmask32)~bhi, hi, sixteen);
+                    } else {
+                        lo = _mm512_mask_add_epi16(lo, blo, lo, sixteen);
+                        hi = _mm512_mask_add_epi16(hi, bhi, hi, sixteen);
+                    }
+                    const __m512i s = _mm512_dpwssd_epi32(_mm512_madd_epi16(lo, xl), hi, xh);
+                    acc[j] = _mm512_fmadd_ps(sv, _mm512_cvtepi32_ps(s), acc[j]);
+                }
+            }
+        }
+        float msum[NR];
+        for (int j = 0; j < NR; j++) msum[j] = kind == LIN_Q5_1 ? hsum128(mac[j]) : 0.0f;
+        if (nb2 < nb) { /* an odd last block: one_row_kq_512's step */
+            const int b = nb2;
+            const __m512i x = _mm512_loadu_si512((const void *)(a->q + 32 * b));
+            for (int j = 0; j < NR; j++) {
+                float s[16], mn[PER_SB_MAX];
+                const uint8_t *blk = row[j] + (size_t)b * bs;
+                kq_scales(kind, blk, s, mn);
+                acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(s[0] * a->dx[b]), _mm512_cvtepi32_ps(_mm512_madd_epi16(kq_w16_512(kind, blk, 0), x)), acc[j]);
+                if (kind == LIN_Q5_1) msum[j] += mn[0] * a->sx[b];
+            }
+        }
+        store_nr(L, acc, msum, y, n, n1, accumulate);
+    }
+}
+
+VNNI static void one_row_q5_0p(const Lin *L, const Act *a, float *y, int n0, int n1, int accumulate) { one_row_q5p(LIN_Q5_0, L, a, y, n0, n1, accumulate); }
+VNNI static void one_row_q5_1p(const Lin *L, const Act *a, float *y, int n0, int n1, int accumulate) { one_row_q5p(LIN_Q5_1, L, a, y, n0, n1, accumulate); }
+
 /* GGML-block rows n0..n1 for one input row */
 WIDE static inline __attribute__((always_inline)) void one_row_kq_512(int kind, const Lin *L, const Act *a, float *y, int n0, int n1, int accumulate) {
     const int k = L->k, per = kq_per(kind), bs = kq_bytes(kind), sub = per / 32, nsb = k / per;
@@ -1154,10 +1429,12 @@ WIDE static inline __attribute__((always_inline)) void one_row_kq_512(int kind, 
     for (int n = n0; n < n1; n += NR) {
         const uint8_t *row[NR];
         nr_rows(L, rb, n, n1, row);
+        const int spread = pf_spread && n + pf_passes * NR < n1;
         __m512 acc[NR];
         float msum[NR];
         for (int j = 0; j < NR; j++) acc[j] = _mm512_setzero_ps(), msum[j] = 0.0f;
         for (int sb = 0; sb < nsb; sb++) {
+            if (spread) pf_rows(row, (size_t)pf_passes * NR * rb, (size_t)sb * bs, (size_t)(sb + 1) * bs);
             float s[NR][16], mn[NR][PER_SB_MAX];
             for (int j = 0; j < NR; j++) kq_scales(kind, row[j] + (size_t)sb * bs, s[j], mn[j]);
             for (int jj = 0; jj < sub; jj++) {
@@ -1261,7 +1538,6 @@ static void one_row_i8_nr2(const Lin *L, const Act *a, float *y, int n0, int n1,
 #ifndef PF8
 #define PF8 4 /* passes ahead to prefetch */
 #endif
-#define VNNI __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
 
 static inline int u8_shift(int kind) { /* log2 of off, or -1: none */
     return kind == LIN_Q6K ? 5 : kind == LIN_Q5_0 ? 4 : kind == LIN_Q8_0 || kind == LIN_INT8 ? 7 : -1;
@@ -1422,10 +1698,12 @@ VNNI static void one_row_q4k_int(const Lin *L, const Act *a, float *y, int n0, i
     for (int n = n0; n < n1; n += NR) {
         const uint8_t *row[NR];
         nr_rows(L, rb, n, n1, row);
+        const int spread = pf_spread && n + pf_passes * NR < n1;
         __m512 acc[NR];
         __m256 macc[NR];
         for (int j = 0; j < NR; j++) acc[j] = _mm512_setzero_ps(), macc[j] = _mm256_setzero_ps();
         for (int sb = 0; sb < nsb; sb++) {
+            if (spread) pf_rows(row, (size_t)pf_passes * NR * rb, (size_t)sb * 144, (size_t)(sb + 1) * 144);
             const __m512i *xs = (const __m512i *)(a->q + 256 * sb);
             __m512i x[8];
             for (int i = 0; i < 8; i++) x[i] = _mm512_loadu_si512((const void *)(xs + i));
@@ -1473,9 +1751,11 @@ VNNI static void one_row_q6k_int(const Lin *L, const Act *a, float *y, int n0, i
     for (int n = n0; n < n1; n += NR) {
         const uint8_t *row[NR];
         nr_rows(L, rb, n, n1, row);
+        const int spread = pf_spread && n + pf_passes * NR < n1;
         __m512 acc[NR];
         for (int j = 0; j < NR; j++) acc[j] = _mm512_setzero_ps();
         for (int sb = 0; sb < nsb; sb++) {
+            if (spread) pf_rows(row, (size_t)pf_passes * NR * rb, (size_t)sb * 210, (size_t)(sb + 1) * 210);
             const __m512i *xs = (const __m512i *)(a->q + 256 * sb);
             const float dxs = a->dx[8 * sb];
             for (int j = 0; j < NR; j++) {
@@ -1759,8 +2039,10 @@ static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
         return;
     }
     if (B == 1 && (L->kind == LIN_INT4 || (L->kind == LIN_INT8 && i8_wide) || (L->kind >= LIN_Q4K && kq_wide_for(L->kind))) && lanes_512()) { /* one row: AVX-512 */
-        if (L->kind == LIN_INT4) one_row_q4_512(L, a, y, n0, n1, accumulate);
-        else if (L->kind == LIN_INT8) one_row_i8_512(L, a, y, n0, n1, accumulate);
+        if (L->kind == LIN_INT4) (q4_pair ? one_row_q4p_512 : one_row_q4_512)(L, a, y, n0, n1, accumulate);
+        else if (L->kind == LIN_INT8) (i8_sd ? one_row_i8s_512 : one_row_i8_512)(L, a, y, n0, n1, accumulate);
+        else if (L->kind == LIN_Q5_0 && q5_pair) one_row_q5_0p(L, a, y, n0, n1, accumulate);
+        else if (L->kind == LIN_Q5_1 && q5_pair) one_row_q5_1p(L, a, y, n0, n1, accumulate);
         else one_row_kq_any_512(L, a, y, n0, n1, accumulate);
         return;
     }
@@ -1991,11 +2273,28 @@ WIDE static inline __attribute__((always_inline)) __m512 key64(__m512 q0, __m512
     return _mm512_fmadd_ps(q3, _mm512_loadu_ps(kr + 48), v);
 }
 
-WIDE static void scores_512(const float *q, const float *kb, int len, float scale, float *sc) {
+/* keys ahead whose rows the first head of a group prefetches while it scores (0: none), and the
+   values' rows prefetched beside them (into L2) for the weighted sum that follows: a cache chunk
+   otherwise streams from memory at ~10 GB/s on one AMD EPYC (Zen 4) core. lm_att_pf sets it (-1
+   leaves it) and returns it; step_profile-style A/B figures in BENCHMARKS.md. */
+static int att_pf = 8;
+int lm_att_pf(int choice) {
+    if (choice >= 0) att_pf = choice;
+    return att_pf;
+}
+
+WIDE static void scores_512(const float *q, const float *kb, int len, float scale, float *sc, const float *vb) {
     const __m512 q0 = _mm512_loadu_ps(q), q1 = _mm512_loadu_ps(q + 16), q2 = _mm512_loadu_ps(q + 32), q3 = _mm512_loadu_ps(q + 48);
+    const int pf = vb ? att_pf : 0;
     int i = 0;
     for (; i + 8 <= len; i += 8) {
         __m256 a[8];
+        if (pf)
+            for (int t = 0; t < 8; t++)
+                for (int c = 0; c < 64; c += 16) {
+                    _mm_prefetch((const char *)(kb + (size_t)(i + t + pf) * 64 + c), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(vb + (size_t)(i + t) * 64 + c), _MM_HINT_T1);
+                }
         for (int t = 0; t < 8; t++) {
             const __m512 v = key64(q0, q1, q2, q3, kb + (size_t)(i + t) * 64);
             a[t] = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
@@ -2127,7 +2426,7 @@ static void step_job(void *p, int tid, int nt) {
                 if (len <= 0) continue;
                 const float *q = S->qkv + (size_t)r * qkv_n + (size_t)h * hd;
                 float *sc = scg + (wide_att ? (size_t)g * CHUNK : 0);
-                if (wide_att) scores_512(q, kb, len, scale, sc);
+                if (wide_att) scores_512(q, kb, len, scale, sc, g == 0 ? vb : NULL);
                 else scores(q, kb, len, hd, scale, sc);
                 float mx = -INFINITY;
                 for (int i = 0; i < len; i++) mx = sc[i] > mx ? sc[i] : mx;
