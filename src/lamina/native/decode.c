@@ -1276,7 +1276,7 @@ WIDE static void one_row_i8s_512(const Lin *L, const Act *a, float *y, int n0, i
             sc[j] = L->s + (size_t)r * groups;
         }
         /* I8_PF passes on: the scales at once, the weights a line a row every two blocks (spread
-           through the pass, not all at its start: out's 576 x 1536 streamed 1.66x as fast so) */
+           through the pass, not all at its start: faster in a C harness, BENCHMARKS.md) */
         const int ahead = n + I8_PF * NR < n1, spread = ahead && pf_spread;
         const size_t pfo = (size_t)I8_PF * NR * k;
         if (ahead) {
@@ -2274,9 +2274,9 @@ WIDE static inline __attribute__((always_inline)) __m512 key64(__m512 q0, __m512
 }
 
 /* keys ahead whose rows the first head of a group prefetches while it scores (0: none), and the
-   values' rows prefetched beside them (into L2) for the weighted sum that follows: a cache chunk
-   otherwise streams from memory at ~10 GB/s on one AMD EPYC (Zen 4) core. lm_att_pf sets it (-1
-   leaves it) and returns it; step_profile-style A/B figures in BENCHMARKS.md. */
+   values' rows prefetched beside them (into L2) for the weighted sum that follows: without them
+   one core streams a cache chunk far below its read bandwidth (BENCHMARKS.md, issue 31's Zen 4
+   section). lm_att_pf sets it (-1 leaves it) and returns it. */
 static int att_pf = 8;
 int lm_att_pf(int choice) {
     if (choice >= 0) att_pf = choice;
