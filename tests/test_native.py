@@ -176,6 +176,16 @@ def _int8_linear(weight: torch.Tensor, bias: torch.Tensor, group: int) -> Int8Li
     return m
 
 
+def _int4_linear(weight: torch.Tensor, bias: torch.Tensor, group: int) -> Int4Linear:
+    """`weight` (n, k) quantized to int4 in groups of `group`, with `bias`, laid out for native."""
+    n, k = weight.shape
+    dense = nn.Linear(k, n)
+    with torch.no_grad():
+        dense.weight.copy_(weight)
+        dense.bias.copy_(bias)
+    return Int4Linear.from_linear(dense, group).prepare("native")
+
+
 @pytest.mark.parametrize("group", [32, 0])
 def test_int8_one_row_forms_hold_the_dequantized_product(group):
     # decode.c's lm_i8_wide: the AVX-512 one-row int8 form (1) and the AVX2 row loop (0); k = 288
@@ -212,15 +222,15 @@ def test_int8_one_row_forms_hold_the_dequantized_product(group):
     ],
 )
 def test_avx512_one_row_block_forms_hold_the_old_ones(kind, k, group):
-    # decode.c's lm_q4_pair (int4: two blocks a step, 1) against one_row_q4_512 (0), and lm_i8_sd
-    # (int8: the blocks' scale products made 16 at a time, 1) against one_row_i8_512 (0, the same
-    # floats in the same order: bit-equal). k 288: 9 blocks (an odd one left alone); 1536: 48
+    # decode.c's lm_q4_pair (int4: two blocks a step, 1) against one_row_q4_512 (0), and lm_i8_wide
+    # (int8: one_row_i8_512, the blocks' scale products made 16 at a time, 1) against the AVX2 row
+    # loop (0: the same integer sums, float sums in another order). k 288: 9 blocks (an odd one left alone); 1536: 48
     # blocks (three windows of 16); groups of 1, 2 and 8 blocks, int8's scale per row (0); 13 rows
     # (not a multiple of the 4 a pass takes); a few large inputs, as real activations have.
     from lamina.native.step import linear
 
     lib = native.build.library()
-    switch = lib.lm_q4_pair if kind == "int4" else lib.lm_i8_sd
+    switch = lib.lm_q4_pair if kind == "int4" else lib.lm_i8_wide
     before = switch(-1)
     if not lib.lm_lanes_wide(-1) or switch(1) != 1:
         switch(before)
@@ -229,11 +239,7 @@ def test_avx512_one_row_block_forms_hold_the_old_ones(kind, k, group):
     g = torch.Generator().manual_seed(16)
     weight, bias = torch.randn(n, k, generator=g), torch.randn(n, generator=g)
     if kind == "int4":
-        dense = nn.Linear(k, n)
-        with torch.no_grad():
-            dense.weight.copy_(weight)
-            dense.bias.copy_(bias)
-        m = Int4Linear.from_linear(dense, group).prepare("native")
+        m = _int4_linear(weight, bias, group)
     else:
         m = _int8_linear(weight, bias, group)
     x = torch.randn(1, k, generator=g)
@@ -249,11 +255,8 @@ def test_avx512_one_row_block_forms_hold_the_old_ones(kind, k, group):
     assert before == 1  # the default where it runs
     for y in outs:
         assert ((y - want).norm() / want.norm()).item() < 1e-4
-    if kind == "int8":
-        assert torch.equal(outs[0], outs[1])
-    else:
-        assert torch.allclose(outs[0], outs[1], rtol=1e-5, atol=1e-4)
-        assert not torch.equal(outs[0], outs[1])  # the pair form ran (its sums in another order)
+    assert torch.allclose(outs[0], outs[1], rtol=1e-5, atol=1e-4)
+    assert not torch.equal(outs[0], outs[1])  # the AVX-512 form ran (its sums in another order)
 
 
 @pytest.mark.parametrize("kind", ["int4", "int8"])
@@ -266,11 +269,7 @@ def test_prefetch_spread_through_a_pass_changes_no_float(kind):
     g = torch.Generator().manual_seed(20)
     weight, bias = torch.randn(n, k, generator=g), torch.randn(n, generator=g)
     if kind == "int4":
-        dense = nn.Linear(k, n)
-        with torch.no_grad():
-            dense.weight.copy_(weight)
-            dense.bias.copy_(bias)
-        m = Int4Linear.from_linear(dense, 32).prepare("native")
+        m = _int4_linear(weight, bias, 32)
     else:
         m = _int8_linear(weight, bias, 32)
     x = torch.randn(1, k, generator=g)

@@ -1171,7 +1171,7 @@ VNNI static void one_row_q4p_512(const Lin *L, const Act *a, float *y, int n0, i
             sc[j] = L->s + (size_t)r * groups;
         }
         /* the pass after next on its way: scales and minimums at once, the weights a line a row
-           every four blocks (spread through the pass, as one_row_i8s_512) */
+           every four blocks (spread through the pass, as one_row_i8_512) */
         const int ahead = n + 2 * NR < n1, spread = ahead && pf_spread;
         const size_t pfo = 2 * NR * wb;
         if (ahead) {
@@ -1222,49 +1222,11 @@ VNNI static void one_row_q4p_512(const Lin *L, const Act *a, float *y, int n0, i
 
 /* int8 rows n0..n1 for one input row (GGUF's Q8_0 read into lamina's int8: q int8 (n, k), a
    float scale per group): 32 weights widened to 32 int16 in one vector, one `vpmaddwd` by the
-   input's block, the scales a second (small, sequential) stream prefetched beside the weights.
-   The AVX2 row loop's integer products and sums; float sums in another order. */
+   input's block; the products s dx of 16 blocks of a row made at once (one vector multiply,
+   stored), each block's fma taking its product as a broadcast memory operand. The AVX2 row loop's
+   integer products and sums; float sums in another order. (It replaced a form that multiplied
+   and broadcast s dx per block and row: the same floats in the same order, BENCHMARKS.md.) */
 WIDE static void one_row_i8_512(const Lin *L, const Act *a, float *y, int n0, int n1, int accumulate) {
-    const int k = L->k, nb = k / 32, groups = k / L->gs, sh = groups == 1 ? 31 : __builtin_ctz(L->gs / 32);
-    const float zero[NR] = {0};
-    for (int n = n0; n < n1; n += NR) {
-        const int8_t *w[NR];
-        const float *sc[NR];
-        for (int j = 0; j < NR; j++) {
-            const int r = nr_row(n, j, n1);
-            w[j] = (const int8_t *)L->w + (size_t)r * k;
-            sc[j] = L->s + (size_t)r * groups;
-        }
-        if (n + I8_PF * NR < n1) { /* I8_PF passes on: weights, then their scales */
-            for (size_t o = 0; o < (size_t)NR * k; o += 64) PF_W((const char *)w[0] + (size_t)I8_PF * NR * k + o);
-            for (size_t o = 0; o < (size_t)NR * groups * 4; o += 64) PF_W((const char *)(sc[0] + (size_t)I8_PF * NR * groups) + o);
-        }
-        __m512 acc[NR];
-        for (int j = 0; j < NR; j++) acc[j] = _mm512_setzero_ps();
-        for (int b = 0; b < nb; b++) {
-            const __m512i x = _mm512_loadu_si512((const void *)(a->q + 32 * b));
-            const float d = a->dx[b];
-            for (int j = 0; j < NR; j++) {
-                const __m512i wz = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(w[j] + 32 * b)));
-                acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(sc[j][b >> sh] * d), _mm512_cvtepi32_ps(_mm512_madd_epi16(wz, x)), acc[j]);
-            }
-        }
-        store_nr(L, acc, zero, y, n, n1, accumulate);
-    }
-}
-
-/* int8 rows n0..n1 for one input row, one_row_i8_512's steps with the products s dx of 16 blocks
-   of a row made at once (one vector multiply, stored) and each block's fma taking its product
-   as a broadcast memory operand, in place of a scalar multiply and a broadcast per block and
-   row: the same floats in the same order (bit-equal outputs). 1 (the default) this form, 0
-   one_row_i8_512; -1 leaves it; returns the form in force (1 only where AVX-512 runs). */
-static int i8_sd = 1;
-int lm_i8_sd(int choice) {
-    if (choice >= 0) i8_sd = choice ? 1 : 0;
-    return i8_sd && lanes_512();
-}
-
-WIDE static void one_row_i8s_512(const Lin *L, const Act *a, float *y, int n0, int n1, int accumulate) {
     const int k = L->k, nb = k / 32, groups = k / L->gs, sh = groups == 1 ? 31 : __builtin_ctz(L->gs / 32);
     const float zero[NR] = {0};
     for (int n = n0; n < n1; n += NR) {
@@ -2040,7 +2002,7 @@ static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
     }
     if (B == 1 && (L->kind == LIN_INT4 || (L->kind == LIN_INT8 && i8_wide) || (L->kind >= LIN_Q4K && kq_wide_for(L->kind))) && lanes_512()) { /* one row: AVX-512 */
         if (L->kind == LIN_INT4) (q4_pair ? one_row_q4p_512 : one_row_q4_512)(L, a, y, n0, n1, accumulate);
-        else if (L->kind == LIN_INT8) (i8_sd ? one_row_i8s_512 : one_row_i8_512)(L, a, y, n0, n1, accumulate);
+        else if (L->kind == LIN_INT8) one_row_i8_512(L, a, y, n0, n1, accumulate);
         else if (L->kind == LIN_Q5_0 && q5_pair) one_row_q5_0p(L, a, y, n0, n1, accumulate);
         else if (L->kind == LIN_Q5_1 && q5_pair) one_row_q5_1p(L, a, y, n0, n1, accumulate);
         else one_row_kq_any_512(L, a, y, n0, n1, accumulate);
