@@ -135,6 +135,23 @@ def test_dropout_makes_training_mode_stochastic_and_eval_deterministic():
     assert not torch.equal(blk(x)[0], blk(x)[0])
 
 
+def test_attn_dropout_sets_the_attention_weights_dropout_alone():
+    """None: the attention weights get `dropout`; 0: the residual and feed-forward dropouts
+    stay, the attention (SDPA's fused kernel) has none, so the block is still stochastic."""
+    from lamina import GPT, GPTConfig
+
+    assert TransformerBlock(32, 4, dropout=0.3).attn.dropout == 0.3
+    blk = TransformerBlock(32, 4, dropout=0.3, attn_dropout=0.0)
+    assert blk.attn.dropout == 0.0 and blk.drop1.p == blk.drop2.p == blk.ff.drop.p == 0.3
+    blk.train()
+    x = torch.randn(2, 6, 32)
+    assert not torch.equal(blk(x)[0], blk(x)[0])
+    cfg = GPTConfig(vocab_size=16, block_size=8, d_model=32, n_heads=4, n_layers=2, dropout=0.2)
+    assert [b.attn.dropout for b in GPT(cfg).blocks] == [0.2, 0.2]
+    model = GPT(cfg.replace(attn_dropout=0.0))
+    assert [b.attn.dropout for b in model.blocks] == [0.0, 0.0] and model.embed.drop.p == 0.2
+
+
 def test_block_returns_attention_weights_on_request():
     blk = TransformerBlock(32, 4).eval()
     y, w = blk(torch.randn(2, 6, 32), need_weights=True)

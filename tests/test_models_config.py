@@ -59,6 +59,7 @@ BASE = dict(vocab_size=10, block_size=8, d_model=8, n_heads=2, n_layers=1)
         (dict(block_size=2.5), "block_size"),
         (dict(dropout=1.0), "dropout must be in \\[0, 1\\), got 1.0"),
         (dict(dropout=-0.1), "dropout"),
+        (dict(attn_dropout=1.0), "attn_dropout must be in \\[0, 1\\), got 1.0"),
         (dict(activation="swish"), "activation"),
         (dict(positions="rotary"), "positions"),
         (dict(tie_weights="yes"), "tie_weights"),

@@ -77,17 +77,31 @@ def test_fused_adamw_steps_equal_the_for_loop_steps():
 def test_budget_table_picks_bpe_only_where_the_budget_reads_the_corpus_few_times():
     from lamina.training.budget import TABLE, passes, pick
 
-    bpe = TABLE[0]
+    bpe, long = TABLE[0], TABLE[1]
     rate = 40_000.0  # bytes a second, made up
     enough = int(rate * bpe.seconds / bpe.passes) + 1  # the fewest bytes read at most `passes`
     assert passes(bpe.seconds, enough, rate) <= bpe.passes
-    assert pick(bpe.seconds, enough, rate).tokenizer == bpe.tokenizer
+    assert pick(bpe.seconds, enough, rate).train == bpe.train
     assert pick(bpe.seconds - 1, enough, rate).tokenizer == "char"  # too short a budget
-    assert pick(bpe.seconds, enough - 2, rate).tokenizer == "char"  # too small a corpus
-    assert pick(bpe.seconds * 2, enough, rate).tokenizer == "char"  # the same corpus, more passes
-    assert pick(bpe.seconds, enough, rate * 2).tokenizer == "char"  # a faster machine, too
-    assert pick(bpe.seconds * 2, enough, rate / 2).tokenizer == bpe.tokenizer  # a slower one
-    assert pick(bpe.seconds * 10, None, rate).tokenizer == "char"
+    # more passes (a smaller corpus, a longer budget, a faster machine): the long row
+    assert pick(bpe.seconds, enough - 2, rate).train == long.train
+    assert pick(bpe.seconds * 2, enough, rate).train == long.train
+    assert pick(bpe.seconds, enough, rate * 2).train == long.train
+    assert pick(bpe.seconds * 2, enough, rate / 2).train == bpe.train  # a slower one
+    assert pick(bpe.seconds * 10, None, rate).tokenizer == "char"  # a corpus of unknown size
+    many = long.passes / bpe.passes + 1  # past the long row's passes: nothing measured, char
+    assert pick(bpe.seconds * many, enough, rate).tokenizer == "char"
+
+
+def test_the_long_row_keeps_the_bpe_recipe_with_more_weight_decay():
+    """Past the BPE row's passes the same tokenizer and shape train with more weight decay (0.6
+    overfit there); the long row takes over where the BPE row ends, from the same budget."""
+    from lamina.training.budget import TABLE
+
+    bpe, long, char = TABLE
+    assert (long.tokenizer, long.shape, long.seconds) == (bpe.tokenizer, bpe.shape, bpe.seconds)
+    assert long.train["weight_decay"] > bpe.train["weight_decay"]
+    assert bpe.passes < long.passes < float("inf") and char.passes == float("inf")
 
 
 def test_text_rate_times_the_default_shape_and_leaves_the_rng_alone():
@@ -116,7 +130,11 @@ def test_budget_plan_keeps_explicit_flags_and_says_what_it_picked(tmp_path, monk
     given, line = plan({"data": str(big), "max_time": long})
     assert given["tokenizer"] == TABLE[0].tokenizer and TABLE[0].tokenizer in line
     assert "pass --tokenizer" in line and "passes as BPE" in line
-    assert plan({"data": str(big), "max_time": 4 * long})[0]["tokenizer"] == "char"
+    longer, line = plan({"data": str(big), "max_time": 4 * long})  # 4x the passes: long row
+    assert longer["tokenizer"] == TABLE[1].tokenizer and longer["weight_decay"] > 0.6
+    assert f"--weight-decay {TABLE[1].train['weight_decay']:g}" in line
+    most = (TABLE[1].passes / TABLE[0].passes + 1) * long  # past every BPE row's passes
+    assert plan({"data": str(big), "max_time": most})[0]["tokenizer"] == "char"
     typed_flags = ({"tokenizer": "char"}, {"preset": "tiny"}, {"init_from": "x"},
                    {"model_overrides": {"d_model": 64}})  # fmt: skip
     for typed in typed_flags:
@@ -193,12 +211,17 @@ def test_the_bpe_row_trains_rotary_positions_on_the_cpu_default_shape(tmp_path, 
 def test_the_bpe_row_covers_the_points_where_bpe_measured_better():
     """tinyshakespeare (1,115,394 bytes) on the AMX Xeon, whose timed rate read ~98 kB/s:
     bpe:1536 beat char at 65 s, 114 s and 140 s (5.7, 10.0 and 12.3 timed passes); char won from
-    16 timed passes (the EPYC at 300 s), which the Xeon's rate gives at 300 s too (26)."""
+    16 timed passes (the EPYC at 300 s) against that row's weight decay, and the long row's
+    weight decay beat both there: 300 s and 900 s on the EPYC (~77 kB/s timed: 21 and 62
+    passes) pick it, as the Xeon's 300 s (26) does."""
     from lamina.training.budget import TABLE, pick
 
     corpus, rate = 1_115_394, 97_800.0
     assert pick(114, corpus, rate).tokenizer == pick(140, corpus, rate).tokenizer == "bpe:1536"
     assert pick(65, corpus, rate).tokenizer == "bpe:1536"  # nanoGPT's 2,000 steps, quiet
     assert pick(140, corpus, rate).train == TABLE[0].train
-    assert pick(300, corpus, rate).tokenizer == "char"
-    assert pick(300, corpus, rate / 2).tokenizer == "char"  # 13.2 passes: a machine half as fast
+    assert pick(300, corpus, rate).train == TABLE[1].train
+    assert pick(300, corpus, rate / 2).train == TABLE[1].train  # 13.2 passes: half as fast
+    epyc = 77_000.0
+    assert pick(300, corpus, epyc).train == pick(900, corpus, epyc).train == TABLE[1].train
+    assert pick(120, corpus, epyc).train == TABLE[0].train  # 8.3 passes: 1.4810 measured

@@ -184,6 +184,7 @@ class TransformerBlock(nn.Module):
         d_model, n_heads: width and heads of the attention.
         d_ff: hidden width of the feed-forward (default 4 d_model).
         dropout: residual dropout, attention-weight dropout and feed-forward hidden dropout.
+        attn_dropout: the attention-weight dropout alone (None: `dropout`).
         norm_first: pre-LN (True, GPT-2) or post-LN (False, the 2017 Transformer).
         causal: mask future positions in the attention.
         activation: "gelu", "relu", "relu2", "swiglu" or "geglu".
@@ -205,6 +206,7 @@ class TransformerBlock(nn.Module):
         *,
         d_ff: int | None = None,
         dropout: float = 0.0,
+        attn_dropout: float | None = None,
         norm_first: bool = True,
         causal: bool = True,
         activation: Activation = "gelu",
@@ -232,7 +234,7 @@ class TransformerBlock(nn.Module):
         self.attn = MultiHeadAttention(
             d_model,
             n_heads,
-            dropout=dropout,
+            dropout=dropout if attn_dropout is None else attn_dropout,
             causal=causal,
             qkv_bias=qkv_bias,
             bias=bias,

@@ -33,7 +33,10 @@ from lamina.models.config import GPTConfig
 
 _FIELDS = {f.name: f.default for f in dataclasses.fields(GPTConfig)}
 _TYPES = {"sliding_attention": "sliding", "full_attention": "full"}
-NOT_IN = {"hf": {"zero_init_proj"}, "gguf": {"zero_init_proj", "init_std", "dropout"}}
+NOT_IN = {
+    "hf": {"zero_init_proj", "attn_dropout"},
+    "gguf": {"zero_init_proj", "init_std", "dropout", "attn_dropout"},
+}
 
 
 def _refuse(where: str, setting: str) -> LaminaError:

@@ -65,6 +65,9 @@ class GPTConfig(_ConfigMixin):
     n_heads: int  # attention heads; must divide d_model
     n_layers: int  # Transformer blocks
     dropout: float = 0.0  # embedding, attention, residual and feed-forward dropout
+    # dropout on the attention weights alone; None: `dropout`. 0 keeps SDPA's fused CPU kernel
+    # while the other dropouts train (attention dropout takes it off that kernel)
+    attn_dropout: float | None = None
     tie_weights: bool = True  # the head shares the token table (GPT-2 does)
     qkv_bias: bool = True  # bias on the fused QKV projection (GPT-2 has it)
     bias: bool = True  # bias on the other linear layers and LayerNorms' shift
@@ -116,6 +119,8 @@ class GPTConfig(_ConfigMixin):
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
             raise LaminaError(f"rope_scaling must be an object or null, got {self.rope_scaling!r}")
         _dropout("dropout", self.dropout)
+        if self.attn_dropout is not None:
+            _dropout("attn_dropout", self.attn_dropout)
         for name in ("tie_weights", "qkv_bias", "bias", "norm_first"):
             _bool(name, getattr(self, name))
         if self.d_ff is not None:

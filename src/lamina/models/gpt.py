@@ -74,6 +74,7 @@ class GPT(nn.Module):
             c.n_heads,
             d_ff=c.ff_width,
             dropout=c.dropout,
+            attn_dropout=c.attn_dropout,
             norm_first=c.norm_first,
             causal=True,
             activation=c.activation,

@@ -42,7 +42,7 @@ from lamina.tokenizers.kinds import Tokenizer
 from lamina.training.qlora import wants_quantized
 
 # model fields that change no tensor, so a fine-tune may set them differently from SOURCE
-FREE_FIELDS = ("dropout",)
+FREE_FIELDS = ("dropout", "attn_dropout")
 
 
 @dataclass
