@@ -71,9 +71,10 @@ from lamina.serve.sequence import Done, Sequence, Token
 log = logging.getLogger("lamina.serve")
 
 
-def _scan(logits: Tensor) -> tuple[list[float], list[int]]:
-    """Each row's max and argmax of logits (B, V), for all rows at once in NumPy (torch's
-    reductions of one row cost far more): a row's max is NaN if any logit is, -inf if all are."""
+def _scan(logits: Tensor) -> tuple[Any, Any]:
+    """The max and argmax of each row of logits (B, V) -> two lists, or of one row (V,) -> two
+    numbers; for all rows at once in NumPy (torch's reductions of one row cost far more). A
+    row's max is NaN if any logit is, -inf if all are."""
     values = logits.float().cpu().numpy()
     return values.max(-1).tolist(), values.argmax(-1).tolist()
 
@@ -254,7 +255,7 @@ class Batcher:
         if len(row.ids) == len(seq.ids):
             self._swap(i, self.decoding)
             self.decoding += 1
-            self._next(self.decoding - 1, logits[0, -1], *_scan(logits[0, -1:]))
+            self._next(self.decoding - 1, logits[0, -1], *_scan(logits[0, -1]))
         return len(chunk)
 
     def _decode(self, riders: list[_Row]) -> None:
@@ -288,7 +289,7 @@ class Batcher:
             if len(r.ids) == len(r.seq.ids):
                 self._swap(self.rows.index(r), self.decoding)
                 self.decoding += 1
-                self._next(self.decoding - 1, logits[last], *_scan(logits[last : last + 1]))
+                self._next(self.decoding - 1, logits[last], *_scan(logits[last]))
 
     def _step(self, tokens: list[int], lens: list[int], at: list[int] | None) -> Tensor:
         """Logits (B, V): entry e's token at position lens[e] of cache row at[e] (default e),
