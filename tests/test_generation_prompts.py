@@ -109,3 +109,71 @@ def test_an_end_of_turn_id_stops_the_stream_and_is_not_shown():
     stream = TextStream(tok, stop_ids=[eot])
     pieces = stream_all(stream, [*tok.encode("hi"), eot, *tok.encode("more")])
     assert "".join(pieces) == "hi" and stream.stopped and stream.ids == tok.encode("hi")
+
+
+class WholeText(TextStream):
+    """The reference: every id decoded again at each token (what TextStream's windows equal)."""
+
+    def _decoded(self) -> str:
+        return self.tokenizer.decode(self.ids)
+
+
+class HFDecode:
+    """A `tokenizers.Tokenizer` decoding as PretrainedTokenizer does (special tokens kept)."""
+
+    def __init__(self, tok) -> None:
+        self.tok = tok
+
+    def decode(self, ids) -> str:
+        return self.tok.decode(list(ids), skip_special_tokens=False)
+
+
+def monotone(tok, ids: list[int]) -> bool:
+    """Whether decoding more ids never takes back text (but a trailing U+FFFD) decoded before."""
+    texts = [tok.decode(ids[:k]) for k in range(len(ids) + 1)]
+    return all(b.startswith(a.rstrip("\ufffd")) for a, b in zip(texts, texts[1:], strict=False))
+
+
+@pytest.mark.parametrize("kind", ["bytes", "sentencepiece_bpe", "unigram", "byte_level_bpe"])
+def test_the_windowed_decoding_equals_decoding_everything_at_every_token(kind):
+    """Text with characters out of the vocabulary (byte pieces) and random ids (broken UTF-8,
+    special tokens, leading spaces), with and without stop strings: every piece, the text and
+    the stop equal the reference's, which decodes all ids at each token. Where that decoding
+    takes text back (a sentencepiece byte-fallback run that ends up invalid UTF-8 turns all
+    its bytes, a space shown before included, into U+FFFD) the reference shows nothing more,
+    and the windows go on after what it showed; byte-level vocabularies never take back."""
+    import random
+
+    import tiny_tokenizers
+
+    if kind == "bytes":
+        tok, n = ByteTokenizer(), 256
+        encode = tok.encode
+    else:
+        hf = getattr(tiny_tokenizers, kind)()
+        tok, n = HFDecode(hf), hf.get_vocab_size()
+        encode = lambda text: hf.encode(text).ids  # noqa: E731
+    rng = random.Random(0)
+    odd = ["😀", "ß", "東京", "\u2028", " é", "\n\n", "  "]
+    runs = []
+    for _ in range(60):
+        at = rng.randrange(len(tiny_tokenizers.TEXT) - 80)
+        words = tiny_tokenizers.TEXT[at : at + rng.randrange(1, 80)].split(" ")
+        runs.append(encode(" ".join(w + rng.choice(["", "", *odd]) for w in words)))
+    runs += [[rng.randrange(n) for _ in range(rng.randrange(1, 60))] for _ in range(150)]
+    same = 0
+    for r, ids in enumerate(runs):
+        whole = tok.decode(ids)
+        stops = [] if r % 3 == 0 else [whole[len(whole) // 2 :][:3] or "x", "\ufffd a"]
+        exact = monotone(tok, ids)
+        same += exact
+        for include in (True, False):
+            new = TextStream(tok, stops, include_stop=include)
+            ref = WholeText(tok, stops, include_stop=include)
+            pieces, expected = stream_all(new, ids), stream_all(ref, ids)
+            if exact:
+                assert pieces == expected, (kind, r, ids)
+                assert (new.text, new.stopped) == (ref.text, ref.stopped)
+            else:
+                assert new.text.startswith(ref.text), (kind, r, ids)
+    assert same == len(runs) if kind in ("bytes", "byte_level_bpe") else same >= 60

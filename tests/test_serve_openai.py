@@ -118,3 +118,24 @@ def test_chat_page_is_served(server):
     _, addr, _ = server
     status, _, text = request(addr, "GET", "/chat")
     assert status == 200 and "/v1/chat/completions" not in text and "chat.js" in text
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+@pytest.mark.parametrize("name", ['lamina "q"', "has the \0lamina\0 mark", "\0lamina\0"])
+def test_a_text_chunk_from_its_template_equals_the_whole_chunk(kind, name):
+    """A streamed token's chunk is its choice's template around the text's JSON: byte for byte
+    what encoding the whole chunk gives (texts JSON escapes; a model name holding the
+    template's mark as its whole gets no template)."""
+    from types import SimpleNamespace
+
+    from lamina.serve.openai_api import _Answer
+
+    req = SimpleNamespace(kind=kind, n=2, tools=None, tool_choice=None)
+    ans = _Answer(None, SimpleNamespace(request=req), {"id": "c-1", "created": 1, "model": name})
+    for text in ["hi", ' "q" \\ \n\t', "café 東京 😀", "\u2028</script>", "\0lamina\0", "\x01"]:
+        for i in (0, 1):
+            delta = {"content": text} if kind == "chat" else text
+            assert ans.text_chunk(i, text) == ans.chunk(i, delta, None, None)
+    assert (
+        ans.templates[0] is None if name == "\0lamina\0" else ans.templates[0][0][:6] == b"data: "
+    )

@@ -13,10 +13,13 @@ tokenizer with an add-bos rule gets its start token (`tokenizer.encode_prompt`, 
 <s>; SmolLM2 adds none), an empty prompt becomes the start token (empty="start") or is refused
 (empty="error"), and a prompt longer than `block_size` tokens is refused when one is given.
 
-`TextStream` turns generated ids into text as they come. It decodes all ids so far each time
-(a token's text can depend on its neighbours: byte-level pieces of one character, a
-sentencepiece word's leading space) and shows only what is complete: a trailing U+FFFD (a
-character still missing bytes) waits for the next token. A `stop_ids` token (end of turn, eos)
+`TextStream` turns generated ids into text as they come. Its text is the decoding of all ids so
+far (a token's text can depend on its neighbours: byte-level pieces of one character, a
+sentencepiece word's leading space), found without decoding them all each time: the ids after
+the last complete character are decoded with the token before them as left context, and what
+they add to that token's text is appended (the whole is decoded again should a tokenizer's text
+not grow that way). It shows only what is complete: a trailing U+FFFD (a character still
+missing bytes) waits for the next token. A `stop_ids` token (end of turn, eos)
 ends the stream and is not shown. A stop string ends it too: with include_stop=True (`lamina
 sample`) the text runs to the end of the string; with include_stop=False (an API that drops the
 stop) the string is cut off, and text that might be the start of a stop string is held back
@@ -106,6 +109,9 @@ class TextStream:
         self.ids: list[int] = []
         self.text = ""  # everything shown so far
         self.stopped = False
+        self._done = ""  # the text of ids[:_read], ending with a complete character
+        self._left = self._read = 0  # ids[_left:_read]: the context decoded with the new ids
+        self._left_text = ""  # decode(ids[_left:_read])
 
     def push(self, token: int) -> str:
         """The text that token `token` completes; "" while it waits, or once stopped."""
@@ -116,7 +122,7 @@ class TextStream:
             self.stopped = True
             return ""
         self.ids.append(token)
-        text = self.tokenizer.decode(self.ids)
+        text = self._decoded()
         cut = self._cut(text)
         if cut is not None:
             self.stopped = True
@@ -128,6 +134,21 @@ class TextStream:
         if self.stopped or not self.ids:
             return ""
         return self._show(self.tokenizer.decode(self.ids))
+
+    def _decoded(self) -> str:
+        """decode(self.ids), from the ids after the last complete character (see the module
+        docstring)."""
+        decode = self.tokenizer.decode
+        window = decode(self.ids[self._left :])
+        if not window.startswith(self._left_text):  # not additive here: decode the whole
+            self._done, self._left, self._read, self._left_text = "", 0, 0, ""
+            window = decode(self.ids)
+        tail = window[len(self._left_text) :]
+        text = self._done + tail
+        if tail and not tail.endswith("\ufffd"):  # complete: the next window starts after it
+            self._done, self._left, self._read = text, self._read, len(self.ids)
+            self._left_text = decode(self.ids[self._left : self._read])
+        return text
 
     def _cut(self, text: str) -> str | None:
         """`text` up to its earliest-ending stop string (after it, or before it with

@@ -71,6 +71,14 @@ from lamina.serve.sequence import Done, Sequence, Token
 log = logging.getLogger("lamina.serve")
 
 
+def _scan(logits: Tensor) -> tuple[Any, Any]:
+    """The max and argmax of each row of logits (B, V) -> two lists, or of one row (V,) -> two
+    numbers; for all rows at once in NumPy (torch's reductions of one row cost far more). A
+    row's max is NaN if any logit is, -inf if all are."""
+    values = logits.float().cpu().numpy()
+    return values.max(-1).tolist(), values.argmax(-1).tolist()
+
+
 @dataclass
 class _Row:
     ids: list[int] = field(default_factory=list)  # tokens whose keys and values it holds
@@ -247,7 +255,7 @@ class Batcher:
         if len(row.ids) == len(seq.ids):
             self._swap(i, self.decoding)
             self.decoding += 1
-            self._next(self.decoding - 1, logits[0, -1])
+            self._next(self.decoding - 1, logits[0, -1], *_scan(logits[0, -1]))
         return len(chunk)
 
     def _decode(self, riders: list[_Row]) -> None:
@@ -273,14 +281,15 @@ class Batcher:
         self.widest = max(self.widest, len(rows))
         for r, t in zip(rows, tokens, strict=False):
             r.ids.append(t)
+        peaks, best = _scan(logits[: len(rows)])
         for i in reversed(range(len(rows))):
-            self._next(i, logits[i])
+            self._next(i, logits[i], peaks[i], best[i])
         for r, chunk, last in taken:  # in the order they came (their `used` is their admission)
             r.ids.extend(chunk)
             if len(r.ids) == len(r.seq.ids):
                 self._swap(self.rows.index(r), self.decoding)
                 self.decoding += 1
-                self._next(self.decoding - 1, logits[last])
+                self._next(self.decoding - 1, logits[last], *_scan(logits[last]))
 
     def _step(self, tokens: list[int], lens: list[int], at: list[int] | None) -> Tensor:
         """Logits (B, V): entry e's token at position lens[e] of cache row at[e] (default e),
@@ -291,12 +300,12 @@ class Batcher:
             return self._native.step_batch(tokens, lens, lens)  # rows 0..B-1, each at its length
         return torch_step(self.model, self.caches, tokens, lens)
 
-    def _next(self, i: int, logits: Tensor) -> None:
-        """Sample row i's next token from its logits (V,); emit it; finish the row if done."""
+    def _next(self, i: int, logits: Tensor, peak: float, best: int) -> None:
+        """Sample row i's next token from its logits (V,), whose max and argmax `_scan` gave;
+        emit it; finish the row if done."""
         row = self.rows[i]
         seq, s = row.seq, row.seq.sampling
         logits = logits.float()
-        peak = logits.cpu().numpy().max()  # in NumPy: torch's max of one row costs far more
         if not math.isfinite(peak):  # the max is NaN if any logit is, -inf if all are
             self._fail(row, "the model produced non-finite logits (NaN or infinity)")
             self._release(i, None)
@@ -309,7 +318,10 @@ class Batcher:
                 self._release(i, None)
                 return
             logits = logits.masked_fill(~allowed, float("-inf"))
-        token = int(sample(logits[None], s.temperature, s.top_k, s.top_p, seq.generator)[0])
+        if seq.constraint is None and s.temperature == 0:
+            token = best  # greedy: what `sample` gives (NumPy's argmax, the first maximum)
+        else:
+            token = int(sample(logits[None], s.temperature, s.top_k, s.top_p, seq.generator)[0])
         lp, top = None, ()
         if s.logprobs is not None:
             logp = torch.log_softmax(raw, -1)

@@ -30,6 +30,7 @@ import logging
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -41,6 +42,7 @@ from lamina.errors import LaminaError
 from lamina.serve.chat_service import ChatService, Job, RequestError
 from lamina.serve.engine import Busy, PrepTimeout, Stopping
 from lamina.serve.sequence import Done, Token
+from lamina.serve.workers import Mail
 
 log = logging.getLogger("lamina.serve")
 
@@ -57,6 +59,10 @@ def openai_error(status: int, message: str, param: str | None = None) -> Respons
 
 def _data(obj: Any) -> bytes:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
+
+
+_text_json = json.JSONEncoder(ensure_ascii=False).encode  # a string alone, as _data writes it
+_MARK = "\0lamina\0"  # a text no reply holds (a NUL), where a chunk's template takes the text
 
 
 class _Choice:
@@ -81,6 +87,7 @@ class _Answer:
         self.chat = self.req.kind == "chat"
         self.choices = [_Choice() for _ in range(self.req.n)]
         self.hold = self.chat and bool(self.req.tools) and self.req.tool_choice != "none"
+        self.templates: dict[int, tuple[bytes, bytes] | None] = {}
 
     def take(self, item: tuple[int, str, Any]) -> None:
         i, kind, payload = item
@@ -180,11 +187,26 @@ class _Answer:
         choice = {"index": i, "text": delta, "finish_reason": finish, "logprobs": lp}
         return _data({**self.meta, "object": "text_completion", "choices": [choice]})
 
+    def text_chunk(self, i: int, text: str) -> bytes:
+        """chunk(i, text as its delta, None, None), byte for byte, from choice i's template
+        (made once: the chunk around a mark) with only the text encoded each time."""
+        if i not in self.templates:
+            whole = self.chunk(i, {"content": _MARK} if self.chat else _MARK, None, None)
+            mark = _text_json(_MARK).encode()
+            parts = whole.split(mark)
+            self.templates[i] = (parts[0], parts[1]) if len(parts) == 2 else None
+        parts = self.templates[i]
+        if parts is None:  # the mark in the model's name: no template
+            return self.chunk(i, {"content": text} if self.chat else text, None, None)
+        return parts[0] + _text_json(text).encode() + parts[1]
+
     def pieces(self, item: tuple[int, str, Any]) -> list[bytes]:
         """The chunks one event gives (after `take`)."""
         i, kind, payload = item
         c = self.choices[i]
         if kind == "token" and not self.hold and payload.text:
+            if self.req.sampling.logprobs is None:
+                return [self.text_chunk(i, payload.text)]
             delta = {"content": payload.text} if self.chat else payload.text
             return [self.chunk(i, delta, None, self.logprobs([payload]))]
         if kind != "done":
@@ -213,6 +235,7 @@ def openai_routes(
     request is kept in `streams` (the server sets them all when it stops, so every stream
     still ends with its last chunk and [DONE])."""
     engine = service.engine
+    mail: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Mail] = weakref.WeakKeyDictionary()
 
     def guarded(endpoint: Any) -> Any:
         async def run(request: Request) -> Response:
@@ -260,9 +283,11 @@ def openai_routes(
             loop = asyncio.get_running_loop()
             queue: asyncio.Queue[tuple[int, str, Any]] = asyncio.Queue()
 
+            box = mail.get(loop) or mail.setdefault(loop, Mail(loop))
+
             def sink(i: int, kind: str, payload: Any) -> None:
                 try:
-                    loop.call_soon_threadsafe(queue.put_nowait, (i, kind, payload))
+                    box.post(queue, (i, kind, payload))
                 except RuntimeError:  # the loop has closed (the server stopped): no one listens
                     cancel.set()
 

@@ -3,18 +3,25 @@
     Workers(n, name).submit(fn, *args) -> Future     calls run in order on n daemon threads
     Workers.close(wait=2.0)                         cancel what waits, give the running some time
     Ticket(leave).release()                         one admitted request's place, given back once
+    Mail(loop).post(queue, item)                    from any thread: item onto an asyncio queue
 
 Daemon threads because a ThreadPoolExecutor's are joined at exit: one call stuck in a chat
 template or a model step would keep the process from stopping on Ctrl-C.
+
+`Mail` carries the batch thread's events to the event loop: those posted before the loop runs
+its callback travel together, so a turn's tokens for many streams cost one wake-up of the loop
+(one write to its self-pipe) instead of one each.
 
 Deliberately unaware of models and HTTP.
 """
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -78,3 +85,34 @@ class Workers:
         end = time.monotonic() + wait
         for t in self._threads:
             t.join(timeout=max(0.0, end - time.monotonic()))
+
+
+class Mail:
+    """Items for asyncio queues of one event loop, from any thread (see the module docstring)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = weakref.ref(loop)  # a mailbox kept beside its loop does not keep it alive
+        self.lock = threading.Lock()
+        self.items: list[tuple[asyncio.Queue, Any]] = []
+
+    def post(self, into: asyncio.Queue, item: Any) -> None:
+        """Put item on `into`, on the loop's thread (RuntimeError once the loop has closed)."""
+        with self.lock:
+            self.items.append((into, item))
+            if len(self.items) > 1:  # the first one's callback is on its way
+                return
+        try:
+            loop = self.loop()
+            if loop is None:
+                raise RuntimeError("the event loop is gone")
+            loop.call_soon_threadsafe(self._deliver)
+        except RuntimeError:
+            with self.lock:
+                self.items.clear()
+            raise
+
+    def _deliver(self) -> None:
+        with self.lock:
+            items, self.items = self.items, []
+        for into, item in items:
+            into.put_nowait(item)
