@@ -140,6 +140,9 @@ def test_each_task_option_belongs_to_its_task_and_old_flat_configs_still_load():
         load_config({**flat, "pooling": "last"})  # a classifier's field, set, on an lm run
     again = load_config(resolve(make_config({"task": "classify", "bucket": True}), "cpu").to_dict())
     assert again.options == ClassifyOptions(bucket=True)
+    for bad in ([], {}, 3):  # a hand-edited task that is no name: a clear error, not a TypeError
+        with pytest.raises(LaminaError, match="task must be one of"):
+            load_config({**flat, "task": bad})
 
 
 def test_no_task_name_is_compared_outside_the_registry():

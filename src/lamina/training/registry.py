@@ -85,7 +85,7 @@ TASKS: dict[str, Task] = {
 
 
 def task_entry(name: str) -> Task:
-    if name not in TASKS:
+    if not isinstance(name, str) or name not in TASKS:
         raise LaminaError(f"task must be one of {', '.join(TASKS)}, got {name!r}")
     return TASKS[name]
 
