@@ -262,11 +262,12 @@ def test_one_row_forms_agree_per_kind(qtype):
 
 
 @pytest.mark.skipif(not _native(), reason="lamina.native not built here")
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
-def test_integer_form_of_the_super_block_kinds(qtype):
+@pytest.mark.parametrize("qtype,n", [("Q4_K", 13), ("Q6_K", 13), ("Q4_K", 40)])
+def test_integer_form_of_the_super_block_kinds(qtype, n):
     # decode.c's lm_kq_int: one input row quantized with a scale per 256, each super-block's
     # products summed in int32 (1), against the per-32 float form (0); a fused linear whose parts
-    # mix kinds (Q5_0 rows keep their kernel, reading the same inputs) too
+    # mix kinds (Q5_0 rows keep their kernel, reading the same inputs) too; 13 rows leave a part
+    # pass, 40 reach the prefetches spread through a pass (Q4_K's rows go in step there)
     from lamina.native.build import library
 
     lib = library()
@@ -275,7 +276,7 @@ def test_integer_form_of_the_super_block_kinds(qtype):
         lib.lm_kq_int(before)
         pytest.skip("no AVX-512 VNNI here: the integer form does not run")
     k = 768
-    parts = [(qtype, _rows(qtype, 13, k, 11)), ("Q5_0", _rows("Q5_0", 6, k, 12))]
+    parts = [(qtype, _rows(qtype, n, k, 11)), ("Q5_0", _rows("Q5_0", 6, k, 12))]
     x = torch.randn(1, k, generator=torch.Generator().manual_seed(13))
     x[0, ::97] *= 30  # a few large inputs, as real activations have
     try:
@@ -366,29 +367,3 @@ def test_prefetch_spread_through_a_pass_changes_no_float(qtype):
     assert before == 1 and len(outs) == 2
     assert torch.equal(outs[0], outs[1])
     assert ((outs[0] - want).norm() / want.norm()).item() < 1e-4
-
-
-@pytest.mark.skipif(not _native(), reason="lamina.native not built here")
-@pytest.mark.parametrize("k,n", [(768, 13), (512, 40)])
-def test_q4_k_rows_in_step_change_no_float(k, n):
-    # decode.c's lm_q4k_step: Q4_K's NR rows of a pass in step (1, their int32 sums independent
-    # chains) against one_row_q4k_int (0, a row's sums one chain): the same integers and floats in
-    # the same order; 13 rows leave a part pass, 40 reach the spread prefetches
-    from lamina.native.build import library
-
-    lib = library()
-    before = lib.lm_q4k_step(-1)
-    if lib.lm_q4k_step(1) != 1:
-        lib.lm_q4k_step(before)
-        pytest.skip("no AVX-512 VNNI here: the integer forms do not run")
-    m = BlockLinear(k, n, [("Q4_K", _rows("Q4_K", n, k, 20))], torch.randn(n))
-    x = torch.randn(1, k, generator=torch.Generator().manual_seed(21))
-    x[0, ::97] *= 30
-    want = x @ m.dequantized().T + m.bias
-    try:
-        outs = [m(x) for form in (1, 0) if lib.lm_q4k_step(form) == form]
-    finally:
-        lib.lm_q4k_step(before)
-    assert before == 1 and len(outs) == 2  # on by default where it runs
-    assert torch.equal(outs[0], outs[1])
-    assert ((outs[0] - want).norm() / want.norm()).item() < 3e-4

@@ -1651,66 +1651,12 @@ VNNI static void one_row8(const Lin *L, const Act *a, float *y, int n0, int n1, 
    scale as int16 by `vpmullw`, `vpdpwssd` by the int16 inputs into 16 int32 lanes (16 products
    a lane at most 15 x 63 x 32767: no overflow), then one conversion and one fma by d x the
    input's scale; the minimums' part dmin x m_j x the blocks' input sums, one 8-float fma. The
-   same weights and inputs as the per-32 form, with the super-block's sums exact in integers. */
+   same weights and inputs as the per-32 form, with the super-block's sums exact in integers.
+   The NR rows of a pass go in step: a super-block's scales of all NR rows are decoded first,
+   then each 32 bytes of weights are taken for every row in turn, so the rows' int32 sums are NR
+   independent chains (a row at a time made one chain of 8 dependent `vpdpwssd` a row, slower:
+   BENCHMARKS.md, "Q4_K's rows in step"). */
 VNNI static void one_row_q4k_int(const Lin *L, const Act *a, float *y, int n0, int n1, int accumulate) {
-    const int k = L->k, nsb = k / 256;
-    const size_t rb = kq_row_bytes(LIN_Q4K, k);
-    const __m512i m4 = _mm512_set1_epi16(0x0F);
-    const uint32_t lo6 = 0x3f3f3f3fu, lo4 = 0x0f0f0f0fu, b45 = 0x30303030u;
-    for (int n = n0; n < n1; n += NR) {
-        const uint8_t *row[NR];
-        nr_rows(L, rb, n, n1, row);
-        const int spread = pf_spread && n + pf_passes * NR < n1;
-        __m512 acc[NR];
-        __m256 macc[NR];
-        for (int j = 0; j < NR; j++) acc[j] = _mm512_setzero_ps(), macc[j] = _mm256_setzero_ps();
-        for (int sb = 0; sb < nsb; sb++) {
-            if (spread) pf_rows(row, (size_t)pf_passes * NR * rb, (size_t)sb * 144, (size_t)(sb + 1) * 144);
-            const __m512i *xs = (const __m512i *)(a->q + 256 * sb);
-            __m512i x[8];
-            for (int i = 0; i < 8; i++) x[i] = _mm512_loadu_si512((const void *)(xs + i));
-            const float dxs = a->dx[8 * sb];
-            const __m256 sxs = _mm256_loadu_ps(a->sx + 8 * sb);
-            for (int j = 0; j < NR; j++) {
-                const uint8_t *blk = row[j] + (size_t)sb * 144;
-                uint32_t w[3];
-                memcpy(w, blk + 4, 12);
-                const __m256i sc = _mm256_cvtepu8_epi32(_mm_setr_epi32((int)(w[0] & lo6), (int)((w[2] & lo4) | ((w[0] >> 2) & b45)), 0, 0));
-                const __m256i mi = _mm256_cvtepu8_epi32(_mm_setr_epi32((int)(w[1] & lo6), (int)(((w[2] >> 4) & lo4) | ((w[1] >> 2) & b45)), 0, 0));
-                int32_t sw[8] __attribute__((aligned(32))); /* each scale in both halves of a word pair */
-                _mm256_store_si256((__m256i *)sw, _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16)));
-                macc[j] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(mi), _mm256_set1_ps(half(blk + 2))), sxs, macc[j]);
-                __m512i isum = _mm512_setzero_si512();
-                for (int p = 0; p < 4; p++) { /* 32 bytes: blocks 2p (low nibbles) and 2p + 1 (high) */
-                    const __m512i raw = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * p)));
-                    const __m512i lo = _mm512_and_si512(raw, m4), hi = _mm512_srli_epi16(raw, 4);
-                    isum = _mm512_dpwssd_epi32(isum, _mm512_mullo_epi16(lo, _mm512_set1_epi32(sw[2 * p])), x[2 * p]);
-                    isum = _mm512_dpwssd_epi32(isum, _mm512_mullo_epi16(hi, _mm512_set1_epi32(sw[2 * p + 1])), x[2 * p + 1]);
-                }
-                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(half(blk) * dxs), acc[j]);
-            }
-        }
-        float mins[NR];
-        for (int j = 0; j < NR; j++) mins[j] = -hsum(macc[j]);
-        store_nr(L, acc, mins, y, n, n1, accumulate);
-    }
-}
-
-/* Q4_K rows in step (one_row_q4k_step: 1, the default, where the CPU has AVX-512 VNNI; 0 keeps
-   one_row_q4k_int; -1 leaves it; returns the form in force) */
-static int q4k_step = 1;
-int lm_q4k_step(int choice) {
-    if (choice >= 0) q4k_step = choice ? 1 : 0;
-    return q4k_step && kq_int_on();
-}
-
-/* Q4_K rows n0..n1 for one input row, the NR rows of a pass in step: one_row_q4k_int's integers
-   (each block's q times its 6-bit scale by `vpmullw`, `vpdpwssd` by the inputs), but a
-   super-block's scales of all NR rows decoded first, then each 32 bytes of weights taken for every
-   row in turn, so that the NR rows' int32 sums are NR independent chains (one_row_q4k_int ran
-   each row's 8 `vpdpwssd` one after another: one chain of 8 dependent operations a row). The same
-   integer sums, floats and order as one_row_q4k_int. */
-VNNI static void one_row_q4k_step(const Lin *L, const Act *a, float *y, int n0, int n1, int accumulate) {
     const int k = L->k, nsb = k / 256;
     const size_t rb = kq_row_bytes(LIN_Q4K, k);
     const __m512i m4 = _mm512_set1_epi16(0x0F);
@@ -2057,7 +2003,7 @@ static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
         return;
     }
     if (B == 1 && (L->kind == LIN_Q4K || L->kind == LIN_Q6K) && a->span == 8 && kq_int_on()) { /* one row: integers */
-        if (L->kind == LIN_Q4K) (q4k_step ? one_row_q4k_step : one_row_q4k_int)(L, a, y, n0, n1, accumulate);
+        if (L->kind == LIN_Q4K) one_row_q4k_int(L, a, y, n0, n1, accumulate);
         else one_row_q6k_int(L, a, y, n0, n1, accumulate);
         return;
     }
