@@ -89,19 +89,35 @@ def test_budget_table_picks_bpe_only_where_the_budget_reads_the_corpus_few_times
     assert pick(bpe.seconds, enough, rate * 2).train == long.train
     assert pick(bpe.seconds * 2, enough, rate / 2).train == bpe.train  # a slower one
     assert pick(bpe.seconds * 10, None, rate).tokenizer == "char"  # a corpus of unknown size
-    many = long.passes / bpe.passes + 1  # past the long row's passes: nothing measured, char
+    longest = TABLE[2]  # past the long row's passes: dropout outside the attention added
+    beyond = pick(bpe.seconds * (long.passes / bpe.passes + 1), enough, rate)
+    assert beyond.shape == longest.shape and beyond.train == longest.train
+    many = TABLE[-2].passes / bpe.passes + 1  # past every BPE row's passes: nothing measured, char
     assert pick(bpe.seconds * many, enough, rate).tokenizer == "char"
 
 
-def test_the_long_row_keeps_the_bpe_recipe_with_more_weight_decay():
+def test_the_long_rows_keep_the_bpe_recipe_with_more_weight_decay_then_dropout():
     """Past the BPE row's passes the same tokenizer and shape train with more weight decay (0.6
-    overfit there); the long row takes over where the BPE row ends, from the same budget."""
+    overfit there); past the long row's, dropout outside the attention is added (the run without
+    it overfit at 900 s), the attention's own dropout 0 (SDPA's fused kernel stays)."""
     from lamina.training.budget import TABLE
 
-    bpe, long, char = TABLE
+    bpe, long, longest, char = TABLE
     assert (long.tokenizer, long.shape, long.seconds) == (bpe.tokenizer, bpe.shape, bpe.seconds)
     assert long.train["weight_decay"] > bpe.train["weight_decay"]
-    assert bpe.passes < long.passes < float("inf") and char.passes == float("inf")
+    assert (longest.tokenizer, longest.seconds, longest.train) == (
+        long.tokenizer,
+        long.seconds,
+        long.train,
+    )
+    extra = {k: v for k, v in longest.shape.items() if k not in long.shape}
+    assert {k: longest.shape[k] for k in long.shape} == long.shape
+    assert (
+        extra["dropout"] > 0
+        and extra["attn_dropout"] == 0
+        and set(extra) == {"dropout", "attn_dropout"}
+    )
+    assert bpe.passes < long.passes < longest.passes < float("inf") and char.passes == float("inf")
 
 
 def test_text_rate_times_the_default_shape_and_leaves_the_rng_alone():
@@ -130,10 +146,13 @@ def test_budget_plan_keeps_explicit_flags_and_says_what_it_picked(tmp_path, monk
     given, line = plan({"data": str(big), "max_time": long})
     assert given["tokenizer"] == TABLE[0].tokenizer and TABLE[0].tokenizer in line
     assert "pass --tokenizer" in line and "passes as BPE" in line
-    longer, line = plan({"data": str(big), "max_time": 4 * long})  # 4x the passes: long row
+    longer, line = plan({"data": str(big), "max_time": 2 * long})  # 2x the passes: long row
     assert longer["tokenizer"] == TABLE[1].tokenizer and longer["weight_decay"] > 0.6
-    assert f"--weight-decay {TABLE[1].train['weight_decay']:g}" in line
-    most = (TABLE[1].passes / TABLE[0].passes + 1) * long  # past every BPE row's passes
+    assert f"--weight-decay {TABLE[1].train['weight_decay']:g}" in line and "--dropout" not in line
+    longest, line = plan({"data": str(big), "max_time": 4 * long})  # 4x: dropout added
+    assert longest["model_overrides"] == TABLE[2].shape and "--dropout 0.1" in line
+    assert "--attn-dropout 0" in line and longest["weight_decay"] == TABLE[2].train["weight_decay"]
+    most = (TABLE[-2].passes / TABLE[0].passes + 1) * long  # past every BPE row's passes
     assert plan({"data": str(big), "max_time": most})[0]["tokenizer"] == "char"
     typed_flags = ({"tokenizer": "char"}, {"preset": "tiny"}, {"init_from": "x"},
                    {"model_overrides": {"d_model": 64}})  # fmt: skip
@@ -224,4 +243,6 @@ def test_the_bpe_row_covers_the_points_where_bpe_measured_better():
     assert pick(300, corpus, rate / 2).train == TABLE[1].train  # 13.2 passes: half as fast
     epyc = 77_000.0
     assert pick(300, corpus, epyc).train == pick(900, corpus, epyc).train == TABLE[1].train
+    assert pick(300, corpus, epyc).shape == TABLE[1].shape  # 20.7 passes: no dropout (1.4787)
+    assert pick(900, corpus, epyc).shape == TABLE[2].shape  # 62 passes: dropout (1.4519)
     assert pick(120, corpus, epyc).train == TABLE[0].train  # 8.3 passes: 1.4810 measured
