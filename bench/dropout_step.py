@@ -22,7 +22,7 @@ from contextlib import nullcontext
 
 import torch
 from machine import cpu_line  # noqa: E402
-from step import full_loss, stepper  # noqa: E402
+from step import bf16_autocast, full_loss, stepper  # noqa: E402
 
 from lamina import GPT, GPTConfig
 from lamina.cpu import native_bf16
@@ -45,8 +45,7 @@ def build(fields: dict):
     opt = build_optimizer(model, lr=1e-2, weight_decay=0.6, optimizer="muon",
                           ns_dtype="bf16" if native_bf16() else "fp32")  # fmt: skip
     amp = use_bf16("auto", torch.device("cpu"), cfg.d_model)
-    ctx = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if amp else nullcontext
-    return stepper(model, full_loss, opt, ctx)[0]
+    return stepper(model, full_loss, opt, bf16_autocast if amp else nullcontext)[0]
 
 
 def main() -> None:

@@ -35,6 +35,16 @@ def _native() -> bool:
     return native.reason() is None and native.available()
 
 
+def _under(switch, forms, run):
+    """run() under each of a decode.c switch's forms that this CPU takes, the switch put back:
+    (the form in force before, the outputs); `switch(-1)` reads a switch, `switch(f)` sets it."""
+    before = switch(-1)
+    try:
+        return before, [run() for form in forms if switch(form) == form]
+    finally:
+        switch(before)
+
+
 def _rows(qtype: str, n: int, k: int, seed: int = 0) -> torch.Tensor:
     rng = np.random.default_rng(seed)
     per, size = BLOCKS[qtype]
@@ -244,18 +254,12 @@ def test_one_row_forms_agree_per_kind(qtype):
     from lamina.native.build import library
 
     lib = library()
-    before = lib.lm_kq_wide(-1)
     k = 512 if BLOCKS[qtype][0] == 256 else 288
     m = BlockLinear(k, 12, [(qtype, _rows(qtype, 12, k, 9))], torch.randn(12))
     x = torch.randn(1, k, generator=torch.Generator().manual_seed(10))
     want = x @ m.dequantized().T + m.bias
-    try:
-        outs = []
-        for form in (0, 1):
-            assert lib.lm_kq_wide(form) == form
-            outs.append(m(x))
-    finally:
-        lib.lm_kq_wide(before)
+    _, outs = _under(lib.lm_kq_wide, (0, 1), lambda: m(x))
+    assert len(outs) == 2
     for y in outs:
         assert ((y - want).norm() / want.norm()).item() < 1e-4
     assert torch.allclose(outs[0], outs[1], rtol=1e-5, atol=1e-5)
@@ -325,21 +329,13 @@ def test_five_bit_blocks_in_pairs_hold_the_one_block_form(qtype, k):
     from lamina.native.build import library
 
     lib = library()
-    before = lib.lm_q5_pair(-1)
-    if lib.lm_q5_pair(1) != 1:
-        lib.lm_q5_pair(before)
-        pytest.skip("no AVX-512 VNNI here: the pair form does not run")
     m = BlockLinear(k, 13, [(qtype, _rows(qtype, 13, k, 16))], torch.randn(13))
     x = torch.randn(1, k, generator=torch.Generator().manual_seed(17))
     x[0, ::97] *= 30
     want = x @ m.dequantized().T + m.bias
-    try:
-        outs = []
-        for form in (1, 0):
-            assert lib.lm_q5_pair(form) == form
-            outs.append(m(x))
-    finally:
-        lib.lm_q5_pair(before)
+    before, outs = _under(lib.lm_q5_pair, (1, 0), lambda: m(x))
+    if len(outs) < 2:
+        pytest.skip("no AVX-512 VNNI here: the pair form does not run")
     assert before == 1  # the default where it runs
     for y in outs:
         assert ((y - want).norm() / want.norm()).item() < 1e-4
@@ -355,15 +351,11 @@ def test_prefetch_spread_through_a_pass_changes_no_float(qtype):
     from lamina.native.build import library
 
     lib = library()
-    before = lib.lm_pf_spread(-1)
     k = 512 if BLOCKS[qtype][0] == 256 else 288
     m = BlockLinear(k, 40, [(qtype, _rows(qtype, 40, k, 18))], torch.randn(40))
     x = torch.randn(1, k, generator=torch.Generator().manual_seed(19))
     want = x @ m.dequantized().T + m.bias
-    try:
-        outs = [m(x) for form in (1, 0) if lib.lm_pf_spread(form) == form]
-    finally:
-        lib.lm_pf_spread(before)
+    before, outs = _under(lib.lm_pf_spread, (1, 0), lambda: m(x))
     assert before == 1 and len(outs) == 2
     assert torch.equal(outs[0], outs[1])
     assert ((outs[0] - want).norm() / want.norm()).item() < 1e-4
