@@ -2252,12 +2252,23 @@ int lm_att_pf(int choice) {
     return att_pf;
 }
 
-WIDE static void scores_512(const float *q, const float *kb, int len, float scale, float *sc, const float *vb) {
+/* nk: the thread's next task's keys (nlen rows, or NULL), prefetched into L2 8 rows a pass of 8
+   keys here, as its values are in weighted_group: spread through a task, so that a core keeps
+   its reads in flight while it computes (a burst of a whole task's lines at its start left
+   one core's attention at ~12 GB/s; BENCHMARKS.md, issue 31's Zen 4 section) */
+static inline __attribute__((always_inline)) void pf_keys(const float *nk, int from, int to) {
+    for (int t = from; t < to; t++)
+        for (int c = 0; c < 64; c += 16) PF_W((const char *)(nk + (size_t)t * 64 + c));
+}
+
+WIDE static void scores_512(const float *q, const float *kb, int len, float scale, float *sc, const float *vb,
+                            const float *nk, int nlen) {
     const __m512 q0 = _mm512_loadu_ps(q), q1 = _mm512_loadu_ps(q + 16), q2 = _mm512_loadu_ps(q + 32), q3 = _mm512_loadu_ps(q + 48);
     const int pf = vb ? att_pf : 0;
     int i = 0;
     for (; i + 8 <= len; i += 8) {
         __m256 a[8];
+        if (nk) pf_keys(nk, i, i + 8 < nlen ? i + 8 : nlen);
         if (pf)
             for (int t = 0; t < 8; t++)
                 for (int c = 0; c < 64; c += 16) {
@@ -2273,16 +2284,32 @@ WIDE static void scores_512(const float *q, const float *kb, int len, float scal
         const __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
         _mm256_storeu_ps(sc + i, _mm256_mul_ps(sum, _mm256_set1_ps(scale)));
     }
+    if (nk) pf_keys(nk, i, nlen);
     for (; i < len; i++) sc[i] = _mm512_reduce_add_ps(key64(q0, q1, q2, q3, kb + (size_t)i * 64)) * scale;
 }
 
-/* o[g] = sum over i < len of w[g CHUNK + i] v_i for the G heads g of a group */
-WIDE static inline __attribute__((always_inline)) void weighted_group(int G, const float *w, const float *vb, int len, float **o) {
+/* the largest of s[0..n) (n >= 1) */
+WIDE static float max_512(const float *s, int n) {
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    int i = 0;
+    for (; i + 16 <= n; i += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(s + i));
+    if (i < n) {
+        const __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
+        m = _mm512_mask_max_ps(m, k, m, _mm512_maskz_loadu_ps(k, s + i));
+    }
+    return _mm512_reduce_max_ps(m);
+}
+
+/* o[g] = sum over i < len of w[g CHUNK + i] v_i for the G heads g of a group; nv: the next
+   task's values (nlen rows, or NULL), prefetched a row a value */
+WIDE static inline __attribute__((always_inline)) void weighted_group(int G, const float *w, const float *vb, int len, float **o,
+                                                                      const float *nv, int nlen) {
     __m512 acc[ATT_G][4];
     for (int g = 0; g < G; g++)
         for (int c = 0; c < 4; c++) acc[g][c] = _mm512_setzero_ps();
     for (int i = 0; i < len; i++) {
         const float *vr = vb + (size_t)i * 64;
+        if (nv && i < nlen) pf_keys(nv, i, i + 1);
         const __m512 v0 = _mm512_loadu_ps(vr), v1 = _mm512_loadu_ps(vr + 16), v2 = _mm512_loadu_ps(vr + 32), v3 = _mm512_loadu_ps(vr + 48);
         for (int g = 0; g < G; g++) {
             const __m512 wi = _mm512_set1_ps(w[g * CHUNK + i]);
@@ -2292,21 +2319,24 @@ WIDE static inline __attribute__((always_inline)) void weighted_group(int G, con
             acc[g][3] = _mm512_fmadd_ps(wi, v3, acc[g][3]);
         }
     }
+    if (nv) pf_keys(nv, len, nlen);
     for (int g = 0; g < G; g++)
         for (int c = 0; c < 4; c++) _mm512_storeu_ps(o[g] + 16 * c, acc[g][c]);
 }
 
-WIDE static void weighted_group_512(int G, const float *w, const float *vb, int len, float **o) {
+WIDE static void weighted_group_512(int G, const float *w, const float *vb, int len, float **o, const float *nv, int nlen) {
     switch (G) {
-    case 1: weighted_group(1, w, vb, len, o); return;
-    case 2: weighted_group(2, w, vb, len, o); return;
-    case 3: weighted_group(3, w, vb, len, o); return;
-    default: weighted_group(4, w, vb, len, o); return;
+    case 1: weighted_group(1, w, vb, len, o, nv, nlen); return;
+    case 2: weighted_group(2, w, vb, len, o, nv, nlen); return;
+    case 3: weighted_group(3, w, vb, len, o, nv, nlen); return;
+    default: weighted_group(4, w, vb, len, o, nv, nlen); return;
     }
 }
 
-/* whether a thread's attention task prefetches its next task's keys and values (1) or not (0);
-   -1 leaves it; returns it (bench/batch_step.py --switch lm_att_next) */
+/* whether a thread's attention task prefetches its next task's keys and values (1) or not (0):
+   the AVX-512 form spreads them through the task (scores_512, weighted_group), the AVX2 form
+   asks for them all at the task's start; -1 leaves it; returns it (bench/batch_step.py,
+   bench/step_profile.py --switch lm_att_next) */
 static int att_next = 1;
 int lm_att_next(int choice) {
     if (choice >= 0) att_next = choice ? 1 : 0;
@@ -2375,14 +2405,19 @@ static void step_job(void *p, int tid, int nt) {
             const int len = n - c0 < CHUNK ? n - c0 : CHUNK;
             const size_t base = S->rows[r] * bstride + (size_t)kh * L * hd + (size_t)(first + c0) * hd;
             const float *kb = ly->kc + base, *vb = ly->vc + base;
-            if (att_next && t + nt < B * Hkv * nch) { /* the thread's next task's keys and values on their way */
+            const float *nk = NULL, *nv = NULL; /* the thread's next task's keys and values, nlen rows */
+            int nlen = 0;
+            if (att_next && t + nt < B * Hkv * nch) {
                 const int t2 = t + nt, c2 = t2 / (B * Hkv), r2 = (t2 / Hkv) % B, kh2 = t2 % Hkv;
                 const int n2 = (int)(S->slots[r2] - S->starts[r2] + 1) - c2 * CHUNK;
                 const size_t b2 = S->rows[r2] * bstride + (size_t)kh2 * L * hd + (size_t)(S->starts[r2] + c2 * CHUNK) * hd;
-                for (size_t o = 0; o < (size_t)(n2 < CHUNK ? n2 : CHUNK) * hd * 4 && n2 > 0; o += 64) {
-                    PF_W((const char *)(ly->kc + b2) + o);
-                    PF_W((const char *)(ly->vc + b2) + o);
-                }
+                nlen = n2 <= 0 ? 0 : n2 < CHUNK ? n2 : CHUNK;
+                if (nlen) nk = ly->kc + b2, nv = ly->vc + b2;
+                if (!wide_att || len <= 0) /* the AVX2 form (or no work here): all at once */
+                    for (size_t o = 0; o < (size_t)nlen * hd * 4; o += 64) {
+                        PF_W((const char *)nk + o);
+                        PF_W((const char *)nv + o);
+                    }
             }
             /* wide_att: each head's scores kept apart, the group's weighted sums at once */
             float *scg = S->scores + (size_t)tid * CHUNK * ATT_G, *og[ATT_G];
@@ -2395,17 +2430,19 @@ static void step_job(void *p, int tid, int nt) {
                 if (len <= 0) continue;
                 const float *q = S->qkv + (size_t)r * qkv_n + (size_t)h * hd;
                 float *sc = scg + (wide_att ? (size_t)g * CHUNK : 0);
-                if (wide_att) scores_512(q, kb, len, scale, sc, g == 0 ? vb : NULL);
+                if (wide_att) scores_512(q, kb, len, scale, sc, g == 0 ? vb : NULL, g == 0 ? nk : NULL, nlen);
                 else scores(q, kb, len, hd, scale, sc);
                 float mx = -INFINITY;
-                for (int i = 0; i < len; i++) mx = sc[i] > mx ? sc[i] : mx;
+                if (wide_att) mx = max_512(sc, len);
+                else
+                    for (int i = 0; i < len; i++) mx = sc[i] > mx ? sc[i] : mx;
                 for (int i = 0; i < len; i++) sc[i] -= mx;
                 softmax_unnormalised(sc, len, &part[1]);
                 part[0] = mx;
                 if (wide_att) og[g] = o;
                 else weighted_sum(sc, vb, len, hd, o);
             }
-            if (wide_att && len > 0) weighted_group_512(group, scg, vb, len, og);
+            if (wide_att && len > 0) weighted_group_512(group, scg, vb, len, og, nv, nlen);
         }
         barrier_wait(&S->bar);
         for (int t = tid; t < B * H; t += nt) {
