@@ -218,20 +218,25 @@ static void softmax_unnormalised(float *s, int n, float *sum) {
     *sum = t;
 }
 
-static void norm_row(const float *x, float *y, int n, const float *w,
-                     const float *b, int kind, float eps) {
+/* y[c0..c1) of the normed row x (n floats): the statistics over the whole row, the same floats
+   whichever columns a call writes (a step's threads share a row's columns: norm_row is all) */
+static void norm_cols(const float *x, float *y, int n, const float *w, const float *b, int kind, float eps, int c0, int c1) {
     if (kind == NORM_RMS) {
         float ss = dot_f32(x, x, n);
         float r = 1.0f / sqrtf(ss / n + eps);
-        for (int i = 0; i < n; i++) y[i] = x[i] * r * (w ? w[i] : 1.0f);
+        for (int i = c0; i < c1; i++) y[i] = x[i] * r * (w ? w[i] : 1.0f);
     } else {
         float mean = 0, var = 0;
         for (int i = 0; i < n; i++) mean += x[i];
         mean /= n;
         for (int i = 0; i < n; i++) var += (x[i] - mean) * (x[i] - mean);
         float r = 1.0f / sqrtf(var / n + eps);
-        for (int i = 0; i < n; i++) y[i] = (x[i] - mean) * r * (w ? w[i] : 1.0f) + (b ? b[i] : 0.0f);
+        for (int i = c0; i < c1; i++) y[i] = (x[i] - mean) * r * (w ? w[i] : 1.0f) + (b ? b[i] : 0.0f);
     }
+}
+
+static void norm_row(const float *x, float *y, int n, const float *w, const float *b, int kind, float eps) {
+    norm_cols(x, y, n, w, b, kind, eps, 0, n);
 }
 
 static inline float act1(int act, float v) {
@@ -319,14 +324,16 @@ static inline float amax_of(const float *x, int n) {
 
 /* gs: the weight groups whose input sums sx holds (0: none); span: blocks of 32 sharing one
    int16 scale (1, or 8: a super-block's, for kq_int; k a multiple of 256 then) */
-static void quantize_rows(const float *x, int r0, int r1, int k, int perm, int gs, int span, Act *a) {
+/* blocks b0..b1 of rows r0..r1 (b0 and b1 multiples of the span and of gs / 32, or b1 = k / 32:
+   each block's numbers depend on its span's and group's inputs only) */
+static void quantize_blocks(const float *x, int r0, int r1, int k, int perm, int gs, int span, int b0, int b1, Act *a) {
     int nb = k / 32, per = gs > 0 ? gs / 32 : 1;
     a->span = span;
     for (int r = r0; r < r1; r++) {
         const float *xr = x + (size_t)r * k;
         int16_t *q = a->q + (size_t)r * k;
         float wide = 0.0f; /* span > 1: the amax of the current span */
-        for (int b = 0; b < nb; b++) {
+        for (int b = b0; b < b1; b++) {
             if (span > 1 && b % span == 0) wide = amax_of(xr + 32 * b, 32 * span);
             /* vectorized, with the scalar form's exact results: the same max, product and
                rounding (cvtps2dq rounds to nearest even, as lrintf does) */
@@ -389,13 +396,32 @@ static void quantize_rows(const float *x, int r0, int r1, int k, int perm, int g
 
 /* input rows r0..r1 of x, ready for L (each row's part of a is its own: rows may be shared
    out among threads) */
-static void prepare_rows(const Lin *L, const float *x, int r0, int r1, Act *a) {
+static void quantize_rows(const float *x, int r0, int r1, int k, int perm, int gs, int span, Act *a) {
+    quantize_blocks(x, r0, r1, k, perm, gs, span, 0, k / 32, a);
+}
+
+/* the blocks of 32 inputs that L's quantized input shares a scale or a group sum over (1, 8...) */
+static int prepare_unit(const Lin *L) {
+    if (L->kind == LIN_PARTS) L = (const Lin *)L->w;
+    if (L->kind == LIN_INT4) return L->gs / 32;
+    if (L->kind == LIN_INT8 || L->kind == LIN_F32) return 1;
+    return kq_int_for(L->kind, L->k) ? 8 : 1;
+}
+
+/* blocks b0..b1 of x's rows r0..r1 made ready for L (b0, b1 multiples of prepare_unit(L), or b1
+   the last block) */
+static void prepare_blocks(const Lin *L, const float *x, int r0, int r1, int b0, int b1, Act *a) {
     a->x = x;
     if (L->kind == LIN_PARTS) L = (const Lin *)L->w; /* parts are all GGML kinds: one form */
-    if (L->kind == LIN_INT4) quantize_rows(x, r0, r1, L->k, 1, L->gs, 1, a);
-    else if (L->kind == LIN_INT8) quantize_rows(x, r0, r1, L->k, 0, 0, 1, a);
+    if (L->kind == LIN_INT4) quantize_blocks(x, r0, r1, L->k, 1, L->gs, 1, b0, b1, a);
+    else if (L->kind == LIN_INT8) quantize_blocks(x, r0, r1, L->k, 0, 0, 1, b0, b1, a);
     else if (L->kind != LIN_F32) /* GGML: natural order; a scale per super-block for kq_int */
-        quantize_rows(x, r0, r1, L->k, 0, 32, kq_int_for(L->kind, L->k) ? 8 : 1, a);
+        quantize_blocks(x, r0, r1, L->k, 0, 32, kq_int_for(L->kind, L->k) ? 8 : 1, b0, b1, a);
+}
+
+static void prepare_rows(const Lin *L, const float *x, int r0, int r1, Act *a) {
+    const Lin *P = L->kind == LIN_PARTS ? (const Lin *)L->w : L;
+    prepare_blocks(P, x, r0, r1, 0, P->k / 32, a);
 }
 
 static void prepare_act(const Lin *L, const float *x, int B, Act *a) { prepare_rows(L, x, 0, B, a); }
@@ -2098,6 +2124,24 @@ static void split(int n, int tid, int nt, int *n0, int *n1) {
     *n1 = (tid + 1) * chunk < n ? (tid + 1) * chunk : n;
 }
 
+/* One row's input to L (k wide) shared out among a step's threads: thread tid's blocks of 32,
+   b0..b1, in whole units of prepare_unit(L) blocks. A step of one row gives each thread its
+   columns of a norm or activation and their quantized blocks, where thread 0 alone did the row
+   while the others waited (1-2 us a layer each time: ~0.4 ms of a 2-thread SmolLM2 step, 8%) */
+static void split_blocks(const Lin *L, int k, int tid, int nt, int *b0, int *b1) {
+    const int nb = k / 32, unit = prepare_unit(L), units = (nb + unit - 1) / unit, per = (units + nt - 1) / nt;
+    *b0 = tid * per * unit < nb ? tid * per * unit : nb;
+    *b1 = (tid + 1) * per * unit < nb ? (tid + 1) * per * unit : nb;
+}
+
+/* whether a one-row step shares its rows' norms, activations and input blocks among its threads
+   (1, the default) or thread 0 makes them (0); -1 leaves it; returns it (step_profile --switch) */
+static int col_split = 1;
+int lm_col_split(int choice) {
+    if (choice >= 0) col_split = choice ? 1 : 0;
+    return col_split;
+}
+
 /* ------------------------------------------------------------------ one linear (small M) */
 
 typedef struct {
@@ -2343,6 +2387,22 @@ int lm_att_next(int choice) {
     return att_next;
 }
 
+/* hr[c0..c1) = the activation of the feed-forward's outputs f (ff wide; SwiGLU: gate f[0..ff),
+   up f[ff..2ff)); c0 a multiple of 8, so that each column takes the same path whatever the range */
+static void act_cols(const Model *m, const float *f, float *hr, int ff, int c0, int c1) {
+    if (m->act == ACT_SWIGLU) { /* silu(a) b, e^-a by exp256 (~1e-7 of expf's) */
+        int i = c0;
+        const __m256 one = _mm256_set1_ps(1.0f), top = _mm256_set1_ps(88.0f);
+        for (; i + 8 <= c1; i += 8) {
+            const __m256 a = _mm256_loadu_ps(f + i);
+            const __m256 e = exp256(_mm256_min_ps(_mm256_sub_ps(_mm256_setzero_ps(), a), top));
+            _mm256_storeu_ps(hr + i, _mm256_mul_ps(_mm256_div_ps(a, _mm256_add_ps(one, e)), _mm256_loadu_ps(f + ff + i)));
+        }
+        for (; i < c1; i++) hr[i] = f[i] / (1.0f + expf(-f[i])) * f[ff + i];
+    } else
+        for (int i = c0; i < c1; i++) hr[i] = act1(m->act, f[i]);
+}
+
 static void step_job(void *p, int tid, int nt) {
     Step *S = (Step *)p;
     const Model *m = S->m;
@@ -2350,7 +2410,10 @@ static void step_job(void *p, int tid, int nt) {
     const int qkv_n = (H + 2 * Hkv) * hd, group = H / Hkv, h2 = hd / 2;
     const size_t bstride = (size_t)Hkv * L * hd;
     const float scale = 1.0f / sqrtf((float)hd);
-    int n0, n1;
+    int n0, n1, b0, b1;
+    /* one row on several threads: each its columns of the norms and activations (split_blocks);
+       widths a multiple of 32 (the quantized kinds' blocks) */
+    const int cols = B == 1 && nt > 1 && col_split && d % 32 == 0 && (H * hd) % 32 == 0 && m->ff % 32 == 0;
     { /* each thread its rows (the same rows as its first norm below: no barrier between) */
         for (int r = tid; r < B; r += nt) {
             embed(m, S->tokens[r], S->positions[r], S->x + (size_t)r * d);
@@ -2364,10 +2427,15 @@ static void step_job(void *p, int tid, int nt) {
     }
     for (int l = 0; l < m->n_layers; l++) {
         const Layer *ly = &m->layers[l];
-        for (int r = tid; r < B; r += nt) { /* a batch's rows shared out; one row: thread 0 */
-            norm_row(S->x + (size_t)r * d, S->xn + (size_t)r * d, d, ly->n1w, ly->n1b, m->norm, m->eps);
-            prepare_rows(&ly->qkv, S->xn, r, r + 1, &S->a);
-        }
+        if (cols && l > 0) { /* (layer 0's row: thread 0, which embedded it, with no barrier between) */
+            split_blocks(&ly->qkv, d, tid, nt, &b0, &b1);
+            norm_cols(S->x, S->xn, d, ly->n1w, ly->n1b, m->norm, m->eps, 32 * b0, 32 * b1);
+            prepare_blocks(&ly->qkv, S->xn, 0, 1, b0, b1, &S->a);
+        } else
+            for (int r = tid; r < B; r += nt) { /* a batch's rows shared out; one row: thread 0 */
+                norm_row(S->x + (size_t)r * d, S->xn + (size_t)r * d, d, ly->n1w, ly->n1b, m->norm, m->eps);
+                prepare_rows(&ly->qkv, S->xn, r, r + 1, &S->a);
+            }
         barrier_wait(&S->bar);
         split(qkv_n, tid, nt, &n0, &n1);
         lin_rows(&ly->qkv, B, &S->a, S->qkv, qkv_n, n0, n1, 0);
@@ -2463,46 +2531,52 @@ static void step_job(void *p, int tid, int nt) {
             for (int i = 0; i < hd; i++) o[i] *= inv;
         }
         barrier_wait(&S->bar);
-        for (int r = tid; r < B; r += nt) prepare_rows(&ly->proj, S->att, r, r + 1, &S->a);
+        if (cols) {
+            split_blocks(&ly->proj, H * hd, tid, nt, &b0, &b1);
+            prepare_blocks(&ly->proj, S->att, 0, 1, b0, b1, &S->a);
+        } else
+            for (int r = tid; r < B; r += nt) prepare_rows(&ly->proj, S->att, r, r + 1, &S->a);
         barrier_wait(&S->bar);
         split(d, tid, nt, &n0, &n1);
         lin_rows(&ly->proj, B, &S->a, S->x, d, n0, n1, 1); /* the residual: x += proj(att) */
         barrier_wait(&S->bar);
-        for (int r = tid; r < B; r += nt) {
-            norm_row(S->x + (size_t)r * d, S->xn + (size_t)r * d, d, ly->n2w, ly->n2b, m->norm, m->eps);
-            prepare_rows(&ly->fc, S->xn, r, r + 1, &S->a);
-        }
+        if (cols) {
+            split_blocks(&ly->fc, d, tid, nt, &b0, &b1);
+            norm_cols(S->x, S->xn, d, ly->n2w, ly->n2b, m->norm, m->eps, 32 * b0, 32 * b1);
+            prepare_blocks(&ly->fc, S->xn, 0, 1, b0, b1, &S->a);
+        } else
+            for (int r = tid; r < B; r += nt) {
+                norm_row(S->x + (size_t)r * d, S->xn + (size_t)r * d, d, ly->n2w, ly->n2b, m->norm, m->eps);
+                prepare_rows(&ly->fc, S->xn, r, r + 1, &S->a);
+            }
         barrier_wait(&S->bar);
         const int fc_n = ly->fc.n, ff = m->ff;
         split(fc_n, tid, nt, &n0, &n1);
         lin_rows(&ly->fc, B, &S->a, S->fco, fc_n, n0, n1, 0);
         barrier_wait(&S->bar);
-        for (int r = tid; r < B; r += nt) {
-            const float *f = S->fco + (size_t)r * fc_n;
-            float *hr = S->h + (size_t)r * ff;
-            if (m->act == ACT_SWIGLU) { /* silu(a) b, e^-a by exp256 (~1e-7 of expf's) */
-                int i = 0;
-                const __m256 one = _mm256_set1_ps(1.0f), top = _mm256_set1_ps(88.0f);
-                for (; i + 8 <= ff; i += 8) {
-                    const __m256 a = _mm256_loadu_ps(f + i);
-                    const __m256 e = exp256(_mm256_min_ps(_mm256_sub_ps(_mm256_setzero_ps(), a), top));
-                    _mm256_storeu_ps(hr + i, _mm256_mul_ps(_mm256_div_ps(a, _mm256_add_ps(one, e)), _mm256_loadu_ps(f + ff + i)));
-                }
-                for (; i < ff; i++) hr[i] = f[i] / (1.0f + expf(-f[i])) * f[ff + i];
+        if (cols) {
+            split_blocks(&ly->out, ff, tid, nt, &b0, &b1);
+            act_cols(m, S->fco, S->h, ff, 32 * b0, 32 * b1);
+            prepare_blocks(&ly->out, S->h, 0, 1, b0, b1, &S->a);
+        } else
+            for (int r = tid; r < B; r += nt) {
+                act_cols(m, S->fco + (size_t)r * fc_n, S->h + (size_t)r * ff, ff, 0, ff);
+                prepare_rows(&ly->out, S->h, r, r + 1, &S->a);
             }
-            else
-                for (int i = 0; i < ff; i++) hr[i] = act1(m->act, f[i]);
-            prepare_rows(&ly->out, S->h, r, r + 1, &S->a);
-        }
         barrier_wait(&S->bar);
         split(d, tid, nt, &n0, &n1);
         lin_rows(&ly->out, B, &S->a, S->x, d, n0, n1, 1);
         barrier_wait(&S->bar);
     }
-    for (int r = tid; r < B; r += nt) {
-        norm_row(S->x + (size_t)r * d, S->xn + (size_t)r * d, d, m->nfw, m->nfb, m->norm, m->eps);
-        prepare_rows(&m->head, S->xn, r, r + 1, &S->a);
-    }
+    if (cols) {
+        split_blocks(&m->head, d, tid, nt, &b0, &b1);
+        norm_cols(S->x, S->xn, d, m->nfw, m->nfb, m->norm, m->eps, 32 * b0, 32 * b1);
+        prepare_blocks(&m->head, S->xn, 0, 1, b0, b1, &S->a);
+    } else
+        for (int r = tid; r < B; r += nt) {
+            norm_row(S->x + (size_t)r * d, S->xn + (size_t)r * d, d, m->nfw, m->nfb, m->norm, m->eps);
+            prepare_rows(&m->head, S->xn, r, r + 1, &S->a);
+        }
     barrier_wait(&S->bar);
     split(m->vocab, tid, nt, &n0, &n1);
     lin_rows(&m->head, B, &S->a, S->logits, m->vocab, n0, n1, 0);
