@@ -2127,7 +2127,7 @@ static void split(int n, int tid, int nt, int *n0, int *n1) {
 /* One row's input to L (k wide) shared out among a step's threads: thread tid's blocks of 32,
    b0..b1, in whole units of prepare_unit(L) blocks. A step of one row gives each thread its
    columns of a norm or activation and their quantized blocks, where thread 0 alone did the row
-   while the others waited (1-2 us a layer each time: ~0.4 ms of a 2-thread SmolLM2 step, 8%) */
+   while the others waited (BENCHMARKS.md, issue 31's Zen 4 section) */
 static void split_blocks(const Lin *L, int k, int tid, int nt, int *b0, int *b1) {
     const int nb = k / 32, unit = prepare_unit(L), units = (nb + unit - 1) / unit, per = (units + nt - 1) / nt;
     *b0 = tid * per * unit < nb ? tid * per * unit : nb;
@@ -2299,7 +2299,7 @@ int lm_att_pf(int choice) {
 /* nk: the thread's next task's keys (nlen rows, or NULL), prefetched into L2 8 rows a pass of 8
    keys here, as its values are in weighted_group: spread through a task, so that a core keeps
    its reads in flight while it computes (a burst of a whole task's lines at its start left
-   one core's attention at ~12 GB/s; BENCHMARKS.md, issue 31's Zen 4 section) */
+   one core's attention far below its read bandwidth; BENCHMARKS.md, issue 31's Zen 4 section) */
 static inline __attribute__((always_inline)) void pf_keys(const float *nk, int from, int to) {
     for (int t = from; t < to; t++)
         for (int c = 0; c < 64; c += 16) PF_W((const char *)(nk + (size_t)t * 64 + c));
