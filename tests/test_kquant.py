@@ -174,6 +174,31 @@ def test_native_steps_within_kernel_tolerance_and_greedy_tokens_equal(models, na
     assert torch.equal(lamina.generate(kept, prompt, 32), lamina.generate(ref, prompt, 32))
 
 
+@pytest.mark.skipif(not _native(), reason="lamina.native not built here")
+def test_one_row_on_two_threads_changes_no_bit(models):
+    # decode.c's lm_col_split: each thread its columns of a one-row step's norms, activation and
+    # input blocks (1, the default; the super-block kinds' integer form shares a scale per 256:
+    # whole spans each) or thread 0 all of them (0): the logits of 1 thread, bit for bit
+    from lamina.native.build import library
+
+    ids = torch.randint(3, 320, (12,), generator=torch.Generator().manual_seed(6)).tolist()
+
+    def steps(kept, threads):
+        with torch.no_grad():
+            engine = native.native_step(kept, kept.make_caches(1, 12))
+            return torch.stack([engine.step([t], [i], [0], threads) for i, t in enumerate(ids)])
+
+    for name in KEPT_FILES:
+        kept = models[name][0]
+        one = steps(kept, 1)
+        before, outs = _under(
+            library().lm_col_split, (1, 0), lambda k=kept: [steps(k, 2), steps(k, 3)]
+        )
+        assert before == 1
+        for got in (g for pair in outs for g in pair):
+            assert torch.equal(got, one), name
+
+
 def test_pytorch_path_runs_the_kept_blocks_too(models):
     # no native step or kernel (LAMINA_KERNEL=torch, or no compiler): the blocks dequantized
     import lamina.cpu as cpu

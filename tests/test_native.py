@@ -369,6 +369,29 @@ def test_threads_do_not_change_a_bit(threads):
     assert torch.equal(one, many)
 
 
+@pytest.mark.parametrize("i, scheme", [c for c in CASES if c[1] != "int8-grouped"])
+def test_one_row_shares_its_norms_and_inputs_among_threads(i, scheme):
+    # decode.c's lm_col_split: a step of one row gives each thread its columns of the norms,
+    # the activation and their quantized blocks (1) where thread 0 made the row (0): not a bit
+    # changes, at 2 and 3 threads
+    lib = native.build.library()
+    model = _scheme(_model(**OPTIONS[i]), scheme)
+    ids = torch.randint(0, 97, (1, 14), generator=torch.Generator().manual_seed(4))
+    one = _steps(model, ids, 6, threads=1)
+    before, outs = _under_col_split(lib, lambda: [_steps(model, ids, 6, threads=t) for t in (2, 3)])
+    assert before == 1  # the default
+    for got in (g for pair in outs for g in pair):
+        assert torch.equal(got, one)
+
+
+def _under_col_split(lib, run):
+    before = lib.lm_col_split(-1)
+    try:
+        return before, [run() for form in (1, 0) if lib.lm_col_split(form) == form]
+    finally:
+        lib.lm_col_split(before)
+
+
 _FORKED: dict = {}  # what the forked child inherits: a model and caches filled by the parent
 
 

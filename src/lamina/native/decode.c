@@ -218,20 +218,25 @@ static void softmax_unnormalised(float *s, int n, float *sum) {
     *sum = t;
 }
 
-static void norm_row(const float *x, float *y, int n, const float *w,
-                     const float *b, int kind, float eps) {
+/* y[c0..c1) of the normed row x (n floats): the statistics over the whole row, the same floats
+   whichever columns a call writes (a step's threads share a row's columns: norm_row is all) */
+static void norm_cols(const float *x, float *y, int n, const float *w, const float *b, int kind, float eps, int c0, int c1) {
     if (kind == NORM_RMS) {
         float ss = dot_f32(x, x, n);
         float r = 1.0f / sqrtf(ss / n + eps);
-        for (int i = 0; i < n; i++) y[i] = x[i] * r * (w ? w[i] : 1.0f);
+        for (int i = c0; i < c1; i++) y[i] = x[i] * r * (w ? w[i] : 1.0f);
     } else {
         float mean = 0, var = 0;
         for (int i = 0; i < n; i++) mean += x[i];
         mean /= n;
         for (int i = 0; i < n; i++) var += (x[i] - mean) * (x[i] - mean);
         float r = 1.0f / sqrtf(var / n + eps);
-        for (int i = 0; i < n; i++) y[i] = (x[i] - mean) * r * (w ? w[i] : 1.0f) + (b ? b[i] : 0.0f);
+        for (int i = c0; i < c1; i++) y[i] = (x[i] - mean) * r * (w ? w[i] : 1.0f) + (b ? b[i] : 0.0f);
     }
+}
+
+static void norm_row(const float *x, float *y, int n, const float *w, const float *b, int kind, float eps) {
+    norm_cols(x, y, n, w, b, kind, eps, 0, n);
 }
 
 static inline float act1(int act, float v) {
@@ -319,14 +324,16 @@ static inline float amax_of(const float *x, int n) {
 
 /* gs: the weight groups whose input sums sx holds (0: none); span: blocks of 32 sharing one
    int16 scale (1, or 8: a super-block's, for kq_int; k a multiple of 256 then) */
-static void quantize_rows(const float *x, int r0, int r1, int k, int perm, int gs, int span, Act *a) {
+/* blocks b0..b1 of rows r0..r1 (b0 and b1 multiples of the span and of gs / 32, or b1 = k / 32:
+   each block's numbers depend on its span's and group's inputs only) */
+static void quantize_blocks(const float *x, int r0, int r1, int k, int perm, int gs, int span, int b0, int b1, Act *a) {
     int nb = k / 32, per = gs > 0 ? gs / 32 : 1;
     a->span = span;
     for (int r = r0; r < r1; r++) {
         const float *xr = x + (size_t)r * k;
         int16_t *q = a->q + (size_t)r * k;
         float wide = 0.0f; /* span > 1: the amax of the current span */
-        for (int b = 0; b < nb; b++) {
+        for (int b = b0; b < b1; b++) {
             if (span > 1 && b % span == 0) wide = amax_of(xr + 32 * b, 32 * span);
             /* vectorized, with the scalar form's exact results: the same max, product and
                rounding (cvtps2dq rounds to nearest even, as lrintf does) */
@@ -389,13 +396,32 @@ static void quantize_rows(const float *x, int r0, int r1, int k, int perm, int g
 
 /* input rows r0..r1 of x, ready for L (each row's part of a is its own: rows may be shared
    out among threads) */
-static void prepare_rows(const Lin *L, const float *x, int r0, int r1, Act *a) {
+static void quantize_rows(const float *x, int r0, int r1, int k, int perm, int gs, int span, Act *a) {
+    quantize_blocks(x, r0, r1, k, perm, gs, span, 0, k / 32, a);
+}
+
+/* the blocks of 32 inputs that L's quantized input shares a scale or a group sum over (1, 8...) */
+static int prepare_unit(const Lin *L) {
+    if (L->kind == LIN_PARTS) L = (const Lin *)L->w;
+    if (L->kind == LIN_INT4) return L->gs / 32;
+    if (L->kind == LIN_INT8 || L->kind == LIN_F32) return 1;
+    return kq_int_for(L->kind, L->k) ? 8 : 1;
+}
+
+/* blocks b0..b1 of x's rows r0..r1 made ready for L (b0, b1 multiples of prepare_unit(L), or b1
+   the last block) */
+static void prepare_blocks(const Lin *L, const float *x, int r0, int r1, int b0, int b1, Act *a) {
     a->x = x;
     if (L->kind == LIN_PARTS) L = (const Lin *)L->w; /* parts are all GGML kinds: one form */
-    if (L->kind == LIN_INT4) quantize_rows(x, r0, r1, L->k, 1, L->gs, 1, a);
-    else if (L->kind == LIN_INT8) quantize_rows(x, r0, r1, L->k, 0, 0, 1, a);
+    if (L->kind == LIN_INT4) quantize_blocks(x, r0, r1, L->k, 1, L->gs, 1, b0, b1, a);
+    else if (L->kind == LIN_INT8) quantize_blocks(x, r0, r1, L->k, 0, 0, 1, b0, b1, a);
     else if (L->kind != LIN_F32) /* GGML: natural order; a scale per super-block for kq_int */
-        quantize_rows(x, r0, r1, L->k, 0, 32, kq_int_for(L->kind, L->k) ? 8 : 1, a);
+        quantize_blocks(x, r0, r1, L->k, 0, 32, kq_int_for(L->kind, L->k) ? 8 : 1, b0, b1, a);
+}
+
+static void prepare_rows(const Lin *L, const float *x, int r0, int r1, Act *a) {
+    const Lin *P = L->kind == LIN_PARTS ? (const Lin *)L->w : L;
+    prepare_blocks(P, x, r0, r1, 0, P->k / 32, a);
 }
 
 static void prepare_act(const Lin *L, const float *x, int B, Act *a) { prepare_rows(L, x, 0, B, a); }
@@ -2098,6 +2124,24 @@ static void split(int n, int tid, int nt, int *n0, int *n1) {
     *n1 = (tid + 1) * chunk < n ? (tid + 1) * chunk : n;
 }
 
+/* One row's input to L (k wide) shared out among a step's threads: thread tid's blocks of 32,
+   b0..b1, in whole units of prepare_unit(L) blocks. A step of one row gives each thread its
+   columns of a norm or activation and their quantized blocks, where thread 0 alone did the row
+   while the others waited (BENCHMARKS.md, issue 31's Zen 4 section) */
+static void split_blocks(const Lin *L, int k, int tid, int nt, int *b0, int *b1) {
+    const int nb = k / 32, unit = prepare_unit(L), units = (nb + unit - 1) / unit, per = (units + nt - 1) / nt;
+    *b0 = tid * per * unit < nb ? tid * per * unit : nb;
+    *b1 = (tid + 1) * per * unit < nb ? (tid + 1) * per * unit : nb;
+}
+
+/* whether a one-row step shares its rows' norms, activations and input blocks among its threads
+   (1, the default) or thread 0 makes them (0); -1 leaves it; returns it (step_profile --switch) */
+static int col_split = 1;
+int lm_col_split(int choice) {
+    if (choice >= 0) col_split = choice ? 1 : 0;
+    return col_split;
+}
+
 /* ------------------------------------------------------------------ one linear (small M) */
 
 typedef struct {
@@ -2252,12 +2296,23 @@ int lm_att_pf(int choice) {
     return att_pf;
 }
 
-WIDE static void scores_512(const float *q, const float *kb, int len, float scale, float *sc, const float *vb) {
+/* nk: the thread's next task's keys (nlen rows, or NULL), prefetched into L2 8 rows a pass of 8
+   keys here, as its values are in weighted_group: spread through a task, so that a core keeps
+   its reads in flight while it computes (a burst of a whole task's lines at its start left
+   one core's attention far below its read bandwidth; BENCHMARKS.md, issue 31's Zen 4 section) */
+static inline __attribute__((always_inline)) void pf_keys(const float *nk, int from, int to) {
+    for (int t = from; t < to; t++)
+        for (int c = 0; c < 64; c += 16) PF_W((const char *)(nk + (size_t)t * 64 + c));
+}
+
+WIDE static void scores_512(const float *q, const float *kb, int len, float scale, float *sc, const float *vb,
+                            const float *nk, int nlen) {
     const __m512 q0 = _mm512_loadu_ps(q), q1 = _mm512_loadu_ps(q + 16), q2 = _mm512_loadu_ps(q + 32), q3 = _mm512_loadu_ps(q + 48);
     const int pf = vb ? att_pf : 0;
     int i = 0;
     for (; i + 8 <= len; i += 8) {
         __m256 a[8];
+        if (nk) pf_keys(nk, i, i + 8 < nlen ? i + 8 : nlen);
         if (pf)
             for (int t = 0; t < 8; t++)
                 for (int c = 0; c < 64; c += 16) {
@@ -2273,16 +2328,32 @@ WIDE static void scores_512(const float *q, const float *kb, int len, float scal
         const __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
         _mm256_storeu_ps(sc + i, _mm256_mul_ps(sum, _mm256_set1_ps(scale)));
     }
+    if (nk) pf_keys(nk, i, nlen);
     for (; i < len; i++) sc[i] = _mm512_reduce_add_ps(key64(q0, q1, q2, q3, kb + (size_t)i * 64)) * scale;
 }
 
-/* o[g] = sum over i < len of w[g CHUNK + i] v_i for the G heads g of a group */
-WIDE static inline __attribute__((always_inline)) void weighted_group(int G, const float *w, const float *vb, int len, float **o) {
+/* the largest of s[0..n) (n >= 1) */
+WIDE static float max_512(const float *s, int n) {
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    int i = 0;
+    for (; i + 16 <= n; i += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(s + i));
+    if (i < n) {
+        const __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
+        m = _mm512_mask_max_ps(m, k, m, _mm512_maskz_loadu_ps(k, s + i));
+    }
+    return _mm512_reduce_max_ps(m);
+}
+
+/* o[g] = sum over i < len of w[g CHUNK + i] v_i for the G heads g of a group; nv: the next
+   task's values (nlen rows, or NULL), prefetched a row a value */
+WIDE static inline __attribute__((always_inline)) void weighted_group(int G, const float *w, const float *vb, int len, float **o,
+                                                                      const float *nv, int nlen) {
     __m512 acc[ATT_G][4];
     for (int g = 0; g < G; g++)
         for (int c = 0; c < 4; c++) acc[g][c] = _mm512_setzero_ps();
     for (int i = 0; i < len; i++) {
         const float *vr = vb + (size_t)i * 64;
+        if (nv && i < nlen) pf_keys(nv, i, i + 1);
         const __m512 v0 = _mm512_loadu_ps(vr), v1 = _mm512_loadu_ps(vr + 16), v2 = _mm512_loadu_ps(vr + 32), v3 = _mm512_loadu_ps(vr + 48);
         for (int g = 0; g < G; g++) {
             const __m512 wi = _mm512_set1_ps(w[g * CHUNK + i]);
@@ -2292,25 +2363,44 @@ WIDE static inline __attribute__((always_inline)) void weighted_group(int G, con
             acc[g][3] = _mm512_fmadd_ps(wi, v3, acc[g][3]);
         }
     }
+    if (nv) pf_keys(nv, len, nlen);
     for (int g = 0; g < G; g++)
         for (int c = 0; c < 4; c++) _mm512_storeu_ps(o[g] + 16 * c, acc[g][c]);
 }
 
-WIDE static void weighted_group_512(int G, const float *w, const float *vb, int len, float **o) {
+WIDE static void weighted_group_512(int G, const float *w, const float *vb, int len, float **o, const float *nv, int nlen) {
     switch (G) {
-    case 1: weighted_group(1, w, vb, len, o); return;
-    case 2: weighted_group(2, w, vb, len, o); return;
-    case 3: weighted_group(3, w, vb, len, o); return;
-    default: weighted_group(4, w, vb, len, o); return;
+    case 1: weighted_group(1, w, vb, len, o, nv, nlen); return;
+    case 2: weighted_group(2, w, vb, len, o, nv, nlen); return;
+    case 3: weighted_group(3, w, vb, len, o, nv, nlen); return;
+    default: weighted_group(4, w, vb, len, o, nv, nlen); return;
     }
 }
 
-/* whether a thread's attention task prefetches its next task's keys and values (1) or not (0);
-   -1 leaves it; returns it (bench/batch_step.py --switch lm_att_next) */
+/* whether a thread's attention task prefetches its next task's keys and values (1) or not (0):
+   the AVX-512 form spreads them through the task (scores_512, weighted_group), the AVX2 form
+   asks for them all at the task's start; -1 leaves it; returns it (bench/batch_step.py,
+   bench/step_profile.py --switch lm_att_next) */
 static int att_next = 1;
 int lm_att_next(int choice) {
     if (choice >= 0) att_next = choice ? 1 : 0;
     return att_next;
+}
+
+/* hr[c0..c1) = the activation of the feed-forward's outputs f (ff wide; SwiGLU: gate f[0..ff),
+   up f[ff..2ff)); c0 a multiple of 8, so that each column takes the same path whatever the range */
+static void act_cols(const Model *m, const float *f, float *hr, int ff, int c0, int c1) {
+    if (m->act == ACT_SWIGLU) { /* silu(a) b, e^-a by exp256 (~1e-7 of expf's) */
+        int i = c0;
+        const __m256 one = _mm256_set1_ps(1.0f), top = _mm256_set1_ps(88.0f);
+        for (; i + 8 <= c1; i += 8) {
+            const __m256 a = _mm256_loadu_ps(f + i);
+            const __m256 e = exp256(_mm256_min_ps(_mm256_sub_ps(_mm256_setzero_ps(), a), top));
+            _mm256_storeu_ps(hr + i, _mm256_mul_ps(_mm256_div_ps(a, _mm256_add_ps(one, e)), _mm256_loadu_ps(f + ff + i)));
+        }
+        for (; i < c1; i++) hr[i] = f[i] / (1.0f + expf(-f[i])) * f[ff + i];
+    } else
+        for (int i = c0; i < c1; i++) hr[i] = act1(m->act, f[i]);
 }
 
 static void step_job(void *p, int tid, int nt) {
@@ -2320,7 +2410,10 @@ static void step_job(void *p, int tid, int nt) {
     const int qkv_n = (H + 2 * Hkv) * hd, group = H / Hkv, h2 = hd / 2;
     const size_t bstride = (size_t)Hkv * L * hd;
     const float scale = 1.0f / sqrtf((float)hd);
-    int n0, n1;
+    int n0, n1, b0, b1;
+    /* one row on several threads: each its columns of the norms and activations (split_blocks);
+       widths a multiple of 32 (the quantized kinds' blocks) */
+    const int cols = B == 1 && nt > 1 && col_split && d % 32 == 0 && (H * hd) % 32 == 0 && m->ff % 32 == 0;
     { /* each thread its rows (the same rows as its first norm below: no barrier between) */
         for (int r = tid; r < B; r += nt) {
             embed(m, S->tokens[r], S->positions[r], S->x + (size_t)r * d);
@@ -2334,10 +2427,15 @@ static void step_job(void *p, int tid, int nt) {
     }
     for (int l = 0; l < m->n_layers; l++) {
         const Layer *ly = &m->layers[l];
-        for (int r = tid; r < B; r += nt) { /* a batch's rows shared out; one row: thread 0 */
-            norm_row(S->x + (size_t)r * d, S->xn + (size_t)r * d, d, ly->n1w, ly->n1b, m->norm, m->eps);
-            prepare_rows(&ly->qkv, S->xn, r, r + 1, &S->a);
-        }
+        if (cols && l > 0) { /* (layer 0's row: thread 0, which embedded it, with no barrier between) */
+            split_blocks(&ly->qkv, d, tid, nt, &b0, &b1);
+            norm_cols(S->x, S->xn, d, ly->n1w, ly->n1b, m->norm, m->eps, 32 * b0, 32 * b1);
+            prepare_blocks(&ly->qkv, S->xn, 0, 1, b0, b1, &S->a);
+        } else
+            for (int r = tid; r < B; r += nt) { /* a batch's rows shared out; one row: thread 0 */
+                norm_row(S->x + (size_t)r * d, S->xn + (size_t)r * d, d, ly->n1w, ly->n1b, m->norm, m->eps);
+                prepare_rows(&ly->qkv, S->xn, r, r + 1, &S->a);
+            }
         barrier_wait(&S->bar);
         split(qkv_n, tid, nt, &n0, &n1);
         lin_rows(&ly->qkv, B, &S->a, S->qkv, qkv_n, n0, n1, 0);
@@ -2375,14 +2473,19 @@ static void step_job(void *p, int tid, int nt) {
             const int len = n - c0 < CHUNK ? n - c0 : CHUNK;
             const size_t base = S->rows[r] * bstride + (size_t)kh * L * hd + (size_t)(first + c0) * hd;
             const float *kb = ly->kc + base, *vb = ly->vc + base;
-            if (att_next && t + nt < B * Hkv * nch) { /* the thread's next task's keys and values on their way */
+            const float *nk = NULL, *nv = NULL; /* the thread's next task's keys and values, nlen rows */
+            int nlen = 0;
+            if (att_next && t + nt < B * Hkv * nch) {
                 const int t2 = t + nt, c2 = t2 / (B * Hkv), r2 = (t2 / Hkv) % B, kh2 = t2 % Hkv;
                 const int n2 = (int)(S->slots[r2] - S->starts[r2] + 1) - c2 * CHUNK;
                 const size_t b2 = S->rows[r2] * bstride + (size_t)kh2 * L * hd + (size_t)(S->starts[r2] + c2 * CHUNK) * hd;
-                for (size_t o = 0; o < (size_t)(n2 < CHUNK ? n2 : CHUNK) * hd * 4 && n2 > 0; o += 64) {
-                    PF_W((const char *)(ly->kc + b2) + o);
-                    PF_W((const char *)(ly->vc + b2) + o);
-                }
+                nlen = n2 <= 0 ? 0 : n2 < CHUNK ? n2 : CHUNK;
+                if (nlen) nk = ly->kc + b2, nv = ly->vc + b2;
+                if (!wide_att || len <= 0) /* the AVX2 form (or no work here): all at once */
+                    for (size_t o = 0; o < (size_t)nlen * hd * 4; o += 64) {
+                        PF_W((const char *)nk + o);
+                        PF_W((const char *)nv + o);
+                    }
             }
             /* wide_att: each head's scores kept apart, the group's weighted sums at once */
             float *scg = S->scores + (size_t)tid * CHUNK * ATT_G, *og[ATT_G];
@@ -2395,17 +2498,19 @@ static void step_job(void *p, int tid, int nt) {
                 if (len <= 0) continue;
                 const float *q = S->qkv + (size_t)r * qkv_n + (size_t)h * hd;
                 float *sc = scg + (wide_att ? (size_t)g * CHUNK : 0);
-                if (wide_att) scores_512(q, kb, len, scale, sc, g == 0 ? vb : NULL);
+                if (wide_att) scores_512(q, kb, len, scale, sc, g == 0 ? vb : NULL, g == 0 ? nk : NULL, nlen);
                 else scores(q, kb, len, hd, scale, sc);
                 float mx = -INFINITY;
-                for (int i = 0; i < len; i++) mx = sc[i] > mx ? sc[i] : mx;
+                if (wide_att) mx = max_512(sc, len);
+                else
+                    for (int i = 0; i < len; i++) mx = sc[i] > mx ? sc[i] : mx;
                 for (int i = 0; i < len; i++) sc[i] -= mx;
                 softmax_unnormalised(sc, len, &part[1]);
                 part[0] = mx;
                 if (wide_att) og[g] = o;
                 else weighted_sum(sc, vb, len, hd, o);
             }
-            if (wide_att && len > 0) weighted_group_512(group, scg, vb, len, og);
+            if (wide_att && len > 0) weighted_group_512(group, scg, vb, len, og, nv, nlen);
         }
         barrier_wait(&S->bar);
         for (int t = tid; t < B * H; t += nt) {
@@ -2426,46 +2531,52 @@ static void step_job(void *p, int tid, int nt) {
             for (int i = 0; i < hd; i++) o[i] *= inv;
         }
         barrier_wait(&S->bar);
-        for (int r = tid; r < B; r += nt) prepare_rows(&ly->proj, S->att, r, r + 1, &S->a);
+        if (cols) {
+            split_blocks(&ly->proj, H * hd, tid, nt, &b0, &b1);
+            prepare_blocks(&ly->proj, S->att, 0, 1, b0, b1, &S->a);
+        } else
+            for (int r = tid; r < B; r += nt) prepare_rows(&ly->proj, S->att, r, r + 1, &S->a);
         barrier_wait(&S->bar);
         split(d, tid, nt, &n0, &n1);
         lin_rows(&ly->proj, B, &S->a, S->x, d, n0, n1, 1); /* the residual: x += proj(att) */
         barrier_wait(&S->bar);
-        for (int r = tid; r < B; r += nt) {
-            norm_row(S->x + (size_t)r * d, S->xn + (size_t)r * d, d, ly->n2w, ly->n2b, m->norm, m->eps);
-            prepare_rows(&ly->fc, S->xn, r, r + 1, &S->a);
-        }
+        if (cols) {
+            split_blocks(&ly->fc, d, tid, nt, &b0, &b1);
+            norm_cols(S->x, S->xn, d, ly->n2w, ly->n2b, m->norm, m->eps, 32 * b0, 32 * b1);
+            prepare_blocks(&ly->fc, S->xn, 0, 1, b0, b1, &S->a);
+        } else
+            for (int r = tid; r < B; r += nt) {
+                norm_row(S->x + (size_t)r * d, S->xn + (size_t)r * d, d, ly->n2w, ly->n2b, m->norm, m->eps);
+                prepare_rows(&ly->fc, S->xn, r, r + 1, &S->a);
+            }
         barrier_wait(&S->bar);
         const int fc_n = ly->fc.n, ff = m->ff;
         split(fc_n, tid, nt, &n0, &n1);
         lin_rows(&ly->fc, B, &S->a, S->fco, fc_n, n0, n1, 0);
         barrier_wait(&S->bar);
-        for (int r = tid; r < B; r += nt) {
-            const float *f = S->fco + (size_t)r * fc_n;
-            float *hr = S->h + (size_t)r * ff;
-            if (m->act == ACT_SWIGLU) { /* silu(a) b, e^-a by exp256 (~1e-7 of expf's) */
-                int i = 0;
-                const __m256 one = _mm256_set1_ps(1.0f), top = _mm256_set1_ps(88.0f);
-                for (; i + 8 <= ff; i += 8) {
-                    const __m256 a = _mm256_loadu_ps(f + i);
-                    const __m256 e = exp256(_mm256_min_ps(_mm256_sub_ps(_mm256_setzero_ps(), a), top));
-                    _mm256_storeu_ps(hr + i, _mm256_mul_ps(_mm256_div_ps(a, _mm256_add_ps(one, e)), _mm256_loadu_ps(f + ff + i)));
-                }
-                for (; i < ff; i++) hr[i] = f[i] / (1.0f + expf(-f[i])) * f[ff + i];
+        if (cols) {
+            split_blocks(&ly->out, ff, tid, nt, &b0, &b1);
+            act_cols(m, S->fco, S->h, ff, 32 * b0, 32 * b1);
+            prepare_blocks(&ly->out, S->h, 0, 1, b0, b1, &S->a);
+        } else
+            for (int r = tid; r < B; r += nt) {
+                act_cols(m, S->fco + (size_t)r * fc_n, S->h + (size_t)r * ff, ff, 0, ff);
+                prepare_rows(&ly->out, S->h, r, r + 1, &S->a);
             }
-            else
-                for (int i = 0; i < ff; i++) hr[i] = act1(m->act, f[i]);
-            prepare_rows(&ly->out, S->h, r, r + 1, &S->a);
-        }
         barrier_wait(&S->bar);
         split(d, tid, nt, &n0, &n1);
         lin_rows(&ly->out, B, &S->a, S->x, d, n0, n1, 1);
         barrier_wait(&S->bar);
     }
-    for (int r = tid; r < B; r += nt) {
-        norm_row(S->x + (size_t)r * d, S->xn + (size_t)r * d, d, m->nfw, m->nfb, m->norm, m->eps);
-        prepare_rows(&m->head, S->xn, r, r + 1, &S->a);
-    }
+    if (cols) {
+        split_blocks(&m->head, d, tid, nt, &b0, &b1);
+        norm_cols(S->x, S->xn, d, m->nfw, m->nfb, m->norm, m->eps, 32 * b0, 32 * b1);
+        prepare_blocks(&m->head, S->xn, 0, 1, b0, b1, &S->a);
+    } else
+        for (int r = tid; r < B; r += nt) {
+            norm_row(S->x + (size_t)r * d, S->xn + (size_t)r * d, d, m->nfw, m->nfb, m->norm, m->eps);
+            prepare_rows(&m->head, S->xn, r, r + 1, &S->a);
+        }
     barrier_wait(&S->bar);
     split(m->vocab, tid, nt, &n0, &n1);
     lin_rows(&m->head, B, &S->a, S->logits, m->vocab, n0, n1, 0);
