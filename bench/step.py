@@ -1,6 +1,7 @@
 """The training step, option by option: lamina's step with each lever against nanoGPT's and HF's.
 
     python bench/step.py [--shapes A] [--steps N] [--rounds R] [--only a,b] [--no-compile]
+    python bench/step.py --processes P [--only a,b] ...   each variant in processes of its own
 
 Shape A (nanoGPT's CPU char recipe): 4 layers, 4 heads, 128 wide, block 64, batch 12, vocab 65.
 Shape B (GPT-2-small-like): 6 layers, 6 heads, 384 wide, block 256, batch 64 (--batch-b to
@@ -32,6 +33,12 @@ A step is forward + loss + backward + clip(1.0) + optimizer step + zero_grad. Va
 Every variant gets the same batches; a round runs `--steps` steps of each variant in turn and
 the variants' order rotates per round, so load from other processes hits all alike; the
 reported time is the median over all timed steps. tok/s ratios are over nanogpt's.
+
+In one process the variants share its caches, allocator and thread pool, and the ratio moves with
+what else the process ran. `--processes P` runs each variant alone instead: P rounds, each
+starting one process per variant in rotating order (the same --steps x --rounds inside), and
+reports per variant the median of the processes' medians, their spread, and the ratio of
+medians to nanogpt's with the range of the ratios of processes run side by side in a round.
 """
 
 from __future__ import annotations
@@ -40,7 +47,10 @@ import argparse  # noqa: E402
 import contextlib
 import math  # noqa: E402
 import os
+import re  # noqa: E402
 import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable, Iterator  # noqa: E402
 from contextlib import nullcontext  # noqa: E402
@@ -280,6 +290,40 @@ def profile_variant(name: str, shape: str, s: dict) -> None:
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
 
 
+def in_processes(shape: str, names: list[str], args: argparse.Namespace) -> None:
+    """Each variant in a process of its own, `args.processes` rounds in rotating order."""
+    ms: dict[str, list[float]] = {v: [] for v in names}
+    for r in range(args.processes):
+        for v in names[r % len(names) :] + names[: r % len(names)]:
+            cmd = [sys.executable, __file__, "--shapes", shape, "--only", v, "--steps",
+                   str(args.steps), "--rounds", str(args.rounds), "--batch-b", str(args.batch_b)]  # fmt: skip
+            if args.threads:
+                cmd += ["--threads", str(args.threads)]
+            out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+            row = re.search(rf"^\| {re.escape(v)} \| ([0-9.]+) \|", out, re.MULTILINE)
+            if row is None:
+                raise SystemExit(f"no timing for {v} in:\n{out}")
+            ms[v].append(float(row.group(1)))
+    tokens = SHAPES[shape]["batch"] * SHAPES[shape]["block_size"]
+    if shape == "B":
+        tokens = args.batch_b * SHAPES[shape]["block_size"]
+    base = ms.get("nanogpt")
+    print(f"\nshape {shape}: each variant in its own process, {args.processes} rounds of "
+          f"{args.rounds} x {args.steps} steps, load {os.getloadavg()[0]:.1f}")  # fmt: skip
+    print("| variant | ms/step (median of processes) | each process | tok/s | vs nanoGPT "
+          "(ratio of medians) | side by side, per round |")  # fmt: skip
+    print("|---|---:|---|---:|---:|---|")
+    for v in names:
+        med = statistics.median(ms[v])
+        each = " / ".join(f"{t:.1f}" for t in ms[v])
+        ratio = pairs = "-"
+        if base:
+            ratio = f"{statistics.median(base) / med:.2f}x"
+            per = sorted(b / t for b, t in zip(base, ms[v], strict=True))
+            pairs = f"{per[0]:.2f}-{per[-1]:.2f}x"
+        print(f"| {v} | {med:.1f} | {each} | {tokens / med * 1000:,.0f} | {ratio} | {pairs} |")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default="A")
@@ -290,6 +334,8 @@ def main() -> None:
     p.add_argument("--batch-b", type=int, default=64, help="shape B's batch")
     p.add_argument("--threads", type=int)
     p.add_argument("--profile", metavar="VARIANT", help="profile VARIANT's ops (first shape)")
+    p.add_argument("--processes", type=int, metavar="P",
+                   help="run each variant in processes of its own, P rounds (see the module)")  # fmt: skip
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -302,6 +348,9 @@ def main() -> None:
             s["batch"] = args.batch_b
         if args.profile:
             return profile_variant(args.profile, shape, s)
+        if args.processes:
+            in_processes(shape, names, args)
+            continue
         bench_shape(shape, s, names, args.steps, args.rounds)
 
 
