@@ -6,7 +6,7 @@
    in tests/test_native.py.
 
    Why it exists: at batch 1 a small model is bound by per-op overhead and by reading its
-   weights. Here a step is one call, run by all threads together with spin barriers between
+   weights. Here a step is one call, run by all threads together with barriers between
    phases, and a quantized linear reads its int4/int8 weights as they are stored: the input row
    is quantized once to int16 in blocks of 32 (a scale per block: ~15 bits, so the result is
    within ~1e-4 of the float path), each block's dot product is integer `vpmaddwd`, and the
@@ -95,8 +95,9 @@ typedef struct {
 /* The threads are OpenMP's, and the library links libgomp.so.1: in a process that has loaded
    PyTorch, that is PyTorch's own copy, so a step runs on the very threads torch's ops use (no
    second pool competing for the cores with torch's spinning one). Between the phases of a
-   step the threads meet at a spin barrier of our own: OpenMP's barrier sleeps in the kernel
-   under OMP_WAIT_POLICY=PASSIVE, which at ~270 barriers a step would cost milliseconds. */
+   step the threads meet at a barrier of our own that spins first (OpenMP's barrier sleeps in
+   the kernel under OMP_WAIT_POLICY=PASSIVE, which at ~270 barriers a step would cost
+   milliseconds) and sleeps only when a wait runs long (barrier_wait below). */
 
 typedef void (*JobFn)(void *ctx, int tid, int nt);
 
