@@ -392,6 +392,35 @@ def _under_col_split(lib, run):
         lib.lm_col_split(before)
 
 
+@pytest.mark.parametrize("spin", [0, None])
+def test_more_threads_than_cores_sleep_at_the_barriers_and_change_no_bit(spin):
+    # decode.c's barrier spins a bounded, adaptive time, then sleeps (a futex on Linux): with
+    # more threads than cores a partner is often off its core. spin 0: every wait that does
+    # not end at once sleeps (the sleeping path, counted by lm_bar_sleeps); None: the default
+    # (adaptive) spin. Either way the logits equal one thread's bit for bit.
+    lib = native.build.library()
+    model = quantize(_model(**OPTIONS[3]), "int4", group_size=32)
+    ids = torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(4))
+    many = (os.cpu_count() or 1) + 2
+    most = lib.lm_bar_spin(-1)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = _steps(model, ids, 6)
+        if spin is not None:
+            lib.lm_bar_spin(spin)
+        slept = lib.lm_bar_sleeps()
+        got = _steps(model, ids, 6, threads=many)
+        slept = lib.lm_bar_sleeps() - slept
+    finally:
+        torch.set_num_threads(before)
+        lib.lm_bar_spin(most)
+    assert most > 0  # the default spins first
+    assert torch.equal(one, got)
+    if spin == 0:
+        assert slept > 0  # the waits slept (with more threads than cores, some always wait)
+
+
 _FORKED: dict = {}  # what the forked child inherits: a model and caches filled by the parent
 
 

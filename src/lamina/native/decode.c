@@ -6,7 +6,7 @@
    in tests/test_native.py.
 
    Why it exists: at batch 1 a small model is bound by per-op overhead and by reading its
-   weights. Here a step is one call, run by all threads together with spin barriers between
+   weights. Here a step is one call, run by all threads together with barriers between
    phases, and a quantized linear reads its int4/int8 weights as they are stored: the input row
    is quantized once to int16 in blocks of 32 (a scale per block: ~15 bits, so the result is
    within ~1e-4 of the float path), each block's dot product is integer `vpmaddwd`, and the
@@ -43,6 +43,12 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#ifdef __linux__
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 enum { LIN_F32 = 0, LIN_INT4 = 1, LIN_INT8 = 2 };
 /* GGML's blocks as a GGUF file stores them (see "GGML's blocks" below), and a linear made of
@@ -89,8 +95,9 @@ typedef struct {
 /* The threads are OpenMP's, and the library links libgomp.so.1: in a process that has loaded
    PyTorch, that is PyTorch's own copy, so a step runs on the very threads torch's ops use (no
    second pool competing for the cores with torch's spinning one). Between the phases of a
-   step the threads meet at a spin barrier of our own: OpenMP's barrier sleeps in the kernel
-   under OMP_WAIT_POLICY=PASSIVE, which at ~270 barriers a step would cost milliseconds. */
+   step the threads meet at a barrier of our own that spins first (OpenMP's barrier sleeps in
+   the kernel under OMP_WAIT_POLICY=PASSIVE, which at ~270 barriers a step would cost
+   milliseconds) and sleeps only when a wait runs long (barrier_wait below). */
 
 typedef void (*JobFn)(void *ctx, int tid, int nt);
 
@@ -118,22 +125,84 @@ static void run_parallel(JobFn fn, void *ctx, int nt, atomic_int *team) {
 
 typedef struct {
     atomic_uint count, phase;
-    atomic_int n;
+    atomic_int n, sleepers; /* the team's size; threads asleep on phase (futex) */
 } Barrier;
+
+/* How long a thread waiting at a barrier spins before it sleeps. The phases of a step are
+   balanced, so a wait is normally a few microseconds and ends in the spin; but where the cores
+   are shared (a server's event loop and clients beside the step, other processes, more threads
+   than cores), a partner put off its core holds the others for as long as it is off: a
+   waiter that sleeps gives its core back (to the partner, or to whoever took the partner's),
+   where one that spins holds it. So the spin adapts: each wait that ends asleep halves it
+   (down to BAR_SPIN_MIN ns), each that ends in the spin lengthens it by BAR_SPIN_STEP ns, up to
+   bar_spin_us. Linux sleeps on the phase word (futex); elsewhere the wait yields its core.
+   lm_bar_spin sets the most (-1 leaves it; 0 sleeps at once) and returns it. */
+enum { BAR_SPIN_MIN = 2000, BAR_SPIN_STEP = 500 };
+static int bar_spin_us = 100;
+static atomic_int bar_spin_ns = 100000; /* the spin now */
+int lm_bar_spin(int choice) {
+    if (choice >= 0) bar_spin_us = choice, atomic_store(&bar_spin_ns, choice * 1000);
+    return bar_spin_us;
+}
+
+/* the waits that have slept so far (the tests see the sleeping path taken) */
+static atomic_int bar_sleeps = 0;
+int lm_bar_sleeps(void) { return atomic_load(&bar_sleeps); }
+
+static int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+static void phase_sleep(atomic_uint *phase, unsigned seen) {
+#ifdef __linux__
+    syscall(SYS_futex, (unsigned *)phase, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
+#else
+    (void)phase, (void)seen;
+    sched_yield();
+#endif
+}
+
+static void phase_wake(atomic_uint *phase) {
+#ifdef __linux__
+    syscall(SYS_futex, (unsigned *)phase, FUTEX_WAKE_PRIVATE, 0x7fffffff, NULL, NULL, 0);
+#else
+    (void)phase;
+#endif
+}
 
 static void barrier_wait(Barrier *b) {
     const int n = atomic_load_explicit(&b->n, memory_order_relaxed);
     if (n <= 1) return;
-    unsigned phase = atomic_load_explicit(&b->phase, memory_order_acquire);
+    const unsigned phase = atomic_load_explicit(&b->phase, memory_order_acquire);
     if (atomic_fetch_add_explicit(&b->count, 1, memory_order_acq_rel) == (unsigned)n - 1) {
         atomic_store_explicit(&b->count, 0, memory_order_relaxed);
-        atomic_fetch_add_explicit(&b->phase, 1, memory_order_release);
+        atomic_fetch_add(&b->phase, 1); /* seq_cst with the sleepers' count: one sees the other */
+        if (atomic_load(&b->sleepers)) phase_wake(&b->phase);
         return;
     }
-    int i = 0;
-    while (atomic_load_explicit(&b->phase, memory_order_acquire) == phase)
-        if (++i % 4096 == 0) sched_yield();
-        else _mm_pause();
+    const int most = bar_spin_us * 1000, spin = atomic_load_explicit(&bar_spin_ns, memory_order_relaxed);
+    int64_t t0 = 0;
+    int slept = 0;
+    for (unsigned i = 1; atomic_load_explicit(&b->phase, memory_order_acquire) == phase; i++) {
+        if (i % 64) { /* the clock read once every 64 pauses */
+            _mm_pause();
+            continue;
+        }
+        const int64_t t = now_ns();
+        if (!t0) t0 = t;
+        if (t - t0 < spin) continue;
+        slept = 1;
+        atomic_fetch_add_explicit(&bar_sleeps, 1, memory_order_relaxed);
+        atomic_fetch_add(&b->sleepers, 1);
+        if (atomic_load(&b->phase) == phase) phase_sleep(&b->phase, phase); /* returns at once if it moved */
+        atomic_fetch_sub(&b->sleepers, 1);
+    }
+    int next = slept ? spin / 2 : spin + BAR_SPIN_STEP;
+    next = next < BAR_SPIN_MIN ? BAR_SPIN_MIN : next;
+    next = next > most ? most : next;
+    if (next != spin) atomic_store_explicit(&bar_spin_ns, next, memory_order_relaxed);
 }
 
 /* where the weight streams' software prefetches go: 1 L2 (_MM_HINT_T2), 0 L1, 2 none (the
@@ -2613,6 +2682,7 @@ int lm_step(const Model *m, int B, const int64_t *tokens, const int64_t *positio
     atomic_init(&S.bar.n, nthreads);
     atomic_init(&S.bar.count, 0);
     atomic_init(&S.bar.phase, 0);
+    atomic_init(&S.bar.sleepers, 0);
     float *p = buf;
     S.x = p, p += (size_t)B * d;
     S.xn = p, p += (size_t)B * d;
