@@ -90,13 +90,15 @@ def _copied_bias(linear: nn.Linear) -> nn.Parameter | None:
     return nn.Parameter(linear.bias.detach().float().clone(), requires_grad=False)
 
 
-def dequantized_matmul(m: nn.Module, flat: Tensor) -> Tensor:
+def dequantized_matmul(m: nn.Module, flat: Tensor, weights: Tensor | None = None) -> Tensor:
     """flat (M, in) @ W.T with m's weights dequantized (`m.dequantized(dtype)`), in the dtype
     lamina.cpu.dequantized_dtype picks for the call (bf16 for a prefill where bf16 is native);
     the output in flat's dtype. W goes into kept buffers inside frozen_linear.kept_dequantization
-    (`lamina train`), else into a fresh tensor."""
+    (`lamina train`), else into a fresh tensor; `weights`: W already in that dtype (the
+    caller's own buffer)."""
     dtype = cpu.dequantized_dtype(flat)
-    return (flat.to(dtype) @ kept_dequantized(m, dtype).T).to(flat.dtype)
+    w = kept_dequantized(m, dtype) if weights is None else weights
+    return (flat.to(dtype) @ w.T).to(flat.dtype)
 
 
 def _finish(m: Int8Linear | Int4Linear, x: Tensor, y: Tensor) -> Tensor:
