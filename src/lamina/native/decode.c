@@ -802,16 +802,37 @@ int lm_dequant(int kind, const void *w, int n, int k, float *y) {
 }
 
 typedef struct {
-    int kind, n, k;
+    int kind, n, k, gs; /* kind -1: lamina's int8 rows, a float scale per gs of a row */
     const uint8_t *w;
+    const float *scale;
     uint16_t *y;
 } DequantJob;
 
+/* lamina's int8 row -> bf16 as torch's bf16 `q.bfloat16() * scale.bfloat16()`: the scale's
+   bf16 (round to nearest even) times q, exact in float, then rounded once */
+static void i8_dequant_row_bf16(const int8_t *q, const float *scale, int k, int gs, uint16_t *y) {
+    for (int g = 0; g < k / gs; g++) {
+        const __m256i sb = bf16_of(_mm256_set1_ps(scale[g]), _mm256_set1_ps(scale[g]));
+        const __m256 sc = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(sb)), 16));
+        for (int i = g * gs; i < (g + 1) * gs; i += 16) {
+            const __m128i b = _mm_loadu_si128((const __m128i *)(q + i));
+            const __m256 lo = _mm256_mul_ps(sc, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)));
+            const __m256 hi = _mm256_mul_ps(sc, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8))));
+            _mm256_storeu_si256((__m256i *)(y + i), bf16_of(lo, hi));
+        }
+    }
+}
+
 static void dequant_job(void *ctx, int tid, int nt) {
     const DequantJob *j = (const DequantJob *)ctx;
-    const size_t rb = kq_row_bytes(j->kind, j->k);
-    for (int r = (int)((long)j->n * tid / nt); r < (int)((long)j->n * (tid + 1) / nt); r++)
-        kq_dequant_row(j->kind, j->w + (size_t)r * rb, j->k, NULL, j->y + (size_t)r * j->k);
+    const size_t rb = j->kind < 0 ? (size_t)j->k : kq_row_bytes(j->kind, j->k);
+    for (int r = (int)((long)j->n * tid / nt); r < (int)((long)j->n * (tid + 1) / nt); r++) {
+        if (j->kind < 0)
+            i8_dequant_row_bf16((const int8_t *)j->w + (size_t)r * rb, j->scale + (size_t)r * (j->k / j->gs), j->k, j->gs,
+                                j->y + (size_t)r * j->k);
+        else
+            kq_dequant_row(j->kind, j->w + (size_t)r * rb, j->k, NULL, j->y + (size_t)r * j->k);
+    }
 }
 
 /* the same as bf16 (each value the float's round to nearest even, as torch's cast), the rows
@@ -819,7 +840,16 @@ static void dequant_job(void *ctx, int tid, int nt) {
    cast or concatenation on the way) */
 int lm_dequant_bf16(int kind, const void *w, int n, int k, uint16_t *y, int nthreads) {
     if (kind < LIN_Q4K || kind > LIN_Q5_1 || k % kq_per(kind)) return 0;
-    DequantJob j = {kind, n, k, (const uint8_t *)w, y};
+    DequantJob j = {kind, n, k, 0, (const uint8_t *)w, NULL, y};
+    run_parallel(dequant_job, &j, nthreads < 1 ? 1 : nthreads, NULL);
+    return 1;
+}
+
+/* the same for lamina's int8 rows q (n, k) with a float scale per gs inputs of a row (gs = k:
+   one per row), each value torch's bf16 product of the two's bf16 */
+int lm_dequant_i8_bf16(const int8_t *q, const float *scale, int n, int k, int gs, uint16_t *y, int nthreads) {
+    if (gs < 16 || gs % 16 || k % gs) return 0;
+    DequantJob j = {-1, n, k, gs, (const uint8_t *)q, scale, y};
     run_parallel(dequant_job, &j, nthreads < 1 ? 1 : nthreads, NULL);
     return 1;
 }

@@ -25,7 +25,6 @@ Deliberately unaware of files and tensor names: the loader hands in the rows.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -37,7 +36,7 @@ from lamina.errors import LaminaError
 from lamina.native.build import library
 from lamina.native.step import linear as native_linear
 from lamina.native.structs import GGML_KINDS
-from lamina.quant.linear import dequantized_matmul
+from lamina.quant.linear import bf16_scratch, dequantized_matmul
 
 # qtype -> (weights per block, bytes per block)
 BLOCKS = {
@@ -91,19 +90,6 @@ def _native_call(x: Tensor) -> bool:
     blocks (else they are dequantized): where lamina.native runs, the user's kernel choice
     (lamina.cpu) allows it, and the call is one it takes."""
     return cpu.call_kernel(x, has=("native",)) == "native"
-
-
-_SCRATCH = threading.local()
-
-
-def _scratch(rows: int, cols: int) -> Tensor:
-    """A bf16 (rows, cols) view of this thread's one buffer for a prefill's dequantized weights,
-    reused call to call (a fresh tensor each call paid for its pages anew, most of the
-    dequantization's time); it stays at the largest linear's size. The next call overwrites it."""
-    buf = getattr(_SCRATCH, "buf", None)
-    if buf is None or buf.numel() < rows * cols:
-        buf = _SCRATCH.buf = torch.empty(rows * cols, dtype=torch.bfloat16)
-    return buf[: rows * cols].view(rows, cols)
 
 
 class BlockLinear(nn.Module):
@@ -162,7 +148,9 @@ class BlockLinear(nn.Module):
         else:
             flat, w = flat.float(), None
             if cpu.dequantized_dtype(flat) == torch.bfloat16 and library() is not None:
-                w = self.dequantized(torch.bfloat16, _scratch(self.out_features, self.in_features))
+                w = self.dequantized(
+                    torch.bfloat16, bf16_scratch(self.out_features, self.in_features)
+                )
             y = dequantized_matmul(self, flat, w)
             if self.bias is not None:
                 y = y + self.bias

@@ -21,6 +21,7 @@ Deliberately unaware of models, files and training (a quantized layer has no gra
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
@@ -30,6 +31,7 @@ from torch import Tensor, nn
 import lamina.cpu as cpu
 from lamina.errors import LaminaError
 from lamina.frozen_linear import dequantized as kept_dequantized
+from lamina.native.build import library
 from lamina.native.step import linear as native_linear
 from lamina.native.step import unpack_lanes
 from lamina.native.structs import int4_rows
@@ -99,6 +101,33 @@ def dequantized_matmul(m: nn.Module, flat: Tensor, weights: Tensor | None = None
     dtype = cpu.dequantized_dtype(flat)
     w = kept_dequantized(m, dtype) if weights is None else weights
     return (flat.to(dtype) @ w.T).to(flat.dtype)
+
+
+_SCRATCH = threading.local()
+
+
+def bf16_scratch(rows: int, cols: int) -> Tensor:
+    """A bf16 (rows, cols) view of this thread's one buffer for a prefill's dequantized weights,
+    reused call to call (a fresh tensor each call paid for its pages anew, most of the
+    dequantization's time); it stays at the largest linear's size. The next call overwrites it."""
+    buf = getattr(_SCRATCH, "buf", None)
+    if buf is None or buf.numel() < rows * cols:
+        buf = _SCRATCH.buf = torch.empty(rows * cols, dtype=torch.bfloat16)
+    return buf[: rows * cols].view(rows, cols)
+
+
+def _int8_bf16(m: Int8Linear) -> Tensor | None:
+    """m's W in bf16 by the native dequantizer, on torch's threads, into bf16_scratch (each
+    value `_dequantize_int8`'s in bf16, exactly), or None where it does not run."""
+    lib = library()
+    if lib is None or m.scale.dtype != torch.float32 or m.qweight.device.type != "cpu":
+        return None
+    q, scale = m.qweight.contiguous(), m.scale.contiguous()
+    w = bf16_scratch(m.out_features, m.in_features)
+    gs, threads = m.group_size or m.in_features, torch.get_num_threads()
+    n, k = m.out_features, m.in_features
+    ok = lib.lm_dequant_i8_bf16(q.data_ptr(), scale.data_ptr(), n, k, gs, w.data_ptr(), threads)
+    return w if ok else None
 
 
 def _finish(m: Int8Linear | Int4Linear, x: Tensor, y: Tensor) -> Tensor:
@@ -220,7 +249,8 @@ class Int8Linear(nn.Module):
                 flat.to(torch.bfloat16).contiguous(), self.kernel_weight, self.kernel_scale
             ).to(x.dtype)
         else:
-            y = dequantized_matmul(self, flat)
+            bf16 = cpu.dequantized_dtype(flat) == torch.bfloat16  # a prefill's long call
+            y = dequantized_matmul(self, flat, _int8_bf16(self) if bf16 else None)
         return _finish(self, x, y)
 
     def extra_repr(self) -> str:
