@@ -247,7 +247,8 @@ def test_int4_refuses_a_group_size_its_kernels_do_not_take(in_features, group_si
 def test_int8_prefill_weights_are_torch_bf16_dequantization(group_size):
     # a prefill's long call: the native dequantizer writes W in bf16 into a reused buffer; each
     # value must be `_dequantize_int8`'s in bf16 (the scale's bf16 times q, rounded once)
-    from lamina.quant.linear import _dequantize_int8, _int8_bf16
+    from lamina.quant.bf16 import int8_bf16
+    from lamina.quant.linear import _dequantize_int8
 
     g = torch.Generator().manual_seed(0)
     m = Int8Linear.from_linear(nn.Linear(128, 48))
@@ -262,7 +263,7 @@ def test_int8_prefill_weights_are_torch_bf16_dequantization(group_size):
     try:
         for threads in (1, 2, 3):
             torch.set_num_threads(threads)
-            got = _int8_bf16(m)
+            got = int8_bf16(m)
             assert got is not None and torch.equal(got, want), threads
     finally:
         torch.set_num_threads(before)

@@ -36,7 +36,7 @@ from lamina.errors import LaminaError
 from lamina.native.build import library
 from lamina.native.step import linear as native_linear
 from lamina.native.structs import GGML_KINDS
-from lamina.quant.linear import bf16_scratch, dequantized_matmul
+from lamina.quant.linear import dequantized_matmul
 
 # qtype -> (weights per block, bytes per block)
 BLOCKS = {
@@ -146,12 +146,7 @@ class BlockLinear(nn.Module):
         if _native_call(flat):
             y = native_linear(self, flat)  # the bias included
         else:
-            flat, w = flat.float(), None
-            if cpu.dequantized_dtype(flat) == torch.bfloat16 and library() is not None:
-                w = self.dequantized(
-                    torch.bfloat16, bf16_scratch(self.out_features, self.in_features)
-                )
-            y = dequantized_matmul(self, flat, w)
+            y = dequantized_matmul(self, flat.float())
             if self.bias is not None:
                 y = y + self.bias
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)

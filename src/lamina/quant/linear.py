@@ -9,19 +9,16 @@ scale per row, so there a grouped layer gets a per-row requantized copy (the sav
 exact; the native kernel reads the groups as they are).
 int4: w ~ (q - 8) * s + z per group of ``group_size`` inputs, q in [0, 15] (min/max per group:
 s = (max - min) / 15, z = min + 8 s), PyTorch's convention; stored unpacked (two values per
-byte, low nibble first) and packed for the CPU kernel when loaded, since the packed layout is
-the kernel's, not a file format.
+byte, low nibble first), packed for the CPU kernel when loaded (the kernel's layout).
 
 Which kernel a call runs is lamina.cpu's choice (`layer_kernel` when a layer is prepared,
-`call_kernel` for each call); the output is cast back to the input's dtype, so the rest of the
-model runs as before (fp32 norms, softmax, KV cache).
+`call_kernel` for each call); the output is cast back to the input's dtype.
 
 Deliberately unaware of models, files and training (a quantized layer has no gradients).
 """
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import torch
@@ -31,10 +28,10 @@ from torch import Tensor, nn
 import lamina.cpu as cpu
 from lamina.errors import LaminaError
 from lamina.frozen_linear import dequantized as kept_dequantized
-from lamina.native.build import library
 from lamina.native.step import linear as native_linear
 from lamina.native.step import unpack_lanes
 from lamina.native.structs import int4_rows
+from lamina.quant.bf16 import native_bf16
 
 INT4_GROUP_SIZES = (32, 64, 128, 256)
 
@@ -92,42 +89,14 @@ def _copied_bias(linear: nn.Linear) -> nn.Parameter | None:
     return nn.Parameter(linear.bias.detach().float().clone(), requires_grad=False)
 
 
-def dequantized_matmul(m: nn.Module, flat: Tensor, weights: Tensor | None = None) -> Tensor:
-    """flat (M, in) @ W.T with m's weights dequantized (`m.dequantized(dtype)`), in the dtype
-    lamina.cpu.dequantized_dtype picks for the call (bf16 for a prefill where bf16 is native);
-    the output in flat's dtype. W goes into kept buffers inside frozen_linear.kept_dequantization
-    (`lamina train`), else into a fresh tensor; `weights`: W already in that dtype (the
-    caller's own buffer)."""
+def dequantized_matmul(m: nn.Module, flat: Tensor) -> Tensor:
+    """flat (M, in) @ W.T in flat's dtype, with m's weights dequantized in the dtype that
+    lamina.cpu.dequantized_dtype picks: bf16 for a prefill where bf16 is native (made natively
+    into one reused buffer where lamina.native reads m: quant/bf16.py), else m.dequantized(dtype)
+    into kept buffers inside frozen_linear.kept_dequantization (`lamina train`) or a new tensor."""
     dtype = cpu.dequantized_dtype(flat)
-    w = kept_dequantized(m, dtype) if weights is None else weights
-    return (flat.to(dtype) @ w.T).to(flat.dtype)
-
-
-_SCRATCH = threading.local()
-
-
-def bf16_scratch(rows: int, cols: int) -> Tensor:
-    """A bf16 (rows, cols) view of this thread's one buffer for a prefill's dequantized weights,
-    reused call to call (a fresh tensor each call paid for its pages anew, most of the
-    dequantization's time); it stays at the largest linear's size. The next call overwrites it."""
-    buf = getattr(_SCRATCH, "buf", None)
-    if buf is None or buf.numel() < rows * cols:
-        buf = _SCRATCH.buf = torch.empty(rows * cols, dtype=torch.bfloat16)
-    return buf[: rows * cols].view(rows, cols)
-
-
-def _int8_bf16(m: Int8Linear) -> Tensor | None:
-    """m's W in bf16 by the native dequantizer, on torch's threads, into bf16_scratch (each
-    value `_dequantize_int8`'s in bf16, exactly), or None where it does not run."""
-    lib = library()
-    if lib is None or m.scale.dtype != torch.float32 or m.qweight.device.type != "cpu":
-        return None
-    q, scale = m.qweight.contiguous(), m.scale.contiguous()
-    w = bf16_scratch(m.out_features, m.in_features)
-    gs, threads = m.group_size or m.in_features, torch.get_num_threads()
-    n, k = m.out_features, m.in_features
-    ok = lib.lm_dequant_i8_bf16(q.data_ptr(), scale.data_ptr(), n, k, gs, w.data_ptr(), threads)
-    return w if ok else None
+    w = native_bf16(m) if dtype == torch.bfloat16 else None
+    return (flat.to(dtype) @ (kept_dequantized(m, dtype) if w is None else w).T).to(flat.dtype)
 
 
 def _finish(m: Int8Linear | Int4Linear, x: Tensor, y: Tensor) -> Tensor:
@@ -249,8 +218,7 @@ class Int8Linear(nn.Module):
                 flat.to(torch.bfloat16).contiguous(), self.kernel_weight, self.kernel_scale
             ).to(x.dtype)
         else:
-            bf16 = cpu.dequantized_dtype(flat) == torch.bfloat16  # a prefill's long call
-            y = dequantized_matmul(self, flat, _int8_bf16(self) if bf16 else None)
+            y = dequantized_matmul(self, flat)
         return _finish(self, x, y)
 
     def extra_repr(self) -> str:
