@@ -114,6 +114,30 @@ def test_block_linear_native_calls_match_the_dequantized_matmul():
         torch.testing.assert_close(m(x), want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.skipif(not _native(), reason="lamina.native not built here")
+def test_block_linear_bf16_dequantization_is_the_floats_cast():
+    # a prefill's weights: the native dequantizer writes bf16 itself, on torch's threads; each
+    # value must be the float dequantization's cast (round to nearest even, NaN kept a NaN)
+    parts = [(q, _rows(q, 7 + i, 512, i)) for i, q in enumerate(BLOCKS)]
+    damaged = parts[0][1].clone()
+    damaged[0, SCALES[parts[0][0]][0] : SCALES[parts[0][0]][0] + 2] = torch.tensor([0, 0x7C])
+    damaged[1, SCALES[parts[0][0]][0] : SCALES[parts[0][0]][0] + 2] = torch.tensor([1, 0x7C])
+    parts.append((parts[0][0], damaged))  # an inf scale and a NaN one
+    m = BlockLinear(512, sum(r.shape[0] for _, r in parts), parts)
+    want = m.dequantized().to(torch.bfloat16)
+    assert want.isnan().any() and want.isinf().any()
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            got = m.dequantized(torch.bfloat16)
+            assert got.dtype == torch.bfloat16
+            same = (got.view(torch.int16) == want.view(torch.int16)) | (got.isnan() & want.isnan())
+            assert same.all(), threads
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_block_modules_refuse_rows_that_do_not_fit():
     with pytest.raises(LaminaError, match="Q4_K rows hold whole blocks of 256"):
         BlockLinear(96, 4, [("Q4_K", torch.zeros(4, 54, dtype=torch.uint8))])

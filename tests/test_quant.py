@@ -10,6 +10,7 @@ from torch import nn
 
 import lamina
 from lamina import GPT, GPTConfig, LaminaError, cpu, quant
+from lamina.native.build import library
 from lamina.quant import Int4Linear, Int8Linear, quantize, quantize_int4, quantize_int8
 
 
@@ -239,3 +240,34 @@ def test_cached_generation_equals_uncached_for_every_option(scheme, options):
 def test_int4_refuses_a_group_size_its_kernels_do_not_take(in_features, group_size):
     with pytest.raises(LaminaError, match="int4 group_size must be one of 32, 64, 128, 256"):
         Int4Linear(in_features, 8, False, group_size)
+
+
+@pytest.mark.skipif(library() is None, reason="lamina.native not built here")
+@pytest.mark.parametrize("group_size", [None, 32, 64])
+def test_int8_prefill_weights_are_torch_bf16_dequantization(group_size):
+    # a prefill's long call: the native dequantizer writes W in bf16 into a reused buffer; each
+    # value must be `_dequantize_int8`'s in bf16 (the scale's bf16 times q, rounded once)
+    from lamina.quant.bf16 import int8_bf16
+    from lamina.quant.linear import _dequantize_int8
+
+    g = torch.Generator().manual_seed(0)
+    m = Int8Linear.from_linear(nn.Linear(128, 48))
+    if group_size is not None:
+        m = Int8Linear(128, 48, True, group_size=group_size)
+        m.bias.data.copy_(torch.randn(48, generator=g))
+        m.qweight.copy_(torch.randint(-127, 128, (48, 128), generator=g, dtype=torch.int8))
+        m.scale.copy_(torch.rand(48, 128 // group_size, generator=g) * 0.01 + 1e-4)
+    m.prepare("native")
+    want = _dequantize_int8(m.qweight, m.scale, m.group_size, torch.bfloat16)
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            got = int8_bf16(m)
+            assert got is not None and torch.equal(got, want), threads
+    finally:
+        torch.set_num_threads(before)
+    x = torch.randn(40, 128, generator=g)  # past 32 rows: dequantized, in bf16 where native
+    if cpu.dequantized_dtype(x) == torch.bfloat16:
+        expect = (x.bfloat16() @ want.T).float() + m.bias
+        torch.testing.assert_close(m(x), expect, atol=0, rtol=0)

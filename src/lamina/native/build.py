@@ -218,8 +218,13 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.lm_step.argtypes = [p, i, p, p, p, p, p, p, i]
     lib.lm_linear.argtypes = [p, i, p, p, i]
     lib.lm_dequant.argtypes = [i, p, i, i, p]
+    lib.lm_dequant_bf16.argtypes = [i, p, i, i, p, i]
+    lib.lm_dequant_i8_bf16.argtypes = [p, p, i, i, i, p, i]
+    lib.lm_dequant_i8_bf16.restype = i
     lib.lm_pack16.argtypes = lib.lm_unpack16.argtypes = [p, p, p, p]
-    lib.lm_step.restype = lib.lm_linear.restype = lib.lm_dequant.restype = i
+    lib.lm_step.restype = lib.lm_linear.restype = lib.lm_dequant.restype = (
+        lib.lm_dequant_bf16.restype
+    ) = i
     lib.lm_pack16.restype = lib.lm_unpack16.restype = i
 
 

@@ -754,29 +754,72 @@ static inline __attribute__((always_inline)) void tile_kq(int kind, const uint8_
     for (int r = 0; r < rows; r++) v[r] = hsum(acc[r]) + msum[r];
 }
 
-/* one weight row of kind `kind` -> k floats, exactly GGML's (and gguf-py's) dequantization */
-static void kq_dequant_row(int kind, const uint8_t *row, int k, float *y) {
+/* weights j*32 .. j*32+31 of a super-block -> 32 floats, exactly GGML's (and gguf-py's)
+   dequantization: s[2j] q (first 16), s[2j + 1] q (last 16), + mn[j] where the kind has one
+   (a product then a sum, each rounded, as gguf-py's; exact but for Q6_K's one rounding) */
+static inline __attribute__((always_inline)) void kq_dequant_sub(int kind, const uint8_t *blk, int j, const float *s,
+                                                                 const float *mn, __m256 o[4]) {
+    __m256i w[2];
+    kq_unpack(kind, blk, j, &w[0], &w[1]);
+    for (int h = 0; h < 2; h++) {
+        const __m256 sc = _mm256_set1_ps(s[2 * j + h]);
+        for (int e = 0; e < 2; e++) {
+            const __m128i q = e ? _mm256_extracti128_si256(w[h], 1) : _mm256_castsi256_si128(w[h]);
+            __m256 p = _mm256_mul_ps(sc, _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(q)));
+            if (kq_has_min(kind)) {
+                __asm__("" : "+x"(p)); /* the product rounded before the sum (no fma) */
+                p = _mm256_add_ps(p, _mm256_set1_ps(mn[j]));
+            }
+            o[2 * h + e] = p;
+        }
+    }
+}
+
+/* 16 floats -> bf16, rounded to nearest even as torch's cast (a NaN stays a quiet NaN) */
+static inline __m256i bf16_of(__m256 a, __m256 b) {
+    __m256i r[2];
+    const __m256 v[2] = {a, b};
+    for (int h = 0; h < 2; h++) {
+        const __m256i x = _mm256_castps_si256(v[h]);
+        const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
+        __m256i y = _mm256_srli_epi32(_mm256_add_epi32(x, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16);
+        const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v[h], v[h], _CMP_UNORD_Q));
+        r[h] = _mm256_blendv_epi8(y, _mm256_set1_epi32(0x7FC0), nan);
+    }
+    /* packus works within 128-bit lanes: put the halves back in order */
+    return _mm256_permute4x64_epi64(_mm256_packus_epi32(r[0], r[1]), 0xD8);
+}
+
+/* one weight row of kind `kind` -> k floats (y) or k bf16 (yb: the floats' torch cast) */
+static inline __attribute__((always_inline)) void kq_dequant_row_k(int kind, const uint8_t *row, int k, float *y, uint16_t *yb) {
     const int per = kq_per(kind), bs = kq_bytes(kind), sub = per / 32, nsb = k / per;
     float s[16], mn[PER_SB_MAX];
-    int16_t q[32];
     for (int sb = 0; sb < nsb; sb++) {
         const uint8_t *blk = row + (size_t)sb * bs;
         kq_scales(kind, blk, s, mn);
         for (int j = 0; j < sub; j++) {
-            __m256i w0, w1;
-            kq_unpack(kind, blk, j, &w0, &w1);
-            _mm256_storeu_si256((__m256i *)q, w0);
-            _mm256_storeu_si256((__m256i *)(q + 16), w1);
-            float *o = y + (size_t)(sb * sub + j) * 32;
-            for (int i = 0; i < 32; i++) {
-                const float p = s[2 * j + i / 16] * (float)q[i]; /* exact but for Q6_K's one rounding */
-                o[i] = kq_has_min(kind) ? p + mn[j] : p;
+            __m256 o[4];
+            kq_dequant_sub(kind, blk, j, s, mn, o);
+            const size_t at = (size_t)(sb * sub + j) * 32;
+            if (yb) {
+                _mm256_storeu_si256((__m256i *)(yb + at), bf16_of(o[0], o[1]));
+                _mm256_storeu_si256((__m256i *)(yb + at + 16), bf16_of(o[2], o[3]));
+            } else {
+                for (int e = 0; e < 4; e++) _mm256_storeu_ps(y + at + 8 * e, o[e]);
             }
         }
     }
 }
 
 #define KQ_CASES(F) F(LIN_Q4K) F(LIN_Q5K) F(LIN_Q6K) F(LIN_Q8_0) F(LIN_Q5_0) F(LIN_Q5_1)
+
+static void kq_dequant_row(int kind, const uint8_t *row, int k, float *y, uint16_t *yb) {
+    switch (kind) {
+#define DEQ_CASE(K) case K: kq_dequant_row_k(K, row, k, y, yb); return;
+        KQ_CASES(DEQ_CASE)
+#undef DEQ_CASE
+    }
+}
 
 static float row_kq_any(int kind, const uint8_t *row, int k, const int16_t *xq, const float *dx, const float *sx) {
     switch (kind) {
@@ -823,7 +866,60 @@ static void lin_rows_kq(const Lin *L, int B, const Act *a, float *y, int ystride
 int lm_dequant(int kind, const void *w, int n, int k, float *y) {
     if (kind < LIN_Q4K || kind > LIN_Q5_1 || k % kq_per(kind)) return 0;
     const size_t rb = kq_row_bytes(kind, k);
-    for (int r = 0; r < n; r++) kq_dequant_row(kind, (const uint8_t *)w + (size_t)r * rb, k, y + (size_t)r * k);
+    for (int r = 0; r < n; r++) kq_dequant_row(kind, (const uint8_t *)w + (size_t)r * rb, k, y + (size_t)r * k, NULL);
+    return 1;
+}
+
+typedef struct {
+    int kind, n, k, gs; /* kind -1: lamina's int8 rows, a float scale per gs of a row */
+    const uint8_t *w;
+    const float *scale;
+    uint16_t *y;
+} DequantJob;
+
+/* lamina's int8 row -> bf16 as torch's bf16 `q.bfloat16() * scale.bfloat16()`: the scale's
+   bf16 (round to nearest even) times q, exact in float, then rounded once */
+static void i8_dequant_row_bf16(const int8_t *q, const float *scale, int k, int gs, uint16_t *y) {
+    for (int g = 0; g < k / gs; g++) {
+        const __m256i sb = bf16_of(_mm256_set1_ps(scale[g]), _mm256_set1_ps(scale[g]));
+        const __m256 sc = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(sb)), 16));
+        for (int i = g * gs; i < (g + 1) * gs; i += 16) {
+            const __m128i b = _mm_loadu_si128((const __m128i *)(q + i));
+            const __m256 lo = _mm256_mul_ps(sc, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)));
+            const __m256 hi = _mm256_mul_ps(sc, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8))));
+            _mm256_storeu_si256((__m256i *)(y + i), bf16_of(lo, hi));
+        }
+    }
+}
+
+static void dequant_job(void *ctx, int tid, int nt) {
+    const DequantJob *j = (const DequantJob *)ctx;
+    const size_t rb = j->kind < 0 ? (size_t)j->k : kq_row_bytes(j->kind, j->k);
+    for (int r = (int)((long)j->n * tid / nt); r < (int)((long)j->n * (tid + 1) / nt); r++) {
+        if (j->kind < 0)
+            i8_dequant_row_bf16((const int8_t *)j->w + (size_t)r * rb, j->scale + (size_t)r * (j->k / j->gs), j->k, j->gs,
+                                j->y + (size_t)r * j->k);
+        else
+            kq_dequant_row(j->kind, j->w + (size_t)r * rb, j->k, NULL, j->y + (size_t)r * j->k);
+    }
+}
+
+/* the same as bf16 (each value the float's round to nearest even, as torch's cast), the rows
+   shared among nthreads: for a prefill's long calls, which multiply in bf16 (no float copy,
+   cast or concatenation on the way) */
+int lm_dequant_bf16(int kind, const void *w, int n, int k, uint16_t *y, int nthreads) {
+    if (kind < LIN_Q4K || kind > LIN_Q5_1 || k % kq_per(kind)) return 0;
+    DequantJob j = {kind, n, k, 0, (const uint8_t *)w, NULL, y};
+    run_parallel(dequant_job, &j, nthreads < 1 ? 1 : nthreads, NULL);
+    return 1;
+}
+
+/* the same for lamina's int8 rows q (n, k) with a float scale per gs inputs of a row (gs = k:
+   one per row), each value torch's bf16 product of the two's bf16 */
+int lm_dequant_i8_bf16(const int8_t *q, const float *scale, int n, int k, int gs, uint16_t *y, int nthreads) {
+    if (gs < 16 || gs % 16 || k % gs) return 0;
+    DequantJob j = {-1, n, k, gs, (const uint8_t *)q, scale, y};
+    run_parallel(dequant_job, &j, nthreads < 1 ? 1 : nthreads, NULL);
     return 1;
 }
 
@@ -2282,7 +2378,7 @@ static void embed(const Model *m, int64_t tok, int64_t pos, float *x) {
     if (m->emb_kind == LIN_F32) {
         memcpy(x, (const float *)m->emb_w + (size_t)tok * d, d * sizeof(float));
     } else if (m->emb_kind >= LIN_Q4K) {
-        kq_dequant_row(m->emb_kind, (const uint8_t *)m->emb_w + (size_t)tok * kq_row_bytes(m->emb_kind, d), d, x);
+        kq_dequant_row(m->emb_kind, (const uint8_t *)m->emb_w + (size_t)tok * kq_row_bytes(m->emb_kind, d), d, x, NULL);
     } else {
         const int8_t *q = (const int8_t *)m->emb_w + (size_t)tok * d;
         const int groups = d / m->emb_gs;

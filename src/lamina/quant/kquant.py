@@ -17,7 +17,8 @@ per 32 and take integer dot products per 32 weights (within ~1e-4 of the dequant
 Other calls (a long prefill, gradients, no native library) dequantize the rows and multiply in
 fp32, or in bf16 where lamina.cpu.dequantized_dtype says so (a prefill where bf16 is native):
 through the native dequantizer where it is built, else gguf-py's `gguf.quants.dequantize`; the
-two give the same floats (tests/test_kquant.py holds them equal bit for bit).
+two give the same floats (tests/test_kquant.py holds them equal bit for bit). In bf16 the native
+dequantizer writes bf16 itself, on torch's threads: the floats' cast, exactly.
 
 Deliberately unaware of files and tensor names: the loader hands in the rows.
 """
@@ -116,9 +117,29 @@ class BlockLinear(nn.Module):
     def parts(self) -> list[tuple[str, Tensor]]:
         return [(q, getattr(self, f"blocks_{i}")) for i, q in enumerate(self.qtypes)]
 
-    def dequantized(self, dtype: torch.dtype = torch.float32) -> Tensor:
+    def dequantized(self, dtype: torch.dtype = torch.float32, out: Tensor | None = None) -> Tensor:
+        """W (out_features, in_features) in `dtype`; bf16 is written by the native dequantizer
+        itself where it is built (the floats' cast, exactly), into `out` where given."""
+        lib = library()
+        if dtype == torch.bfloat16 and lib is not None:
+            w = (
+                torch.empty(self.out_features, self.in_features, dtype=dtype)
+                if out is None
+                else out
+            )
+            first, threads = 0, torch.get_num_threads()
+            for q, r in self.parts:
+                rows = r.contiguous()
+                if not lib.lm_dequant_bf16(
+                    GGML_KINDS[q], rows.data_ptr(), rows.shape[0], self.in_features,
+                    w[first:].data_ptr(), threads,
+                ):  # fmt: skip
+                    break
+                first += rows.shape[0]
+            else:
+                return w
         w = [dequantize_blocks(q, r, self.in_features) for q, r in self.parts]
-        return torch.cat(w).to(dtype)
+        return torch.cat(w).to(dtype) if out is None else out.copy_(torch.cat(w))
 
     def forward(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, self.in_features)

@@ -9,12 +9,10 @@ scale per row, so there a grouped layer gets a per-row requantized copy (the sav
 exact; the native kernel reads the groups as they are).
 int4: w ~ (q - 8) * s + z per group of ``group_size`` inputs, q in [0, 15] (min/max per group:
 s = (max - min) / 15, z = min + 8 s), PyTorch's convention; stored unpacked (two values per
-byte, low nibble first) and packed for the CPU kernel when loaded, since the packed layout is
-the kernel's, not a file format.
+byte, low nibble first), packed for the CPU kernel when loaded (the kernel's layout).
 
 Which kernel a call runs is lamina.cpu's choice (`layer_kernel` when a layer is prepared,
-`call_kernel` for each call); the output is cast back to the input's dtype, so the rest of the
-model runs as before (fp32 norms, softmax, KV cache).
+`call_kernel` for each call); the output is cast back to the input's dtype.
 
 Deliberately unaware of models, files and training (a quantized layer has no gradients).
 """
@@ -33,6 +31,7 @@ from lamina.frozen_linear import dequantized as kept_dequantized
 from lamina.native.step import linear as native_linear
 from lamina.native.step import unpack_lanes
 from lamina.native.structs import int4_rows
+from lamina.quant.bf16 import native_bf16
 
 INT4_GROUP_SIZES = (32, 64, 128, 256)
 
@@ -91,12 +90,13 @@ def _copied_bias(linear: nn.Linear) -> nn.Parameter | None:
 
 
 def dequantized_matmul(m: nn.Module, flat: Tensor) -> Tensor:
-    """flat (M, in) @ W.T with m's weights dequantized (`m.dequantized(dtype)`), in the dtype
-    lamina.cpu.dequantized_dtype picks for the call (bf16 for a prefill where bf16 is native);
-    the output in flat's dtype. W goes into kept buffers inside frozen_linear.kept_dequantization
-    (`lamina train`), else into a fresh tensor."""
+    """flat (M, in) @ W.T in flat's dtype, with m's weights dequantized in the dtype that
+    lamina.cpu.dequantized_dtype picks: bf16 for a prefill where bf16 is native (made natively
+    into one reused buffer where lamina.native reads m: quant/bf16.py), else m.dequantized(dtype)
+    into kept buffers inside frozen_linear.kept_dequantization (`lamina train`) or a new tensor."""
     dtype = cpu.dequantized_dtype(flat)
-    return (flat.to(dtype) @ kept_dequantized(m, dtype).T).to(flat.dtype)
+    w = native_bf16(m) if dtype == torch.bfloat16 else None
+    return (flat.to(dtype) @ (kept_dequantized(m, dtype) if w is None else w).T).to(flat.dtype)
 
 
 def _finish(m: Int8Linear | Int4Linear, x: Tensor, y: Tensor) -> Tensor:

@@ -1,0 +1,58 @@
+"""A prefill's weights in bf16, made by lamina.native's dequantizers into one reused buffer.
+
+    native_bf16(linear) -> its W in bf16 in this thread's buffer, or None (native does not run
+                           here, or not on this kind of linear: GGML blocks and int8 only)
+    bf16_scratch(rows, cols) -> a bf16 (rows, cols) view of that buffer
+
+A call of more than lamina.cpu.MAX_ROWS rows multiplies dequantized weights in bf16 where bf16
+is native (lamina.cpu.dequantized_dtype). The native dequantizers write bf16 themselves, on
+torch's threads (decode.c lm_dequant_bf16 for GGML's blocks, lm_dequant_i8_bf16 for lamina's
+int8 rows), each value exactly what the float path's cast gives (tests/test_kquant.py,
+tests/test_quant.py), and into one buffer reused call to call: a fresh tensor each call paid
+for its pages anew. The buffer stays at the largest linear's size; the next call overwrites it.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lamina.native.build import library
+
+_SCRATCH = threading.local()
+
+
+def bf16_scratch(rows: int, cols: int) -> Tensor:
+    """A bf16 (rows, cols) view of this thread's one buffer for a prefill's weights."""
+    buf = getattr(_SCRATCH, "buf", None)
+    if buf is None or buf.numel() < rows * cols:
+        buf = _SCRATCH.buf = torch.empty(rows * cols, dtype=torch.bfloat16)
+    return buf[: rows * cols].view(rows, cols)
+
+
+def int8_bf16(m: Any) -> Tensor | None:
+    """An Int8Linear's W in bf16 in bf16_scratch (each value its float dequantization's bf16
+    product: the scale's bf16 times q, rounded once), or None where native does not run."""
+    lib = library()
+    if lib is None or m.scale.dtype != torch.float32 or m.qweight.device.type != "cpu":
+        return None
+    q, scale = m.qweight.contiguous(), m.scale.contiguous()
+    n, k = m.out_features, m.in_features
+    w = bf16_scratch(n, k)
+    gs, threads = m.group_size or k, torch.get_num_threads()
+    ok = lib.lm_dequant_i8_bf16(q.data_ptr(), scale.data_ptr(), n, k, gs, w.data_ptr(), threads)
+    return w if ok else None
+
+
+def native_bf16(m: Any) -> Tensor | None:
+    """m's W in bf16 in bf16_scratch where a native dequantizer reads m's layout (GGML's blocks,
+    lamina's int8 rows), else None."""
+    kind = getattr(m, "native_kind", None)
+    if kind == "int8":
+        return int8_bf16(m)
+    if kind == "ggml" and library() is not None:
+        return m.dequantized(torch.bfloat16, bf16_scratch(m.out_features, m.in_features))
+    return None
