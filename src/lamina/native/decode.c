@@ -2568,6 +2568,23 @@ static void act_cols(const Model *m, const float *f, float *hr, int ff, int c0, 
         for (int i = c0; i < c1; i++) hr[i] = act1(m->act, f[i]);
 }
 
+/* the norm of x into xn and its quantized input to L: with `cols` (one row on several threads)
+   each thread its columns (split_blocks), else each thread its rows of the batch */
+static void norm_and_prepare(Step *S, const Lin *L, const float *w, const float *b, int cols, int tid, int nt) {
+    const Model *m = S->m;
+    const int d = m->d;
+    if (cols) {
+        int b0, b1;
+        split_blocks(L, d, tid, nt, &b0, &b1);
+        norm_cols(S->x, S->xn, d, w, b, m->norm, m->eps, 32 * b0, 32 * b1);
+        prepare_blocks(L, S->xn, 0, 1, b0, b1, &S->a);
+    } else
+        for (int r = tid; r < S->B; r += nt) { /* a batch's rows shared out; one row: thread 0 */
+            norm_row(S->x + (size_t)r * d, S->xn + (size_t)r * d, d, w, b, m->norm, m->eps);
+            prepare_rows(L, S->xn, r, r + 1, &S->a);
+        }
+}
+
 static void step_job(void *p, int tid, int nt) {
     Step *S = (Step *)p;
     const Model *m = S->m;
@@ -2592,15 +2609,8 @@ static void step_job(void *p, int tid, int nt) {
     }
     for (int l = 0; l < m->n_layers; l++) {
         const Layer *ly = &m->layers[l];
-        if (cols && l > 0) { /* (layer 0's row: thread 0, which embedded it, with no barrier between) */
-            split_blocks(&ly->qkv, d, tid, nt, &b0, &b1);
-            norm_cols(S->x, S->xn, d, ly->n1w, ly->n1b, m->norm, m->eps, 32 * b0, 32 * b1);
-            prepare_blocks(&ly->qkv, S->xn, 0, 1, b0, b1, &S->a);
-        } else
-            for (int r = tid; r < B; r += nt) { /* a batch's rows shared out; one row: thread 0 */
-                norm_row(S->x + (size_t)r * d, S->xn + (size_t)r * d, d, ly->n1w, ly->n1b, m->norm, m->eps);
-                prepare_rows(&ly->qkv, S->xn, r, r + 1, &S->a);
-            }
+        /* (layer 0's row: thread 0, which embedded it, with no barrier between) */
+        norm_and_prepare(S, &ly->qkv, ly->n1w, ly->n1b, cols && l > 0, tid, nt);
         barrier_wait(&S->bar);
         split(qkv_n, tid, nt, &n0, &n1);
         lin_rows(&ly->qkv, B, &S->a, S->qkv, qkv_n, n0, n1, 0);
@@ -2705,15 +2715,7 @@ static void step_job(void *p, int tid, int nt) {
         split(d, tid, nt, &n0, &n1);
         lin_rows(&ly->proj, B, &S->a, S->x, d, n0, n1, 1); /* the residual: x += proj(att) */
         barrier_wait(&S->bar);
-        if (cols) {
-            split_blocks(&ly->fc, d, tid, nt, &b0, &b1);
-            norm_cols(S->x, S->xn, d, ly->n2w, ly->n2b, m->norm, m->eps, 32 * b0, 32 * b1);
-            prepare_blocks(&ly->fc, S->xn, 0, 1, b0, b1, &S->a);
-        } else
-            for (int r = tid; r < B; r += nt) {
-                norm_row(S->x + (size_t)r * d, S->xn + (size_t)r * d, d, ly->n2w, ly->n2b, m->norm, m->eps);
-                prepare_rows(&ly->fc, S->xn, r, r + 1, &S->a);
-            }
+        norm_and_prepare(S, &ly->fc, ly->n2w, ly->n2b, cols, tid, nt);
         barrier_wait(&S->bar);
         const int fc_n = ly->fc.n, ff = m->ff;
         split(fc_n, tid, nt, &n0, &n1);
@@ -2733,15 +2735,7 @@ static void step_job(void *p, int tid, int nt) {
         lin_rows(&ly->out, B, &S->a, S->x, d, n0, n1, 1);
         barrier_wait(&S->bar);
     }
-    if (cols) {
-        split_blocks(&m->head, d, tid, nt, &b0, &b1);
-        norm_cols(S->x, S->xn, d, m->nfw, m->nfb, m->norm, m->eps, 32 * b0, 32 * b1);
-        prepare_blocks(&m->head, S->xn, 0, 1, b0, b1, &S->a);
-    } else
-        for (int r = tid; r < B; r += nt) {
-            norm_row(S->x + (size_t)r * d, S->xn + (size_t)r * d, d, m->nfw, m->nfb, m->norm, m->eps);
-            prepare_rows(&m->head, S->xn, r, r + 1, &S->a);
-        }
+    norm_and_prepare(S, &m->head, m->nfw, m->nfb, cols, tid, nt);
     barrier_wait(&S->bar);
     split(m->vocab, tid, nt, &n0, &n1);
     lin_rows(&m->head, B, &S->a, S->logits, m->vocab, n0, n1, 0);
