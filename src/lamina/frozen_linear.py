@@ -18,6 +18,7 @@ never whole (`out`: an fp32 tensor of the rows' shape to write them into, or Non
 
     kept_dequantization()  a context: inside, W (or a piece) of a base that dequantizes into a
         buffer (int8, int4) goes into buffers this thread keeps, not fresh tensors (see there)
+    thread_buffer(role, shape, dtype, device) -> a view of this thread's buffer for the role
     dequantized(base, dtype, rows=None, start=0, stop=None) -> W[start:stop] so (what
         `pieces` and lamina.quant's dequantized matmul read W by)
 
@@ -59,9 +60,11 @@ def kept_dequantization() -> Iterator[None]:
             _KEPT.buffers = {}
 
 
-def _buffer(role: str, shape: tuple[int, int], dtype: torch.dtype, device: Any) -> Tensor:
-    """A tensor of `shape` over this thread's kept buffer for (role, dtype, device), grown to
-    the largest asked for (its old contents are not kept)."""
+def thread_buffer(role: str, shape: tuple[int, int], dtype: torch.dtype, device: Any) -> Tensor:
+    """A tensor of `shape` over this thread's buffer for (role, dtype, device), grown to the
+    largest asked for (its old contents are not kept; a view the next call may overwrite).
+    Outside kept_dequantization a buffer stays until the thread leaves one (a prefill's bf16
+    weights, lamina.quant.bf16)."""
     kept = _KEPT.__dict__.setdefault("buffers", {})
     key, n = (role, dtype, torch.device(device)), shape[0] * shape[1]
     flat = kept.get(key)
@@ -84,7 +87,7 @@ def dequantized(base: nn.Module, dtype: torch.dtype, rows: Rows | None = None,
     if rows is None and not fp32_first:  # all of W made in `dtype` itself (int8): no buffer
         return base.dequantized(dtype)
     device = (base.qweight if hasattr(base, "qweight") else base.weight).device
-    out = _buffer("fp32", (stop - start, base.in_features), torch.float32, device)
+    out = thread_buffer("fp32", (stop - start, base.in_features), torch.float32, device)
     # made in fp32, then cast: as without `out`
     w = (
         base.dequantized(torch.float32, out=out)
@@ -93,7 +96,7 @@ def dequantized(base: nn.Module, dtype: torch.dtype, rows: Rows | None = None,
     )
     if dtype == torch.float32:
         return w
-    return _buffer("cast", tuple(w.shape), dtype, device).copy_(w)
+    return thread_buffer("cast", tuple(w.shape), dtype, device).copy_(w)
 
 
 def pieces(base: nn.Module, rows: Rows | None, dtype: torch.dtype) -> Iterator[tuple[int, Tensor]]:

@@ -220,12 +220,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.lm_dequant.argtypes = [i, p, i, i, p]
     lib.lm_dequant_bf16.argtypes = [i, p, i, i, p, i]
     lib.lm_dequant_i8_bf16.argtypes = [p, p, i, i, i, p, i]
-    lib.lm_dequant_i8_bf16.restype = i
     lib.lm_pack16.argtypes = lib.lm_unpack16.argtypes = [p, p, p, p]
-    lib.lm_step.restype = lib.lm_linear.restype = lib.lm_dequant.restype = (
-        lib.lm_dequant_bf16.restype
-    ) = i
-    lib.lm_pack16.restype = lib.lm_unpack16.restype = i
+    for name in ("lm_step", "lm_linear", "lm_dequant", "lm_dequant_bf16", "lm_dequant_i8_bf16",
+                 "lm_pack16", "lm_unpack16"):  # fmt: skip
+        getattr(lib, name).restype = i
 
 
 def _open(target: Path, record: Path, key: str) -> ctypes.CDLL:

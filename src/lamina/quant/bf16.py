@@ -14,23 +14,19 @@ for its pages anew. The buffer stays at the largest linear's size; the next call
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from lamina.frozen_linear import thread_buffer
 from lamina.native.build import library
-
-_SCRATCH = threading.local()
 
 
 def bf16_scratch(rows: int, cols: int) -> Tensor:
-    """A bf16 (rows, cols) view of this thread's one buffer for a prefill's weights."""
-    buf = getattr(_SCRATCH, "buf", None)
-    if buf is None or buf.numel() < rows * cols:
-        buf = _SCRATCH.buf = torch.empty(rows * cols, dtype=torch.bfloat16)
-    return buf[: rows * cols].view(rows, cols)
+    """A bf16 (rows, cols) view of this thread's one buffer for a prefill's weights (the
+    buffer frozen_linear keeps a thread's dequantized weights in, under its own role)."""
+    return thread_buffer("prefill-bf16", (rows, cols), torch.bfloat16, "cpu")
 
 
 def int8_bf16(m: Any) -> Tensor | None:
