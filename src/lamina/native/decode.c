@@ -2025,26 +2025,21 @@ VBMI static void one_row_q4k_planes(const Lin *L, const Act *a, const int8_t *xp
        16 r): the scales in sum4x4's lane order, 16 bytes a row ([s0 s1 s4 s5] x2, [s2 s3 s6 s7]
        x2): s_i = S_i & 63 (i < 4), s_i = (S_(i+4) & 15) | (S_(i-4) >> 6) << 4; the minimums 8
        bytes a row (row r at 8 r): m_i = S_(i+4) & 63, m_i = S_(i+4) >> 4 | (S_i >> 6) << 4 */
-    static const int8_t ord[16] = {0, 1, 4, 5, 0, 1, 4, 5, 2, 3, 6, 7, 2, 3, 6, 7};
-    int8_t ia[64], ib[64], ma[64], ic[64], id[64], mc[64], me[64], idd[64] = {0};
-    uint64_t kb = 0, kd = 0;
-    for (int o = 0; o < 64; o++) {
-        const int r = o / 16, i = ord[o % 16], rm = (o / 8) & 3, im = o % 8;
-        ia[o] = (int8_t)(16 * r + (i < 4 ? 4 + i : 8 + i));
-        ib[o] = (int8_t)(16 * r + i);
-        ma[o] = (int8_t)(i < 4 ? 63 : 15);
-        kb |= (uint64_t)(i >= 4) << o;
-        ic[o] = (int8_t)(16 * rm + 8 + im);
-        id[o] = (int8_t)(16 * rm + 4 + im);
-        mc[o] = (int8_t)(im < 4 ? 63 : 0);
-        me[o] = (int8_t)(im < 4 ? 0 : 15);
-        kd |= (uint64_t)(im >= 4) << o;
-    }
-    for (int r = 0; r < 4; r++) /* d of rows 0-3, then their dmin */
-        idd[2 * r] = (int8_t)(16 * r), idd[2 * r + 1] = (int8_t)(16 * r + 1), idd[8 + 2 * r] = (int8_t)(16 * r + 2), idd[9 + 2 * r] = (int8_t)(16 * r + 3);
-    const __m512i IA = _mm512_loadu_si512(ia), IB = _mm512_loadu_si512(ib), MA = _mm512_loadu_si512(ma);
-    const __m512i IC = _mm512_loadu_si512(ic), ID = _mm512_loadu_si512(id), MC = _mm512_loadu_si512(mc), ME = _mm512_loadu_si512(me);
-    const __m512i IDD = _mm512_loadu_si512(idd);
+    static const int8_t ia[16] = {4, 5, 12, 13, 4, 5, 12, 13, 6, 7, 14, 15, 6, 7, 14, 15}; /* row 0's; + 16 r */
+    static const int8_t ib[16] = {0, 1, 4, 5, 0, 1, 4, 5, 2, 3, 6, 7, 2, 3, 6, 7};
+    static const int8_t ma[16] = {63, 63, 15, 15, 63, 63, 15, 15, 63, 63, 15, 15, 63, 63, 15, 15};
+    static const int8_t ic[32] = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31,
+                                  40, 41, 42, 43, 44, 45, 46, 47, 56, 57, 58, 59, 60, 61, 62, 63};
+    static const int8_t idd[16] = {0, 1, 16, 17, 32, 33, 48, 49, 2, 3, 18, 19, 34, 35, 50, 51}; /* d, then dmin */
+    const __m512i rows16 = _mm512_setr_epi32(0, 0, 0, 0, 0x10101010, 0x10101010, 0x10101010, 0x10101010,
+                                             0x20202020, 0x20202020, 0x20202020, 0x20202020, 0x30303030, 0x30303030, 0x30303030, 0x30303030);
+    const __m512i IA = _mm512_add_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)ia)), rows16);
+    const __m512i IB = _mm512_add_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)ib)), rows16);
+    const __m512i MA = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)ma));
+    const __m512i IC = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)ic)), ID = _mm512_sub_epi8(IC, _mm512_set1_epi8(4));
+    const __m512i MC = _mm512_set1_epi64(0x3f3f3f3f), ME = _mm512_set1_epi64((long long)0x0f0f0f0f00000000ULL);
+    const __m512i IDD = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)idd));
+    const __mmask64 kb = 0xccccccccccccccccULL, kd = 0xf0f0f0f0f0f0f0f0ULL; /* the bytes of s_i, m_i with i >= 4 */
     const __m512i pair_dmin[2] = {_mm512_setr_epi32(4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5),
                                   _mm512_setr_epi32(6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7)};
     for (int n = n0; n < n1; n += NR) {
