@@ -28,7 +28,8 @@
                weights unpacked to int16 with their scales decoded once per super-block, the
                input in natural order (see "GGML's blocks"); one input row of Q4_K and Q6_K
                takes an integer form where the CPU has AVX-512 VNNI (kq_int: the input's scale
-               per 256, each super-block summed in int32)
+               per 256, each super-block summed in int32; its inputs as two byte planes for
+               vpdpbusd: kq_planes)
      LIN_PARTS w an array of gs Lins of those kinds stacked by rows (a fused q/k/v whose parts
                the file typed apart)
    The token table is float, int8 or one of the GGML kinds (a row dequantized per lookup).
