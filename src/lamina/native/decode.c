@@ -1959,12 +1959,36 @@ VNNI static void one_row_q6k_int(const Lin *L, const Act *a, float *y, int n0, i
    at once. The same integer products as the one-row path, summed in another order. In a C harness
    (one thread, 8 rows, fc's 3072 x 576, in cache): 242 us the form above, 151 us this one; int8
    inputs with `vpdpbusd` took 90 us but were 250x further from the dequantized product
-   (relative RMS 3.8e-3 against 1.5e-5: llama.cpp's Q8_0 rounding), so this keeps int16.
+   (relative RMS 3.8e-3 against 1.5e-5: llama.cpp's Q8_0 rounding).
+   Both input forms run on one layout (lanes8 picks): int16 inputs (lane16_body, `vpdpwssd`, 16
+   a block and input row) and int8 ones (lane8_body, `vpdpbusd`, 8: the one-row act8 form's
+   quantizer, llama.cpp's Q4_1 x Q8_1 rounding), the default where the CPU has VNNI.
    Layout, per group G of 16 rows and block b: 4 vectors of 64 bytes, vector h lane i (row
-   16G + i) holding pair p = 4h + t (elements 2p, 2p + 1 of the block) at bits 4t and 16 + 4t,
-   so that pair t of every lane is (v >> 4t) & 0x000F000F; then the scales and minimums
-   (groups, nb, 16) floats. */
+   16G + i) holding the row's block bytes 4h..4h+3 as they are (byte j: elements 2j, low
+   nibble, and 2j + 1). So & 0x0F0F0F0F gives int8 quad h of the int4 input order ([even | odd]:
+   elements 8h, 8h + 2, 8h + 4, 8h + 6) and (>> 4) & 0x0F0F0F0F quad 4 + h (the odd ones), and
+   (v >> 4t) & 0x000F000F the int16 pair p = 4h + t (elements 8h + t, 8h + t + 4); then the
+   scales and minimums (groups, nb, 16) floats. */
 #define P16_ROWS 16
+
+/* which inputs the int4 lanes take: 1 int8 (lane8_body; where the CPU has AVX-512 VNNI, unless
+   LAMINA_LANES_ACT8=0 in the environment), 0 int16 (lane16_body). -1 until asked. */
+static int lanes8 = -1;
+
+static int lanes8_on(void) {
+    if (lanes8 < 0) {
+        const char *e = getenv("LAMINA_LANES_ACT8");
+        lanes8 = cpu_has_vnni() && !(e && strcmp(e, "0") == 0);
+    }
+    return lanes8;
+}
+
+/* choice 0: int16 inputs for the int4 lanes; 1: int8 ones where the CPU has VNNI; -1 leaves
+   it; returns the form in force */
+int lm_lanes_act8(int choice) {
+    if (choice >= 0) lanes8 = choice && cpu_has_vnni();
+    return lanes8_on();
+}
 
 /* the sizes lm_pack16 fills: bytes of weights, floats of scales (and as many minimums) */
 static size_t pack16_bytes(const Lin *L) { return (size_t)((L->n + 15) / 16) * (L->k / 32) * 256; }
@@ -1990,8 +2014,7 @@ int lm_pack16(const Lin *L, uint8_t *w, float *sc, float *mn) {
                 so[i] = mo[i] = 0.0f;
                 if (row >= n) continue;
                 const uint8_t *src = (const uint8_t *)L->w + (size_t)row * (k / 2) + 16 * b;
-                for (int p = 0; p < 16; p++) /* byte p: elements 2p (low nibble), 2p + 1 */
-                    o[(p / 4) * 16 + i] |= (uint32_t)(src[p] & 15) << (4 * (p % 4)) | (uint32_t)(src[p] >> 4) << (16 + 4 * (p % 4));
+                for (int h = 0; h < 4; h++) memcpy(&o[h * 16 + i], src + 4 * h, 4); /* the row's dword h */
                 so[i] = L->s[(size_t)row * groups + b / per];
                 mo[i] = L->mn[(size_t)row * groups + b / per];
             }
@@ -2010,10 +2033,7 @@ int lm_unpack16(const Lin *L, uint8_t *w, float *s, float *mn) {
         for (int b = 0; b < nb; b++) {
             const uint32_t *o = (const uint32_t *)(L->lw + ((size_t)G * nb + b) * 256);
             uint8_t *dst = w + (size_t)row * (k / 2) + 16 * b;
-            for (int p = 0; p < 16; p++) {
-                const uint32_t v = o[(p / 4) * 16 + i] >> (4 * (p % 4));
-                dst[p] = (uint8_t)((v & 15) | ((v >> 16) & 15) << 4);
-            }
+            for (int h = 0; h < 4; h++) memcpy(dst + 4 * h, &o[h * 16 + i], 4);
             if (b % per == 0) {
                 s[(size_t)row * groups + b / per] = L->ls[((size_t)G * nb + b) * 16 + i];
                 mn[(size_t)row * groups + b / per] = L->lmn[((size_t)G * nb + b) * 16 + i];
@@ -2032,11 +2052,13 @@ typedef struct {
 
 /* the kernel reads rows 0..rows-1 only (its instance is the row count), so absent rows are not
    written. A block's 32 int16 inputs come [even | odd] (int4's order): one permute puts each
-   pair (2p, 2p + 1) in int32 p; their sum by one `vpmaddwd` with ones. */
+   pair p = 4h + t (elements 8h + t, 8h + t + 4: the layout's) in int32 p; their sum by one
+   `vpmaddwd` with ones. */
 VNNI static void act16(const Lin *L, const Act *a, int r0, int rows, Act16 *t) {
     const int k = L->k, nb = k / 32;
-    const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
-                                           23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    static const int16_t order[32] = {0, 2, 16, 18, 1, 3, 17, 19, 4, 6, 20, 22, 5, 7, 21, 23,
+                                      8, 10, 24, 26, 9, 11, 25, 27, 12, 14, 28, 30, 13, 15, 29, 31};
+    const __m512i pairs = _mm512_loadu_si512((const void *)order);
     const __m512i ones = _mm512_set1_epi16(1);
     for (int r = 0; r < rows; r++) {
         const int16_t *q = a->q + (size_t)(r0 + r) * k;
@@ -2117,12 +2139,84 @@ VNNI static inline __attribute__((always_inline)) void lane16_body(const Lin *L,
 LANE16_R(1) LANE16_R(2) LANE16_R(3) LANE16_R(4) LANE16_R(5) LANE16_R(6) LANE16_R(7) LANE16_R(8)
 #undef LANE16_R
 
+/* lane16_body with int8 inputs (lanes8): input rows r0..r0 + R - 1 of a straight from the act8
+   quantizer (q8 in int4's [even | odd] order, d8, s8), no repacking. Per block, the 4 weight
+   vectors give 8 unsigned quads (& and >> 4), and one `vpdpbusd` a quad and input row takes the
+   input's 4 bytes broadcast: 8 a block and row where the int16 form takes 16. Scales times d8,
+   minimums times s8 (the block's sum as rounded), as the one-row int8 form. NA as there. */
+VNNI static inline __attribute__((always_inline)) void lane8_body(const Lin *L, const Act *a, int r0, const int R, float *y, int ystride, int n0, int n1, int accumulate) {
+    const int k = L->k, nb = k / 32, NA = R >= 4 ? 1 : 4 / R;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    for (int G = n0 / 16; G * 16 < n1; G++) {
+        const int lo = G * 16 < n0 ? n0 - G * 16 : 0, hi = n1 - G * 16 < 16 ? n1 - G * 16 : 16;
+        const __mmask16 keep = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
+        const uint8_t *wg = L->lw + (size_t)G * nb * 256;
+        const float *sg = L->ls + (size_t)G * nb * 16, *mg = L->lmn + (size_t)G * nb * 16;
+        const int pf = PF16 && (G + PF16) * 16 < n1;
+        __m512 f[LANES];
+        for (int r = 0; r < R; r++) f[r] = _mm512_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            if (pf) {
+                const char *pw = (const char *)(wg + ((size_t)PF16 * nb + b) * 256);
+                for (int o = 0; o < 256; o += 64) PF_W(pw + o);
+                PF_W((const char *)(sg + ((size_t)PF16 * nb + b) * 16));
+                PF_W((const char *)(mg + ((size_t)PF16 * nb + b) * 16));
+            }
+            __m512i wq[8];
+            for (int h = 0; h < 4; h++) {
+                const __m512i pk = _mm512_load_si512((const void *)(wg + (size_t)b * 256 + 64 * h));
+                wq[h] = _mm512_and_si512(pk, m4);
+                wq[4 + h] = _mm512_and_si512(_mm512_srli_epi16(pk, 4), m4);
+            }
+            __m512i acc[LANES]; /* R * NA of them: 4 or R */
+            for (int r = 0; r < R * NA; r++) acc[r] = _mm512_setzero_si512();
+            for (int r = 0; r < R; r++) {
+                const int8_t *x = a->q8 + (size_t)(r0 + r) * k + 32 * b;
+                for (int q = 0; q < 8; q++) {
+                    int32_t x4;
+                    memcpy(&x4, x + 4 * q, 4);
+                    __m512i *c = &acc[r * NA + q % NA];
+                    *c = _mm512_dpbusd_epi32(*c, wq[q], _mm512_set1_epi32(x4));
+                }
+            }
+            const __m512 sc = _mm512_load_ps(sg + (size_t)b * 16), mn = _mm512_load_ps(mg + (size_t)b * 16);
+            for (int r = 0; r < R; r++) {
+                __m512i s = acc[r * NA];
+                for (int j = 1; j < NA; j++) s = _mm512_add_epi32(s, acc[r * NA + j]);
+                const size_t rb = (size_t)(r0 + r) * nb + b;
+                f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(sc, _mm512_set1_ps(a->d8[rb])), f[r]);
+                f[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(a->s8[rb]), f[r]);
+            }
+        }
+        const __m512 bias = L->bias ? _mm512_maskz_loadu_ps(keep, L->bias + 16 * G) : _mm512_setzero_ps();
+        for (int r = 0; r < R; r++) {
+            float *o = y + (size_t)(r0 + r) * ystride + 16 * G;
+            __m512 v = _mm512_add_ps(f[r], bias);
+            if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(keep, o));
+            _mm512_mask_storeu_ps(o, keep, v);
+        }
+    }
+}
+
+#define LANE8_R(R) \
+    VNNI static void lane8_r##R(const Lin *L, const Act *a, int r0, float *y, int ystride, int n0, int n1, int accumulate) { \
+        lane8_body(L, a, r0, R, y, ystride, n0, n1, accumulate);                                                           \
+    }
+LANE8_R(1) LANE8_R(2) LANE8_R(3) LANE8_R(4) LANE8_R(5) LANE8_R(6) LANE8_R(7) LANE8_R(8)
+#undef LANE8_R
+
 /* the int4 rows n0..n1 of a linear laid out in lanes (lm_pack16), for any number of inputs: every
    call on such a linear comes here (its rows' own layout may be gone, see lm_pack16); returns 0
    when out of memory */
 static int lanes16(const Lin *L, int B, const Act *a, float *y, int ystride, int n0, int n1, int accumulate) {
     static void (*const by_rows[LANES])(const Lin *, const Act16 *, int, float *, int, int, int, int) = {
         lane16_r1, lane16_r2, lane16_r3, lane16_r4, lane16_r5, lane16_r6, lane16_r7, lane16_r8};
+    static void (*const by_rows8[LANES])(const Lin *, const Act *, int, float *, int, int, int, int) = {
+        lane8_r1, lane8_r2, lane8_r3, lane8_r4, lane8_r5, lane8_r6, lane8_r7, lane8_r8};
+    if (a->q8 && lanes8_on()) { /* int8 inputs: the quantizer's rows as they are */
+        for (int r0 = 0; r0 < B; r0 += LANES) by_rows8[(B - r0 < LANES ? B - r0 : LANES) - 1](L, a, r0, y, ystride, n0, n1, accumulate);
+        return 1;
+    }
     const int nb = L->k / 32;
     void *buf = aligned_alloc(64, ((size_t)nb * 18 * LANES * 4 + 63) & ~(size_t)63);
     if (!buf) return 0;
@@ -2189,7 +2283,7 @@ static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
             return;
         }
     }
-    if (B == 1 && a->q8 && L->kind != LIN_F32) { /* one row, int8 inputs (act8) */
+    if (B == 1 && a->q8 && act8_on() && L->kind != LIN_F32) { /* one row, int8 inputs (act8; q8 may be there for lanes8 alone) */
         one_row8(L, a, y, n0, n1, accumulate);
         return;
     }
@@ -2329,7 +2423,7 @@ int lm_linear(const Lin *L, int B, const float *x, float *y, int nthreads) {
     int nb = L->k / 32;
     void *buf = NULL;
     if (L->kind != LIN_F32) {
-        const int q8 = B == 1 && act8_on(); /* as lm_step: int8 inputs for one row */
+        const int q8 = (B == 1 && act8_on()) || (L->lw && lanes8_on()); /* as lm_step: int8 inputs for one row, or the lanes */
         buf = malloc((size_t)B * L->k * (sizeof(int16_t) + q8) + (size_t)B * nb * (2 + 2 * q8) * sizeof(float) + 64);
         if (!buf) return 0;
         j.a.dx = (float *)buf;
@@ -2749,6 +2843,16 @@ static void step_job(void *p, int tid, int nt) {
 
 static int max3(int a, int b, int c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
 
+/* whether any of m's linears is laid out in lanes (lm_pack16): its inputs then int8 too (lanes8) */
+static int has_lanes(const Model *m) {
+    if (m->head.lw) return 1;
+    for (int l = 0; l < m->n_layers; l++) {
+        const Layer *ly = &m->layers[l];
+        if (ly->qkv.lw || ly->proj.lw || ly->fc.lw || ly->out.lw) return 1;
+    }
+    return 0;
+}
+
 /* One token per row r: writes every layer's key and value at slot slots[r] of cache row
    rows[r], attends that row's slots starts[r]..slots[r], and fills logits (B, vocab). Rows of
    one call may stand at different slots (sequences batched together, each in its own cache
@@ -2763,7 +2867,8 @@ int lm_step(const Model *m, int B, const int64_t *tokens, const int64_t *positio
     size_t floats = (size_t)B * (2 * d + qkv_n + m->H * hd + fc_n + m->ff + hd) +
                     (size_t)nthreads * CHUNK * ATT_G + 2 * (size_t)B * (kmax / 32 + 1) +
                     (size_t)B * m->H * ((m->cache_len + CHUNK - 1) / CHUNK) * (hd + 2);
-    const int q8 = B < lanes_min(1) && act8_on(); /* int8 inputs: the rows the one-row form takes */
+    /* int8 inputs: the rows the one-row form takes (act8), or every row where linears are in lanes (lanes8) */
+    const int q8 = (B < lanes_min(1) && act8_on()) || (lanes8_on() && has_lanes(m));
     if (q8) floats += 2 * (size_t)B * (kmax / 32 + 1) + ((size_t)B * kmax + 3) / 4;
     float *buf = (float *)malloc(floats * sizeof(float) + (size_t)B * kmax * sizeof(int16_t) + 64);
     if (!buf) return 0;
