@@ -354,6 +354,8 @@ static int act8_on(void) {
     return act8;
 }
 
+static int lanes8_on(void); /* the int4 lanes' int8 inputs (lanes8, with the lanes below) */
+
 /* choice 0: int16 inputs everywhere; 1: int8 ones for one row where the CPU has VNNI; -1 leaves
    it; returns the form in force */
 int lm_act8(int choice) {
@@ -395,7 +397,8 @@ static inline float amax_of(const float *x, int n) {
    int16 scale (1, or 8: a super-block's, for kq_int; k a multiple of 256 then) */
 /* blocks b0..b1 of rows r0..r1 (b0 and b1 multiples of the span and of gs / 32, or b1 = k / 32:
    each block's numbers depend on its span's and group's inputs only) */
-static void quantize_blocks(const float *x, int r0, int r1, int k, int perm, int gs, int span, int b0, int b1, Act *a) {
+/* only8: the int8 form alone (a->q8 set; a linear in lanes that takes int8 inputs, lanes8) */
+static void quantize_blocks(const float *x, int r0, int r1, int k, int perm, int gs, int span, int b0, int b1, int only8, Act *a) {
     int nb = k / 32, per = gs > 0 ? gs / 32 : 1;
     a->span = span;
     for (int r = r0; r < r1; r++) {
@@ -417,6 +420,30 @@ static void quantize_blocks(const float *x, int r0, int r1, int k, int perm, int
             m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
             m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
             const float amax = _mm_cvtss_f32(m4), aq = span > 1 ? wide : amax;
+            if (a->q8) { /* the int8 form, from the floats (not from the int16 values) */
+                const __m256 id8 = _mm256_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+                __m256i u[4], s8 = _mm256_setzero_si256();
+                for (int i = 0; i < 4; i++) {
+                    u[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], id8));
+                    s8 = _mm256_add_epi32(s8, u[i]);
+                }
+                /* int32 -> int8 in order (packs work per 128-bit lane: a dword permute puts
+                   them back), then, for int4's order, each lane's evens before its odds */
+                __m256i q = _mm256_packs_epi16(_mm256_packs_epi32(u[0], u[1]), _mm256_packs_epi32(u[2], u[3]));
+                q = _mm256_permutevar8x32_epi32(q, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+                if (perm) {
+                    const __m256i eo = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+                                                        0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+                    q = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(q, eo), _MM_SHUFFLE(3, 1, 2, 0));
+                }
+                _mm256_storeu_si256((__m256i *)(a->q8 + (size_t)r * k + 32 * b), q);
+                __m128i t4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+                t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0x4E));
+                t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0xB1));
+                a->d8[r * nb + b] = amax / 127.0f;
+                a->s8[r * nb + b] = amax / 127.0f * (float)_mm_cvtsi128_si32(t4);
+                if (only8) continue;
+            }
             float d = aq / QMAX, id = aq > 0 ? QMAX / aq : 0.0f;
             const __m256 vid = _mm256_set1_ps(id);
             const __m256i hi = _mm256_set1_epi32(32767), lo = _mm256_set1_epi32(-32767);
@@ -440,21 +467,6 @@ static void quantize_blocks(const float *x, int r0, int r1, int k, int perm, int
             else
                 memcpy(qb, t, sizeof t);
             a->dx[r * nb + b] = d;
-            if (a->q8) { /* the int8 form, from the floats (not from the int16 values) */
-                const float id8 = amax > 0 ? 127.0f / amax : 0.0f;
-                int32_t u[32];
-                for (int i = 0; i < 4; i++)
-                    _mm256_storeu_si256((__m256i *)(u + 8 * i), _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(id8))));
-                int8_t *q8 = a->q8 + (size_t)r * k + 32 * b;
-                if (perm)
-                    for (int i = 0; i < 16; i++) q8[i] = (int8_t)u[2 * i], q8[16 + i] = (int8_t)u[2 * i + 1];
-                else
-                    for (int i = 0; i < 32; i++) q8[i] = (int8_t)u[i];
-                int sum8 = 0;
-                for (int i = 0; i < 32; i++) sum8 += u[i];
-                a->d8[r * nb + b] = amax / 127.0f;
-                a->s8[r * nb + b] = amax / 127.0f * (float)sum8;
-            }
             if (gs > 0) {
                 float *g = &a->sx[r * (nb / per) + b / per];
                 *g = (b % per ? *g : 0.0f) + d * (float)sum;
@@ -466,7 +478,7 @@ static void quantize_blocks(const float *x, int r0, int r1, int k, int perm, int
 /* input rows r0..r1 of x, ready for L (each row's part of a is its own: rows may be shared
    out among threads) */
 static void quantize_rows(const float *x, int r0, int r1, int k, int perm, int gs, int span, Act *a) {
-    quantize_blocks(x, r0, r1, k, perm, gs, span, 0, k / 32, a);
+    quantize_blocks(x, r0, r1, k, perm, gs, span, 0, k / 32, 0, a);
 }
 
 /* the blocks of 32 inputs that L's quantized input shares a scale or a group sum over (1, 8...) */
@@ -482,10 +494,10 @@ static int prepare_unit(const Lin *L) {
 static void prepare_blocks(const Lin *L, const float *x, int r0, int r1, int b0, int b1, Act *a) {
     a->x = x;
     if (L->kind == LIN_PARTS) L = (const Lin *)L->w; /* parts are all GGML kinds: one form */
-    if (L->kind == LIN_INT4) quantize_blocks(x, r0, r1, L->k, 1, L->gs, 1, b0, b1, a);
-    else if (L->kind == LIN_INT8) quantize_blocks(x, r0, r1, L->k, 0, 0, 1, b0, b1, a);
+    if (L->kind == LIN_INT4) quantize_blocks(x, r0, r1, L->k, 1, L->gs, 1, b0, b1, L->lw && a->q8 && lanes8_on(), a);
+    else if (L->kind == LIN_INT8) quantize_blocks(x, r0, r1, L->k, 0, 0, 1, b0, b1, 0, a);
     else if (L->kind != LIN_F32) /* GGML: natural order; a scale per super-block for kq_int */
-        quantize_blocks(x, r0, r1, L->k, 0, 32, kq_int_for(L->kind, L->k) ? 8 : 1, b0, b1, a);
+        quantize_blocks(x, r0, r1, L->k, 0, 32, kq_int_for(L->kind, L->k) ? 8 : 1, b0, b1, 0, a);
 }
 
 static void prepare_rows(const Lin *L, const float *x, int r0, int r1, Act *a) {
