@@ -331,6 +331,8 @@ typedef struct {
                        must see the same inputs as the weights' q, else 8 s x the rounding stays) */
     int span;       /* blocks of 32 sharing one int16 scale in q (dx repeats it): 1, or 8 for the
                        super-block kinds' integer form (kq_int below) */
+    int lanes8;     /* a step whose int4 linears are in lanes with int8 inputs (lanes8): its int8
+                       linears (the head) take int8 inputs at every row count too (head8) */
 } Act;
 
 /* int8 inputs (llama.cpp's Q8_0 activations: a scale per 32, amax / 127) for one input row where
@@ -355,6 +357,10 @@ static int act8_on(void) {
 }
 
 static int lanes8_on(void); /* the int4 lanes' int8 inputs (lanes8, with the lanes below) */
+static int lanes_512(void);
+/* whether L, an int8 linear of a step in lanes8, takes the int8 inputs (one row: one_row8; a
+   batch: lane_rows8_512), so that its rounding does not depend on the rows in the batch */
+static int head8(const Lin *L, const Act *a) { return L->kind == LIN_INT8 && a->lanes8 && a->q8 && lanes_512(); }
 
 /* choice 0: int16 inputs everywhere; 1: int8 ones for one row where the CPU has VNNI; -1 leaves
    it; returns the form in force */
@@ -495,7 +501,7 @@ static void prepare_blocks(const Lin *L, const float *x, int r0, int r1, int b0,
     a->x = x;
     if (L->kind == LIN_PARTS) L = (const Lin *)L->w; /* parts are all GGML kinds: one form */
     if (L->kind == LIN_INT4) quantize_blocks(x, r0, r1, L->k, 1, L->gs, 1, b0, b1, L->lw && a->q8 && lanes8_on(), a);
-    else if (L->kind == LIN_INT8) quantize_blocks(x, r0, r1, L->k, 0, 0, 1, b0, b1, 0, a);
+    else if (L->kind == LIN_INT8) quantize_blocks(x, r0, r1, L->k, 0, 0, 1, b0, b1, head8(L, a), a);
     else if (L->kind != LIN_F32) /* GGML: natural order; a scale per super-block for kq_int */
         quantize_blocks(x, r0, r1, L->k, 0, 32, kq_int_for(L->kind, L->k) ? 8 : 1, b0, b1, 0, a);
 }
@@ -1958,6 +1964,96 @@ VNNI static void one_row_q6k_int(const Lin *L, const Act *a, float *y, int n0, i
     }
 }
 
+/* An int8 linear's batch with int8 inputs (head8: the head of a step whose int4 lanes take
+   int8, so that it rounds as those and as its one-row form, one_row8): lane_rows_512's layout
+   with 4 input bytes a lane (xt8[c][i][row][e]: quad I8Q(i) of block 2c + e) and the weights
+   as unsigned bytes (w + 128, `vpdpbusd` takes one side unsigned), each sum started at -128 x
+   the row's block sum: 8 `vpdpbusd` a block pair and weight row where the int16 form takes 16. */
+typedef struct {
+    int32_t *xt;  /* (nc, 8, LANES, 2) 4 int8 inputs */
+    float *dxt;   /* (nc, LANES, 2) block scales (d8) */
+    int32_t *off; /* (nc, LANES, 2) -128 x the block's integer sum */
+} LaneAct8;
+
+/* which quad of a block w2[j][i] holds below (the 32-bit unpacks work within 128-bit lanes) */
+#define I8Q(i) ((i) < 4 ? ((i) < 2 ? (i) : (i) + 2) : ((i) < 6 ? (i) - 2 : (i)))
+
+static void lane_act8(const Lin *L, const Act *a, int r0, int rows, LaneAct8 *t) {
+    const int k = L->k, nb = k / 32, nc = (nb + 1) / 2;
+    for (int r = 0; r < LANES; r++) {
+        const int8_t *q = r < rows ? a->q8 + (size_t)(r0 + r) * k : NULL;
+        for (int b = 0; b < 2 * nc; b++) {
+            const int c = b / 2, e = b % 2, real = q && b < nb;
+            int32_t *o = t->xt + (size_t)c * 8 * LANES * 2 + r * 2 + e, sum = 0;
+            for (int i = 0; i < 8; i++) {
+                int32_t v = 0;
+                if (real) {
+                    memcpy(&v, q + 32 * b + 4 * I8Q(i), 4);
+                    for (int j = 0; j < 4; j++) sum += q[32 * b + 4 * I8Q(i) + j];
+                }
+                o[i * LANES * 2] = v;
+            }
+            t->dxt[(size_t)c * LANES * 2 + r * 2 + e] = real ? a->d8[(size_t)(r0 + r) * nb + b] : 0.0f;
+            t->off[(size_t)c * LANES * 2 + r * 2 + e] = -128 * sum;
+        }
+    }
+}
+
+VNNI static void lane_rows8_512(const Lin *L, const LaneAct8 *t, int r0, int rows, float *y, int ystride, int n0, int n1, int accumulate) {
+    const int k = L->k, nb = k / 32, nc = (nb + 1) / 2, groups = k / L->gs, sh = groups == 1 ? 31 : __builtin_ctz(L->gs / 32);
+    const __m256i f80 = _mm256_set1_epi8((char)0x80);
+    for (int n = n0; n < n1; n += NT) {
+        const int nt = n1 - n < NT ? n1 - n : NT;
+        if (LANE_PF && n + (LANE_PF + 1) * NT <= n1) {
+            const char *next = (const char *)L->w + (size_t)(n + LANE_PF * NT) * k;
+            for (size_t o = 0; o < (size_t)NT * k; o += 64) PF_W(next + o);
+            for (size_t o = 0; o < NT * groups * 4; o += 64) PF_W((const char *)(L->s + (size_t)(n + LANE_PF * NT) * groups) + o);
+        }
+        __m512 f[NT];
+        for (int j = 0; j < NT; j++) f[j] = _mm512_setzero_ps();
+        for (int c = 0; c < nc; c++) {
+            const int b0 = 2 * c, b1 = b0 + 1 < nb ? b0 + 1 : -1;
+            int64_t w2[NT][8] __attribute__((aligned(64)));
+            for (int j = 0; j < NT; j++) {
+                const int8_t *wr = (const int8_t *)L->w + (size_t)(j < nt ? n + j : n) * k;
+                const __m256i p0 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wr + 32 * b0)), f80);
+                const __m256i p1 = b1 >= 0 ? _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wr + 32 * b1)), f80) : _mm256_setzero_si256();
+                _mm256_store_si256((__m256i *)w2[j], _mm256_unpacklo_epi32(p0, p1));
+                _mm256_store_si256((__m256i *)(w2[j] + 4), _mm256_unpackhi_epi32(p0, p1));
+            }
+            const __m512i *xb = (const __m512i *)(t->xt + (size_t)c * 8 * LANES * 2);
+            const __m512i init = _mm512_loadu_si512((const void *)(t->off + (size_t)c * LANES * 2));
+            __m512i s[NT][2];
+            for (int j = 0; j < NT; j++) s[j][0] = init, s[j][1] = _mm512_setzero_si512();
+            for (int i = 0; i < 8; i += 2) {
+                const __m512i x0 = _mm512_load_si512(xb + i), x1 = _mm512_load_si512(xb + i + 1);
+                for (int j = 0; j < NT; j++) {
+                    s[j][0] = _mm512_dpbusd_epi32(s[j][0], _mm512_set1_epi64(w2[j][i]), x0);
+                    s[j][1] = _mm512_dpbusd_epi32(s[j][1], _mm512_set1_epi64(w2[j][i + 1]), x1);
+                }
+            }
+            const __m512 dx = _mm512_loadu_ps(t->dxt + (size_t)c * LANES * 2);
+            for (int j = 0; j < NT; j++) {
+                const float *sc = L->s + (size_t)(j < nt ? n + j : n) * groups;
+                float s2[2] = {sc[b0 >> sh], b1 >= 0 ? sc[b1 >> sh] : 0.0f};
+                double s2d;
+                memcpy(&s2d, s2, 8);
+                const __m512 sv = _mm512_castpd_ps(_mm512_set1_pd(s2d));
+                f[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s[j][0], s[j][1])), _mm512_mul_ps(dx, sv), f[j]);
+            }
+        }
+        for (int j = 0; j < nt; j++) { /* lane 2r + e: row r's block pair sums */
+            float v[2 * LANES];
+            _mm512_storeu_ps(v, f[j]);
+            const float bias = L->bias ? L->bias[n + j] : 0.0f;
+            for (int r = 0; r < rows; r++) {
+                float *o = y + (size_t)(r0 + r) * ystride + n + j;
+                *o = (accumulate ? *o : 0.0f) + (v[2 * r] + v[2 * r + 1]) + bias;
+            }
+        }
+    }
+}
+
 /* ------------------------------------------------------------------ weights in lanes (int4) */
 
 /* The int4 linears where the CPU has AVX-512 VNNI and the linear was laid out again once, in
@@ -2260,11 +2356,17 @@ static int lane_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
         if (rows < lanes_min_for(wide, L->kind)) { /* too few to fill the lanes: those rows by themselves */
             const int k = L->k;
             Act sub = {a->x ? a->x + (size_t)r0 * k : NULL, a->q + (size_t)r0 * k, a->dx + (size_t)r0 * nb,
-                       a->sx + (size_t)r0 * (groups ? groups : 1), .span = a->span};
+                       a->sx + (size_t)r0 * (groups ? groups : 1), a->q8 ? a->q8 + (size_t)r0 * k : NULL,
+                       a->q8 ? a->d8 + (size_t)r0 * nb : NULL, a->q8 ? a->s8 + (size_t)r0 * nb : NULL, a->span, a->lanes8};
             lin_rows(L, rows, &sub, y + (size_t)r0 * ystride, ystride, n0, n1, accumulate);
             continue;
         }
-        if (wide) {
+        if (wide && head8(L, a)) { /* int8 inputs (the buffer holds them: 20 of its 36 int32 a block pair and lane) */
+            LaneAct8 t8 = {(int32_t *)buf, (float *)buf + (size_t)nc * 16 * LANES, NULL};
+            t8.off = (int32_t *)(t8.dxt + (size_t)nc * 2 * LANES);
+            lane_act8(L, a, r0, rows, &t8);
+            lane_rows8_512(L, &t8, r0, rows, y, ystride, n0, n1, accumulate);
+        } else if (wide) {
             lane_act2(L, a, r0, rows, &t2);
             lane_rows_512(L, &t2, r0, rows, y, ystride, n0, n1, accumulate);
         } else {
@@ -2295,7 +2397,7 @@ static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
             return;
         }
     }
-    if (B == 1 && a->q8 && act8_on() && L->kind != LIN_F32) { /* one row, int8 inputs (act8; q8 may be there for lanes8 alone) */
+    if (B == 1 && a->q8 && (act8_on() || head8(L, a)) && L->kind != LIN_F32) { /* one row, int8 inputs (act8; q8 may be there for lanes8 alone) */
         one_row8(L, a, y, n0, n1, accumulate);
         return;
     }
@@ -2319,13 +2421,13 @@ static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
         if (n2 == n1) return;
         n0 = n2;
     }
-    if (B > 1 && B < lanes_min(1) && (L->kind == LIN_INT4 || L->kind >= LIN_Q4K) && lanes_512()) {
+    if (B > 1 && B < lanes_min(1) && (L->kind == LIN_INT4 || L->kind >= LIN_Q4K || head8(L, a)) && lanes_512()) {
         /* too few rows for the lanes: the one-row form per row, the weights read again from cache */
         const int k = L->k, nb = k / 32, gsum = L->kind == LIN_INT4 ? k / L->gs : nb;
         for (int r = 0; r < B; r++) {
             Act one = {a->x ? a->x + (size_t)r * k : NULL, a->q + (size_t)r * k, a->dx + (size_t)r * nb,
                        a->sx + (size_t)r * gsum, a->q8 ? a->q8 + (size_t)r * k : NULL,
-                       a->q8 ? a->d8 + (size_t)r * nb : NULL, a->q8 ? a->s8 + (size_t)r * nb : NULL, a->span};
+                       a->q8 ? a->d8 + (size_t)r * nb : NULL, a->q8 ? a->s8 + (size_t)r * nb : NULL, a->span, a->lanes8};
             lin_rows(L, 1, &one, y + (size_t)r * ystride, ystride, n0, n1, accumulate);
         }
         return;
@@ -2909,6 +3011,7 @@ int lm_step(const Model *m, int B, const int64_t *tokens, const int64_t *positio
         S.a.q8 = (int8_t *)p, p += ((size_t)B * kmax + 3) / 4;
     }
     S.a.q = (int16_t *)p;
+    S.a.lanes8 = q8 && lanes8_on() && has_lanes(m); /* the head too (head8) */
     run_parallel(step_job, &S, nthreads, &S.bar.n);
     free(buf);
     return 1;
