@@ -69,9 +69,9 @@ def _filled_caches(model: GPT, prompts: list[list[int]], rows: list[int], batch)
 
 
 def _batched_equal_alone(
-    scheme: str, prompts: list[list[int]], rows: list[int], tol: float = 1e-4
+    scheme: str, prompts: list[list[int]], rows: list[int], tol: float = 1e-4, model=None
 ) -> None:
-    model = _model(scheme)
+    model = _model(scheme) if model is None else model
     steps = 12
     with torch.no_grad():
         # the engine first, as the server makes it: one of 3 rows or more lays the int4 linears
@@ -161,6 +161,52 @@ def test_the_avx2_lanes_threshold_rows_equal_each_row_alone(scheme, switch):
     finally:
         fn(before)
         lib.lm_lanes_wide(wide)
+
+
+def test_an_int8_head_beside_int4_lanes_gives_each_row_what_it_gets_alone():
+    """A GGUF's tied int8 head beside int4 linears in lanes (SmolLM2 Q4_1's shape): with the
+    lanes' int8 inputs (lanes8) the step's head takes int8 inputs at every row count (decode.c's
+    head8: lane_rows8_512 for a batch, one_row8 for one or two rows), so 10 rows (8 in the
+    lanes, 2 past them) and 5 give each row what it gets alone; d_model 96 (an odd number of
+    blocks: the last block pair has one). The int16 form (lm_lanes_act8(0)) differs by the int8
+    inputs' rounding, within ACT8_TOL."""
+    from test_kquant import ACT8_TOL
+    from test_native import _int8_linear
+
+    from lamina.native.build import library
+
+    torch.manual_seed(4)
+    cfg = GPTConfig(
+        vocab_size=97, block_size=64, d_model=96, n_heads=4, n_layers=2, d_ff=192,
+        positions="rope", norm="rms", activation="swiglu", n_kv_heads=2, bias=False,
+    )  # fmt: skip
+    model = GPT(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(4)
+    head = model.head.weight.detach().clone()
+    model = quantize(model, "int4", group_size=32)
+    model.head = _int8_linear(head, torch.zeros(97), 32)
+    lib = library()
+    prompts = [[5 + i, 6, 7 + 2 * i][: 1 + i % 3] for i in range(10)]
+    rows = [(3 * i) % 10 for i in range(10)]
+    _batched_equal_alone("int4", prompts, rows, tol=2e-4, model=model)
+    if model.blocks[0].ff.fc.lanes_w is None or lib.lm_lanes_act8(-1) != 1:
+        pytest.skip("no AVX-512 VNNI here: the int4 weights stay in their rows, inputs int16")
+    _batched_equal_alone("int4", prompts[:5], [0, 2, 4, 1, 3], tol=2e-4, model=model)
+    with torch.no_grad():
+        caches = model.make_caches(5, 40)
+        engine = native.native_step(model, caches)
+        _filled_caches(model, prompts[:5], list(range(5)), caches)
+        slots = [len(p) - 1 for p in prompts[:5]]
+        got = engine.step_batch([p[-1] for p in prompts[:5]], slots, slots)
+        try:
+            lib.lm_lanes_act8(0)
+            want = engine.step_batch([p[-1] for p in prompts[:5]], slots, slots)
+        finally:
+            lib.lm_lanes_act8(1)
+    err = ((got - want).norm() / want.norm()).item()
+    assert 1e-4 < err < ACT8_TOL, err
 
 
 def test_two_rows_with_int8_inputs_equal_each_row_alone():
