@@ -13,7 +13,8 @@ same step split into its head (`lamina.native.step.linear` of the tied 49,152-ro
 rest, so the blocks' scaling and the head's are seen apart. Rounds alternate the row counts and
 the best round is kept. --switch names one of decode.c's `int lm_X(int choice)` functions
 (lm_lanes_min, lm_lanes_min8: from how many rows the AVX2 form takes the lanes, int4 / int8;
-lm_att_next: whether an attention task prefetches its next task's keys and values),
+lm_att_next: whether an attention task prefetches its next task's keys and values; lm_lanes_act8:
+the int4 lanes' inputs, 1 int8 (the default where the CPU has AVX-512 VNNI) or 0 int16),
 set to each of --values in turn within every round (one table per value) and restored at the
 end. --roles also times each linear role at B rows (every block's qkv, proj, fc, out, then the
 head: one `lm_linear` call per layer, all layers in turn, as bench/step_profile.py does for one

@@ -153,6 +153,32 @@ def test_step_equals_the_float_model(case):
     assert torch.equal(got.argmax(-1), want.argmax(-1))
 
 
+@pytest.mark.parametrize("scheme", ["int4-32", "int4-64"])
+def test_a_batch_engines_lanes_within_their_rounding_of_the_float_model(scheme):
+    """An engine of 3 rows or more lays the int4 linears out in lanes (AVX-512 VNNI), whose
+    inputs are int8 per 32 by default (decode.c's lanes8): its logits within ACT8_TOL of the
+    float model; with lm_lanes_act8(0), int16 inputs, within the 1e-3 of the test above."""
+    lib = native.build.library()
+    model = _scheme(_model(**OPTIONS[0]), scheme)
+    ref_model = _float_copy(model)
+    ids = torch.randint(0, 97, (3, 20), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = ref_model(ids)[:, 12:]
+    got = _steps(model, ids, 12, prefill=ref_model)
+    if model.blocks[0].ff.fc.lanes_w is None:
+        pytest.skip("no AVX-512 VNNI here: the int4 weights stay in their rows")
+    form = lib.lm_lanes_act8(-1)
+    lib.lm_lanes_act8(0)
+    try:
+        got16 = _steps(model, ids, 12, prefill=ref_model)
+    finally:
+        lib.lm_lanes_act8(form)
+    err, err16 = (((g - want).norm() / want.norm()).item() for g in (got, got16))
+    print(f"LANES8 {scheme} int8 {err:.3e} int16 {err16:.3e}")
+    assert form == 1 and 1e-3 < err < ACT8_TOL, err  # int8 inputs: the default there
+    assert err16 < 1e-3, err16
+
+
 @pytest.mark.usefixtures("act8")
 @pytest.mark.parametrize("scheme", ["int8", "int4-32", "int4-64", "int8-grouped"])
 def test_int8_inputs_within_their_rounding_of_the_int16_form(scheme):

@@ -55,10 +55,10 @@ def test_batched_rows_equal_each_row_decoded_alone(scheme):
     _batched_equal_alone(scheme, prompts, [2, 0, 1])  # own cache rows, not in batch order
 
 
-def _filled_caches(model: GPT, prompts: list[list[int]], rows: list[int], batch: int) -> list:
-    """Caches of `batch` rows, row rows[i] holding prompts[i] but its last token, each row
-    filled by itself (a prefill of one sequence)."""
-    caches = model.make_caches(batch, 40)
+def _filled_caches(model: GPT, prompts: list[list[int]], rows: list[int], batch) -> list:
+    """Caches of `batch` rows (a number, or the caches to fill in place), row rows[i] holding
+    prompts[i] but its last token, each row filled by itself (a prefill of one sequence)."""
+    caches = model.make_caches(batch, 40) if isinstance(batch, int) else batch
     for prompt, row in zip(prompts, rows, strict=True):
         own = model.make_caches(1, 40)
         if len(prompt) > 1:
@@ -69,13 +69,17 @@ def _filled_caches(model: GPT, prompts: list[list[int]], rows: list[int], batch:
 
 
 def _batched_equal_alone(
-    scheme: str, prompts: list[list[int]], rows: list[int], tol: float = 1e-4
+    scheme: str, prompts: list[list[int]], rows: list[int], tol: float = 1e-4, model=None
 ) -> None:
-    model = _model(scheme)
+    model = _model(scheme) if model is None else model
     steps = 12
     with torch.no_grad():
-        caches = _filled_caches(model, prompts, rows, len(prompts))
+        # the engine first, as the server makes it: one of 3 rows or more lays the int4 linears
+        # out in lanes (int8 inputs where the CPU has VNNI), so the prompts here and in _alone
+        # take one form (prefilled before it, these rows would have taken the rows' int16 form)
+        caches = model.make_caches(len(prompts), 40)
         engine = native.native_step(model, caches)
+        _filled_caches(model, prompts, rows, caches)
         slots = [len(p) - 1 for p in prompts]
         toks = [p[-1] for p in prompts]
         outs, logits = [[] for _ in prompts], [[] for _ in prompts]
@@ -159,6 +163,52 @@ def test_the_avx2_lanes_threshold_rows_equal_each_row_alone(scheme, switch):
         lib.lm_lanes_wide(wide)
 
 
+def test_an_int8_head_beside_int4_lanes_gives_each_row_what_it_gets_alone():
+    """A GGUF's tied int8 head beside int4 linears in lanes (SmolLM2 Q4_1's shape): with the
+    lanes' int8 inputs (lanes8) the step's head takes int8 inputs at every row count (decode.c's
+    head8: lane_rows8_512 for a batch, one_row8 for one or two rows), so 10 rows (8 in the
+    lanes, 2 past them) and 5 give each row what it gets alone; d_model 96 (an odd number of
+    blocks: the last block pair has one). The int16 form (lm_lanes_act8(0)) differs by the int8
+    inputs' rounding, within ACT8_TOL."""
+    from test_kquant import ACT8_TOL
+    from test_native import _int8_linear
+
+    from lamina.native.build import library
+
+    torch.manual_seed(4)
+    cfg = GPTConfig(
+        vocab_size=97, block_size=64, d_model=96, n_heads=4, n_layers=2, d_ff=192,
+        positions="rope", norm="rms", activation="swiglu", n_kv_heads=2, bias=False,
+    )  # fmt: skip
+    model = GPT(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(4)
+    head = model.head.weight.detach().clone()
+    model = quantize(model, "int4", group_size=32)
+    model.head = _int8_linear(head, torch.zeros(97), 32)
+    lib = library()
+    prompts = [[5 + i, 6, 7 + 2 * i][: 1 + i % 3] for i in range(10)]
+    rows = [(3 * i) % 10 for i in range(10)]
+    _batched_equal_alone("int4", prompts, rows, tol=2e-4, model=model)
+    if model.blocks[0].ff.fc.lanes_w is None or lib.lm_lanes_act8(-1) != 1:
+        pytest.skip("no AVX-512 VNNI here: the int4 weights stay in their rows, inputs int16")
+    _batched_equal_alone("int4", prompts[:5], [0, 2, 4, 1, 3], tol=2e-4, model=model)
+    with torch.no_grad():
+        caches = model.make_caches(5, 40)
+        engine = native.native_step(model, caches)
+        _filled_caches(model, prompts[:5], list(range(5)), caches)
+        slots = [len(p) - 1 for p in prompts[:5]]
+        got = engine.step_batch([p[-1] for p in prompts[:5]], slots, slots)
+        try:
+            lib.lm_lanes_act8(0)
+            want = engine.step_batch([p[-1] for p in prompts[:5]], slots, slots)
+        finally:
+            lib.lm_lanes_act8(1)
+    err = ((got - want).norm() / want.norm()).item()
+    assert 1e-4 < err < ACT8_TOL, err
+
+
 def test_two_rows_with_int8_inputs_equal_each_row_alone():
     """Two rows (fewer than the lanes take) run the one-row form per row, int8 inputs too."""
     from lamina.native.build import library
@@ -202,13 +252,27 @@ def test_entries_of_one_row_are_a_causal_prefill_beside_a_decoding_row():
             engine.step_entries(*args)
 
 
+def _act8_rounded(x: torch.Tensor) -> torch.Tensor:
+    """x with each block of 32 rounded as decode.c's act8 quantizer rounds it (amax / 127 a
+    step, to nearest even), back in floats."""
+    b = x.reshape(*x.shape[:-1], -1, 32)
+    amax = b.abs().amax(-1, keepdim=True)
+    q = torch.round(b * torch.where(amax > 0, 127 / amax, torch.zeros_like(amax)))
+    return (q * (amax / 127)).reshape(x.shape)
+
+
 @pytest.mark.parametrize("group_size", [32, 64])
 def test_int4_weights_in_lanes_equal_the_dequantized_product(group_size):
     """An int4 linear laid out in lanes in place (pack_lanes: lm_pack16, AVX-512 VNNI): its rows'
     layout goes, every native call reads the lanes. Rows that are not a whole number of 16-row
     groups, 3 threads whose row ranges cut a group, 1..16 input rows (the lanes take up to 8 at a
-    time, one row too), a bias; within the int16 inputs' rounding of the dequantized product,
-    each row equal to itself computed alone (bit for bit), and close to the rows' layout kernel."""
+    time, one row too), a bias; each input form in turn (lm_lanes_act8): int16 inputs within
+    their rounding of the dequantized product and close to the rows' layout kernel; int8 inputs
+    (the default) equal to the dequantized product of the inputs rounded to int8 per 32, so within
+    ACT8_TOL of the float product; each row equal to itself computed alone (bit for bit)."""
+    from test_kquant import ACT8_TOL
+
+    from lamina.native.build import library
     from lamina.native.step import linear, pack_lanes
     from lamina.quant.linear import Int4Linear
 
@@ -216,7 +280,8 @@ def test_int4_weights_in_lanes_equal_the_dequantized_product(group_size):
     m = Int4Linear.from_linear(nn.Linear(192, 360, bias=True), group_size).prepare("native")
     w = m.dequantized()
     xs = {rows: torch.randn(rows, 192) for rows in (1, 2, 3, 8, 11, 16)}
-    before = torch.get_num_threads()
+    lib = library()
+    before, form = torch.get_num_threads(), lib.lm_lanes_act8(-1)
     try:
         torch.set_num_threads(3)  # rows split at multiples of 8: 120 per thread
         plain = {rows: linear(m, x) for rows, x in xs.items()}
@@ -224,15 +289,25 @@ def test_int4_weights_in_lanes_equal_the_dequantized_product(group_size):
             pytest.skip("no AVX-512 VNNI here: the int4 weights stay in their rows")
         assert m.qweight is None and m.native_scale is None and m.native_min is None
         assert not pack_lanes(m)  # once
-        for rows, x in xs.items():
-            got = linear(m, x)
-            want = x @ w.T + m.bias
-            assert (got - want).abs().max() <= 1e-4 * want.abs().max(), rows
-            assert (got - plain[rows]).abs().max() <= 1e-5 * want.abs().max(), rows
-            alone = torch.cat([linear(m, x[r : r + 1]) for r in range(rows)])
-            assert torch.equal(got, alone), rows
+        assert form == 1  # int8 inputs: the default where the lanes run (VNNI)
+        for act8 in (0, 1):
+            assert lib.lm_lanes_act8(act8) == act8
+            for rows, x in xs.items():
+                got = linear(m, x)
+                want = x @ w.T + m.bias
+                scale = want.abs().max()
+                if act8:
+                    rounded = _act8_rounded(x) @ w.T + m.bias
+                    assert (got - rounded).abs().max() <= 1e-5 * scale, rows
+                    assert 1e-4 < (got - want).norm() / want.norm() < ACT8_TOL, rows
+                else:
+                    assert (got - want).abs().max() <= 1e-4 * scale, rows
+                    assert (got - plain[rows]).abs().max() <= 1e-5 * scale, rows
+                alone = torch.cat([linear(m, x[r : r + 1]) for r in range(rows)])
+                assert torch.equal(got, alone), (act8, rows)
     finally:
         torch.set_num_threads(before)
+        lib.lm_lanes_act8(form)
 
 
 @pytest.mark.parametrize("group_size", [32, 64])
@@ -262,7 +337,12 @@ def test_int4_lanes_read_back_exactly(group_size):
 def test_a_batch_engine_keeps_one_copy_of_the_int4_weights():
     """A NativeStep of 3 rows or more lays the int4 linears out in lanes in place: the rows'
     layout goes, a one-row engine built afterwards reads the lanes, and the PyTorch forward
-    (native linear for a few rows, dequantized for many) still gives the same logits."""
+    (native linear for a few rows, dequantized for many) still gives the same logits (a few rows
+    within the int8 inputs' rounding, ACT8_TOL, or those of int16 ones)."""
+    from test_kquant import ACT8_TOL
+
+    from lamina.native.build import library
+
     model = _model("int4")
     fc = model.blocks[0].ff.fc
     with torch.no_grad():
@@ -273,8 +353,18 @@ def test_a_batch_engine_keeps_one_copy_of_the_int4_weights():
             pytest.skip("no AVX-512 VNNI here: the int4 weights stay in their rows")
         assert fc.qweight is None and engine is not None
         got_long, got_short = model(ids)[0], model(ids[:, :3])[0]
+        lib = library()
+        form = lib.lm_lanes_act8(-1)
+        lib.lm_lanes_act8(0)  # the lanes' int16 inputs: the rows' form, summed otherwise
+        try:
+            got_short16 = model(ids[:, :3])[0]
+        finally:
+            lib.lm_lanes_act8(form)
     assert (got_long - want_long).abs().max() <= 1e-4 * want_long.abs().max()
-    assert (got_short - want_short).abs().max() <= 1e-4 * want_short.abs().max()
+    assert (got_short16 - want_short).abs().max() <= 1e-4 * want_short.abs().max()
+    # the default where the lanes run: int8 inputs (3 rows: the native linear), their rounding
+    err = ((got_short - want_short).norm() / want_short.norm()).item()
+    assert 0 < err < ACT8_TOL, err
     _batched_equal_alone_model(model)
 
 

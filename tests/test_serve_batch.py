@@ -22,11 +22,15 @@ from lamina.serve.sequence import Sampling, Sequence  # noqa: E402
 PROMPTS = ["Hi", "Tell me about the sea, please", "What?", "A much longer question here, yes?"]
 
 
-def chat_engine(**limits) -> Engine:
+def chat_engine(scheme: str = "fp32", **limits) -> Engine:
     tok = ChatMLChars()
     torch.manual_seed(0)
     config = GPTConfig.preset("llama-tiny", vocab_size=tok.vocab_size, block_size=256)
     model = talkative(GPT(config).eval(), tok)
+    if scheme == "int4":  # a batch's engine lays these out in lanes (int8 inputs where VNNI)
+        from lamina import quantize
+
+        model = quantize(model, "int4", group_size=32)
     return Engine(model, tok, Limits(max_tokens=64, **limits))
 
 
@@ -229,15 +233,18 @@ def test_the_pytorch_step_gives_each_row_what_it_gets_alone():
         batcher.close()
 
 
-def test_prompt_rests_that_ride_the_native_step_decode_as_alone():
+@pytest.mark.parametrize("scheme", ["fp32", "int4"])
+def test_prompt_rests_that_ride_the_native_step_decode_as_alone(scheme):
     """Short prompt rests (a prompt's tail after a shared prefix) ride the native step as extra
     entries while a long rest goes through the PyTorch prefill: each request's greedy tokens
-    equal what it gets alone, and the same as with every prompt prefilled by PyTorch."""
+    equal what it gets alone, and the same as with every prompt prefilled by PyTorch. int4: the
+    engine's linears in lanes, whose int8 inputs (decode.c's lanes8) round otherwise than the
+    PyTorch prefill's."""
     from lamina import native
     from lamina.generation.conversation import common_prefix
     from lamina.serve.batch import Batcher
 
-    engine = chat_engine()
+    engine = chat_engine(scheme)
     model, tok = engine.model, engine.tokenizer
     batcher = Batcher(model, tok, slots=4, context=160, ride=20)
     if batcher._native is None:

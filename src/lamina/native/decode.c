@@ -332,6 +332,8 @@ typedef struct {
                        must see the same inputs as the weights' q, else 8 s x the rounding stays) */
     int span;       /* blocks of 32 sharing one int16 scale in q (dx repeats it): 1, or 8 for the
                        super-block kinds' integer form (kq_int below) */
+    int lanes8;     /* a step whose int4 linears are in lanes with int8 inputs (lanes8): its int8
+                       linears (the head) take int8 inputs at every row count too (head8) */
 } Act;
 
 /* int8 inputs (llama.cpp's Q8_0 activations: a scale per 32, amax / 127) for one input row where
@@ -354,6 +356,12 @@ static int act8_on(void) {
     }
     return act8;
 }
+
+static int lanes8_on(void); /* the int4 lanes' int8 inputs (lanes8, with the lanes below) */
+static int lanes_512(void);
+/* whether L, an int8 linear of a step in lanes8, takes the int8 inputs (one row: one_row8; a
+   batch: lane_rows8_512), so that its rounding does not depend on the rows in the batch */
+static int head8(const Lin *L, const Act *a) { return L->kind == LIN_INT8 && a->lanes8 && a->q8 && lanes_512(); }
 
 /* choice 0: int16 inputs everywhere; 1: int8 ones for one row where the CPU has VNNI; -1 leaves
    it; returns the form in force */
@@ -396,7 +404,8 @@ static inline float amax_of(const float *x, int n) {
    int16 scale (1, or 8: a super-block's, for kq_int; k a multiple of 256 then) */
 /* blocks b0..b1 of rows r0..r1 (b0 and b1 multiples of the span and of gs / 32, or b1 = k / 32:
    each block's numbers depend on its span's and group's inputs only) */
-static void quantize_blocks(const float *x, int r0, int r1, int k, int perm, int gs, int span, int b0, int b1, Act *a) {
+/* only8: the int8 form alone (a->q8 set; a linear in lanes that takes int8 inputs, lanes8) */
+static void quantize_blocks(const float *x, int r0, int r1, int k, int perm, int gs, int span, int b0, int b1, int only8, Act *a) {
     int nb = k / 32, per = gs > 0 ? gs / 32 : 1;
     a->span = span;
     for (int r = r0; r < r1; r++) {
@@ -418,6 +427,30 @@ static void quantize_blocks(const float *x, int r0, int r1, int k, int perm, int
             m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
             m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
             const float amax = _mm_cvtss_f32(m4), aq = span > 1 ? wide : amax;
+            if (a->q8) { /* the int8 form, from the floats (not from the int16 values) */
+                const __m256 id8 = _mm256_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+                __m256i u[4], s8 = _mm256_setzero_si256();
+                for (int i = 0; i < 4; i++) {
+                    u[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], id8));
+                    s8 = _mm256_add_epi32(s8, u[i]);
+                }
+                /* int32 -> int8 in order (packs work per 128-bit lane: a dword permute puts
+                   them back), then, for int4's order, each lane's evens before its odds */
+                __m256i q = _mm256_packs_epi16(_mm256_packs_epi32(u[0], u[1]), _mm256_packs_epi32(u[2], u[3]));
+                q = _mm256_permutevar8x32_epi32(q, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+                if (perm) {
+                    const __m256i eo = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+                                                        0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+                    q = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(q, eo), _MM_SHUFFLE(3, 1, 2, 0));
+                }
+                _mm256_storeu_si256((__m256i *)(a->q8 + (size_t)r * k + 32 * b), q);
+                __m128i t4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+                t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0x4E));
+                t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0xB1));
+                a->d8[r * nb + b] = amax / 127.0f;
+                a->s8[r * nb + b] = amax / 127.0f * (float)_mm_cvtsi128_si32(t4);
+                if (only8) continue;
+            }
             float d = aq / QMAX, id = aq > 0 ? QMAX / aq : 0.0f;
             const __m256 vid = _mm256_set1_ps(id);
             const __m256i hi = _mm256_set1_epi32(32767), lo = _mm256_set1_epi32(-32767);
@@ -441,21 +474,6 @@ static void quantize_blocks(const float *x, int r0, int r1, int k, int perm, int
             else
                 memcpy(qb, t, sizeof t);
             a->dx[r * nb + b] = d;
-            if (a->q8) { /* the int8 form, from the floats (not from the int16 values) */
-                const float id8 = amax > 0 ? 127.0f / amax : 0.0f;
-                int32_t u[32];
-                for (int i = 0; i < 4; i++)
-                    _mm256_storeu_si256((__m256i *)(u + 8 * i), _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(id8))));
-                int8_t *q8 = a->q8 + (size_t)r * k + 32 * b;
-                if (perm)
-                    for (int i = 0; i < 16; i++) q8[i] = (int8_t)u[2 * i], q8[16 + i] = (int8_t)u[2 * i + 1];
-                else
-                    for (int i = 0; i < 32; i++) q8[i] = (int8_t)u[i];
-                int sum8 = 0;
-                for (int i = 0; i < 32; i++) sum8 += u[i];
-                a->d8[r * nb + b] = amax / 127.0f;
-                a->s8[r * nb + b] = amax / 127.0f * (float)sum8;
-            }
             if (gs > 0) {
                 float *g = &a->sx[r * (nb / per) + b / per];
                 *g = (b % per ? *g : 0.0f) + d * (float)sum;
@@ -467,7 +485,7 @@ static void quantize_blocks(const float *x, int r0, int r1, int k, int perm, int
 /* input rows r0..r1 of x, ready for L (each row's part of a is its own: rows may be shared
    out among threads) */
 static void quantize_rows(const float *x, int r0, int r1, int k, int perm, int gs, int span, Act *a) {
-    quantize_blocks(x, r0, r1, k, perm, gs, span, 0, k / 32, a);
+    quantize_blocks(x, r0, r1, k, perm, gs, span, 0, k / 32, 0, a);
 }
 
 /* the blocks of 32 inputs that L's quantized input shares a scale or a group sum over (1, 8...) */
@@ -483,10 +501,10 @@ static int prepare_unit(const Lin *L) {
 static void prepare_blocks(const Lin *L, const float *x, int r0, int r1, int b0, int b1, Act *a) {
     a->x = x;
     if (L->kind == LIN_PARTS) L = (const Lin *)L->w; /* parts are all GGML kinds: one form */
-    if (L->kind == LIN_INT4) quantize_blocks(x, r0, r1, L->k, 1, L->gs, 1, b0, b1, a);
-    else if (L->kind == LIN_INT8) quantize_blocks(x, r0, r1, L->k, 0, 0, 1, b0, b1, a);
+    if (L->kind == LIN_INT4) quantize_blocks(x, r0, r1, L->k, 1, L->gs, 1, b0, b1, L->lw && a->q8 && lanes8_on(), a);
+    else if (L->kind == LIN_INT8) quantize_blocks(x, r0, r1, L->k, 0, 0, 1, b0, b1, head8(L, a), a);
     else if (L->kind != LIN_F32) /* GGML: natural order; a scale per super-block for kq_int */
-        quantize_blocks(x, r0, r1, L->k, 0, 32, kq_int_for(L->kind, L->k) ? 8 : 1, b0, b1, a);
+        quantize_blocks(x, r0, r1, L->k, 0, 32, kq_int_for(L->kind, L->k) ? 8 : 1, b0, b1, 0, a);
 }
 
 static void prepare_rows(const Lin *L, const float *x, int r0, int r1, Act *a) {
@@ -2144,6 +2162,96 @@ static int one_row_kq_planes(const Lin *L, const Act *a, float *y, int n0, int n
     return 1;
 }
 
+/* An int8 linear's batch with int8 inputs (head8: the head of a step whose int4 lanes take
+   int8, so that it rounds as those and as its one-row form, one_row8): lane_rows_512's layout
+   with 4 input bytes a lane (xt8[c][i][row][e]: quad I8Q(i) of block 2c + e) and the weights
+   as unsigned bytes (w + 128, `vpdpbusd` takes one side unsigned), each sum started at -128 x
+   the row's block sum: 8 `vpdpbusd` a block pair and weight row where the int16 form takes 16. */
+typedef struct {
+    int32_t *xt;  /* (nc, 8, LANES, 2) 4 int8 inputs */
+    float *dxt;   /* (nc, LANES, 2) block scales (d8) */
+    int32_t *off; /* (nc, LANES, 2) -128 x the block's integer sum */
+} LaneAct8;
+
+/* which quad of a block w2[j][i] holds below (the 32-bit unpacks work within 128-bit lanes) */
+#define I8Q(i) ((i) < 4 ? ((i) < 2 ? (i) : (i) + 2) : ((i) < 6 ? (i) - 2 : (i)))
+
+static void lane_act8(const Lin *L, const Act *a, int r0, int rows, LaneAct8 *t) {
+    const int k = L->k, nb = k / 32, nc = (nb + 1) / 2;
+    for (int r = 0; r < LANES; r++) {
+        const int8_t *q = r < rows ? a->q8 + (size_t)(r0 + r) * k : NULL;
+        for (int b = 0; b < 2 * nc; b++) {
+            const int c = b / 2, e = b % 2, real = q && b < nb;
+            int32_t *o = t->xt + (size_t)c * 8 * LANES * 2 + r * 2 + e, sum = 0;
+            for (int i = 0; i < 8; i++) {
+                int32_t v = 0;
+                if (real) {
+                    memcpy(&v, q + 32 * b + 4 * I8Q(i), 4);
+                    for (int j = 0; j < 4; j++) sum += q[32 * b + 4 * I8Q(i) + j];
+                }
+                o[i * LANES * 2] = v;
+            }
+            t->dxt[(size_t)c * LANES * 2 + r * 2 + e] = real ? a->d8[(size_t)(r0 + r) * nb + b] : 0.0f;
+            t->off[(size_t)c * LANES * 2 + r * 2 + e] = -128 * sum;
+        }
+    }
+}
+
+VNNI static void lane_rows8_512(const Lin *L, const LaneAct8 *t, int r0, int rows, float *y, int ystride, int n0, int n1, int accumulate) {
+    const int k = L->k, nb = k / 32, nc = (nb + 1) / 2, groups = k / L->gs, sh = groups == 1 ? 31 : __builtin_ctz(L->gs / 32);
+    const __m256i f80 = _mm256_set1_epi8((char)0x80);
+    for (int n = n0; n < n1; n += NT) {
+        const int nt = n1 - n < NT ? n1 - n : NT;
+        if (LANE_PF && n + (LANE_PF + 1) * NT <= n1) {
+            const char *next = (const char *)L->w + (size_t)(n + LANE_PF * NT) * k;
+            for (size_t o = 0; o < (size_t)NT * k; o += 64) PF_W(next + o);
+            for (size_t o = 0; o < NT * groups * 4; o += 64) PF_W((const char *)(L->s + (size_t)(n + LANE_PF * NT) * groups) + o);
+        }
+        __m512 f[NT];
+        for (int j = 0; j < NT; j++) f[j] = _mm512_setzero_ps();
+        for (int c = 0; c < nc; c++) {
+            const int b0 = 2 * c, b1 = b0 + 1 < nb ? b0 + 1 : -1;
+            int64_t w2[NT][8] __attribute__((aligned(64)));
+            for (int j = 0; j < NT; j++) {
+                const int8_t *wr = (const int8_t *)L->w + (size_t)(j < nt ? n + j : n) * k;
+                const __m256i p0 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wr + 32 * b0)), f80);
+                const __m256i p1 = b1 >= 0 ? _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wr + 32 * b1)), f80) : _mm256_setzero_si256();
+                _mm256_store_si256((__m256i *)w2[j], _mm256_unpacklo_epi32(p0, p1));
+                _mm256_store_si256((__m256i *)(w2[j] + 4), _mm256_unpackhi_epi32(p0, p1));
+            }
+            const __m512i *xb = (const __m512i *)(t->xt + (size_t)c * 8 * LANES * 2);
+            const __m512i init = _mm512_loadu_si512((const void *)(t->off + (size_t)c * LANES * 2));
+            __m512i s[NT][2];
+            for (int j = 0; j < NT; j++) s[j][0] = init, s[j][1] = _mm512_setzero_si512();
+            for (int i = 0; i < 8; i += 2) {
+                const __m512i x0 = _mm512_load_si512(xb + i), x1 = _mm512_load_si512(xb + i + 1);
+                for (int j = 0; j < NT; j++) {
+                    s[j][0] = _mm512_dpbusd_epi32(s[j][0], _mm512_set1_epi64(w2[j][i]), x0);
+                    s[j][1] = _mm512_dpbusd_epi32(s[j][1], _mm512_set1_epi64(w2[j][i + 1]), x1);
+                }
+            }
+            const __m512 dx = _mm512_loadu_ps(t->dxt + (size_t)c * LANES * 2);
+            for (int j = 0; j < NT; j++) {
+                const float *sc = L->s + (size_t)(j < nt ? n + j : n) * groups;
+                float s2[2] = {sc[b0 >> sh], b1 >= 0 ? sc[b1 >> sh] : 0.0f};
+                double s2d;
+                memcpy(&s2d, s2, 8);
+                const __m512 sv = _mm512_castpd_ps(_mm512_set1_pd(s2d));
+                f[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s[j][0], s[j][1])), _mm512_mul_ps(dx, sv), f[j]);
+            }
+        }
+        for (int j = 0; j < nt; j++) { /* lane 2r + e: row r's block pair sums */
+            float v[2 * LANES];
+            _mm512_storeu_ps(v, f[j]);
+            const float bias = L->bias ? L->bias[n + j] : 0.0f;
+            for (int r = 0; r < rows; r++) {
+                float *o = y + (size_t)(r0 + r) * ystride + n + j;
+                *o = (accumulate ? *o : 0.0f) + (v[2 * r] + v[2 * r + 1]) + bias;
+            }
+        }
+    }
+}
+
 /* ------------------------------------------------------------------ weights in lanes (int4) */
 
 /* The int4 linears where the CPU has AVX-512 VNNI and the linear was laid out again once, in
@@ -2157,12 +2265,36 @@ static int one_row_kq_planes(const Lin *L, const Act *a, float *y, int n0, int n
    at once. The same integer products as the one-row path, summed in another order. In a C harness
    (one thread, 8 rows, fc's 3072 x 576, in cache): 242 us the form above, 151 us this one; int8
    inputs with `vpdpbusd` took 90 us but were 250x further from the dequantized product
-   (relative RMS 3.8e-3 against 1.5e-5: llama.cpp's Q8_0 rounding), so this keeps int16.
+   (relative RMS 3.8e-3 against 1.5e-5: llama.cpp's Q8_0 rounding).
+   Both input forms run on one layout (lanes8 picks): int16 inputs (lane16_body, `vpdpwssd`, 16
+   a block and input row) and int8 ones (lane8_body, `vpdpbusd`, 8: the one-row act8 form's
+   quantizer, llama.cpp's Q4_1 x Q8_1 rounding), the default where the CPU has VNNI.
    Layout, per group G of 16 rows and block b: 4 vectors of 64 bytes, vector h lane i (row
-   16G + i) holding pair p = 4h + t (elements 2p, 2p + 1 of the block) at bits 4t and 16 + 4t,
-   so that pair t of every lane is (v >> 4t) & 0x000F000F; then the scales and minimums
-   (groups, nb, 16) floats. */
+   16G + i) holding the row's block bytes 4h..4h+3 as they are (byte j: elements 2j, low
+   nibble, and 2j + 1). So & 0x0F0F0F0F gives int8 quad h of the int4 input order ([even | odd]:
+   elements 8h, 8h + 2, 8h + 4, 8h + 6) and (>> 4) & 0x0F0F0F0F quad 4 + h (the odd ones), and
+   (v >> 4t) & 0x000F000F the int16 pair p = 4h + t (elements 8h + t, 8h + t + 4); then the
+   scales and minimums (groups, nb, 16) floats. */
 #define P16_ROWS 16
+
+/* which inputs the int4 lanes take: 1 int8 (lane8_body; where the CPU has AVX-512 VNNI, unless
+   LAMINA_LANES_ACT8=0 in the environment), 0 int16 (lane16_body). -1 until asked. */
+static int lanes8 = -1;
+
+static int lanes8_on(void) {
+    if (lanes8 < 0) {
+        const char *e = getenv("LAMINA_LANES_ACT8");
+        lanes8 = cpu_has_vnni() && !(e && strcmp(e, "0") == 0);
+    }
+    return lanes8;
+}
+
+/* choice 0: int16 inputs for the int4 lanes; 1: int8 ones where the CPU has VNNI; -1 leaves
+   it; returns the form in force */
+int lm_lanes_act8(int choice) {
+    if (choice >= 0) lanes8 = choice && cpu_has_vnni();
+    return lanes8_on();
+}
 
 /* the sizes lm_pack16 fills: bytes of weights, floats of scales (and as many minimums) */
 static size_t pack16_bytes(const Lin *L) { return (size_t)((L->n + 15) / 16) * (L->k / 32) * 256; }
@@ -2188,8 +2320,7 @@ int lm_pack16(const Lin *L, uint8_t *w, float *sc, float *mn) {
                 so[i] = mo[i] = 0.0f;
                 if (row >= n) continue;
                 const uint8_t *src = (const uint8_t *)L->w + (size_t)row * (k / 2) + 16 * b;
-                for (int p = 0; p < 16; p++) /* byte p: elements 2p (low nibble), 2p + 1 */
-                    o[(p / 4) * 16 + i] |= (uint32_t)(src[p] & 15) << (4 * (p % 4)) | (uint32_t)(src[p] >> 4) << (16 + 4 * (p % 4));
+                for (int h = 0; h < 4; h++) memcpy(&o[h * 16 + i], src + 4 * h, 4); /* the row's dword h */
                 so[i] = L->s[(size_t)row * groups + b / per];
                 mo[i] = L->mn[(size_t)row * groups + b / per];
             }
@@ -2208,10 +2339,7 @@ int lm_unpack16(const Lin *L, uint8_t *w, float *s, float *mn) {
         for (int b = 0; b < nb; b++) {
             const uint32_t *o = (const uint32_t *)(L->lw + ((size_t)G * nb + b) * 256);
             uint8_t *dst = w + (size_t)row * (k / 2) + 16 * b;
-            for (int p = 0; p < 16; p++) {
-                const uint32_t v = o[(p / 4) * 16 + i] >> (4 * (p % 4));
-                dst[p] = (uint8_t)((v & 15) | ((v >> 16) & 15) << 4);
-            }
+            for (int h = 0; h < 4; h++) memcpy(dst + 4 * h, &o[h * 16 + i], 4);
             if (b % per == 0) {
                 s[(size_t)row * groups + b / per] = L->ls[((size_t)G * nb + b) * 16 + i];
                 mn[(size_t)row * groups + b / per] = L->lmn[((size_t)G * nb + b) * 16 + i];
@@ -2230,11 +2358,13 @@ typedef struct {
 
 /* the kernel reads rows 0..rows-1 only (its instance is the row count), so absent rows are not
    written. A block's 32 int16 inputs come [even | odd] (int4's order): one permute puts each
-   pair (2p, 2p + 1) in int32 p; their sum by one `vpmaddwd` with ones. */
+   pair p = 4h + t (elements 8h + t, 8h + t + 4: the layout's) in int32 p; their sum by one
+   `vpmaddwd` with ones. */
 VNNI static void act16(const Lin *L, const Act *a, int r0, int rows, Act16 *t) {
     const int k = L->k, nb = k / 32;
-    const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
-                                           23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    static const int16_t order[32] = {0, 2, 16, 18, 1, 3, 17, 19, 4, 6, 20, 22, 5, 7, 21, 23,
+                                      8, 10, 24, 26, 9, 11, 25, 27, 12, 14, 28, 30, 13, 15, 29, 31};
+    const __m512i pairs = _mm512_loadu_si512((const void *)order);
     const __m512i ones = _mm512_set1_epi16(1);
     for (int r = 0; r < rows; r++) {
         const int16_t *q = a->q + (size_t)(r0 + r) * k;
@@ -2315,12 +2445,84 @@ VNNI static inline __attribute__((always_inline)) void lane16_body(const Lin *L,
 LANE16_R(1) LANE16_R(2) LANE16_R(3) LANE16_R(4) LANE16_R(5) LANE16_R(6) LANE16_R(7) LANE16_R(8)
 #undef LANE16_R
 
+/* lane16_body with int8 inputs (lanes8): input rows r0..r0 + R - 1 of a straight from the act8
+   quantizer (q8 in int4's [even | odd] order, d8, s8), no repacking. Per block, the 4 weight
+   vectors give 8 unsigned quads (& and >> 4), and one `vpdpbusd` a quad and input row takes the
+   input's 4 bytes broadcast: 8 a block and row where the int16 form takes 16. Scales times d8,
+   minimums times s8 (the block's sum as rounded), as the one-row int8 form. NA as there. */
+VNNI static inline __attribute__((always_inline)) void lane8_body(const Lin *L, const Act *a, int r0, const int R, float *y, int ystride, int n0, int n1, int accumulate) {
+    const int k = L->k, nb = k / 32, NA = R >= 4 ? 1 : 4 / R;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    for (int G = n0 / 16; G * 16 < n1; G++) {
+        const int lo = G * 16 < n0 ? n0 - G * 16 : 0, hi = n1 - G * 16 < 16 ? n1 - G * 16 : 16;
+        const __mmask16 keep = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
+        const uint8_t *wg = L->lw + (size_t)G * nb * 256;
+        const float *sg = L->ls + (size_t)G * nb * 16, *mg = L->lmn + (size_t)G * nb * 16;
+        const int pf = PF16 && (G + PF16) * 16 < n1;
+        __m512 f[LANES];
+        for (int r = 0; r < R; r++) f[r] = _mm512_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            if (pf) {
+                const char *pw = (const char *)(wg + ((size_t)PF16 * nb + b) * 256);
+                for (int o = 0; o < 256; o += 64) PF_W(pw + o);
+                PF_W((const char *)(sg + ((size_t)PF16 * nb + b) * 16));
+                PF_W((const char *)(mg + ((size_t)PF16 * nb + b) * 16));
+            }
+            __m512i wq[8];
+            for (int h = 0; h < 4; h++) {
+                const __m512i pk = _mm512_load_si512((const void *)(wg + (size_t)b * 256 + 64 * h));
+                wq[h] = _mm512_and_si512(pk, m4);
+                wq[4 + h] = _mm512_and_si512(_mm512_srli_epi16(pk, 4), m4);
+            }
+            __m512i acc[LANES]; /* R * NA of them: 4 or R */
+            for (int r = 0; r < R * NA; r++) acc[r] = _mm512_setzero_si512();
+            for (int r = 0; r < R; r++) {
+                const int8_t *x = a->q8 + (size_t)(r0 + r) * k + 32 * b;
+                for (int q = 0; q < 8; q++) {
+                    int32_t x4;
+                    memcpy(&x4, x + 4 * q, 4);
+                    __m512i *c = &acc[r * NA + q % NA];
+                    *c = _mm512_dpbusd_epi32(*c, wq[q], _mm512_set1_epi32(x4));
+                }
+            }
+            const __m512 sc = _mm512_load_ps(sg + (size_t)b * 16), mn = _mm512_load_ps(mg + (size_t)b * 16);
+            for (int r = 0; r < R; r++) {
+                __m512i s = acc[r * NA];
+                for (int j = 1; j < NA; j++) s = _mm512_add_epi32(s, acc[r * NA + j]);
+                const size_t rb = (size_t)(r0 + r) * nb + b;
+                f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(sc, _mm512_set1_ps(a->d8[rb])), f[r]);
+                f[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(a->s8[rb]), f[r]);
+            }
+        }
+        const __m512 bias = L->bias ? _mm512_maskz_loadu_ps(keep, L->bias + 16 * G) : _mm512_setzero_ps();
+        for (int r = 0; r < R; r++) {
+            float *o = y + (size_t)(r0 + r) * ystride + 16 * G;
+            __m512 v = _mm512_add_ps(f[r], bias);
+            if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(keep, o));
+            _mm512_mask_storeu_ps(o, keep, v);
+        }
+    }
+}
+
+#define LANE8_R(R) \
+    VNNI static void lane8_r##R(const Lin *L, const Act *a, int r0, float *y, int ystride, int n0, int n1, int accumulate) { \
+        lane8_body(L, a, r0, R, y, ystride, n0, n1, accumulate);                                                           \
+    }
+LANE8_R(1) LANE8_R(2) LANE8_R(3) LANE8_R(4) LANE8_R(5) LANE8_R(6) LANE8_R(7) LANE8_R(8)
+#undef LANE8_R
+
 /* the int4 rows n0..n1 of a linear laid out in lanes (lm_pack16), for any number of inputs: every
    call on such a linear comes here (its rows' own layout may be gone, see lm_pack16); returns 0
    when out of memory */
 static int lanes16(const Lin *L, int B, const Act *a, float *y, int ystride, int n0, int n1, int accumulate) {
     static void (*const by_rows[LANES])(const Lin *, const Act16 *, int, float *, int, int, int, int) = {
         lane16_r1, lane16_r2, lane16_r3, lane16_r4, lane16_r5, lane16_r6, lane16_r7, lane16_r8};
+    static void (*const by_rows8[LANES])(const Lin *, const Act *, int, float *, int, int, int, int) = {
+        lane8_r1, lane8_r2, lane8_r3, lane8_r4, lane8_r5, lane8_r6, lane8_r7, lane8_r8};
+    if (a->q8 && lanes8_on()) { /* int8 inputs: the quantizer's rows as they are */
+        for (int r0 = 0; r0 < B; r0 += LANES) by_rows8[(B - r0 < LANES ? B - r0 : LANES) - 1](L, a, r0, y, ystride, n0, n1, accumulate);
+        return 1;
+    }
     const int nb = L->k / 32;
     void *buf = aligned_alloc(64, ((size_t)nb * 18 * LANES * 4 + 63) & ~(size_t)63);
     if (!buf) return 0;
@@ -2352,11 +2554,17 @@ static int lane_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
         if (rows < lanes_min_for(wide, L->kind)) { /* too few to fill the lanes: those rows by themselves */
             const int k = L->k;
             Act sub = {a->x ? a->x + (size_t)r0 * k : NULL, a->q + (size_t)r0 * k, a->dx + (size_t)r0 * nb,
-                       a->sx + (size_t)r0 * (groups ? groups : 1), .span = a->span};
+                       a->sx + (size_t)r0 * (groups ? groups : 1), a->q8 ? a->q8 + (size_t)r0 * k : NULL,
+                       a->q8 ? a->d8 + (size_t)r0 * nb : NULL, a->q8 ? a->s8 + (size_t)r0 * nb : NULL, a->span, a->lanes8};
             lin_rows(L, rows, &sub, y + (size_t)r0 * ystride, ystride, n0, n1, accumulate);
             continue;
         }
-        if (wide) {
+        if (wide && head8(L, a)) { /* int8 inputs (the buffer holds them: 20 of its 36 int32 a block pair and lane) */
+            LaneAct8 t8 = {(int32_t *)buf, (float *)buf + (size_t)nc * 16 * LANES, NULL};
+            t8.off = (int32_t *)(t8.dxt + (size_t)nc * 2 * LANES);
+            lane_act8(L, a, r0, rows, &t8);
+            lane_rows8_512(L, &t8, r0, rows, y, ystride, n0, n1, accumulate);
+        } else if (wide) {
             lane_act2(L, a, r0, rows, &t2);
             lane_rows_512(L, &t2, r0, rows, y, ystride, n0, n1, accumulate);
         } else {
@@ -2387,7 +2595,7 @@ static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
             return;
         }
     }
-    if (B == 1 && a->q8 && L->kind != LIN_F32) { /* one row, int8 inputs (act8) */
+    if (B == 1 && a->q8 && (act8_on() || head8(L, a)) && L->kind != LIN_F32) { /* one row, int8 inputs (act8; q8 may be there for lanes8 alone) */
         one_row8(L, a, y, n0, n1, accumulate);
         return;
     }
@@ -2412,13 +2620,13 @@ static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
         if (n2 == n1) return;
         n0 = n2;
     }
-    if (B > 1 && B < lanes_min(1) && (L->kind == LIN_INT4 || L->kind >= LIN_Q4K) && lanes_512()) {
+    if (B > 1 && B < lanes_min(1) && (L->kind == LIN_INT4 || L->kind >= LIN_Q4K || head8(L, a)) && lanes_512()) {
         /* too few rows for the lanes: the one-row form per row, the weights read again from cache */
         const int k = L->k, nb = k / 32, gsum = L->kind == LIN_INT4 ? k / L->gs : nb;
         for (int r = 0; r < B; r++) {
             Act one = {a->x ? a->x + (size_t)r * k : NULL, a->q + (size_t)r * k, a->dx + (size_t)r * nb,
                        a->sx + (size_t)r * gsum, a->q8 ? a->q8 + (size_t)r * k : NULL,
-                       a->q8 ? a->d8 + (size_t)r * nb : NULL, a->q8 ? a->s8 + (size_t)r * nb : NULL, a->span};
+                       a->q8 ? a->d8 + (size_t)r * nb : NULL, a->q8 ? a->s8 + (size_t)r * nb : NULL, a->span, a->lanes8};
             lin_rows(L, 1, &one, y + (size_t)r * ystride, ystride, n0, n1, accumulate);
         }
         return;
@@ -2528,7 +2736,7 @@ int lm_linear(const Lin *L, int B, const float *x, float *y, int nthreads) {
     int nb = L->k / 32;
     void *buf = NULL;
     if (L->kind != LIN_F32) {
-        const int q8 = B == 1 && act8_on(); /* as lm_step: int8 inputs for one row */
+        const int q8 = (B == 1 && act8_on()) || (L->lw && lanes8_on()); /* as lm_step: int8 inputs for one row, or the lanes */
         buf = malloc((size_t)B * L->k * (sizeof(int16_t) + q8) + (size_t)B * nb * (2 + 2 * q8) * sizeof(float) + 64);
         if (!buf) return 0;
         j.a.dx = (float *)buf;
@@ -2948,6 +3156,16 @@ static void step_job(void *p, int tid, int nt) {
 
 static int max3(int a, int b, int c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
 
+/* whether any of m's linears is laid out in lanes (lm_pack16): its inputs then int8 too (lanes8) */
+static int has_lanes(const Model *m) {
+    if (m->head.lw) return 1;
+    for (int l = 0; l < m->n_layers; l++) {
+        const Layer *ly = &m->layers[l];
+        if (ly->qkv.lw || ly->proj.lw || ly->fc.lw || ly->out.lw) return 1;
+    }
+    return 0;
+}
+
 /* One token per row r: writes every layer's key and value at slot slots[r] of cache row
    rows[r], attends that row's slots starts[r]..slots[r], and fills logits (B, vocab). Rows of
    one call may stand at different slots (sequences batched together, each in its own cache
@@ -2962,7 +3180,8 @@ int lm_step(const Model *m, int B, const int64_t *tokens, const int64_t *positio
     size_t floats = (size_t)B * (2 * d + qkv_n + m->H * hd + fc_n + m->ff + hd) +
                     (size_t)nthreads * CHUNK * ATT_G + 2 * (size_t)B * (kmax / 32 + 1) +
                     (size_t)B * m->H * ((m->cache_len + CHUNK - 1) / CHUNK) * (hd + 2);
-    const int q8 = B < lanes_min(1) && act8_on(); /* int8 inputs: the rows the one-row form takes */
+    /* int8 inputs: the rows the one-row form takes (act8), or every row where linears are in lanes (lanes8) */
+    const int q8 = (B < lanes_min(1) && act8_on()) || (lanes8_on() && has_lanes(m));
     if (q8) floats += 2 * (size_t)B * (kmax / 32 + 1) + ((size_t)B * kmax + 3) / 4;
     float *buf = (float *)malloc(floats * sizeof(float) + (size_t)B * kmax * sizeof(int16_t) + 64);
     if (!buf) return 0;
@@ -2991,6 +3210,7 @@ int lm_step(const Model *m, int B, const int64_t *tokens, const int64_t *positio
         S.a.q8 = (int8_t *)p, p += ((size_t)B * kmax + 3) / 4;
     }
     S.a.q = (int16_t *)p;
+    S.a.lanes8 = q8 && lanes8_on() && has_lanes(m); /* the head too (head8) */
     run_parallel(step_job, &S, nthreads, &S.bar.n);
     free(buf);
     return 1;

@@ -29,6 +29,9 @@ per generation (or per server), since it sees the tensors the model holds at tha
 engine of 3 cache rows or more (a server's) first lays each int4 linear out in lanes where the
 CPU has AVX-512 VNNI (`pack_lanes`: in place, the module keeps that layout and every native
 call on it, one row or many, reads it; PyTorch's paths read it back through `unpack_lanes`).
+Those calls round their inputs to int8 per 32 (llama.cpp's Q8_1 activations; decode.c's lanes8,
+`lm_lanes_act8(0)` or LAMINA_LANES_ACT8=0 keeps int16), and so does the head of a step of such
+an engine: ~2e-2 of the logits from the float model's instead of ~1e-4.
 
 Which models it covers is coverage.py's (`unsupported(model)` says why not); `native_step`
 returns None for the rest, leaving PyTorch to run the step. The quantized linears quantize
