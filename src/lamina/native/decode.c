@@ -2861,7 +2861,7 @@ typedef struct {
     int B, H, Hkv, T, Tk, hd, G, qb, nqb, tkp, tasks;
     float scale;
     int64_t qs[3], ks[3], vs[3]; /* strides in floats of batch, head, position */
-    atomic_int next;
+    atomic_int next, failed;
 } PrefillAtt;
 
 static int patt_wide = 1;
@@ -2980,12 +2980,11 @@ static inline __attribute__((always_inline)) void patt_tile(const int R, const P
 }
 
 /* one task: positions p0 .. p1 of batch row b's kv head h, with its G query heads */
-static inline __attribute__((always_inline)) void patt_task(const int R, const PrefillAtt *a, int task) {
+static inline __attribute__((always_inline)) void patt_task(const int R, const PrefillAtt *a, int task, float *Qs, float *O) {
     const int hd = a->hd, G = a->G, off = a->Tk - a->T;
     const int bh = task % (a->B * a->Hkv), qblk = a->nqb - 1 - task / (a->B * a->Hkv);
     const int b = bh / a->Hkv, h = bh % a->Hkv, p0 = qblk * a->qb, p1 = p0 + a->qb < a->T ? p0 + a->qb : a->T;
     const int M = (p1 - p0) * G, tiles = (M + R - 1) / R;
-    float Qs[(PA_ROWS + 8) * PA_HD] __attribute__((aligned(32))), O[(PA_ROWS + 8) * PA_HD] __attribute__((aligned(32)));
     float m[PA_ROWS + 8], l[PA_ROWS + 8];
     int lim[PA_ROWS + 8];
     for (int r = 0; r < tiles * R; r++) { /* rows: position-major, the group's heads side by side */
@@ -3014,21 +3013,28 @@ static inline __attribute__((always_inline)) void patt_task(const int R, const P
     }
 }
 
-WIDE static void patt_task_512(const PrefillAtt *a, int task) { patt_task(6, a, task); }
-static void patt_task_256(const PrefillAtt *a, int task) { patt_task(3, a, task); }
+WIDE static void patt_task_512(const PrefillAtt *a, int task, float *Qs, float *O) { patt_task(6, a, task, Qs, O); }
+static void patt_task_256(const PrefillAtt *a, int task, float *Qs, float *O) { patt_task(3, a, task, Qs, O); }
 
 static void patt_job(void *ctx, int tid, int nt) {
     (void)tid, (void)nt;
     PrefillAtt *a = (PrefillAtt *)ctx;
     const int wide = lm_patt_wide(-1);
+    const size_t n = (size_t)(PA_ROWS + 8) * a->hd; /* a task's query rows and outputs, and a tile past them */
+    float *Qs = (float *)aligned_alloc(64, 2 * n * sizeof(float));
+    if (!Qs) {
+        atomic_store(&a->failed, 1);
+        return;
+    }
     for (int t = atomic_fetch_add(&a->next, 1); t < a->tasks; t = atomic_fetch_add(&a->next, 1))
-        (wide ? patt_task_512 : patt_task_256)(a, t);
+        (wide ? patt_task_512 : patt_task_256)(a, t, Qs, Qs + n);
+    free(Qs);
 }
 
 /* the scratch kt must hold lm_prefill_attention_scratch(B, Hkv, Tk, hd) floats; strides: q's,
-   k's and v's (batch, head, position) in floats. Returns 0 (nothing written) for a shape it
+   k's and v's (batch, head, position) in floats. Returns 0 (out not filled) for a shape it
    does not take: hd a multiple of 8 up to PA_HD, Hkv dividing H with a group of at most
-   PA_ROWS heads, 1 <= T <= Tk. */
+   PA_ROWS heads, 1 <= T <= Tk; or where a thread's scratch cannot be allocated. */
 int64_t lm_prefill_attention_scratch(int B, int Hkv, int Tk, int hd) {
     return (int64_t)B * Hkv * hd * ((Tk + PA_KB - 1) / PA_KB * PA_KB);
 }
@@ -3043,8 +3049,9 @@ int lm_prefill_attention(const float *q, const float *k, const float *v, float *
     a.tasks = a.nqb * B * Hkv;
     for (int i = 0; i < 3; i++) a.qs[i] = strides[i], a.ks[i] = strides[3 + i], a.vs[i] = strides[6 + i];
     atomic_init(&a.next, 0);
+    atomic_init(&a.failed, 0);
     const int nt = nthreads < 1 ? 1 : nthreads;
     run_parallel(patt_transpose_job, &a, nt, NULL);
     run_parallel(patt_job, &a, nt, NULL);
-    return 1;
+    return !atomic_load(&a.failed);
 }
