@@ -205,3 +205,11 @@ def test_the_real_models_prompt_logits_hold(lib, monkeypatch, smollm2_gguf):
         want = model(ids)
     assert ((got - want).norm() / want.norm()).item() < 1e-5
     assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+def test_a_compiled_graph_keeps_sdpa(lib):
+    layer = _layer()
+    x = torch.randn(1, 20, 48)
+    compiled = torch.compile(layer, fullgraph=True)  # a ctypes call would break the graph
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x)[0], layer(x)[0], rtol=1e-5, atol=1e-6)

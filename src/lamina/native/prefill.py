@@ -8,7 +8,8 @@ a key, no dropout), queries the last T of the Tk positions (a prompt, or a promp
 after a cache's first). Everything else, and every shape the kernel does not take (heads not a
 multiple of 8 wide or wider than 256, a group of more than 48 query heads per key/value head),
 returns None and runs SDPA, as does a machine where native does not run or whose kernel policy
-is a PyTorch one (`LAMINA_KERNEL=torch`: lamina.cpu.native_step).
+is a PyTorch one (`LAMINA_KERNEL=torch`: lamina.cpu.native_step), and a graph that
+torch.compile traces (a call through ctypes would break it).
 
 The kernel blocks over keys with the softmax online, each key/value head's keys read once for
 its group of query heads (GQA), on torch's threads; its result is SDPA's to float rounding
@@ -53,7 +54,7 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor | 
     """softmax(scale q k^T, causal) v for q (B, H, T, hd) and k, v (B, H_kv, Tk, hd), query i
     seeing keys 0 .. i + Tk - T, as (B, T, H hd); None where the native kernel does not run
     (see the module docstring), so that the caller runs SDPA."""
-    if not _takes(q, k, v) or not native_step():
+    if torch.compiler.is_compiling() or not _takes(q, k, v) or not native_step():
         return None
     lib = library()
     if lib is None:
