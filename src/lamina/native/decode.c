@@ -3031,19 +3031,18 @@ static void patt_job(void *ctx, int tid, int nt) {
     free(Qs);
 }
 
-/* the scratch kt must hold lm_prefill_attention_scratch(B, Hkv, Tk, hd) floats; strides: q's,
-   k's and v's (batch, head, position) in floats. Returns 0 (out not filled) for a shape it
-   does not take: hd a multiple of 8 up to PA_HD, Hkv dividing H with a group of at most
-   PA_ROWS heads, 1 <= T <= Tk; or where a thread's scratch cannot be allocated. */
-int64_t lm_prefill_attention_scratch(int B, int Hkv, int Tk, int hd) {
-    return (int64_t)B * Hkv * hd * ((Tk + PA_KB - 1) / PA_KB * PA_KB);
-}
-
-int lm_prefill_attention(const float *q, const float *k, const float *v, float *out, float *kt, int B, int H, int Hkv,
-                         int T, int Tk, int hd, float scale, const int64_t *strides, int nthreads) {
+/* strides: q's, k's and v's (batch, head, position) in floats. Returns 0 (out not filled) for a
+   shape it does not take: hd a multiple of 8 up to PA_HD, Hkv dividing H with a group of at most
+   PA_ROWS heads, 1 <= T <= Tk; or where its scratch (the keys transposed, a thread's rows)
+   cannot be allocated. */
+int lm_prefill_attention(const float *q, const float *k, const float *v, float *out, int B, int H, int Hkv, int T,
+                         int Tk, int hd, float scale, const int64_t *strides, int nthreads) {
     if (B < 1 || Hkv < 1 || H % Hkv || H / Hkv > PA_ROWS || T < 1 || T > Tk || hd < 8 || hd % 8 || hd > PA_HD) return 0;
+    const int tkp = (Tk + PA_KB - 1) / PA_KB * PA_KB;
+    float *kt = (float *)aligned_alloc(64, (size_t)B * Hkv * hd * tkp * sizeof(float));
+    if (!kt) return 0;
     PrefillAtt a = {.q = q, .k = k, .v = v, .out = out, .kt = kt, .B = B, .H = H, .Hkv = Hkv, .T = T, .Tk = Tk, .hd = hd,
-                    .G = H / Hkv, .tkp = (Tk + PA_KB - 1) / PA_KB * PA_KB, .scale = scale};
+                    .G = H / Hkv, .tkp = tkp, .scale = scale};
     a.qb = PA_ROWS / a.G;
     a.nqb = (T + a.qb - 1) / a.qb;
     a.tasks = a.nqb * B * Hkv;
@@ -3053,5 +3052,6 @@ int lm_prefill_attention(const float *q, const float *k, const float *v, float *
     const int nt = nthreads < 1 ? 1 : nthreads;
     run_parallel(patt_transpose_job, &a, nt, NULL);
     run_parallel(patt_job, &a, nt, NULL);
+    free(kt);
     return !atomic_load(&a.failed);
 }

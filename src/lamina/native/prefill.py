@@ -23,7 +23,6 @@ import torch
 from torch import Tensor
 
 from lamina.cpu import native_step
-from lamina.frozen_linear import thread_buffer
 from lamina.native.build import library
 
 
@@ -62,15 +61,9 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor | 
     B, H, T, hd = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
     out = torch.empty(B, T, H * hd, dtype=torch.float32)
-    kt = thread_buffer(
-        "prefill-attention",
-        (lib.lm_prefill_attention_scratch(B, Hkv, Tk, hd), 1),
-        torch.float32,
-        "cpu",
-    )
     strides = torch.tensor([*q.stride()[:3], *k.stride()[:3], *v.stride()[:3]], dtype=torch.int64)
     ok = lib.lm_prefill_attention(
-        q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), kt.data_ptr(),
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
         B, H, Hkv, T, Tk, hd, float(scale), strides.data_ptr(), torch.get_num_threads(),
     )  # fmt: skip
     return out if ok else None
