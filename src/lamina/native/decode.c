@@ -2944,30 +2944,36 @@ static inline __attribute__((always_inline)) void patt_tile(const int R, const P
         for (int c = 0; c < 4; c++) _mm256_store_ps(P + r * PA_KB + 8 * c, s[r][c]);
     const int diag = kb + PA_KB - 1 > lim[0]; /* some key of the block hidden from some row */
     const __m256 iota = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), ninf = _mm256_set1_ps(-INFINITY);
+    float mnew[8] = {0}; /* each row's new maximum; then the factor its old sums take, e^(old - new) */
     for (int r = 0; r < R; r++) {
         float *pr = P + r * PA_KB;
-        __m256 x[4], hide[4];
+        __m256 x[4];
         for (int c = 0; c < 4; c++) x[c] = _mm256_load_ps(pr + 8 * c);
         if (diag) {
             const __m256 last = _mm256_set1_ps((float)(lim[r] - kb));
             for (int c = 0; c < 4; c++) {
-                hide[c] = _mm256_cmp_ps(_mm256_add_ps(iota, _mm256_set1_ps(8.0f * c)), last, _CMP_GT_OQ);
-                x[c] = _mm256_blendv_ps(x[c], ninf, hide[c]);
+                const __m256 hide = _mm256_cmp_ps(_mm256_add_ps(iota, _mm256_set1_ps(8.0f * c)), last, _CMP_GT_OQ);
+                _mm256_store_ps(pr + 8 * c, x[c] = _mm256_blendv_ps(x[c], ninf, hide));
             }
         }
         const float mx = hmax256(_mm256_max_ps(_mm256_max_ps(x[0], x[1]), _mm256_max_ps(x[2], x[3])));
-        const float mnew = mx > m[r] ? mx : m[r];
-        al[r] = expf(m[r] - mnew);
-        const __m256 sh = _mm256_set1_ps(mnew);
+        mnew[r] = mx > m[r] ? mx : m[r];
+    }
+    float old[8] = {0};
+    for (int r = 0; r < R; r++) old[r] = m[r], m[r] = mnew[r];
+    const __m256 o = _mm256_loadu_ps(old); /* -inf before a row's first block: its factor 0 */
+    _mm256_storeu_ps(al, _mm256_and_ps(exp256(_mm256_sub_ps(o, _mm256_loadu_ps(mnew))), _mm256_cmp_ps(o, ninf, _CMP_NEQ_OQ)));
+    for (int r = 0; r < R; r++) {
+        float *pr = P + r * PA_KB;
+        const __m256 sh = _mm256_set1_ps(mnew[r]);
         __m256 sum = _mm256_setzero_ps();
         for (int c = 0; c < 4; c++) {
-            __m256 p = exp256(_mm256_sub_ps(x[c], sh));
-            if (diag) p = _mm256_andnot_ps(hide[c], p);
+            __m256 x = _mm256_load_ps(pr + 8 * c), p = exp256(_mm256_sub_ps(x, sh));
+            if (diag) p = _mm256_and_ps(p, _mm256_cmp_ps(x, ninf, _CMP_NEQ_OQ)); /* a hidden key weighs 0 */
             sum = _mm256_add_ps(sum, p);
             _mm256_store_ps(pr + 8 * c, p);
         }
         l[r] = l[r] * al[r] + hsum(sum);
-        m[r] = mnew;
     }
     int c0 = 0;
     for (; c0 + 32 <= hd; c0 += 32) patt_pv(R, 4, P, al, vb, a->vs[2], nk, O, hd, c0);
