@@ -36,6 +36,7 @@ LAYERS: dict[str, int] = {
     "lamina.data": 3,
     "lamina.embedding": 3,
     "lamina.rope": 3,
+    "lamina.native.prefill": 3,  # a leaf module: the attention layer calls it
     "lamina.attention": 4,
     "lamina.block": 5,
     "lamina.models": 6,
@@ -62,7 +63,7 @@ LAYERS: dict[str, int] = {
 
 
 # modules ranked on their own, below their package: each imports nothing of it
-LEAF_MODULES = ("lamina.native.build",)
+LEAF_MODULES = ("lamina.native.build", "lamina.native.prefill")
 
 
 def unit_of(module: str) -> str:

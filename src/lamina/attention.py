@@ -28,7 +28,9 @@ Masks:
 
 Two paths compute the same thing (a test proves it): the reference path writes the softmax out
 (repeating each key/value head for its group) and can return the attention weights
-(B, H, T_q, T_k); the fast path calls `F.scaled_dot_product_attention` (with `enable_gqa`).
+(B, H, T_q, T_k); the fast path calls `F.scaled_dot_product_attention` (with `enable_gqa`),
+except that a prompt's causal attention with no other mask, in float32 on a CPU recording no
+gradient (a prefill), runs lamina.native's kernel where it runs (lamina.native.prefill).
 `need_weights=True` always takes the reference path, and so does a soft cap: tanh acts on the
 scores before the mask and softmax, which SDPA gives no hook for (a float mask only adds).
 Attention dropout is applied only in training mode, on both paths.
@@ -51,6 +53,7 @@ from torch import Tensor, nn
 
 from lamina.cpu import upcast_attention
 from lamina.errors import LaminaError
+from lamina.native.prefill import causal_attention
 from lamina.rope import (  # noqa: F401 - re-exported: the rotary names' historical home
     RopeScaling,
     apply_rotary,
@@ -324,9 +327,13 @@ class MultiHeadAttention(nn.Module):
                 )
         window = self.sliding_window
         plain_causal = window is None or t_k <= window
-        use_causal_flag = (
-            fused and self.causal and padding_mask is None and t_k == T and plain_causal and T > 1
-        )  # the fused kernel's own causal mask: none is built
+        causal_only = fused and self.causal and padding_mask is None and plain_causal and T > 1
+        p = self.dropout if self.training else 0.0
+        if causal_only and not p and not upcast:  # a prompt: lamina.native's attention, if it runs
+            out = causal_attention(q, k, v, self.scale)  # (B, T, H hd), or None
+            if out is not None:
+                return self.proj(out), None
+        use_causal_flag = causal_only and t_k == T  # the fused kernel's own mask: none is built
         allowed = None
         if not use_causal_flag:
             allowed = attention_mask(
@@ -341,7 +348,6 @@ class MultiHeadAttention(nn.Module):
         if padding_mask is not None:
             dead = ~allowed.any(-1, keepdim=True)  # (B, 1, T, 1)
             allowed = allowed | dead
-        p = self.dropout if self.training else 0.0
         if not fused:
             if Hkv != H:  # each key/value head serves H / H_kv consecutive query heads
                 k = k.repeat_interleave(H // Hkv, dim=1)

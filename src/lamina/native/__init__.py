@@ -1,5 +1,6 @@
 """Native (C, AVX2) kernels for decoding at batch 1; see step.py (the calls), coverage.py
-(which models), structs.py (the C structs) and decode.c.
+(which models), structs.py (the C structs) and decode.c; prefill.py is a prompt's causal
+attention (lamina.attention calls it in place of SDPA where it runs).
 
     native_step(model, caches) -> NativeStep | None     the whole decode step in one call
     available() -> bool; reason() -> why not             built and loadable here

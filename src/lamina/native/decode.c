@@ -3246,3 +3246,237 @@ static const LayoutEntry LAYOUT[] = {
     AT(Model, nfw),    AT(Model, nfb),      AT(Model, head),     AT(Model, layers),
     {0, 0}};
 const LayoutEntry *lm_layout(void) { return LAYOUT; }
+
+/* ------------------------------------------------------------------ a prompt's attention */
+
+/* Causal attention over a prompt (a prefill's layers; lamina/native/prefill.py calls it where
+   lamina.attention would call torch's SDPA): q (B, H, T, hd), k and v (B, Hkv, Tk, hd), each
+   with its own strides and rows of hd contiguous floats (a view of the fused qkv output and of
+   the KV cache, as the layer holds them); query i sees keys 0 .. i + Tk - T (queries are the
+   last T of the Tk positions); out (B, T, H, hd) contiguous, the layer's (B, T, H hd) rows.
+
+   Blocked, with the softmax online (flash attention's order): a task is QB positions of one
+   row's key/value head with all G = H / Hkv query heads of its group (GQA: M = QB G query rows,
+   up to PA_ROWS, reading each key and value once for the group), its rows PA_R at a time (a
+   tile); for each block of PA_KB keys up to the task's last one, each tile's PA_R x PA_KB scores
+   are made in registers (q x k^T, k^T laid out beforehand so that 8 keys sit in a vector; q
+   prescaled), masked on the blocks that cross the diagonal, shifted by each row's running
+   maximum and exponentiated (exp256), and their weighted values added to the tile's output
+   rows, rescaled when a row's maximum grows. The keys and values of a block stay in L1 while
+   the task's tiles use them. Tasks are taken from a counter, the longest (last) positions first,
+   by torch's threads (run_parallel). A key a query may not see weighs exactly 0.
+
+   Vectors of 8 floats both ways: the AVX-512 form (lm_patt_wide, where the CPU has it) is the
+   same code compiled with AVX-512's 32 registers, which hold a 6 x 32 tile of scores where
+   AVX2's 16 hold 3 x 32 (on the Zen 4 a 512-bit fma is two 256-bit halves: the wider tile is
+   what pays, by halving the loads of k and v per product). */
+#define PA_KB 32   /* keys per block: 4 vectors */
+#define PA_ROWS 48 /* query rows (positions x the group's heads) per task, at most */
+#define PA_HD 256  /* widest head taken */
+
+typedef struct {
+    const float *q, *k, *v;
+    float *out, *kt; /* kt: (B Hkv, tkp / PA_KB, hd, PA_KB) the keys transposed by blocks, zero past Tk */
+    int B, H, Hkv, T, Tk, hd, G, qb, nqb, tkp, tasks;
+    float scale;
+    int64_t qs[3], ks[3], vs[3]; /* strides in floats of batch, head, position */
+    atomic_int next, failed;
+} PrefillAtt;
+
+static int patt_wide = 1;
+/* the AVX-512 form (1, where the CPU has it) or the AVX2 one (0); -1 leaves it; returns the
+   form in force (tests run both where both run) */
+int lm_patt_wide(int choice) {
+    if (choice >= 0) patt_wide = choice ? 1 : 0;
+    return patt_wide && lanes_512();
+}
+
+static inline float hmax256(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* kt <- the keys of (b, kv head) transposed, blocks of PA_KB keys shared among the threads */
+static void patt_transpose_job(void *ctx, int tid, int nt) {
+    const PrefillAtt *a = (const PrefillAtt *)ctx;
+    const int nb = a->tkp / PA_KB, items = a->B * a->Hkv * nb, hd = a->hd;
+    for (int it = (int)((long)items * tid / nt); it < (int)((long)items * (tid + 1) / nt); it++) {
+        const int bh = it / nb, j0 = (it % nb) * PA_KB, b = bh / a->Hkv, h = bh % a->Hkv;
+        const float *kb = a->k + b * a->ks[0] + h * a->ks[1];
+        float *kt = a->kt + (size_t)bh * hd * a->tkp + (size_t)j0 * hd; /* (hd, PA_KB) */
+        for (int j = 0; j < PA_KB; j++) {
+            const float *kr = kb + (j0 + j) * a->ks[2];
+            if (j0 + j < a->Tk)
+                for (int d = 0; d < hd; d++) kt[d * PA_KB + j] = kr[d];
+            else
+                for (int d = 0; d < hd; d++) kt[d * PA_KB + j] = 0.0f;
+        }
+    }
+}
+
+/* O[r] <- O[r] al[r] + sum over j < nk of P[r][j] v_j, for columns c0 .. c0 + 8 NV of the R rows */
+static inline __attribute__((always_inline)) void patt_pv(const int R, const int NV, const float *P, const float *al,
+                                                          const float *vb, int64_t vst, int nk, float *O, int hd, int c0) {
+    __m256 o[8][4];
+    for (int r = 0; r < R; r++) {
+        const __m256 s = _mm256_set1_ps(al[r]);
+        for (int c = 0; c < NV; c++) o[r][c] = _mm256_mul_ps(s, _mm256_loadu_ps(O + r * hd + c0 + 8 * c));
+    }
+    for (int j = 0; j < nk; j++) {
+        const float *vr = vb + j * vst + c0;
+        __m256 x[4];
+        for (int c = 0; c < NV; c++) x[c] = _mm256_loadu_ps(vr + 8 * c);
+        for (int r = 0; r < R; r++) {
+            const __m256 p = _mm256_broadcast_ss(P + r * PA_KB + j);
+            for (int c = 0; c < NV; c++) o[r][c] = _mm256_fmadd_ps(p, x[c], o[r][c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < NV; c++) _mm256_storeu_ps(O + r * hd + c0 + 8 * c, o[r][c]);
+}
+
+/* one tile of R query rows (Qs prescaled, R x hd; lim[r] the last key row r sees) over the
+   keys kb .. kb + nk (nk <= PA_KB): the running maximum m, sum l and output O of each row */
+static inline __attribute__((always_inline)) void patt_tile(const int R, const PrefillAtt *a, const float *Qs, const float *kt,
+                                                            const float *vb, const int *lim, int kb, int nk, float *m,
+                                                            float *l, float *O) {
+    const int hd = a->hd;
+    __m256 s[8][4];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < 4; c++) s[r][c] = _mm256_setzero_ps();
+    for (int d = 0; d < hd; d++) {
+        const float *kr = kt + d * PA_KB;
+        const __m256 k0 = _mm256_loadu_ps(kr), k1 = _mm256_loadu_ps(kr + 8), k2 = _mm256_loadu_ps(kr + 16),
+                     k3 = _mm256_loadu_ps(kr + 24);
+        for (int r = 0; r < R; r++) {
+            const __m256 x = _mm256_broadcast_ss(Qs + r * hd + d);
+            s[r][0] = _mm256_fmadd_ps(x, k0, s[r][0]);
+            s[r][1] = _mm256_fmadd_ps(x, k1, s[r][1]);
+            s[r][2] = _mm256_fmadd_ps(x, k2, s[r][2]);
+            s[r][3] = _mm256_fmadd_ps(x, k3, s[r][3]);
+        }
+    }
+    float P[8 * PA_KB] __attribute__((aligned(32))), al[8]; /* the scores, then their weights */
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < 4; c++) _mm256_store_ps(P + r * PA_KB + 8 * c, s[r][c]);
+    const int diag = kb + PA_KB - 1 > lim[0]; /* some key of the block hidden from some row */
+    const __m256 iota = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), ninf = _mm256_set1_ps(-INFINITY);
+    float mnew[8] = {0}; /* each row's new maximum; then the factor its old sums take, e^(old - new) */
+    for (int r = 0; r < R; r++) {
+        float *pr = P + r * PA_KB;
+        __m256 x[4];
+        for (int c = 0; c < 4; c++) x[c] = _mm256_load_ps(pr + 8 * c);
+        if (diag) {
+            const __m256 last = _mm256_set1_ps((float)(lim[r] - kb));
+            for (int c = 0; c < 4; c++) {
+                const __m256 hide = _mm256_cmp_ps(_mm256_add_ps(iota, _mm256_set1_ps(8.0f * c)), last, _CMP_GT_OQ);
+                _mm256_store_ps(pr + 8 * c, x[c] = _mm256_blendv_ps(x[c], ninf, hide));
+            }
+        }
+        const float mx = hmax256(_mm256_max_ps(_mm256_max_ps(x[0], x[1]), _mm256_max_ps(x[2], x[3])));
+        mnew[r] = mx > m[r] ? mx : m[r];
+    }
+    float old[8] = {0};
+    for (int r = 0; r < R; r++) old[r] = m[r], m[r] = mnew[r];
+    const __m256 o = _mm256_loadu_ps(old); /* -inf before a row's first block: its factor 0 */
+    _mm256_storeu_ps(al, _mm256_and_ps(exp256(_mm256_sub_ps(o, _mm256_loadu_ps(mnew))), _mm256_cmp_ps(o, ninf, _CMP_NEQ_OQ)));
+    for (int r = 0; r < R; r++) {
+        float *pr = P + r * PA_KB;
+        const __m256 sh = _mm256_set1_ps(mnew[r]);
+        __m256 sum = _mm256_setzero_ps();
+        for (int c = 0; c < 4; c++) {
+            __m256 x = _mm256_load_ps(pr + 8 * c), p = exp256(_mm256_sub_ps(x, sh));
+            if (diag) p = _mm256_and_ps(p, _mm256_cmp_ps(x, ninf, _CMP_NEQ_OQ)); /* a hidden key weighs 0 */
+            sum = _mm256_add_ps(sum, p);
+            _mm256_store_ps(pr + 8 * c, p);
+        }
+        l[r] = l[r] * al[r] + hsum(sum);
+    }
+    int c0 = 0;
+    for (; c0 + 32 <= hd; c0 += 32) patt_pv(R, 4, P, al, vb, a->vs[2], nk, O, hd, c0);
+    switch ((hd - c0) / 8) {
+    case 1: patt_pv(R, 1, P, al, vb, a->vs[2], nk, O, hd, c0); break;
+    case 2: patt_pv(R, 2, P, al, vb, a->vs[2], nk, O, hd, c0); break;
+    case 3: patt_pv(R, 3, P, al, vb, a->vs[2], nk, O, hd, c0); break;
+    default: break;
+    }
+}
+
+/* one task: positions p0 .. p1 of batch row b's kv head h, with its G query heads */
+static inline __attribute__((always_inline)) void patt_task(const int R, const PrefillAtt *a, int task, float *Qs, float *O) {
+    const int hd = a->hd, G = a->G, off = a->Tk - a->T;
+    const int bh = task % (a->B * a->Hkv), qblk = a->nqb - 1 - task / (a->B * a->Hkv);
+    const int b = bh / a->Hkv, h = bh % a->Hkv, p0 = qblk * a->qb, p1 = p0 + a->qb < a->T ? p0 + a->qb : a->T;
+    const int M = (p1 - p0) * G, tiles = (M + R - 1) / R;
+    float m[PA_ROWS + 8], l[PA_ROWS + 8];
+    int lim[PA_ROWS + 8];
+    for (int r = 0; r < tiles * R; r++) { /* rows: position-major, the group's heads side by side */
+        const int rr = r < M ? r : M - 1, p = p0 + rr / G, g = rr % G;
+        const float *qr = a->q + b * a->qs[0] + (int64_t)(h * G + g) * a->qs[1] + p * a->qs[2];
+        for (int d = 0; d < hd; d++) Qs[r * hd + d] = qr[d] * a->scale;
+        memset(O + r * hd, 0, hd * sizeof(float));
+        m[r] = -INFINITY, l[r] = 0.0f, lim[r] = p + off;
+    }
+    const float *kt = a->kt + (size_t)bh * hd * a->tkp;
+    const float *vb = a->v + b * a->vs[0] + h * a->vs[1];
+    const int end = lim[M - 1] + 1; /* keys the task's last row sees */
+    for (int kb = 0; kb < end; kb += PA_KB) {
+        const int nk = end - kb < PA_KB ? end - kb : PA_KB;
+        for (int t = 0; t < tiles; t++) {
+            const int r0 = t * R;
+            if (lim[r0 + R - 1] < kb) continue; /* every key of the block hidden from the tile */
+            patt_tile(R, a, Qs + r0 * hd, kt + (size_t)kb * hd, vb + kb * a->vs[2], lim + r0, kb, nk, m + r0, l + r0, O + r0 * hd);
+        }
+    }
+    for (int r = 0; r < M; r++) {
+        const int p = p0 + r / G, g = r % G;
+        float *y = a->out + (((size_t)b * a->T + p) * a->H + h * G + g) * hd;
+        const float inv = 1.0f / l[r];
+        for (int d = 0; d < hd; d++) y[d] = O[r * hd + d] * inv;
+    }
+}
+
+WIDE static void patt_task_512(const PrefillAtt *a, int task, float *Qs, float *O) { patt_task(6, a, task, Qs, O); }
+static void patt_task_256(const PrefillAtt *a, int task, float *Qs, float *O) { patt_task(3, a, task, Qs, O); }
+
+static void patt_job(void *ctx, int tid, int nt) {
+    (void)tid, (void)nt;
+    PrefillAtt *a = (PrefillAtt *)ctx;
+    const int wide = lm_patt_wide(-1);
+    const size_t n = (size_t)(PA_ROWS + 8) * a->hd; /* a task's query rows and outputs, and a tile past them */
+    float *Qs = (float *)aligned_alloc(64, 2 * n * sizeof(float));
+    if (!Qs) {
+        atomic_store(&a->failed, 1);
+        return;
+    }
+    for (int t = atomic_fetch_add(&a->next, 1); t < a->tasks; t = atomic_fetch_add(&a->next, 1))
+        (wide ? patt_task_512 : patt_task_256)(a, t, Qs, Qs + n);
+    free(Qs);
+}
+
+/* strides: q's, k's and v's (batch, head, position) in floats. Returns 0 (out not filled) for a
+   shape it does not take: hd a multiple of 8 up to PA_HD, Hkv dividing H with a group of at most
+   PA_ROWS heads, 1 <= T <= Tk; or where its scratch (the keys transposed, a thread's rows)
+   cannot be allocated. */
+int lm_prefill_attention(const float *q, const float *k, const float *v, float *out, int B, int H, int Hkv, int T,
+                         int Tk, int hd, float scale, const int64_t *strides, int nthreads) {
+    if (B < 1 || Hkv < 1 || H % Hkv || H / Hkv > PA_ROWS || T < 1 || T > Tk || hd < 8 || hd % 8 || hd > PA_HD) return 0;
+    const int tkp = (Tk + PA_KB - 1) / PA_KB * PA_KB;
+    float *kt = (float *)aligned_alloc(64, (size_t)B * Hkv * hd * tkp * sizeof(float));
+    if (!kt) return 0;
+    PrefillAtt a = {.q = q, .k = k, .v = v, .out = out, .kt = kt, .B = B, .H = H, .Hkv = Hkv, .T = T, .Tk = Tk, .hd = hd,
+                    .G = H / Hkv, .tkp = tkp, .scale = scale};
+    a.qb = PA_ROWS / a.G;
+    a.nqb = (T + a.qb - 1) / a.qb;
+    a.tasks = a.nqb * B * Hkv;
+    for (int i = 0; i < 3; i++) a.qs[i] = strides[i], a.ks[i] = strides[3 + i], a.vs[i] = strides[6 + i];
+    atomic_init(&a.next, 0);
+    atomic_init(&a.failed, 0);
+    const int nt = nthreads < 1 ? 1 : nthreads;
+    run_parallel(patt_transpose_job, &a, nt, NULL);
+    run_parallel(patt_job, &a, nt, NULL);
+    free(kt);
+    return !atomic_load(&a.failed);
+}
