@@ -349,6 +349,50 @@ def test_integer_form_of_the_super_block_kinds(qtype, n):
 
 
 @pytest.mark.skipif(not _native(), reason="lamina.native not built here")
+@pytest.mark.parametrize("qtype,n,extreme", [("Q4_K", 13, False), ("Q6_K", 40, False),
+                                             ("Q4_K", 40, True), ("Q6_K", 13, True)])  # fmt: skip
+def test_byte_planes_hold_the_integer_forms(qtype, n, extreme):
+    # decode.c's lm_kq_planes: Q4_K / Q6_K one-row integer sums by vpdpbusd on the input's two
+    # byte planes (1) against the int16 vpdpwssd forms (0): the same exact integers per group,
+    # converted in other groupings; extreme: every weight, scale and input at its largest size
+    # (Q6_K's scales -128, q 0: a lane at the int32 bound), where both sums are exact
+    from lamina.native.build import library
+
+    lib = library()
+    before = lib.lm_kq_planes(-1)
+    if lib.lm_kq_planes(1) != 1 or lib.lm_kq_int(-1) != 1:
+        lib.lm_kq_planes(before)
+        pytest.skip("no AVX-512 VNNI here: the byte-plane form does not run")
+    k = 768
+    rows = _rows(qtype, n, k, 21)
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(22))
+    x[0, ::97] *= 30
+    if extreme:
+        blocks = rows.view(n, k // 256, -1)
+        if qtype == "Q6_K":
+            blocks[..., :192] = 0  # q = 0: weights -32 x scale
+            blocks[..., 192:208] = 0x80  # scales -128
+        else:
+            blocks[..., 4:] = 0xFF  # scales, minimums 63, q 15
+        x = torch.where(torch.arange(k) % 256 == 0, 1.0, -1.0)[None]  # inputs +-32767
+    m = BlockLinear(k, n, [(qtype, rows)], torch.randn(n))
+    want = x @ m.dequantized().T + m.bias
+    try:
+        outs = []
+        for form in (1, 0):
+            assert lib.lm_kq_planes(form) == form
+            outs.append(m(x))
+    finally:
+        lib.lm_kq_planes(before)
+    assert before == 1  # the default where it runs
+    for y in outs:
+        assert ((y - want).norm() / want.norm()).item() < 3e-4
+    assert torch.allclose(outs[0], outs[1], rtol=1e-5, atol=1e-4)
+    if not extreme:
+        assert not torch.equal(outs[0], outs[1])  # the byte-plane form ran
+
+
+@pytest.mark.skipif(not _native(), reason="lamina.native not built here")
 @pytest.mark.parametrize("qtype", ["Q5_0", "Q5_1"])
 def test_five_bit_blocks_by_lane_mask_are_kq_q8s_integers(qtype):
     # decode.c's lm_q5_mask: the high bits as a lane mask (1) or by kq_q8's byte shuffles (0):

@@ -28,7 +28,8 @@
                weights unpacked to int16 with their scales decoded once per super-block, the
                input in natural order (see "GGML's blocks"); one input row of Q4_K and Q6_K
                takes an integer form where the CPU has AVX-512 VNNI (kq_int: the input's scale
-               per 256, each super-block summed in int32)
+               per 256, each super-block summed in int32; its inputs as two byte planes for
+               vpdpbusd: kq_planes)
      LIN_PARTS w an array of gs Lins of those kinds stacked by rows (a fused q/k/v whose parts
                the file typed apart)
    The token table is float, int8 or one of the GGML kinds (a row dequantized per lookup).
@@ -1964,6 +1965,203 @@ VNNI static void one_row_q6k_int(const Lin *L, const Act *a, float *y, int n0, i
     }
 }
 
+/* ------------------------------------------------------------------ one row, Q4_K / Q6_K by byte planes */
+
+/* The same integers as the two forms above, in bytes: the input's int16 x split exactly into
+   x = 256 xh + xl (xh = x >> 8 signed, xl = x & 255 unsigned), two planes of bytes made once a
+   call (kq_planes), so that a super-block's weights stay bytes, 64 to a vector, and `vpdpbusd`
+   takes four products a lane: h = dpbusd(0, q, xh), then dpbusd(h << 8, xl, q) is sum q x over
+   the lane's 4 weights, exact (|h| <= 4 x 63 x 128). A super-block gives 4 such vectors; one
+   transposing sum (sum4x4) leaves 16 lanes, each one block's (Q4_K: half a block, 16 products)
+   or one 16-group's (Q6_K) sum, multiplied by its scale in int32 (`vpmulld`) and converted once.
+   Where the forms above took `vpmullw` and `vpdpwssd` for every 32 weights (and Q6_K's int16
+   unpacking), this takes two `vpdpbusd` for every 64. Bounds: Q4_K's lane 16 x 15 x 32767 x 63
+   < 2^29; Q6_K's weights go in unsigned (0..63), each group's sum less 32 x its inputs' sum (the
+   planes' g32) is sum (q - 32) x, then times the scale at most 16 x 32 x 32767 x 128 < 2^31.
+   The Q4_K form decodes the scales, minimums and d of a pass's 4 rows at once by byte permutes
+   (`vpermb`: AVX-512 VBMI). On where the CPU has VNNI (and VBMI for Q4_K); lm_kq_planes(0)
+   keeps the forms above, -1 leaves it; returns the form in force. */
+static int kq_planes = 1, kq_vnni = -1, kq_vbmi = -1;
+#define VBMI __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx512vbmi")))
+static void kq_cpu(void) {
+    if (kq_vnni >= 0) return;
+    __builtin_cpu_init();
+    kq_vbmi = cpu_has_vnni() && __builtin_cpu_supports("avx512vbmi");
+    kq_vnni = cpu_has_vnni();
+}
+int lm_kq_planes(int choice) {
+    kq_cpu();
+    if (choice >= 0) kq_planes = choice ? 1 : 0;
+    return kq_planes && kq_vnni;
+}
+static inline int kq_planes_for(int kind) {
+    kq_cpu();
+    return kq_planes && (kind == LIN_Q6K ? kq_vnni : kq_vbmi);
+}
+
+/* the planes of one input row (k a multiple of 256), per super-block 512 bytes: 4 vectors, each
+   xh (64 bytes) then xl (64), holding the inputs of the weights the kernel's 4 vectors hold
+   (Q4_K: blocks 0 2 | 1 3 | 4 6 | 5 7, the low and high nibbles of its 32-byte rows; Q6_K: in
+   order); Q6_K also g32: per super-block 16 int32, 32 x a 16-group's inputs' sum in sum4x4's
+   lane order (lane 4c + i: group 4i + c) */
+VNNI static void kq_planes_of(int kind, const int16_t *q, int k, int8_t *p, int32_t *g32) {
+    static const int q4k_order[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+    for (int sb = 0; sb < k / 256; sb++) {
+        for (int s = 0; s < 8; s++) {
+            const __m512i x = _mm512_loadu_si512((const void *)(q + 256 * sb + 32 * (kind == LIN_Q4K ? q4k_order[s] : s)));
+            int8_t *o = p + 512 * sb + 128 * (s / 2) + 32 * (s % 2);
+            _mm256_storeu_si256((__m256i *)o, _mm512_cvtepi16_epi8(_mm512_srai_epi16(x, 8)));
+            _mm256_storeu_si256((__m256i *)(o + 64), _mm512_cvtepi16_epi8(x));
+        }
+        if (kind == LIN_Q6K)
+            for (int lane = 0; lane < 16; lane++) {
+                const int16_t *g = q + 256 * sb + 16 * (4 * (lane % 4) + lane / 4);
+                int32_t s = 0;
+                for (int i = 0; i < 16; i++) s += g[i];
+                g32[16 * sb + lane] = 32 * s;
+            }
+    }
+}
+
+/* 4 vectors of 16 int32 -> lane 4c + i: the sum of v[i]'s 128-bit chunk c */
+VNNI static inline __attribute__((always_inline)) __m512i sum4x4(__m512i v0, __m512i v1, __m512i v2, __m512i v3) {
+    const __m512i t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(v0, v1), _mm512_unpackhi_epi32(v0, v1));
+    const __m512i t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(v2, v3), _mm512_unpackhi_epi32(v2, v3));
+    return _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
+}
+
+/* 64 weight bytes w (0..63) by their inputs' planes at xp: each lane sum w x over 4 weights */
+VNNI static inline __attribute__((always_inline)) __m512i dot_planes(__m512i w, const int8_t *xp) {
+    const __m512i h = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512((const void *)xp));
+    return _mm512_dpbusd_epi32(_mm512_slli_epi32(h, 8), _mm512_loadu_si512((const void *)(xp + 64)), w);
+}
+
+VBMI static void one_row_q4k_planes(const Lin *L, const Act *a, const int8_t *xp, float *y, int n0, int n1, int accumulate) {
+    const int k = L->k, nsb = k / 256;
+    const size_t rb = kq_row_bytes(LIN_Q4K, k);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    /* byte permutes of the 4 rows' first 16 bytes (d, dmin, 12 scale bytes S0..S11; row r at
+       16 r): the scales in sum4x4's lane order, 16 bytes a row ([s0 s1 s4 s5] x2, [s2 s3 s6 s7]
+       x2): s_i = S_i & 63 (i < 4), s_i = (S_(i+4) & 15) | (S_(i-4) >> 6) << 4; the minimums 8
+       bytes a row (row r at 8 r): m_i = S_(i+4) & 63, m_i = S_(i+4) >> 4 | (S_i >> 6) << 4 */
+    static const int8_t ia[16] = {4, 5, 12, 13, 4, 5, 12, 13, 6, 7, 14, 15, 6, 7, 14, 15}; /* row 0's; + 16 r */
+    static const int8_t ib[16] = {0, 1, 4, 5, 0, 1, 4, 5, 2, 3, 6, 7, 2, 3, 6, 7};
+    static const int8_t ma[16] = {63, 63, 15, 15, 63, 63, 15, 15, 63, 63, 15, 15, 63, 63, 15, 15};
+    static const int8_t ic[32] = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31,
+                                  40, 41, 42, 43, 44, 45, 46, 47, 56, 57, 58, 59, 60, 61, 62, 63};
+    static const int8_t idd[16] = {0, 1, 16, 17, 32, 33, 48, 49, 2, 3, 18, 19, 34, 35, 50, 51}; /* d, then dmin */
+    const __m512i rows16 = _mm512_setr_epi32(0, 0, 0, 0, 0x10101010, 0x10101010, 0x10101010, 0x10101010,
+                                             0x20202020, 0x20202020, 0x20202020, 0x20202020, 0x30303030, 0x30303030, 0x30303030, 0x30303030);
+    const __m512i IA = _mm512_add_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)ia)), rows16);
+    const __m512i IB = _mm512_add_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)ib)), rows16);
+    const __m512i MA = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)ma));
+    const __m512i IC = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)ic)), ID = _mm512_sub_epi8(IC, _mm512_set1_epi8(4));
+    const __m512i MC = _mm512_set1_epi64(0x3f3f3f3f), ME = _mm512_set1_epi64((long long)0x0f0f0f0f00000000ULL);
+    const __m512i IDD = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)idd));
+    const __mmask64 kb = 0xccccccccccccccccULL, kd = 0xf0f0f0f0f0f0f0f0ULL; /* the bytes of s_i, m_i with i >= 4 */
+    const __m512i pair_dmin[2] = {_mm512_setr_epi32(4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5),
+                                  _mm512_setr_epi32(6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7)};
+    for (int n = n0; n < n1; n += NR) {
+        const uint8_t *row[NR];
+        nr_rows(L, rb, n, n1, row);
+        const int spread = pf_spread && n + pf_passes * NR < n1;
+        __m512 acc[NR], macc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}; /* minimums: rows 2q, 2q + 1 */
+        for (int j = 0; j < NR; j++) acc[j] = _mm512_setzero_ps();
+        for (int sb = 0; sb < nsb; sb++) {
+            if (spread) pf_rows(row, (size_t)pf_passes * NR * rb, (size_t)sb * 144, (size_t)(sb + 1) * 144);
+            const int8_t *xs = xp + 512 * sb;
+            const __m256 sx8 = _mm256_loadu_ps(a->sx + 8 * sb);
+            const __m512 sxs = _mm512_insertf32x8(_mm512_castps256_ps512(sx8), sx8, 1);
+            __m512i hd = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(row[0] + (size_t)sb * 144)));
+            for (int j = 1; j < NR; j++) hd = _mm512_inserti32x4(hd, _mm_loadu_si128((const __m128i *)(row[j] + (size_t)sb * 144)), j);
+            const __m512i A = _mm512_and_si512(_mm512_permutexvar_epi8(IA, hd), MA);
+            const __m512i sc = _mm512_ternarylogic_epi32(A, _mm512_srli_epi16(_mm512_maskz_permutexvar_epi8(kb, IB, hd), 2), m30, 0xF8);
+            const __m512i C = _mm512_permutexvar_epi8(IC, hd);
+            __m512i mi = _mm512_ternarylogic_epi32(_mm512_and_si512(C, MC), _mm512_srli_epi16(C, 4), ME, 0xF8);
+            mi = _mm512_ternarylogic_epi32(mi, _mm512_srli_epi16(_mm512_maskz_permutexvar_epi8(kd, ID, hd), 2), m30, 0xF8);
+            const __m256 dd = _mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_permutexvar_epi8(IDD, hd)));
+            const __m512 ddx = _mm512_castps256_ps512(_mm256_mul_ps(dd, _mm256_set1_ps(a->dx[8 * sb])));
+            for (int q = 0; q < 2; q++) {
+                const __m128i m16 = q ? _mm512_extracti32x4_epi32(mi, 1) : _mm512_castsi512_si128(mi);
+                const __m512 mf = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(m16));
+                macc[q] = _mm512_fmadd_ps(_mm512_mul_ps(mf, _mm512_permutexvar_ps(pair_dmin[q], _mm512_castps256_ps512(dd))), sxs, macc[q]);
+            }
+#pragma GCC unroll 4
+            for (int j = 0; j < NR; j++) {
+                const uint8_t *blk = row[j] + (size_t)sb * 144 + 16;
+                __m512i v[4];
+                for (int P = 0; P < 2; P++) { /* 64 bytes: blocks 4P, 4P + 2 low nibbles, 4P + 1, 4P + 3 high */
+                    const __m512i raw = _mm512_loadu_si512((const void *)(blk + 64 * P));
+                    v[2 * P] = dot_planes(_mm512_and_si512(raw, m4), xs + 256 * P);
+                    v[2 * P + 1] = dot_planes(_mm512_and_si512(_mm512_srli_epi16(raw, 4), m4), xs + 256 * P + 128);
+                }
+                const __m128i s16 = j ? _mm512_extracti32x4_epi32(sc, j) : _mm512_castsi512_si128(sc);
+                const __m512i t = _mm512_mullo_epi32(sum4x4(v[0], v[1], v[2], v[3]), _mm512_cvtepu8_epi32(s16));
+                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_permutexvar_ps(_mm512_set1_epi32(j), ddx), acc[j]);
+            }
+        }
+        float mins[NR];
+        for (int q = 0; q < 2; q++) {
+            mins[2 * q] = -hsum(_mm512_castps512_ps256(macc[q]));
+            mins[2 * q + 1] = -hsum(_mm512_extractf32x8_ps(macc[q], 1));
+        }
+        store_nr(L, acc, mins, y, n, n1, accumulate);
+    }
+}
+
+VNNI static void one_row_q6k_planes(const Lin *L, const Act *a, const int8_t *xp, const int32_t *g32, float *y, int n0, int n1, int accumulate) {
+    const int k = L->k, nsb = k / 256;
+    const size_t rb = kq_row_bytes(LIN_Q6K, k);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    const __m512i shl = _mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2), shr = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2);
+    const __m128i order = _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15); /* sum4x4's lanes */
+    for (int n = n0; n < n1; n += NR) {
+        const uint8_t *row[NR];
+        nr_rows(L, rb, n, n1, row);
+        const int spread = pf_spread && n + pf_passes * NR < n1;
+        __m512 acc[NR];
+        for (int j = 0; j < NR; j++) acc[j] = _mm512_setzero_ps();
+        for (int sb = 0; sb < nsb; sb++) {
+            if (spread) pf_rows(row, (size_t)pf_passes * NR * rb, (size_t)sb * 210, (size_t)(sb + 1) * 210);
+            const int8_t *xs = xp + 512 * sb;
+            const float dxs = a->dx[8 * sb];
+            const __m512i gs = _mm512_loadu_si512((const void *)(g32 + 16 * sb));
+#pragma GCC unroll 4
+            for (int j = 0; j < NR; j++) {
+                const uint8_t *blk = row[j] + (size_t)sb * 210;
+                __m512i v[4];
+                for (int h = 0; h < 2; h++) { /* 128 weights: ql 64 bytes (low 4 bits), qh 32 (2 bits each, 4 weights a byte) */
+                    const __m512i ql = _mm512_loadu_si512((const void *)(blk + 64 * h));
+                    const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h)));
+                    const __m512i lo = _mm512_ternarylogic_epi32(ql, _mm512_and_si512(_mm512_sllv_epi64(qh, shl), m30), m4, 0xE4);
+                    const __m512i hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4), _mm512_and_si512(_mm512_srlv_epi64(qh, shr), m30), m4, 0xE4);
+                    v[2 * h] = dot_planes(lo, xs + 256 * h);
+                    v[2 * h + 1] = dot_planes(hi, xs + 256 * h + 128);
+                }
+                const __m512i s16 = _mm512_cvtepi8_epi32(_mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(blk + 192)), order));
+                const __m512i t = _mm512_mullo_epi32(_mm512_sub_epi32(sum4x4(v[0], v[1], v[2], v[3]), gs), s16);
+                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_set1_ps(half(blk + 208) * dxs), acc[j]);
+            }
+        }
+        const float zero[NR] = {0};
+        store_nr(L, acc, zero, y, n, n1, accumulate);
+    }
+}
+
+/* Q4_K / Q6_K rows n0..n1 for one input row by byte planes; 0 when out of memory (the caller then
+   runs the forms above) */
+static int one_row_kq_planes(const Lin *L, const Act *a, float *y, int n0, int n1, int accumulate) {
+    const int nsb = L->k / 256;
+    void *buf = aligned_alloc(64, (size_t)nsb * (512 + 64));
+    if (!buf) return 0;
+    int32_t *g32 = (int32_t *)((int8_t *)buf + (size_t)nsb * 512);
+    kq_planes_of(L->kind, a->q, L->k, (int8_t *)buf, g32);
+    if (L->kind == LIN_Q4K) one_row_q4k_planes(L, a, (const int8_t *)buf, y, n0, n1, accumulate);
+    else one_row_q6k_planes(L, a, (const int8_t *)buf, g32, y, n0, n1, accumulate);
+    free(buf);
+    return 1;
+}
+
 /* An int8 linear's batch with int8 inputs (head8: the head of a step whose int4 lanes take
    int8, so that it rounds as those and as its one-row form, one_row8): lane_rows_512's layout
    with 4 input bytes a lane (xt8[c][i][row][e]: quad I8Q(i) of block 2c + e) and the weights
@@ -2402,6 +2600,7 @@ static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
         return;
     }
     if (B == 1 && (L->kind == LIN_Q4K || L->kind == LIN_Q6K) && a->span == 8 && kq_int_on()) { /* one row: integers */
+        if (kq_planes_for(L->kind) && one_row_kq_planes(L, a, y, n0, n1, accumulate)) return;
         if (L->kind == LIN_Q4K) one_row_q4k_int(L, a, y, n0, n1, accumulate);
         else one_row_q6k_int(L, a, y, n0, n1, accumulate);
         return;
