@@ -18,10 +18,10 @@ def built():
     assert native.available(), why
 
 
-def _model(scheme: str) -> GPT:
-    torch.manual_seed(3)
+def _model(scheme: str, seed: int = 3, d_model: int = 64) -> GPT:
+    torch.manual_seed(seed)
     cfg = GPTConfig(
-        vocab_size=97, block_size=64, d_model=64, n_heads=4, n_layers=2, d_ff=128,
+        vocab_size=97, block_size=64, d_model=d_model, n_heads=4, n_layers=2, d_ff=2 * d_model,
         positions="rope", norm="rms", activation="swiglu", n_kv_heads=2, bias=False,
     )  # fmt: skip
     model = GPT(cfg).eval()
@@ -175,15 +175,7 @@ def test_an_int8_head_beside_int4_lanes_gives_each_row_what_it_gets_alone():
 
     from lamina.native.build import library
 
-    torch.manual_seed(4)
-    cfg = GPTConfig(
-        vocab_size=97, block_size=64, d_model=96, n_heads=4, n_layers=2, d_ff=192,
-        positions="rope", norm="rms", activation="swiglu", n_kv_heads=2, bias=False,
-    )  # fmt: skip
-    model = GPT(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(4)
+    model = _model("fp32", seed=4, d_model=96)
     head = model.head.weight.detach().clone()
     model = quantize(model, "int4", group_size=32)
     model.head = _int8_linear(head, torch.zeros(97), 32)

@@ -2382,6 +2382,25 @@ VNNI static void act16(const Lin *L, const Act *a, int r0, int rows, Act16 *t) {
 #ifndef PF16
 #define PF16 2 /* groups of 16 rows ahead to prefetch */
 #endif
+/* the lanes' two input forms share these: the prefetch of group G + PF16's block b (its weights,
+   scales and minimums), and a group's R output rows stored (f plus the bias, added to y's where
+   accumulating, the stores kept to keep's rows) */
+static inline __attribute__((always_inline)) void lanes_prefetch(const uint8_t *wg, const float *sg, const float *mg, int nb, int b) {
+    const char *pw = (const char *)(wg + ((size_t)PF16 * nb + b) * 256);
+    for (int o = 0; o < 256; o += 64) PF_W(pw + o);
+    PF_W((const char *)(sg + ((size_t)PF16 * nb + b) * 16));
+    PF_W((const char *)(mg + ((size_t)PF16 * nb + b) * 16));
+}
+VNNI static inline __attribute__((always_inline)) void lanes_store(const Lin *L, const __m512 *f, const int R, int G, __mmask16 keep, float *y, int r0, int ystride, int accumulate) {
+    const __m512 bias = L->bias ? _mm512_maskz_loadu_ps(keep, L->bias + 16 * G) : _mm512_setzero_ps();
+    for (int r = 0; r < R; r++) {
+        float *o = y + (size_t)(r0 + r) * ystride + 16 * G;
+        __m512 v = _mm512_add_ps(f[r], bias);
+        if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(keep, o));
+        _mm512_mask_storeu_ps(o, keep, v);
+    }
+}
+
 /* output rows n0..n1 (the groups of 16 they touch; the stores kept to n0..n1) for the R inputs of
    t (rows r0..), into y as lin_rows. R is a constant in each instance below (1..LANES); a row's
    integer sums go to NA = 4 / R accumulators (R < 4: the blocks' 16 `vpdpwssd` in independent
@@ -2398,12 +2417,7 @@ VNNI static inline __attribute__((always_inline)) void lane16_body(const Lin *L,
         __m512 f[LANES];
         for (int r = 0; r < R; r++) f[r] = _mm512_setzero_ps();
         for (int b = 0; b < nb; b++) {
-            if (pf) {
-                const char *pw = (const char *)(wg + ((size_t)PF16 * nb + b) * 256);
-                for (int o = 0; o < 256; o += 64) PF_W(pw + o);
-                PF_W((const char *)(sg + ((size_t)PF16 * nb + b) * 16));
-                PF_W((const char *)(mg + ((size_t)PF16 * nb + b) * 16));
-            }
+            if (pf) lanes_prefetch(wg, sg, mg, nb, b);
             __m512i acc[LANES]; /* R * NA of them: 4 or R */
             for (int r = 0; r < R * NA; r++) acc[r] = _mm512_setzero_si512();
             const int32_t *xb = t->xp + (size_t)b * LANES * 16;
@@ -2428,13 +2442,7 @@ VNNI static inline __attribute__((always_inline)) void lane16_body(const Lin *L,
                 f[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(t->bs[b * LANES + r]), f[r]);
             }
         }
-        const __m512 bias = L->bias ? _mm512_maskz_loadu_ps(keep, L->bias + 16 * G) : _mm512_setzero_ps();
-        for (int r = 0; r < R; r++) {
-            float *o = y + (size_t)(r0 + r) * ystride + 16 * G;
-            __m512 v = _mm512_add_ps(f[r], bias);
-            if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(keep, o));
-            _mm512_mask_storeu_ps(o, keep, v);
-        }
+        lanes_store(L, f, R, G, keep, y, r0, ystride, accumulate);
     }
 }
 
@@ -2462,12 +2470,7 @@ VNNI static inline __attribute__((always_inline)) void lane8_body(const Lin *L, 
         __m512 f[LANES];
         for (int r = 0; r < R; r++) f[r] = _mm512_setzero_ps();
         for (int b = 0; b < nb; b++) {
-            if (pf) {
-                const char *pw = (const char *)(wg + ((size_t)PF16 * nb + b) * 256);
-                for (int o = 0; o < 256; o += 64) PF_W(pw + o);
-                PF_W((const char *)(sg + ((size_t)PF16 * nb + b) * 16));
-                PF_W((const char *)(mg + ((size_t)PF16 * nb + b) * 16));
-            }
+            if (pf) lanes_prefetch(wg, sg, mg, nb, b);
             __m512i wq[8];
             for (int h = 0; h < 4; h++) {
                 const __m512i pk = _mm512_load_si512((const void *)(wg + (size_t)b * 256 + 64 * h));
@@ -2494,13 +2497,7 @@ VNNI static inline __attribute__((always_inline)) void lane8_body(const Lin *L, 
                 f[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(a->s8[rb]), f[r]);
             }
         }
-        const __m512 bias = L->bias ? _mm512_maskz_loadu_ps(keep, L->bias + 16 * G) : _mm512_setzero_ps();
-        for (int r = 0; r < R; r++) {
-            float *o = y + (size_t)(r0 + r) * ystride + 16 * G;
-            __m512 v = _mm512_add_ps(f[r], bias);
-            if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(keep, o));
-            _mm512_mask_storeu_ps(o, keep, v);
-        }
+        lanes_store(L, f, R, G, keep, y, r0, ystride, accumulate);
     }
 }
 
