@@ -39,6 +39,10 @@ their input to int16 in blocks of 32, so their outputs differ from the same weig
 to float by ~1e-4 relative (closer than PyTorch's bf16-input int4 kernel); float linears differ
 only by summation order. tests/test_native.py holds every case to the PyTorch step.
 
+The caches may be float32 or float16 (a server's 16-bit rows, `lazy_caches(..., torch.float16)`):
+with float16 each new key and value is stored rounded as torch rounds a float32 -> float16
+copy, and attention reads the halves (decode.c's kv16).
+
 Deliberately unaware of sampling, windows and stopping: tokens and positions in, logits out.
 """
 
