@@ -89,6 +89,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--max-connections", type=int, default=64, help="open connections at once (default: 64)"
     )
+    p.add_argument(
+        "--kv-cache",
+        choices=("f16", "f32"),
+        default="f16",
+        help="the slots' KV caches where the native step runs: f16 (default: half the memory "
+        "and the bytes each step's attention reads) or f32",
+    )
     add_keep_quantized(p)
     p.set_defaults(func=run)
 
@@ -140,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
         slots=args.slots,
         context=args.context,
         wait=args.wait,
+        kv16=args.kv_cache == "f16",
     )
     engine = Engine(model, tokenizer, limits)
     _ = engine.batcher  # the slots' KV caches, allocated now: one that cannot fit is refused here
@@ -154,7 +162,8 @@ def run(args: argparse.Namespace) -> int:
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if family == socket.AF_INET6 else host
     c = model.config
-    kv_mb = 2 * c.n_layers * c.kv_heads * c.head_dim * 4 * engine.context * args.slots / 2**20
+    width = engine.batcher.caches[0].k.element_size()
+    kv_mb = 2 * c.n_layers * c.kv_heads * c.head_dim * width * engine.context * args.slots / 2**20
     print(
         f"lamina serve: http://{shown}:{port}/  (Ctrl-C to stop; {args.slots} slots x "
         f"{engine.context} tokens, KV cache {kv_mb:,.0f} MB)",

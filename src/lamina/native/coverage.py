@@ -13,7 +13,8 @@ What it covers (`native_step` returns None for anything else, leaving PyTorch to
     kinds stacked by rows); a LoRA-wrapped layer is not covered (merge it first);
   * a token table that is float32, an `Int8Embedding` or a `BlockEmbedding` (a tied head
     reading the same blocks);
-  * float32 `KVCache`s of one length (checked when a NativeStep is built).
+  * float32 or float16 `KVCache`s of one length (checked when a NativeStep is built; float16:
+    the server's 16-bit rows, decode.c's kv16).
 It computes what the model computes in eval mode without gradients: dropout is not applied,
 so callers use it only then (`usable(model)`).
 

@@ -74,7 +74,8 @@ typedef struct {
     const float *n1w, *n1b, *n2w, *n2b; /* norm gains and shifts, NULL where absent */
     const float *qg, *kg;               /* qk-norm gains, NULL where absent */
     Lin qkv, proj, fc, out;
-    float *kc, *vc; /* this layer's cache: (batch, kv heads, cache_len, hd) */
+    float *kc, *vc; /* this layer's cache: (batch, kv heads, cache_len, hd); IEEE halves where
+                       the model's kv16 is set */
 } Layer;
 
 typedef struct {
@@ -82,6 +83,7 @@ typedef struct {
     int32_t norm, act, qk_norm, rope;
     float eps, emb_scale, softcap; /* 0: none */
     int32_t emb_kind, emb_gs;      /* LIN_F32 or LIN_INT8 */
+    int32_t kv16;                  /* 1: the caches hold IEEE halves (lm_step's "16-bit caches") */
     const void *emb_w;
     const float *emb_s;
     const float *pos_table; /* (block, d) added at the position, or NULL */
@@ -2758,6 +2760,7 @@ typedef struct {
     Barrier bar;
     /* scratch */
     float *x, *xn, *qkv, *att, *fco, *h, *cs, *sn, *scores, *parts;
+    float *kvs; /* kv16: each thread's chunk of keys, then of values, as floats (2 CHUNK hd) */
     Act a;
 } Step;
 
@@ -2847,12 +2850,20 @@ int lm_att_wide(int choice) {
     return att_wide && lanes_512();
 }
 
-/* one key's 64 products with the query q0..q3, in 16 lanes */
-WIDE static inline __attribute__((always_inline)) __m512 key64(__m512 q0, __m512 q1, __m512 q2, __m512 q3, const float *kr) {
-    __m512 v = _mm512_mul_ps(q0, _mm512_loadu_ps(kr));
-    v = _mm512_fmadd_ps(q1, _mm512_loadu_ps(kr + 16), v);
-    v = _mm512_fmadd_ps(q2, _mm512_loadu_ps(kr + 32), v);
-    return _mm512_fmadd_ps(q3, _mm512_loadu_ps(kr + 48), v);
+/* 16 cached elements from p as floats: float32, or IEEE halves where h (16-bit caches, one
+   vcvtph2ps) */
+WIDE static inline __attribute__((always_inline)) __m512 load16(const char *p, const int h) {
+    return h ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)) : _mm512_loadu_ps((const float *)p);
+}
+
+/* one key's 64 products with the query q0..q3, in 16 lanes (kr: its row, halves where h) */
+WIDE static inline __attribute__((always_inline)) __m512 key64(__m512 q0, __m512 q1, __m512 q2, __m512 q3, const char *kr,
+                                                               const int h) {
+    const int es = h ? 2 : 4;
+    __m512 v = _mm512_mul_ps(q0, load16(kr, h));
+    v = _mm512_fmadd_ps(q1, load16(kr + 16 * es, h), v);
+    v = _mm512_fmadd_ps(q2, load16(kr + 32 * es, h), v);
+    return _mm512_fmadd_ps(q3, load16(kr + 48 * es, h), v);
 }
 
 /* keys ahead whose rows the first head of a group prefetches while it scores (0: none), and the
@@ -2869,27 +2880,28 @@ int lm_att_pf(int choice) {
    keys here, as its values are in weighted_group: spread through a task, so that a core keeps
    its reads in flight while it computes (a burst of a whole task's lines at its start left
    one core's attention far below its read bandwidth; BENCHMARKS.md, issue 31's Zen 4 section) */
-static inline __attribute__((always_inline)) void pf_keys(const float *nk, int from, int to) {
+static inline __attribute__((always_inline)) void pf_keys(const char *nk, int from, int to, const int h) {
+    const int rb = h ? 128 : 256; /* a row's bytes */
     for (int t = from; t < to; t++)
-        for (int c = 0; c < 64; c += 16) PF_W((const char *)(nk + (size_t)t * 64 + c));
+        for (int o = 0; o < rb; o += 64) PF_W(nk + (size_t)t * rb + o);
 }
 
-WIDE static void scores_512(const float *q, const float *kb, int len, float scale, float *sc, const float *vb,
-                            const float *nk, int nlen) {
+WIDE static inline __attribute__((always_inline)) void scores_t(const float *q, const char *kb, const int h, int len, float scale,
+                                                                float *sc, const char *vb, const char *nk, int nlen) {
     const __m512 q0 = _mm512_loadu_ps(q), q1 = _mm512_loadu_ps(q + 16), q2 = _mm512_loadu_ps(q + 32), q3 = _mm512_loadu_ps(q + 48);
-    const int pf = vb ? att_pf : 0;
+    const int pf = vb ? att_pf : 0, rb = h ? 128 : 256;
     int i = 0;
     for (; i + 8 <= len; i += 8) {
         __m256 a[8];
-        if (nk) pf_keys(nk, i, i + 8 < nlen ? i + 8 : nlen);
+        if (nk) pf_keys(nk, i, i + 8 < nlen ? i + 8 : nlen, h);
         if (pf)
             for (int t = 0; t < 8; t++)
-                for (int c = 0; c < 64; c += 16) {
-                    _mm_prefetch((const char *)(kb + (size_t)(i + t + pf) * 64 + c), _MM_HINT_T0);
-                    _mm_prefetch((const char *)(vb + (size_t)(i + t) * 64 + c), _MM_HINT_T1);
+                for (int o = 0; o < rb; o += 64) {
+                    _mm_prefetch(kb + (size_t)(i + t + pf) * rb + o, _MM_HINT_T0);
+                    _mm_prefetch(vb + (size_t)(i + t) * rb + o, _MM_HINT_T1);
                 }
         for (int t = 0; t < 8; t++) {
-            const __m512 v = key64(q0, q1, q2, q3, kb + (size_t)(i + t) * 64);
+            const __m512 v = key64(q0, q1, q2, q3, kb + (size_t)(i + t) * rb, h);
             a[t] = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
         }
         const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
@@ -2897,8 +2909,15 @@ WIDE static void scores_512(const float *q, const float *kb, int len, float scal
         const __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
         _mm256_storeu_ps(sc + i, _mm256_mul_ps(sum, _mm256_set1_ps(scale)));
     }
-    if (nk) pf_keys(nk, i, nlen);
-    for (; i < len; i++) sc[i] = _mm512_reduce_add_ps(key64(q0, q1, q2, q3, kb + (size_t)i * 64)) * scale;
+    if (nk) pf_keys(nk, i, nlen, h);
+    for (; i < len; i++) sc[i] = _mm512_reduce_add_ps(key64(q0, q1, q2, q3, kb + (size_t)i * rb, h)) * scale;
+}
+
+/* a task's scores (see scores_t): kb's rows float32, or halves where h */
+WIDE static void scores_512(const float *q, const char *kb, int h, int len, float scale, float *sc, const char *vb, const char *nk,
+                            int nlen) {
+    if (h) scores_t(q, kb, 1, len, scale, sc, vb, nk, nlen);
+    else scores_t(q, kb, 0, len, scale, sc, vb, nk, nlen);
 }
 
 /* the largest of s[0..n) (n >= 1) */
@@ -2915,15 +2934,16 @@ WIDE static float max_512(const float *s, int n) {
 
 /* o[g] = sum over i < len of w[g CHUNK + i] v_i for the G heads g of a group; nv: the next
    task's values (nlen rows, or NULL), prefetched a row a value */
-WIDE static inline __attribute__((always_inline)) void weighted_group(int G, const float *w, const float *vb, int len, float **o,
-                                                                      const float *nv, int nlen) {
+WIDE static inline __attribute__((always_inline)) void weighted_group(int G, const float *w, const char *vb, const int h, int len,
+                                                                      float **o, const char *nv, int nlen) {
     __m512 acc[ATT_G][4];
+    const int es = h ? 2 : 4;
     for (int g = 0; g < G; g++)
         for (int c = 0; c < 4; c++) acc[g][c] = _mm512_setzero_ps();
     for (int i = 0; i < len; i++) {
-        const float *vr = vb + (size_t)i * 64;
-        if (nv && i < nlen) pf_keys(nv, i, i + 1);
-        const __m512 v0 = _mm512_loadu_ps(vr), v1 = _mm512_loadu_ps(vr + 16), v2 = _mm512_loadu_ps(vr + 32), v3 = _mm512_loadu_ps(vr + 48);
+        const char *vr = vb + (size_t)i * 64 * es;
+        if (nv && i < nlen) pf_keys(nv, i, i + 1, h);
+        const __m512 v0 = load16(vr, h), v1 = load16(vr + 16 * es, h), v2 = load16(vr + 32 * es, h), v3 = load16(vr + 48 * es, h);
         for (int g = 0; g < G; g++) {
             const __m512 wi = _mm512_set1_ps(w[g * CHUNK + i]);
             acc[g][0] = _mm512_fmadd_ps(wi, v0, acc[g][0]);
@@ -2932,18 +2952,20 @@ WIDE static inline __attribute__((always_inline)) void weighted_group(int G, con
             acc[g][3] = _mm512_fmadd_ps(wi, v3, acc[g][3]);
         }
     }
-    if (nv) pf_keys(nv, len, nlen);
+    if (nv) pf_keys(nv, len, nlen, h);
     for (int g = 0; g < G; g++)
         for (int c = 0; c < 4; c++) _mm512_storeu_ps(o[g] + 16 * c, acc[g][c]);
 }
 
-WIDE static void weighted_group_512(int G, const float *w, const float *vb, int len, float **o, const float *nv, int nlen) {
+WIDE static void weighted_group_512(int G, const float *w, const char *vb, int h, int len, float **o, const char *nv, int nlen) {
+#define WG(g) (h ? weighted_group(g, w, vb, 1, len, o, nv, nlen) : weighted_group(g, w, vb, 0, len, o, nv, nlen))
     switch (G) {
-    case 1: weighted_group(1, w, vb, len, o, nv, nlen); return;
-    case 2: weighted_group(2, w, vb, len, o, nv, nlen); return;
-    case 3: weighted_group(3, w, vb, len, o, nv, nlen); return;
-    default: weighted_group(4, w, vb, len, o, nv, nlen); return;
+    case 1: WG(1); return;
+    case 2: WG(2); return;
+    case 3: WG(3); return;
+    default: WG(4); return;
     }
+#undef WG
 }
 
 /* whether a thread's attention task prefetches its next task's keys and values (1) or not (0):
@@ -2954,6 +2976,30 @@ static int att_next = 1;
 int lm_att_next(int choice) {
     if (choice >= 0) att_next = choice ? 1 : 0;
     return att_next;
+}
+
+/* 16-bit caches (Model.kv16): a row's new key and value are stored as IEEE halves (F16C's
+   round to nearest even, as torch's float32 -> float16 copy rounds), half the bytes a step's
+   attention streams. The AVX-512 form reads the halves where it read floats (load16: the same
+   products and sums of the same values); the AVX2 form widens a task's chunk of keys and values
+   to floats in its thread's scratch first (kv16_widen). Either way each row attends the same
+   rounded keys and values whatever the batch. */
+static inline void kv16_store(uint16_t *dst, const float *src, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) dst[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
+}
+
+/* n halves of keys and of values from kh, vh into kf, vf (floats) */
+static void kv16_widen(const char *kh, const char *vh, size_t n, float *kf, float *vf) {
+    const uint16_t *k = (const uint16_t *)kh, *v = (const uint16_t *)vh;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        _mm256_storeu_ps(kf + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i))));
+        _mm256_storeu_ps(vf + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + i))));
+    }
+    for (; i < n; i++) kf[i] = _cvtsh_ss(k[i]), vf[i] = _cvtsh_ss(v[i]);
 }
 
 /* hr[c0..c1) = the activation of the feed-forward's outputs f (ff wide; SwiGLU: gate f[0..ff),
@@ -3027,8 +3073,13 @@ static void step_job(void *p, int tid, int nt) {
             if (m->qk_norm) rms_head(k, hd, ly->kg, m->eps);
             if (m->rope) rope(k, S->cs + r * h2, S->sn + r * h2, hd);
             size_t at = S->rows[r] * bstride + (size_t)kh * L * hd + (size_t)S->slots[r] * hd;
-            memcpy(ly->kc + at, k, hd * sizeof(float));
-            memcpy(ly->vc + at, v, hd * sizeof(float));
+            if (m->kv16) {
+                kv16_store((uint16_t *)ly->kc + at, k, hd);
+                kv16_store((uint16_t *)ly->vc + at, v, hd);
+            } else {
+                memcpy(ly->kc + at, k, hd * sizeof(float));
+                memcpy(ly->vc + at, v, hd * sizeof(float));
+            }
             for (int h = kh * group; h < (kh + 1) * group; h++) {
                 float *q = S->qkv + (size_t)r * qkv_n + (size_t)h * hd;
                 if (m->qk_norm) rms_head(q, hd, ly->qg, m->eps);
@@ -3051,20 +3102,26 @@ static void step_job(void *p, int tid, int nt) {
             const int n = (int)(S->slots[r] - first + 1), c0 = c * CHUNK;
             const int len = n - c0 < CHUNK ? n - c0 : CHUNK;
             const size_t base = S->rows[r] * bstride + (size_t)kh * L * hd + (size_t)(first + c0) * hd;
-            const float *kb = ly->kc + base, *vb = ly->vc + base;
-            const float *nk = NULL, *nv = NULL; /* the thread's next task's keys and values, nlen rows */
+            const int es = m->kv16 ? 2 : 4; /* a cached element's bytes */
+            const char *kb = (const char *)ly->kc + base * es, *vb = (const char *)ly->vc + base * es;
+            const char *nk = NULL, *nv = NULL; /* the thread's next task's keys and values, nlen rows */
             int nlen = 0;
             if (att_next && t + nt < B * Hkv * nch) {
                 const int t2 = t + nt, c2 = t2 / (B * Hkv), r2 = (t2 / Hkv) % B, kh2 = t2 % Hkv;
                 const int n2 = (int)(S->slots[r2] - S->starts[r2] + 1) - c2 * CHUNK;
                 const size_t b2 = S->rows[r2] * bstride + (size_t)kh2 * L * hd + (size_t)(S->starts[r2] + c2 * CHUNK) * hd;
                 nlen = n2 <= 0 ? 0 : n2 < CHUNK ? n2 : CHUNK;
-                if (nlen) nk = ly->kc + b2, nv = ly->vc + b2;
+                if (nlen) nk = (const char *)ly->kc + b2 * es, nv = (const char *)ly->vc + b2 * es;
                 if (!wide_att || len <= 0) /* the AVX2 form (or no work here): all at once */
-                    for (size_t o = 0; o < (size_t)nlen * hd * 4; o += 64) {
-                        PF_W((const char *)nk + o);
-                        PF_W((const char *)nv + o);
+                    for (size_t o = 0; o < (size_t)nlen * hd * es; o += 64) {
+                        PF_W(nk + o);
+                        PF_W(nv + o);
                     }
+            }
+            if (m->kv16 && !wide_att && len > 0) { /* the AVX2 form reads floats: the chunk widened */
+                float *kf = S->kvs + (size_t)tid * 2 * CHUNK * hd, *vf = kf + (size_t)CHUNK * hd;
+                kv16_widen(kb, vb, (size_t)len * hd, kf, vf);
+                kb = (const char *)kf, vb = (const char *)vf;
             }
             /* wide_att: each head's scores kept apart, the group's weighted sums at once */
             float *scg = S->scores + (size_t)tid * CHUNK * ATT_G, *og[ATT_G];
@@ -3077,8 +3134,8 @@ static void step_job(void *p, int tid, int nt) {
                 if (len <= 0) continue;
                 const float *q = S->qkv + (size_t)r * qkv_n + (size_t)h * hd;
                 float *sc = scg + (wide_att ? (size_t)g * CHUNK : 0);
-                if (wide_att) scores_512(q, kb, len, scale, sc, g == 0 ? vb : NULL, g == 0 ? nk : NULL, nlen);
-                else scores(q, kb, len, hd, scale, sc);
+                if (wide_att) scores_512(q, kb, m->kv16, len, scale, sc, g == 0 ? vb : NULL, g == 0 ? nk : NULL, nlen);
+                else scores(q, (const float *)kb, len, hd, scale, sc);
                 float mx = -INFINITY;
                 if (wide_att) mx = max_512(sc, len);
                 else
@@ -3087,9 +3144,9 @@ static void step_job(void *p, int tid, int nt) {
                 softmax_unnormalised(sc, len, &part[1]);
                 part[0] = mx;
                 if (wide_att) og[g] = o;
-                else weighted_sum(sc, vb, len, hd, o);
+                else weighted_sum(sc, (const float *)vb, len, hd, o);
             }
-            if (wide_att && len > 0) weighted_group_512(group, scg, vb, len, og, nv, nlen);
+            if (wide_att && len > 0) weighted_group_512(group, scg, vb, m->kv16, len, og, nv, nlen);
         }
         barrier_wait(&S->bar);
         for (int t = tid; t < B * H; t += nt) {
@@ -3177,6 +3234,7 @@ int lm_step(const Model *m, int B, const int64_t *tokens, const int64_t *positio
     size_t floats = (size_t)B * (2 * d + qkv_n + m->H * hd + fc_n + m->ff + hd) +
                     (size_t)nthreads * CHUNK * ATT_G + 2 * (size_t)B * (kmax / 32 + 1) +
                     (size_t)B * m->H * ((m->cache_len + CHUNK - 1) / CHUNK) * (hd + 2);
+    if (m->kv16) floats += (size_t)nthreads * 2 * CHUNK * hd;
     /* int8 inputs: the rows the one-row form takes (act8), or every row where linears are in lanes (lanes8) */
     const int q8 = (B < lanes_min(1) && act8_on()) || (lanes8_on() && has_lanes(m));
     if (q8) floats += 2 * (size_t)B * (kmax / 32 + 1) + ((size_t)B * kmax + 3) / 4;
@@ -3199,6 +3257,7 @@ int lm_step(const Model *m, int B, const int64_t *tokens, const int64_t *positio
     S.sn = p, p += (size_t)B * (hd / 2);
     S.scores = p, p += (size_t)nthreads * CHUNK * ATT_G;
     S.parts = p, p += (size_t)B * m->H * ((m->cache_len + CHUNK - 1) / CHUNK) * (hd + 2);
+    if (m->kv16) S.kvs = p, p += (size_t)nthreads * 2 * CHUNK * hd;
     S.a.dx = p, p += (size_t)B * (kmax / 32 + 1);
     S.a.sx = p, p += (size_t)B * (kmax / 32 + 1);
     if (q8) {
@@ -3238,7 +3297,7 @@ static const LayoutEntry LAYOUT[] = {
     AT(Model, d),      AT(Model, H),        AT(Model, Hkv),      AT(Model, hd),
     AT(Model, ff),     AT(Model, vocab),    AT(Model, cache_len), AT(Model, norm),
     AT(Model, act),    AT(Model, qk_norm),  AT(Model, rope),     AT(Model, eps),
-    AT(Model, emb_scale), AT(Model, softcap), AT(Model, emb_kind), AT(Model, emb_gs),
+    AT(Model, emb_scale), AT(Model, softcap), AT(Model, emb_kind), AT(Model, emb_gs), AT(Model, kv16),
     AT(Model, emb_w),  AT(Model, emb_s),    AT(Model, pos_table), AT(Model, inv_freq),
     AT(Model, nfw),    AT(Model, nfb),      AT(Model, head),     AT(Model, layers),
     {0, 0}};

@@ -39,6 +39,10 @@ their input to int16 in blocks of 32, so their outputs differ from the same weig
 to float by ~1e-4 relative (closer than PyTorch's bf16-input int4 kernel); float linears differ
 only by summation order. tests/test_native.py holds every case to the PyTorch step.
 
+The caches may be float32 or float16 (a server's 16-bit rows, `lazy_caches(..., torch.float16)`):
+with float16 each new key and value is stored rounded as torch rounds a float32 -> float16
+copy, and attention reads the halves (decode.c's kv16).
+
 Deliberately unaware of sampling, windows and stopping: tokens and positions in, logits out.
 """
 
@@ -144,10 +148,13 @@ class NativeStep:
         lens = {cache.max_len for cache in caches}
         if len(caches) != c.n_layers or len(lens) != 1:
             raise LaminaError(f"expected {c.n_layers} KV caches of one length")
+        dtypes = {t.dtype for cache in caches for t in (cache.k, cache.v)}
         for cache in caches:
             for t in (cache.k, cache.v):
-                if t.dtype != torch.float32 or not t.is_contiguous() or t.device.type != "cpu":
-                    raise LaminaError("the native step needs contiguous float32 CPU caches")
+                if not t.is_contiguous() or t.device.type != "cpu":
+                    raise LaminaError("the native step needs contiguous CPU caches")
+        if len(dtypes) != 1 or not dtypes <= {torch.float32, torch.float16}:
+            raise LaminaError(f"the native step needs float32 or float16 caches, got {dtypes}")
         self.cache_len, self.cache_batch = lens.pop(), caches[0].k.shape[0]
         self._caches = list(caches)
         layers, packed = (Layer * c.n_layers)(), 0
@@ -172,6 +179,7 @@ class NativeStep:
         m = self._model = Model()
         m.n_layers, m.d, m.H, m.Hkv = c.n_layers, c.d_model, c.n_heads, c.kv_heads
         m.hd, m.ff, m.vocab, m.cache_len = c.head_dim, c.ff_width, c.vocab_size, self.cache_len
+        m.kv16 = int(dtypes == {torch.float16})
         m.norm, m.act = (0 if c.norm == "layer" else 1), ACTIVATIONS[c.activation]
         m.qk_norm, m.rope = int(c.qk_norm), int(c.positions == "rope")
         m.eps, m.softcap = c.layer_norm_eps, c.logit_softcap or 0.0

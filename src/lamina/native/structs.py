@@ -58,7 +58,7 @@ class Model(ctypes.Structure):
         ]
         + [(n, ctypes.c_int32) for n in ("norm", "act", "qk_norm", "rope")]
         + [(n, ctypes.c_float) for n in ("eps", "emb_scale", "softcap")]
-        + [("emb_kind", ctypes.c_int32), ("emb_gs", ctypes.c_int32)]
+        + [(n, ctypes.c_int32) for n in ("emb_kind", "emb_gs", "kv16")]
         + [(n, _p) for n in ("emb_w", "emb_s", "pos_table", "inv_freq", "nfw", "nfb")]
         + [("head", Lin), ("layers", ctypes.POINTER(Layer))]
     )

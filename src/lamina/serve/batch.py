@@ -1,6 +1,6 @@
 """Continuous batching: many sequences decode together, each in its own row of one KV cache.
 
-    Batcher(model, tokenizer, slots, context, prefill_chunk=256, ride=64)
+    Batcher(model, tokenizer, slots, context, prefill_chunk=256, ride=64, kv16=True)
         .submit(seq)                 queue a `Sequence` (any thread); its sink gets the events
         .call(fn, *args) -> Future   run fn on the batch thread between two steps
         .close()
@@ -20,7 +20,10 @@ batched matmuls). So a new request joins at the next step and a finished one lea
 long prompt is prefilled a chunk at a time between the others' steps.
 
 Memory is bounded at start: `slots` rows of `context` tokens (`lazy_caches(model, slots,
-context)`, resident as the rows fill). Rows 0..D-1 hold the decoding sequences (contiguous, so
+context)`, resident as the rows fill). Where the native step runs and `kv16` is set (the default),
+the caches hold float16 (half the memory, and half the bytes each row's attention reads a step:
+at 8 rows of ~100 tokens, ~35 MB of float32 a step otherwise); every row's keys and values are
+rounded alike whatever the batch, and PyTorch's prefill attends them as rounded too. Rows 0..D-1 hold the decoding sequences (contiguous, so
 a step reads a view of the cache, never a gathered copy); a row that finishes is swapped to the end of that range. A
 row keeps its tokens after its sequence ends: a new prompt goes to the free row sharing its
 longest prefix, and when another row shares more, that row's keys and values for the shared
@@ -97,14 +100,18 @@ class Batcher:
         context: int,
         prefill_chunk: int = 256,
         ride: int = 64,
+        kv16: bool = True,
     ) -> None:
         self.model, self.tokenizer = model.eval(), tokenizer
         self.slots, self.context, self.chunk, self.ride = slots, context, prefill_chunk, ride
-        self.caches = lazy_caches(model, slots, context)
+        floats = model.reference_tensor().dtype == torch.float32
+        self.caches = lazy_caches(model, slots, context, torch.float16 if kv16 and floats else None)
         self.rows = [_Row() for _ in range(slots)]
         self.decoding = 0  # rows[:decoding] are decoding
         self.eot = frozenset(getattr(tokenizer, "eot_ids", ()) or ())
         self._native = native_step(model, self.caches)
+        if self._native is None and self.caches[0].k.dtype != model.reference_tensor().dtype:
+            self.caches = lazy_caches(model, slots, context)  # PyTorch's steps: the model's dtype
         self._waiting: collections.deque[Sequence] = collections.deque()
         self._calls: collections.deque[tuple[Future, Callable, tuple]] = collections.deque()
         self._wake = threading.Condition()

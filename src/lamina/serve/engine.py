@@ -75,6 +75,7 @@ class Limits:
     wait: float = 30.0  # seconds a request may wait for a free slot, then 503
     prep_seconds: float = 10.0  # seconds rendering a template / compiling a grammar may take
     prefill_chunk: int = 256  # prompt tokens prefilled between two decode steps
+    kv16: bool = True  # float16 KV caches where the native step runs (batch.py)
 
 
 @dataclass(frozen=True)
@@ -238,7 +239,12 @@ class Engine:
 
                 lim = self.limits
                 self._batcher = Batcher(
-                    self.model, self.tokenizer, lim.slots, self.context, lim.prefill_chunk
+                    self.model,
+                    self.tokenizer,
+                    lim.slots,
+                    self.context,
+                    lim.prefill_chunk,
+                    kv16=lim.kv16,
                 )
             return self._batcher
 

@@ -1,6 +1,6 @@
 """One set of KV caches holding many sequences, a row each: the PyTorch side of the batch.
 
-    lazy_caches(model, slots, context) -> caches                        memory as rows fill
+    lazy_caches(model, slots, context, dtype=None) -> caches            memory as rows fill
     prefill_row(model, caches, row, start, ids) -> logits (1, 1, V)   ids after `start` tokens
     torch_step(model, caches, tokens, lens) -> logits (B, V)           one token per row 0..B-1
     copy_prefix(caches, src, dst, n)                                    row dst gets src's first n
@@ -9,7 +9,10 @@
 `caches` are a model's `make_caches(slots, context)` (`lazy_caches`: the same, in memory the
 OS commits page by page as the rows fill, so resident memory follows the tokens held instead of
 slots x context from the start; zero until written, like make_caches'): row r of every layer's k and v is one
-sequence, column t its token t. The model's forward sees a cache through a view whose
+sequence, column t its token t. They may hold float16 where the model computes in float32 (the
+batch's 16-bit caches, half the bytes a step's attention reads): a write rounds to the
+cache's dtype, and the model's attention gets the keys and values back in its own dtype (so a
+prompt chunk attends its own keys as rounded, as the native step's entries do). The model's forward sees a cache through a view whose
 `append` writes where that row's tokens go: `prefill_row` writes a chunk of one row from
 column `start` (keys of its earlier columns attended, causally); `torch_step` writes row r's
 new key at column lens[r], returns the keys up to the longest row (a view, no copy) and masks,
@@ -44,7 +47,8 @@ class _RowsView:
         rows = torch.arange(B)
         self.c.k[rows, :, self.lens] = k[:, :, 0]
         self.c.v[rows, :, self.lens] = v[:, :, 0]
-        return self.c.k[:B, :, : self.width], self.c.v[:B, :, : self.width]
+        w = self.width
+        return self.c.k[:B, :, :w].to(k.dtype), self.c.v[:B, :, :w].to(v.dtype)
 
 
 class _RowView:
@@ -59,15 +63,17 @@ class _RowView:
         self.c.k[r, :, self.pos : end] = k[0]
         self.c.v[r, :, self.pos : end] = v[0]
         self.pos = end
-        return self.c.k[r : r + 1, :, :end], self.c.v[r : r + 1, :, :end]
+        return self.c.k[r : r + 1, :, :end].to(k.dtype), self.c.v[r : r + 1, :, :end].to(v.dtype)
 
 
-def lazy_caches(model: Any, slots: int, context: int) -> list[Any]:
-    """`model.make_caches(slots, context)` on the CPU, each layer's keys and values in an
-    anonymous memory map (zero pages until written; see the module docstring)."""
-    caches = model.make_caches(1, context)  # the model's checks; one row's worth of memory
+def lazy_caches(
+    model: Any, slots: int, context: int, dtype: torch.dtype | None = None
+) -> list[Any]:
+    """`model.make_caches(slots, context, dtype=dtype)` on the CPU, each layer's keys and
+    values in an anonymous memory map (zero pages until written; see the module docstring)."""
+    caches = model.make_caches(1, context, dtype=dtype)  # the model's checks; one row's memory
     if caches[0].k.device.type != "cpu":
-        return model.make_caches(slots, context)
+        return model.make_caches(slots, context, dtype=dtype)
     n = slots * sum(c.k.nbytes + c.v.nbytes for c in caches)
     check_fits(n, f"KV caches for {slots} x {context:,} positions ({len(caches)} layers)")
     for c in caches:
