@@ -117,7 +117,10 @@ def pack_kq_lanes(m: nn.Module, shared: Tensor | None = None) -> int:
     for i, (qtype, rows, lanes) in enumerate(m.native_parts):
         if lanes or qtype != "Q4_K" or not rows.is_contiguous():
             continue
-        if shared is not None and rows.untyped_storage().data_ptr() == shared.untyped_storage().data_ptr():
+        if (
+            shared is not None
+            and rows.untyped_storage().data_ptr() == shared.untyped_storage().data_ptr()
+        ):
             continue
         L = Lin()
         L.kind, L.n, L.k = GGML_KINDS[qtype], rows.shape[0], m.in_features
