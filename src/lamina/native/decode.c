@@ -2201,10 +2201,11 @@ int lm_kq_lanes(int choice) {
 }
 
 #define KL_SB 2304 /* bytes of 16 rows' super-block */
-/* how many super-blocks ahead the lanes form prefetches (lm_kq_pf_ahead, 1..64; -1 leaves it) */
+/* how many super-blocks ahead the lanes form prefetches (lm_kq_pf_ahead, 1..64, 0 none (the
+   hardware's prefetcher alone); -1 leaves it) */
 static int kq_pf_ahead = 4;
 int lm_kq_pf_ahead(int choice) {
-    if (choice >= 1) kq_pf_ahead = choice > 64 ? 64 : choice;
+    if (choice >= 0) kq_pf_ahead = choice > 64 ? 64 : choice;
     return kq_pf_ahead;
 }
 
@@ -2311,7 +2312,8 @@ VNNI static void one_row_q4k_lanes(const Lin *L, const Act *a, const int8_t *xp,
         __m512 acc = _mm512_setzero_ps(), macc = _mm512_setzero_ps();
         for (int sb = 0; sb < nsb; sb++) {
             const uint8_t *s = g + (size_t)sb * KL_SB;
-            for (int o = 0; o < KL_SB; o += 64) PF_W((const char *)s + (size_t)kq_pf_ahead * KL_SB + o);
+            if (kq_pf_ahead)
+                for (int o = 0; o < KL_SB; o += 64) PF_W((const char *)s + (size_t)kq_pf_ahead * KL_SB + o);
             const int8_t *h0 = xh + 256 * sb, *l0 = xl + 256 * sb;
             /* the scales and minimums of the 16 rows, block b at 16 b */
             const __m512i lo0 = _mm512_loadu_si512((const void *)(s + 64)), lo1 = _mm512_loadu_si512((const void *)(s + 128));
