@@ -484,11 +484,15 @@ def test_q4k_lanes_hold_the_integer_forms(n, extreme):
     m = BlockLinear(k, n + 29, parts, torch.randn(n + 29))
     xs = torch.randn(5, k, generator=torch.Generator().manual_seed(26))
     want = x @ m.dequantized().T + m.bias
+    bf16 = m.dequantized(torch.bfloat16)
     before = torch.get_num_threads()
     try:
         with torch.no_grad():
             plain = [m(x), m(xs)]
             assert pack_kq_lanes(m) == 2 and m.lanes == [True, False, True]
+            for threads in (1, 3):  # a prefill's bf16 weights read from the lanes, group by group
+                torch.set_num_threads(threads)
+                assert torch.equal(m.dequantized(torch.bfloat16), bf16)
             assert not torch.equal(m.blocks_0, rows)  # laid out again, in place
             assert torch.equal(m.parts[0][1], rows) and torch.equal(
                 m.state_dict()["blocks_0"], rows

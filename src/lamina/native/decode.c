@@ -2293,6 +2293,39 @@ static int kq_lanes_by_rows(const Lin *L, int B, const Act *a, float *y, int yst
     return 1;
 }
 
+/* Q4_K rows in lanes (lm_kq_pack16) -> bf16 as lm_dequant_bf16 writes GGML's (a prefill's
+   long calls), each group of 16 rows back to GGML's layout in a buffer first, the groups shared
+   among nthreads; 0 where the shape does not fit or out of memory */
+typedef struct {
+    const uint8_t *w;
+    int n, k;
+    uint16_t *y;
+    atomic_int failed;
+} LanesDequant;
+
+static void dequant_lanes_job(void *ctx, int tid, int nt) {
+    LanesDequant *j = (LanesDequant *)ctx;
+    const int nsb = j->k / 256, ng = j->n / 16;
+    const size_t gb = (size_t)nsb * KL_SB, rb = (size_t)nsb * 144;
+    uint8_t *tmp = malloc(gb);
+    if (!tmp) {
+        atomic_store(&j->failed, 1);
+        return;
+    }
+    for (int G = (int)((long)ng * tid / nt); G < (int)((long)ng * (tid + 1) / nt); G++) {
+        kq_group_to_lanes(j->w + (size_t)G * gb, tmp, nsb, 1);
+        for (int r = 0; r < 16; r++) kq_dequant_row(LIN_Q4K, tmp + r * rb, j->k, NULL, j->y + (size_t)(16 * G + r) * j->k);
+    }
+    free(tmp);
+}
+
+int lm_dequant_lanes_bf16(const void *w, int n, int k, uint16_t *y, int nthreads) {
+    if (k % 256 || n % 16 || n <= 0) return 0;
+    LanesDequant j = {(const uint8_t *)w, n, k, y, 0};
+    run_parallel(dequant_lanes_job, &j, nthreads < 1 ? 1 : nthreads, NULL);
+    return !atomic_load(&j.failed);
+}
+
 /* the input's planes in natural order: xh (k bytes), then xl (k bytes) */
 WIDE static void kq_planes_flat(const int16_t *q, int k, int8_t *p) {
     for (int i = 0; i < k; i += 32) {

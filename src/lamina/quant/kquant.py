@@ -163,12 +163,18 @@ class BlockLinear(nn.Module):
                 else out
             )
             first, threads = 0, torch.get_num_threads()
-            for q, r in self.parts:
-                rows = r.contiguous()
-                if not lib.lm_dequant_bf16(
-                    GGML_KINDS[q], rows.data_ptr(), rows.shape[0], self.in_features,
-                    w[first:].data_ptr(), threads,
-                ):  # fmt: skip
+            for q, r, lanes in self.native_parts:
+                rows, n = r.contiguous(), r.shape[0]
+                if lanes:  # Q4_K in 16-row lanes: read back group by group, no copy of the rows
+                    done = lib.lm_dequant_lanes_bf16(
+                        rows.data_ptr(), n, self.in_features, w[first:].data_ptr(), threads
+                    )
+                else:
+                    done = lib.lm_dequant_bf16(
+                        GGML_KINDS[q], rows.data_ptr(), n, self.in_features,
+                        w[first:].data_ptr(), threads,
+                    )  # fmt: skip
+                if not done:
                     break
                 first += rows.shape[0]
             else:
