@@ -7,6 +7,7 @@
     y = linear(module, x)                      # one quantized linear, for a short prefill
     pack_lanes(int4_linear) -> bool            its weights in 16-row lanes, in place (one copy)
     unpack_lanes(int4_linear) -> (qweight, scale, minimum)   its rows' layout, new tensors
+    pack_kq_lanes(block_linear, shared=None) -> int   its Q4_K parts in 16-row lanes, in place
 
 One call runs every layer for one new token per row. `step` writes each layer's key and value
 at the caches' `pos`, lets row r attend cache slots starts[r]..pos, returns the logits and
