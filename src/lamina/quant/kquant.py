@@ -36,7 +36,7 @@ import lamina.cpu as cpu
 from lamina.errors import LaminaError
 from lamina.native.build import library
 from lamina.native.step import linear as native_linear
-from lamina.native.structs import GGML_KINDS
+from lamina.native.structs import GGML_KINDS, Lin
 from lamina.quant.linear import dequantized_matmul
 
 # qtype -> (weights per block, bytes per block)
@@ -88,8 +88,6 @@ def dequantize_blocks(qtype: str, rows: Tensor, width: int) -> Tensor:
 
 def _unlaned(rows: Tensor, width: int) -> Tensor:
     """Q4_K rows in decode.c's 16-row lanes (lm_kq_pack16) -> new rows in GGML's layout."""
-    from lamina.native.structs import Lin  # noqa: PLC0415
-
     lib = library()
     if lib is None:
         raise LaminaError("Q4_K rows in lanes need the native library to read back")
