@@ -502,12 +502,14 @@ def test_q4k_lanes_hold_the_integer_forms(n, extreme):
             for threads in (1, 2, 3):  # 2, 3: a thread's rows may start inside a group of 16
                 torch.set_num_threads(threads)
                 got.append(m(x))
+            pair = m(torch.cat([xs[:1], x]))  # 2 rows: the lanes form for each row
             assert lib.lm_kq_lanes(0) == 0
             unpacked = [m(x), m(xs)]
     finally:
         lib.lm_kq_lanes(1)
         torch.set_num_threads(before)
     assert torch.equal(got[0], got[1]) and torch.equal(got[0], got[2])
+    assert torch.equal(pair[1:], got[0])
     assert ((got[0] - want).norm() / want.norm()).item() < 3e-4
     torch.testing.assert_close(got[0], plain[0], rtol=1e-5, atol=1e-4)
     if not extreme:

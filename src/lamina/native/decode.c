@@ -2836,8 +2836,18 @@ static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
         }
     }
     if (L->kind == LIN_Q4K && L->lw) { /* in 16-row lanes (lm_kq_pack16): one row there, else by groups of rows */
-        if (B == 1 && a->span == 8 && kq_lanes_on() && !(a->q8 && act8_on()) && one_row_kq_lanes(L, a, y, n0, n1, accumulate)) return;
-        if (!kq_lanes_by_rows(L, B, a, y, ystride, n0, n1, accumulate)) /* out of memory: NaN, not garbage */
+        int failed = 0; /* out of memory part way: rows already (+)= written, so no second pass */
+        if (B < lanes_min(1) && a->span == 8 && kq_lanes_on() && !(a->q8 && act8_on())) { /* the one-row form per row, as below */
+            const int k = L->k, nb = k / 32;
+            for (int r = 0; r < B && !failed; r++) {
+                Act one = *a;
+                one.x = a->x ? a->x + (size_t)r * k : NULL, one.q = a->q + (size_t)r * k;
+                one.dx = a->dx + (size_t)r * nb, one.sx = a->sx + (size_t)r * nb;
+                failed = !one_row_kq_lanes(L, &one, y + (size_t)r * ystride, n0, n1, accumulate);
+            }
+            if (!failed) return;
+        }
+        if (failed || !kq_lanes_by_rows(L, B, a, y, ystride, n0, n1, accumulate)) /* out of memory: NaN, not garbage */
             for (int r = 0; r < B; r++)
                 for (int n = n0; n < n1; n++) y[(size_t)r * ystride + n] = NAN;
         return;
