@@ -221,9 +221,11 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.lm_dequant_bf16.argtypes = [i, p, i, i, p, i]
     lib.lm_dequant_i8_bf16.argtypes = [p, p, i, i, i, p, i]
     lib.lm_pack16.argtypes = lib.lm_unpack16.argtypes = [p, p, p, p]
+    lib.lm_kq_pack16.argtypes = [p, p, i]
+    lib.lm_dequant_lanes_bf16.argtypes = [p, i, i, p, i]
     lib.lm_prefill_attention.argtypes = [p, p, p, p, *[i] * 6, ctypes.c_float, p, i]
     for name in ("lm_step", "lm_linear", "lm_dequant", "lm_dequant_bf16", "lm_dequant_i8_bf16",
-                 "lm_pack16", "lm_unpack16", "lm_prefill_attention"):  # fmt: skip
+                 "lm_pack16", "lm_unpack16", "lm_kq_pack16", "lm_dequant_lanes_bf16", "lm_prefill_attention"):  # fmt: skip
         getattr(lib, name).restype = i
 
 

@@ -29,7 +29,9 @@
                input in natural order (see "GGML's blocks"); one input row of Q4_K and Q6_K
                takes an integer form where the CPU has AVX-512 VNNI (kq_int: the input's scale
                per 256, each super-block summed in int32; its inputs as two byte planes for
-               vpdpbusd: kq_planes)
+               vpdpbusd: kq_planes); a Q4_K linear's w may be laid out again in place, 16 rows
+               in the lanes of a vector (lw = w then: lm_kq_pack16, "one row, Q4_K in 16-row
+               lanes")
      LIN_PARTS w an array of gs Lins of those kinds stacked by rows (a fused q/k/v whose parts
                the file typed apart)
    The token table is float, int8 or one of the GGML kinds (a row dequantized per lookup).
@@ -2164,6 +2166,247 @@ static int one_row_kq_planes(const Lin *L, const Act *a, float *y, int n0, int n
     return 1;
 }
 
+/* ------------------------------------------------------------------ one row, Q4_K in 16-row lanes */
+
+/* A Q4_K linear laid out again at load, in place (lm_kq_pack16, by native/step.py's
+   pack_kq_lanes; the same bytes, no copy beside them), so that each lane of a vector
+   accumulates one of 16 weight rows and no sum needs a horizontal reduction (the byte-plane
+   form above ends each super-block and row with a transposing sum, sum4x4). Per group G of 16
+   rows (n a multiple of 16) and super-block sb, 2304 bytes (16 x 144) at (G nsb + sb) 2304:
+     0     d of the 16 rows (fp16)          32   dmin of the 16 rows (fp16)
+     64    block b's 16 rows (16 b + r): low 4 bits of its scale | low 4 bits of its minimum << 4
+     192   16 c + r (c < 4): the high 2 bits of block c's scale, of its minimum << 2, and of
+           block c + 4's << 4 and << 6
+     256   the weights: chunk i (blocks 2i low nibbles, 2i + 1 high, as GGML holds them), vector
+           j (64 bytes), lane r: row r's bytes 32 i + 4 j .. + 3.
+   The input's int16 x in two byte planes in natural order (x = 256 xh + xl), each quad
+   broadcast: per chunk and vector, H += dpbusd(q, xh quad), L += dpbusd(xl quad, q) for the low
+   nibbles and the high ones, then a block's sum is (H << 8) + L, exact (|H| <= 32 x 15 x 128),
+   times its 16 rows' scales (`vpmulld`); a chunk's two blocks summed in int32 (at most
+   2 x 32 x 15 x 32768 x 63 < 2^31), converted and multiplied by d dx in one fma. The minimums:
+   each block's 16 minimums times its input sum (sx), times dmin once a super-block. The same
+   integers per block as the forms above; the floats summed in other groupings (tests/test_kquant.py). */
+static int kq_lanes = -1;
+static int kq_lanes_on(void) {
+    if (kq_lanes < 0) {
+        const char *e = getenv("LAMINA_KQ_LANES");
+        kq_cpu();
+        kq_lanes = kq_vnni && lanes_512() && !(e && strcmp(e, "0") == 0);
+    }
+    return kq_lanes;
+}
+/* choice 0: Q4_K linears keep GGML's layout at load and the byte-plane form; 1: laid out in lanes
+   (where the CPU has AVX-512 VNNI); -1 leaves it; returns the choice in force. A linear already in
+   lanes stays so: with 0 its calls unpack each group of 16 rows to run the other forms */
+int lm_kq_lanes(int choice) {
+    kq_cpu();
+    if (choice >= 0) kq_lanes = choice && kq_vnni && lanes_512();
+    return kq_lanes_on();
+}
+
+#define KL_SB 2304 /* bytes of 16 rows' super-block */
+/* how many super-blocks ahead the lanes form prefetches (lm_kq_pf_ahead, 1..64, 0 none (the
+   hardware's prefetcher alone); -1 leaves it) */
+static int kq_pf_ahead = 4;
+int lm_kq_pf_ahead(int choice) {
+    if (choice >= 0) kq_pf_ahead = choice > 64 ? 64 : choice;
+    return kq_pf_ahead;
+}
+
+/* Q4_K's 12 scale bytes S -> the 8 blocks' scales and minimums (6 bits each), and back */
+static void q4k_unpack_scales(const uint8_t *S, uint8_t *sc, uint8_t *m) {
+    for (int j = 0; j < 4; j++) {
+        sc[j] = S[j] & 63, m[j] = S[j + 4] & 63;
+        sc[j + 4] = (S[j + 8] & 15) | (S[j] >> 6) << 4;
+        m[j + 4] = (S[j + 8] >> 4) | (S[j + 4] >> 6) << 4;
+    }
+}
+static void q4k_pack_scales(const uint8_t *sc, const uint8_t *m, uint8_t *S) {
+    for (int j = 0; j < 4; j++) {
+        S[j] = (uint8_t)(sc[j] | (sc[j + 4] >> 4) << 6);
+        S[j + 4] = (uint8_t)(m[j] | (m[j + 4] >> 4) << 6);
+        S[j + 8] = (uint8_t)((sc[j + 4] & 15) | (m[j + 4] & 15) << 4);
+    }
+}
+
+/* one group of 16 rows: GGML's rows (src, 16 x rb bytes) -> lanes (dst, as many), or back */
+static void kq_group_to_lanes(const uint8_t *src, uint8_t *dst, int nsb, int back) {
+    const size_t rb = (size_t)nsb * 144;
+    for (int sb = 0; sb < nsb; sb++) {
+        uint8_t *o = back ? (uint8_t *)src + (size_t)sb * KL_SB : dst + (size_t)sb * KL_SB;
+        for (int r = 0; r < 16; r++) {
+            uint8_t *g = back ? dst + r * rb + (size_t)sb * 144 : (uint8_t *)src + r * rb + (size_t)sb * 144;
+            uint8_t sc[8], m[8];
+            if (back) {
+                memcpy(g, o + 2 * r, 2), memcpy(g + 2, o + 32 + 2 * r, 2);
+                for (int b = 0; b < 8; b++) {
+                    const uint8_t lo = o[64 + 16 * b + r], hi = o[192 + 16 * (b % 4) + r] >> (b < 4 ? 0 : 4);
+                    sc[b] = (lo & 15) | (hi & 3) << 4, m[b] = (lo >> 4) | (hi >> 2 & 3) << 4;
+                }
+                q4k_pack_scales(sc, m, g + 4);
+                for (int i = 0; i < 4; i++)
+                    for (int j = 0; j < 8; j++) memcpy(g + 16 + 32 * i + 4 * j, o + 256 + 64 * (8 * i + j) + 4 * r, 4);
+            } else {
+                memcpy(o + 2 * r, g, 2), memcpy(o + 32 + 2 * r, g + 2, 2);
+                q4k_unpack_scales(g + 4, sc, m);
+                for (int b = 0; b < 8; b++) o[64 + 16 * b + r] = (uint8_t)((sc[b] & 15) | (m[b] & 15) << 4);
+                for (int c = 0; c < 4; c++)
+                    o[192 + 16 * c + r] = (uint8_t)((sc[c] >> 4) | (m[c] >> 4) << 2 | (sc[c + 4] >> 4) << 4 | (m[c + 4] >> 4) << 6);
+                for (int i = 0; i < 4; i++)
+                    for (int j = 0; j < 8; j++) memcpy(o + 256 + 64 * (8 * i + j) + 4 * r, g + 16 + 32 * i + 4 * j, 4);
+            }
+        }
+    }
+}
+
+/* lays a Q4_K linear's rows (w: L's n x k, as GGML holds them) out in lanes in place (pack 1), or
+   back from lanes (pack 0); returns 1, or 0 where it does not apply (not Q4_K, k not a multiple
+   of 256, n not of 16, lm_kq_lanes(0) or this CPU lacks AVX-512 VNNI; for pack 0 only the shape
+   counts) or out of memory: then nothing changed. w NULL: only whether it applies. */
+int lm_kq_pack16(const Lin *L, uint8_t *w, int pack) {
+    if (L->kind != LIN_Q4K || L->k % 256 || L->n % 16 || L->n <= 0 || (pack && !kq_lanes_on())) return 0;
+    if (!w) return 1;
+    const int nsb = L->k / 256;
+    const size_t gb = (size_t)nsb * KL_SB;
+    uint8_t *tmp = malloc(gb);
+    if (!tmp) return 0;
+    for (int G = 0; G < L->n / 16; G++) {
+        uint8_t *g = w + (size_t)G * gb;
+        memcpy(tmp, g, gb);
+        kq_group_to_lanes(tmp, g, nsb, !pack);
+    }
+    free(tmp);
+    return 1;
+}
+
+/* rows n0..n1 of a Q4_K linear in lanes by any other form: each group of 16 rows back to GGML's
+   layout in a buffer, then those rows as a linear of their own; 0 when out of memory */
+static int kq_lanes_by_rows(const Lin *L, int B, const Act *a, float *y, int ystride, int n0, int n1, int accumulate) {
+    const int nsb = L->k / 256;
+    const size_t gb = (size_t)nsb * KL_SB;
+    uint8_t *tmp = aligned_alloc(64, gb);
+    if (!tmp) return 0;
+    for (int G = n0 / 16; G * 16 < n1; G++) {
+        kq_group_to_lanes((const uint8_t *)L->lw + (size_t)G * gb, tmp, nsb, 1);
+        Lin g = *L;
+        g.w = tmp, g.lw = NULL, g.n = 16, g.bias = L->bias ? L->bias + 16 * G : NULL;
+        const int lo = n0 > 16 * G ? n0 - 16 * G : 0, hi = n1 < 16 * G + 16 ? n1 - 16 * G : 16;
+        lin_rows(&g, B, a, y + 16 * G, ystride, lo, hi, accumulate);
+    }
+    free(tmp);
+    return 1;
+}
+
+/* Q4_K rows in lanes (lm_kq_pack16) -> bf16 as lm_dequant_bf16 writes GGML's (a prefill's
+   long calls), each group of 16 rows back to GGML's layout in a buffer first, the groups shared
+   among nthreads; 0 where the shape does not fit or out of memory */
+typedef struct {
+    const uint8_t *w;
+    int n, k;
+    uint16_t *y;
+    atomic_int failed;
+} LanesDequant;
+
+static void dequant_lanes_job(void *ctx, int tid, int nt) {
+    LanesDequant *j = (LanesDequant *)ctx;
+    const int nsb = j->k / 256, ng = j->n / 16;
+    const size_t gb = (size_t)nsb * KL_SB, rb = (size_t)nsb * 144;
+    uint8_t *tmp = malloc(gb);
+    if (!tmp) {
+        atomic_store(&j->failed, 1);
+        return;
+    }
+    for (int G = (int)((long)ng * tid / nt); G < (int)((long)ng * (tid + 1) / nt); G++) {
+        kq_group_to_lanes(j->w + (size_t)G * gb, tmp, nsb, 1);
+        for (int r = 0; r < 16; r++) kq_dequant_row(LIN_Q4K, tmp + r * rb, j->k, NULL, j->y + (size_t)(16 * G + r) * j->k);
+    }
+    free(tmp);
+}
+
+int lm_dequant_lanes_bf16(const void *w, int n, int k, uint16_t *y, int nthreads) {
+    if (k % 256 || n % 16 || n <= 0) return 0;
+    LanesDequant j = {(const uint8_t *)w, n, k, y, 0};
+    run_parallel(dequant_lanes_job, &j, nthreads < 1 ? 1 : nthreads, NULL);
+    return !atomic_load(&j.failed);
+}
+
+/* the input's planes in natural order: xh (k bytes), then xl (k bytes) */
+WIDE static void kq_planes_flat(const int16_t *q, int k, int8_t *p) {
+    for (int i = 0; i < k; i += 32) {
+        const __m512i x = _mm512_loadu_si512((const void *)(q + i));
+        _mm256_storeu_si256((__m256i *)(p + i), _mm512_cvtepi16_epi8(_mm512_srai_epi16(x, 8)));
+        _mm256_storeu_si256((__m256i *)(p + k + i), _mm512_cvtepi16_epi8(x));
+    }
+}
+
+VNNI static void one_row_q4k_lanes(const Lin *L, const Act *a, const int8_t *xp, float *y, int n0, int n1, int accumulate) {
+    const int k = L->k, nsb = k / 256;
+    const size_t gb = (size_t)nsb * KL_SB;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    const int8_t *xh = xp, *xl = xp + k;
+    for (int G = n0 / 16; G * 16 < n1; G++) {
+        const uint8_t *g = (const uint8_t *)L->lw + (size_t)G * gb;
+        __m512 acc = _mm512_setzero_ps(), macc = _mm512_setzero_ps();
+        for (int sb = 0; sb < nsb; sb++) {
+            const uint8_t *s = g + (size_t)sb * KL_SB;
+            if (kq_pf_ahead)
+                for (int o = 0; o < KL_SB; o += 64) PF_W((const char *)s + (size_t)kq_pf_ahead * KL_SB + o);
+            const int8_t *h0 = xh + 256 * sb, *l0 = xl + 256 * sb;
+            /* the scales and minimums of the 16 rows, block b at 16 b */
+            const __m512i lo0 = _mm512_loadu_si512((const void *)(s + 64)), lo1 = _mm512_loadu_si512((const void *)(s + 128));
+            const __m512i hi = _mm512_loadu_si512((const void *)(s + 192));
+            uint8_t scb[128], mnb[128];
+            _mm512_storeu_si512((void *)scb, _mm512_ternarylogic_epi32(_mm512_and_si512(lo0, m4), _mm512_slli_epi16(hi, 4), m30, 0xF8));
+            _mm512_storeu_si512((void *)(scb + 64), _mm512_ternarylogic_epi32(_mm512_and_si512(lo1, m4), hi, m30, 0xF8));
+            _mm512_storeu_si512((void *)mnb, _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(lo0, 4), m4), _mm512_slli_epi16(hi, 2), m30, 0xF8));
+            _mm512_storeu_si512((void *)(mnb + 64), _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(lo1, 4), m4), _mm512_srli_epi16(hi, 2), m30, 0xF8));
+            __m512 ms = _mm512_setzero_ps();
+            for (int b = 0; b < 8; b++)
+                ms = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(mnb + 16 * b)))), _mm512_set1_ps(a->sx[8 * sb + b]), ms);
+            macc = _mm512_fmadd_ps(ms, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + 32))), macc);
+            const __m512 ddx = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)s)), _mm512_set1_ps(a->dx[8 * sb]));
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) {
+                const uint8_t *qv = s + 256 + 512 * i;
+                __m512i Hl = _mm512_setzero_si512(), Ll = _mm512_setzero_si512(), Hh = _mm512_setzero_si512(), Lh = _mm512_setzero_si512();
+#pragma GCC unroll 8
+                for (int j = 0; j < 8; j++) {
+                    const __m512i raw = _mm512_loadu_si512((const void *)(qv + 64 * j));
+                    const __m512i ql = _mm512_and_si512(raw, m4), qh = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+                    const int e = 64 * i + 4 * j;
+                    int32_t hq0, hq1, lq0, lq1;
+                    memcpy(&hq0, h0 + e, 4), memcpy(&hq1, h0 + e + 32, 4), memcpy(&lq0, l0 + e, 4), memcpy(&lq1, l0 + e + 32, 4);
+                    Hl = _mm512_dpbusd_epi32(Hl, ql, _mm512_set1_epi32(hq0));
+                    Ll = _mm512_dpbusd_epi32(Ll, _mm512_set1_epi32(lq0), ql);
+                    Hh = _mm512_dpbusd_epi32(Hh, qh, _mm512_set1_epi32(hq1));
+                    Lh = _mm512_dpbusd_epi32(Lh, _mm512_set1_epi32(lq1), qh);
+                }
+                const __m512i sl = _mm512_add_epi32(_mm512_slli_epi32(Hl, 8), Ll), sh = _mm512_add_epi32(_mm512_slli_epi32(Hh, 8), Lh);
+                const __m512i t = _mm512_add_epi32(_mm512_mullo_epi32(sl, _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(scb + 32 * i)))),
+                                                   _mm512_mullo_epi32(sh, _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(scb + 32 * i + 16)))));
+                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), ddx, acc);
+            }
+        }
+        __m512 v = _mm512_sub_ps(acc, macc);
+        const int r0 = n0 > 16 * G ? n0 - 16 * G : 0, r1 = n1 < 16 * G + 16 ? n1 - 16 * G : 16;
+        const __mmask16 keep = (__mmask16)(((1u << r1) - 1) & ~((1u << r0) - 1));
+        float *yo = y + 16 * G;
+        if (L->bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(keep, L->bias + 16 * G));
+        if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(keep, yo));
+        _mm512_mask_storeu_ps(yo, keep, v);
+    }
+}
+
+/* Q4_K rows n0..n1 in lanes for one input row; 0 when out of memory */
+static int one_row_kq_lanes(const Lin *L, const Act *a, float *y, int n0, int n1, int accumulate) {
+    int8_t *buf = aligned_alloc(64, (size_t)2 * L->k);
+    if (!buf) return 0;
+    kq_planes_flat(a->q, L->k, buf);
+    one_row_q4k_lanes(L, a, buf, y, n0, n1, accumulate);
+    free(buf);
+    return 1;
+}
+
 /* An int8 linear's batch with int8 inputs (head8: the head of a step whose int4 lanes take
    int8, so that it rounds as those and as its one-row form, one_row8): lane_rows_512's layout
    with 4 input bytes a lane (xt8[c][i][row][e]: quad I8Q(i) of block 2c + e) and the weights
@@ -2593,6 +2836,23 @@ static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
                 for (int n = n0; n < n1; n++) y[(size_t)r * ystride + n] = NAN;
             return;
         }
+    }
+    if (L->kind == LIN_Q4K && L->lw) { /* in 16-row lanes (lm_kq_pack16): one row there, else by groups of rows */
+        int failed = 0; /* out of memory part way: rows already (+)= written, so no second pass */
+        if (B < lanes_min(1) && a->span == 8 && kq_lanes_on() && !(a->q8 && act8_on())) { /* the one-row form per row, as below */
+            const int k = L->k, nb = k / 32;
+            for (int r = 0; r < B && !failed; r++) {
+                Act one = *a;
+                one.x = a->x ? a->x + (size_t)r * k : NULL, one.q = a->q + (size_t)r * k;
+                one.dx = a->dx + (size_t)r * nb, one.sx = a->sx + (size_t)r * nb;
+                failed = !one_row_kq_lanes(L, &one, y + (size_t)r * ystride, n0, n1, accumulate);
+            }
+            if (!failed) return;
+        }
+        if (failed || !kq_lanes_by_rows(L, B, a, y, ystride, n0, n1, accumulate)) /* out of memory: NaN, not garbage */
+            for (int r = 0; r < B; r++)
+                for (int n = n0; n < n1; n++) y[(size_t)r * ystride + n] = NAN;
+        return;
     }
     if (B == 1 && a->q8 && (act8_on() || head8(L, a)) && L->kind != LIN_F32) { /* one row, int8 inputs (act8; q8 may be there for lanes8 alone) */
         one_row8(L, a, y, n0, n1, accumulate);

@@ -7,6 +7,7 @@
     y = linear(module, x)                      # one quantized linear, for a short prefill
     pack_lanes(int4_linear) -> bool            its weights in 16-row lanes, in place (one copy)
     unpack_lanes(int4_linear) -> (qweight, scale, minimum)   its rows' layout, new tensors
+    pack_kq_lanes(block_linear, shared=None) -> int   its Q4_K parts in 16-row lanes, in place
 
 One call runs every layer for one new token per row. `step` writes each layer's key and value
 at the caches' `pos`, lets row r attend cache slots starts[r]..pos, returns the logits and
@@ -68,6 +69,7 @@ from lamina.native.structs import (
     LIN_F32,
     LIN_INT8,
     Layer,
+    Lin,
     Model,
     Pointers,
     kind_of,
@@ -105,6 +107,33 @@ def pack_lanes(m: nn.Module) -> bool:
     m.lanes_w, m.lanes_s, m.lanes_mn = w, sc, mn
     m.qweight = m.native_scale = m.native_min = None
     return True
+
+
+def pack_kq_lanes(m: nn.Module, shared: Tensor | None = None) -> int:
+    """Lay a `BlockLinear`'s Q4_K parts out in decode.c's 16-row lanes (lm_kq_pack16, where the
+    CPU has AVX-512 VNNI and LAMINA_KQ_LANES is not 0) IN PLACE: the same bytes, so one copy; a
+    one-row call then runs the lanes form, any other call unpacks 16 rows at a time, and
+    `BlockLinear.parts` and its state dict read the rows back in GGML's layout. A part whose
+    storage is `shared`'s (a head tied to its token table) stays as it is. Returns the parts laid out."""
+    lib = library()
+    if kind_of(m) != "ggml" or lib is None:
+        return 0
+    done = 0
+    for i, (qtype, rows, lanes) in enumerate(m.native_parts):
+        if lanes or qtype != "Q4_K" or not rows.is_contiguous():
+            continue
+        if (
+            shared is not None
+            and rows.untyped_storage().data_ptr() == shared.untyped_storage().data_ptr()
+        ):
+            continue
+        L = Lin()
+        L.kind, L.n, L.k = GGML_KINDS[qtype], rows.shape[0], m.in_features
+        if not lib.lm_kq_pack16(ctypes.addressof(L), rows.data_ptr(), 1):
+            continue
+        m.lanes[i] = True
+        done += 1
+    return done
 
 
 def unpack_lanes(m: nn.Module) -> tuple[Tensor, Tensor, Tensor]:
@@ -173,6 +202,8 @@ class NativeStep:
             mods = (a.qkv, a.proj, block.ff.fc, block.ff.proj)
             if self.cache_batch >= 3:  # a batch's engine: the int4 linears in lanes, in place
                 packed += sum(pack_lanes(mod) for mod in mods)
+            for mod in mods:  # Q4_K in 16-row lanes, in place, for any engine
+                pack_kq_lanes(mod)
             ly.qkv, ly.proj, ly.fc, ly.out = (self._lin(mod) for mod in mods)
             ly.kc, ly.vc = self._t(cache.k), self._t(cache.v)
         self._layers = layers
@@ -201,6 +232,7 @@ class NativeStep:
         m.nfb = self._t(getattr(model.norm_f, "bias", None))
         if self.cache_batch >= 3:
             packed += pack_lanes(model.head)
+        pack_kq_lanes(model.head, getattr(emb.wte, "blocks", None))
         if packed:
             trim_freed_memory()  # the rows' layouts pack_lanes freed: small chunks amid the heap
         m.head = self._lin(model.head)

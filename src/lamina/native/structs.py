@@ -33,7 +33,8 @@ class Lin(ctypes.Structure):
         ("s", _p),
         ("mn", _p),
         ("bias", _p),
-        ("lw", _p),  # int4: the weights in lanes (lm_pack16), or NULL; then w, s, mn NULL
+        ("lw", _p),  # int4: the weights in lanes (lm_pack16), or NULL; then w, s, mn NULL;
+        # Q4_K: w itself where its rows are in lanes (lm_kq_pack16)
         ("ls", _p),
         ("lmn", _p),
     ]
@@ -108,16 +109,17 @@ class Pointers:
         if kind == "float":
             L.kind, L.gs, L.w = LIN_F32, 0, self.t(m.weight)
         elif kind == "ggml":
-            parts = m.parts
+            parts = m.native_parts
             L.n, L.k = m.out_features, m.in_features
             if len(parts) == 1:
-                self._ggml(L, *parts[0], m.bias)
+                qtype, rows, lanes = parts[0]
+                self._ggml(L, qtype, rows, m.bias, lanes)
                 return L
             array, at = (Lin * len(parts))(), 0
-            for P, (qtype, rows) in zip(array, parts, strict=True):
+            for P, (qtype, rows, lanes) in zip(array, parts, strict=True):
                 P.n, P.k = rows.shape[0], m.in_features
                 bias = None if m.bias is None else m.bias[at : at + P.n]
-                self._ggml(P, qtype, rows, bias)
+                self._ggml(P, qtype, rows, bias, lanes)
                 at += P.n
             self.structs.append(array)
             L.kind, L.gs, L.w, L.bias = LIN_PARTS, len(parts), ctypes.addressof(array), None
@@ -138,5 +140,9 @@ class Pointers:
         L.bias = self.t(m.bias)
         return L
 
-    def _ggml(self, L: Lin, qtype: str, rows: Tensor, bias: Tensor | None) -> None:
+    def _ggml(
+        self, L: Lin, qtype: str, rows: Tensor, bias: Tensor | None, lanes: bool = False
+    ) -> None:
         L.kind, L.gs, L.w, L.bias = GGML_KINDS[qtype], 32, self.t(rows), self.t(bias)
+        if lanes:  # Q4_K in 16-row lanes (decode.c's lm_kq_pack16): lw the same bytes
+            L.lw = L.w

@@ -25,6 +25,7 @@ Deliberately unaware of files and tensor names: the loader hands in the rows.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
 
 import numpy as np
@@ -35,7 +36,7 @@ import lamina.cpu as cpu
 from lamina.errors import LaminaError
 from lamina.native.build import library
 from lamina.native.step import linear as native_linear
-from lamina.native.structs import GGML_KINDS
+from lamina.native.structs import GGML_KINDS, Lin
 from lamina.quant.linear import dequantized_matmul
 
 # qtype -> (weights per block, bytes per block)
@@ -85,6 +86,19 @@ def dequantize_blocks(qtype: str, rows: Tensor, width: int) -> Tensor:
     return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(-1, width)
 
 
+def _unlaned(rows: Tensor, width: int) -> Tensor:
+    """Q4_K rows in decode.c's 16-row lanes (lm_kq_pack16) -> new rows in GGML's layout."""
+    lib = library()
+    if lib is None:
+        raise LaminaError("Q4_K rows in lanes need the native library to read back")
+    out = rows.clone()
+    L = Lin()
+    L.kind, L.n, L.k = GGML_KINDS["Q4_K"], rows.shape[0], width
+    if not lib.lm_kq_pack16(ctypes.addressof(L), out.data_ptr(), 0):
+        raise LaminaError("decode.c's lm_kq_pack16 refused Q4_K rows in lanes")
+    return out
+
+
 def _native_call(x: Tensor) -> bool:
     """Whether x (rows, in) goes through the native kernel, the one kernel that reads these
     blocks (else they are dequantized): where lamina.native runs, the user's kernel choice
@@ -112,10 +126,29 @@ class BlockLinear(nn.Module):
         for i, (qtype, rows) in enumerate(parts):
             self.register_buffer(f"blocks_{i}", _checked(qtype, rows, in_features))
         self.bias = None if bias is None else nn.Parameter(bias.float(), requires_grad=False)
+        # per part: whether its buffer holds the rows in decode.c's 16-row lanes (native/step.py's
+        # pack_kq_lanes, in place); `parts` and the state dict give GGML's layout all the same
+        self.lanes = [False] * len(self.qtypes)
+
+    @property
+    def native_parts(self) -> list[tuple[str, Tensor, bool]]:
+        """(qtype, the buffer as it is, whether it is in lanes) per part: for lamina.native."""
+        return [(q, getattr(self, f"blocks_{i}"), self.lanes[i]) for i, q in enumerate(self.qtypes)]
 
     @property
     def parts(self) -> list[tuple[str, Tensor]]:
-        return [(q, getattr(self, f"blocks_{i}")) for i, q in enumerate(self.qtypes)]
+        """(qtype, rows) per part in GGML's layout (a part in lanes read back into new rows)."""
+        return [(q, _unlaned(r, self.in_features) if on else r) for q, r, on in self.native_parts]
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):  # noqa: ANN001, ANN202
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        for i, (_, rows) in enumerate(self.parts):
+            if self.lanes[i]:
+                destination[f"{prefix}blocks_{i}"] = rows  # GGML's layout, as a file holds it
+
+    def _load_from_state_dict(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        super()._load_from_state_dict(*args, **kwargs)
+        self.lanes = [False] * len(self.qtypes)  # the rows loaded are GGML's
 
     def dequantized(self, dtype: torch.dtype = torch.float32, out: Tensor | None = None) -> Tensor:
         """W (out_features, in_features) in `dtype`; bf16 is written by the native dequantizer
@@ -128,12 +161,18 @@ class BlockLinear(nn.Module):
                 else out
             )
             first, threads = 0, torch.get_num_threads()
-            for q, r in self.parts:
-                rows = r.contiguous()
-                if not lib.lm_dequant_bf16(
-                    GGML_KINDS[q], rows.data_ptr(), rows.shape[0], self.in_features,
-                    w[first:].data_ptr(), threads,
-                ):  # fmt: skip
+            for q, r, lanes in self.native_parts:
+                rows, n = r.contiguous(), r.shape[0]
+                if lanes:  # Q4_K in 16-row lanes: read back group by group, no copy of the rows
+                    done = lib.lm_dequant_lanes_bf16(
+                        rows.data_ptr(), n, self.in_features, w[first:].data_ptr(), threads
+                    )
+                else:
+                    done = lib.lm_dequant_bf16(
+                        GGML_KINDS[q], rows.data_ptr(), n, self.in_features,
+                        w[first:].data_ptr(), threads,
+                    )  # fmt: skip
+                if not done:
                     break
                 first += rows.shape[0]
             else:
