@@ -32,7 +32,10 @@ CPU has AVX-512 VNNI (`pack_lanes`: in place, the module keeps that layout and e
 call on it, one row or many, reads it; PyTorch's paths read it back through `unpack_lanes`).
 Those calls round their inputs to int8 per 32 (llama.cpp's Q8_1 activations; decode.c's lanes8,
 `lm_lanes_act8(0)` or LAMINA_LANES_ACT8=0 keeps int16), and so does the head of a step of such
-an engine: ~2e-2 of the logits from the float model's instead of ~1e-4.
+an engine: ~2e-2 of the logits from the float model's instead of ~1e-4. An engine of one or
+two rows (chat, sample) lays each Q4_K part out in decode.c's 16-row lanes instead
+(`pack_kq_lanes`), which a one-row call reads fastest; a batch's engine leaves Q4_K in GGML's
+rows, which its several-row calls would otherwise unpack every call.
 
 Which models it covers is coverage.py's (`unsupported(model)` says why not); `native_step`
 returns None for the rest, leaving PyTorch to run the step. The quantized linears quantize
@@ -202,8 +205,9 @@ class NativeStep:
             mods = (a.qkv, a.proj, block.ff.fc, block.ff.proj)
             if self.cache_batch >= 3:  # a batch's engine: the int4 linears in lanes, in place
                 packed += sum(pack_lanes(mod) for mod in mods)
-            for mod in mods:  # Q4_K in 16-row lanes, in place, for any engine
-                pack_kq_lanes(mod)
+            if self.cache_batch < 3:  # a one-row engine: Q4_K in 16-row lanes, in place
+                for mod in mods:  # (a batch's several rows would unpack them every call)
+                    pack_kq_lanes(mod)
             ly.qkv, ly.proj, ly.fc, ly.out = (self._lin(mod) for mod in mods)
             ly.kc, ly.vc = self._t(cache.k), self._t(cache.v)
         self._layers = layers
@@ -232,7 +236,8 @@ class NativeStep:
         m.nfb = self._t(getattr(model.norm_f, "bias", None))
         if self.cache_batch >= 3:
             packed += pack_lanes(model.head)
-        pack_kq_lanes(model.head, getattr(emb.wte, "blocks", None))
+        else:
+            pack_kq_lanes(model.head, getattr(emb.wte, "blocks", None))
         if packed:
             trim_freed_memory()  # the rows' layouts pack_lanes freed: small chunks amid the heap
         m.head = self._lin(model.head)
