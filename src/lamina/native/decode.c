@@ -3513,48 +3513,47 @@ int lm_tatt_wide(int choice) {
     return tatt_wide && lanes_512();
 }
 
-static inline float ta_ld(const void *p, int64_t i, int bf16) {
-    if (bf16) {
-        const uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
-        float f;
-        memcpy(&f, &u, 4);
-        return f;
+/* 8 elements from bf16 or float32 as floats; 8 floats stored as bf16 (rounded to nearest even,
+   as torch's casts round; a NaN stays a NaN) or float32 */
+static inline __attribute__((always_inline)) __m256 ta_ld8(const void *p, int64_t i, int bf16) {
+    if (bf16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i))), 16));
+    return _mm256_loadu_ps((const float *)p + i);
+}
+static inline __attribute__((always_inline)) void ta_st8(void *p, int64_t i, __m256 x, int bf16) {
+    if (!bf16) {
+        _mm256_storeu_ps((float *)p + i, x);
+        return;
     }
-    return ((const float *)p)[i];
+    const __m256i u = _mm256_castps_si256(x), one = _mm256_set1_epi32(1);
+    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(_mm256_srli_epi32(u, 16), one)));
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    r = _mm256_blendv_epi8(r, _mm256_or_si256(u, _mm256_set1_epi32(0x00400000)), nan);
+    r = _mm256_srli_epi32(r, 16);
+    const __m128i h = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+    _mm_storeu_si128((__m128i *)((uint16_t *)p + i), h);
 }
 
-/* bf16 rounded to nearest even, as torch's casts round (a NaN stays a NaN) */
-static inline void ta_st(void *p, int64_t i, float x, int bf16) {
-    if (bf16) {
-        uint32_t u;
-        memcpy(&u, &x, 4);
-        if ((u & 0x7fffffffu) > 0x7f800000u)
-            u |= 0x00400000u;
-        else
-            u += 0x7fffu + ((u >> 16) & 1u);
-        ((uint16_t *)p)[i] = (uint16_t)(u >> 16);
-    } else
-        ((float *)p)[i] = x;
-}
-
-/* dst[i][d] = src row i times mul (rows of hd), or transposed, dst[d][i] (rows of Tp, zero past T) */
-static void ta_load(float *dst, const void *src, int64_t base, int64_t st, int T, int hd, int Tp, int bf16, float mul, int transpose) {
+/* dst[i][d] = src row i times mul (rows of hd floats) */
+static inline __attribute__((always_inline)) void ta_load(float *dst, const void *src, int64_t base, int64_t st, int T, int hd, int bf16,
+                                                          float mul) {
+    const __m256 m = _mm256_set1_ps(mul);
     for (int i = 0; i < T; i++)
-        for (int d = 0; d < hd; d++) {
-            const float x = ta_ld(src, base + i * st + d, bf16) * mul;
-            if (transpose)
-                dst[(size_t)d * Tp + i] = x;
-            else
-                dst[(size_t)i * hd + d] = x;
-        }
-    if (transpose)
-        for (int d = 0; d < hd; d++)
-            for (int i = T; i < Tp; i++) dst[(size_t)d * Tp + i] = 0.0f;
+        for (int d = 0; d < hd; d += 8) _mm256_storeu_ps(dst + (size_t)i * hd + d, _mm256_mul_ps(m, ta_ld8(src, base + i * st + d, bf16)));
 }
 
-static void ta_store(void *dst, int64_t base, int64_t st, const float *src, int T, int hd, int bf16) {
+/* dst (hd x Tp) = src^T times mul for src (T x hd), zero past T */
+static inline __attribute__((always_inline)) void ta_transpose(float *dst, const float *src, int T, int hd, int Tp, float mul) {
+    for (int d = 0; d < hd; d++) {
+        float *o = dst + (size_t)d * Tp;
+        for (int i = 0; i < T; i++) o[i] = src[(size_t)i * hd + d] * mul;
+        for (int i = T; i < Tp; i++) o[i] = 0.0f;
+    }
+}
+
+static inline __attribute__((always_inline)) void ta_store(void *dst, int64_t base, int64_t st, const float *src, int T, int hd, int bf16) {
     for (int i = 0; i < T; i++)
-        for (int d = 0; d < hd; d++) ta_st(dst, base + i * st + d, src[(size_t)i * hd + d], bf16);
+        for (int d = 0; d < hd; d += 8) ta_st8(dst, base + i * st + d, _mm256_loadu_ps(src + (size_t)i * hd + d), bf16);
 }
 
 static inline __attribute__((always_inline)) void ta_mk(const int R, const int NV, const float *A, int64_t ars, int64_t acs,
@@ -3683,10 +3682,12 @@ static size_t ta_scratch(int Tp, int hd) { return ((size_t)10 * Tp * hd + (size_
 static inline __attribute__((always_inline)) void ta_fwd_task(const int RM, const TrainAtt *a, int task, float *w) {
     const int T = a->T, hd = a->hd, Tp = a->Tp, bf = a->bf16;
     const int b = task / a->H, h = task % a->H, hk = h / a->G;
-    float *Q = w, *Kt = Q + (size_t)Tp * hd, *V = Kt + (size_t)Tp * hd, *O = V + (size_t)Tp * hd, *P = O + (size_t)Tp * hd;
-    ta_load(Q, a->q, b * a->s[0][0] + h * a->s[0][1], a->s[0][2], T, hd, Tp, bf, 1.0f, 0);
-    ta_load(Kt, a->k, b * a->s[1][0] + hk * a->s[1][1], a->s[1][2], T, hd, Tp, bf, a->scale, 1);
-    ta_load(V, a->v, b * a->s[2][0] + hk * a->s[2][1], a->s[2][2], T, hd, Tp, bf, 1.0f, 0);
+    const size_t m = (size_t)Tp * hd;
+    float *Q = w, *K = Q + m, *Kt = K + m, *V = Kt + m, *O = V + m, *P = O + m;
+    ta_load(Q, a->q, b * a->s[0][0] + h * a->s[0][1], a->s[0][2], T, hd, bf, 1.0f);
+    ta_load(K, a->k, b * a->s[1][0] + hk * a->s[1][1], a->s[1][2], T, hd, bf, 1.0f);
+    ta_transpose(Kt, K, T, hd, Tp, a->scale);
+    ta_load(V, a->v, b * a->s[2][0] + hk * a->s[2][1], a->s[2][2], T, hd, bf, 1.0f);
     ta_scores(RM, Q, Kt, P, T, Tp, hd);
     float *lse = a->lse + (size_t)task * T;
     for (int i = 0; i < T; i++) lse[i] = ta_softmax_row(P + (size_t)i * Tp, i, Tp);
@@ -3700,13 +3701,14 @@ static inline __attribute__((always_inline)) void ta_bwd_task(const int RM, cons
     const size_t m = (size_t)Tp * hd;
     float *K = w, *Kt = K + m, *Vt = Kt + m, *Q = Vt + m, *dO = Q + m, *dQ = dO + m, *dK = dQ + m, *dV = dK + m;
     float *P = dV + m, *dS = P + (size_t)Tp * Tp;
-    ta_load(K, a->k, b * a->s[1][0] + hk * a->s[1][1], a->s[1][2], T, hd, Tp, bf, 1.0f, 0);
-    ta_load(Kt, a->k, b * a->s[1][0] + hk * a->s[1][1], a->s[1][2], T, hd, Tp, bf, a->scale, 1);
-    ta_load(Vt, a->v, b * a->s[2][0] + hk * a->s[2][1], a->s[2][2], T, hd, Tp, bf, 1.0f, 1);
+    ta_load(K, a->k, b * a->s[1][0] + hk * a->s[1][1], a->s[1][2], T, hd, bf, 1.0f);
+    ta_transpose(Kt, K, T, hd, Tp, a->scale);
+    ta_load(dK, a->v, b * a->s[2][0] + hk * a->s[2][1], a->s[2][2], T, hd, bf, 1.0f); /* V, until dK is written */
+    ta_transpose(Vt, dK, T, hd, Tp, 1.0f);
     for (int g = 0; g < a->G; g++) {
         const int h = hk * a->G + g;
-        ta_load(Q, a->q, b * a->s[0][0] + h * a->s[0][1], a->s[0][2], T, hd, Tp, bf, 1.0f, 0);
-        ta_load(dO, a->dout, b * a->s[3][0] + h * a->s[3][1], a->s[3][2], T, hd, Tp, bf, 1.0f, 0);
+        ta_load(Q, a->q, b * a->s[0][0] + h * a->s[0][1], a->s[0][2], T, hd, bf, 1.0f);
+        ta_load(dO, a->dout, b * a->s[3][0] + h * a->s[3][1], a->s[3][2], T, hd, bf, 1.0f);
         ta_scores(RM, Q, Kt, P, T, Tp, hd);
         ta_scores(RM, dO, Vt, dS, T, Tp, hd);
         const float *lse = a->lse + ((size_t)b * a->H + h) * T;
