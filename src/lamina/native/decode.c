@@ -3542,13 +3542,36 @@ static inline __attribute__((always_inline)) void ta_load(float *dst, const void
         for (int d = 0; d < hd; d += 8) _mm256_storeu_ps(dst + (size_t)i * hd + d, _mm256_mul_ps(m, ta_ld8(src, base + i * st + d, bf16)));
 }
 
-/* dst (hd x Tp) = src^T times mul for src (T x hd), zero past T */
-static inline __attribute__((always_inline)) void ta_transpose(float *dst, const float *src, int T, int hd, int Tp, float mul) {
-    for (int d = 0; d < hd; d++) {
-        float *o = dst + (size_t)d * Tp;
-        for (int i = 0; i < T; i++) o[i] = src[(size_t)i * hd + d] * mul;
-        for (int i = T; i < Tp; i++) o[i] = 0.0f;
-    }
+static inline __attribute__((always_inline)) void ta_tr8(__m256 r[8]) {
+    const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    const __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xee);
+    const __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xee);
+    const __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xee);
+    const __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xee);
+    r[0] = _mm256_permute2f128_ps(s0, s4, 0x20), r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+    r[2] = _mm256_permute2f128_ps(s2, s6, 0x20), r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+    r[4] = _mm256_permute2f128_ps(s0, s4, 0x31), r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+    r[6] = _mm256_permute2f128_ps(s2, s6, 0x31), r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
+
+/* dst (hd x Tp) = src^T times mul for src rows (T x hd, at base + i st), zero past T; and where
+   rows is not NULL, rows (T x hd) = src as floats */
+static inline __attribute__((always_inline)) void ta_load_t(float *rows, float *dst, const void *src, int64_t base, int64_t st, int T,
+                                                            int hd, int Tp, int bf16, float mul) {
+    const __m256 m = _mm256_set1_ps(mul);
+    for (int i0 = 0; i0 < Tp; i0 += 8)
+        for (int d0 = 0; d0 < hd; d0 += 8) {
+            __m256 r[8];
+            for (int j = 0; j < 8; j++) {
+                r[j] = i0 + j < T ? ta_ld8(src, base + (i0 + j) * st + d0, bf16) : _mm256_setzero_ps();
+                if (rows && i0 + j < T) _mm256_storeu_ps(rows + (size_t)(i0 + j) * hd + d0, r[j]);
+            }
+            ta_tr8(r);
+            for (int j = 0; j < 8; j++) _mm256_storeu_ps(dst + (size_t)(d0 + j) * Tp + i0, _mm256_mul_ps(m, r[j]));
+        }
 }
 
 static inline __attribute__((always_inline)) void ta_store(void *dst, int64_t base, int64_t st, const float *src, int T, int hd, int bf16) {
@@ -3685,8 +3708,7 @@ static inline __attribute__((always_inline)) void ta_fwd_task(const int RM, cons
     const size_t m = (size_t)Tp * hd;
     float *Q = w, *K = Q + m, *Kt = K + m, *V = Kt + m, *O = V + m, *P = O + m;
     ta_load(Q, a->q, b * a->s[0][0] + h * a->s[0][1], a->s[0][2], T, hd, bf, 1.0f);
-    ta_load(K, a->k, b * a->s[1][0] + hk * a->s[1][1], a->s[1][2], T, hd, bf, 1.0f);
-    ta_transpose(Kt, K, T, hd, Tp, a->scale);
+    ta_load_t(NULL, Kt, a->k, b * a->s[1][0] + hk * a->s[1][1], a->s[1][2], T, hd, Tp, bf, a->scale);
     ta_load(V, a->v, b * a->s[2][0] + hk * a->s[2][1], a->s[2][2], T, hd, bf, 1.0f);
     ta_scores(RM, Q, Kt, P, T, Tp, hd);
     float *lse = a->lse + (size_t)task * T;
@@ -3701,10 +3723,8 @@ static inline __attribute__((always_inline)) void ta_bwd_task(const int RM, cons
     const size_t m = (size_t)Tp * hd;
     float *K = w, *Kt = K + m, *Vt = Kt + m, *Q = Vt + m, *dO = Q + m, *dQ = dO + m, *dK = dQ + m, *dV = dK + m;
     float *P = dV + m, *dS = P + (size_t)Tp * Tp;
-    ta_load(K, a->k, b * a->s[1][0] + hk * a->s[1][1], a->s[1][2], T, hd, bf, 1.0f);
-    ta_transpose(Kt, K, T, hd, Tp, a->scale);
-    ta_load(dK, a->v, b * a->s[2][0] + hk * a->s[2][1], a->s[2][2], T, hd, bf, 1.0f); /* V, until dK is written */
-    ta_transpose(Vt, dK, T, hd, Tp, 1.0f);
+    ta_load_t(K, Kt, a->k, b * a->s[1][0] + hk * a->s[1][1], a->s[1][2], T, hd, Tp, bf, a->scale);
+    ta_load_t(NULL, Vt, a->v, b * a->s[2][0] + hk * a->s[2][1], a->s[2][2], T, hd, Tp, bf, 1.0f);
     for (int g = 0; g < a->G; g++) {
         const int h = hk * a->G + g;
         ta_load(Q, a->q, b * a->s[0][0] + h * a->s[0][1], a->s[0][2], T, hd, bf, 1.0f);
@@ -3727,9 +3747,19 @@ static void ta_fwd_256(const TrainAtt *a, int t, float *w) { ta_fwd_task(3, a, t
 WIDE static void ta_bwd_512(const TrainAtt *a, int t, float *w) { ta_bwd_task(6, a, t, w); }
 static void ta_bwd_256(const TrainAtt *a, int t, float *w) { ta_bwd_task(3, a, t, w); }
 
+/* a thread's scratch, kept from call to call (a step calls twice a layer; at most ~1.8 MB) */
+static __thread float *ta_buf;
+static __thread size_t ta_cap;
+
 static void ta_job(TrainAtt *a, int backward) {
     const int wide = lm_tatt_wide(-1);
-    float *w = (float *)aligned_alloc(64, ta_scratch(a->Tp, a->hd) * sizeof(float));
+    const size_t need = ta_scratch(a->Tp, a->hd);
+    if (ta_cap < need) {
+        free(ta_buf);
+        ta_buf = (float *)aligned_alloc(64, need * sizeof(float));
+        ta_cap = ta_buf ? need : 0;
+    }
+    float *w = ta_buf;
     if (!w) {
         atomic_store(&a->failed, 1);
         return;
@@ -3740,7 +3770,6 @@ static void ta_job(TrainAtt *a, int backward) {
         else
             (wide ? ta_fwd_512 : ta_fwd_256)(a, t, w);
     }
-    free(w);
 }
 static void ta_fwd_job(void *ctx, int tid, int nt) { (void)tid, (void)nt, ta_job((TrainAtt *)ctx, 0); }
 static void ta_bwd_job(void *ctx, int tid, int nt) { (void)tid, (void)nt, ta_job((TrainAtt *)ctx, 1); }
