@@ -54,9 +54,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+import lamina.native.train_attention as train_attention
 from lamina.cpu import upcast_attention
 from lamina.errors import LaminaError
-from lamina.native import train_attention
 from lamina.native.prefill import causal_attention
 from lamina.rope import (  # noqa: F401 - re-exported: the rotary names' historical home
     RopeScaling,
