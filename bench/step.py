@@ -25,6 +25,8 @@ A step is forward + loss + backward + clip(1.0) + optimizer step + zero_grad. Va
   +bf16-attn     lamina under bf16 autocast with attention in bf16 too (what upcast_attention
                  avoids)
   +math-attn     lamina with SDPA forced to its math backend (what the default's pick beats)
+  +sdpa-attn     lamina with its training attention in torch's SDPA (fp32 flash kernels, the
+                 step before lamina.native.train_attention; what the default's native beats)
   +chunked-ce    lamina with training.chunked_ce (the head in chunks of 256 rows)
   +compile       lamina's model under torch.compile plus a compiled optimizer step; its first
                  call (compilation; inductor caches it on disk for the next process) is timed
@@ -61,6 +63,7 @@ from machine import cpu_line  # noqa: E402
 from torch import nn  # noqa: E402
 
 import lamina.attention  # noqa: E402
+import lamina.native.train_attention  # noqa: E402
 from lamina import GPT, GPTConfig  # noqa: E402
 from lamina.cpu import native_bf16  # noqa: E402
 from lamina.training.chunked_ce import lm_loss_chunked  # noqa: E402
@@ -181,6 +184,19 @@ def bf16_attention() -> Iterator[None]:
         lamina.attention.upcast_attention = old
 
 
+@contextlib.contextmanager
+def sdpa_training_attention(amp: Callable[[], contextlib.AbstractContextManager]) -> Iterator[None]:
+    """amp with lamina.native's training attention off (SDPA runs; restored after)."""
+    ta = lamina.native.train_attention
+    old = ta.packed_causal_attention, ta.causal_attention
+    ta.packed_causal_attention = ta.causal_attention = lambda *a, **k: None
+    try:
+        with amp():
+            yield
+    finally:
+        ta.packed_causal_attention, ta.causal_attention = old
+
+
 def build(name: str, s: dict) -> Step:
     auto_bf16 = use_bf16("auto", torch.device("cpu"), s["d_model"])
     amp = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if auto_bf16 else nullcontext
@@ -217,6 +233,9 @@ def build(name: str, s: dict) -> Step:
 
         math_only = lambda: sdpa_kernel(SDPBackend.MATH)  # noqa: E731
         return stepper(m, full_loss, build_optimizer(m, lr=1e-3), math_only)[0]
+    if name == "+sdpa-attn":
+        ctx = lambda: sdpa_training_attention(amp)  # noqa: E731
+        return stepper(m, full_loss, build_optimizer(m, lr=1e-3), ctx)[0]
     if name == "+chunked-ce":
         loss = lambda m, x, y: lm_loss_chunked(m, x, y, chunk=256)  # noqa: E731
         return stepper(m, loss, build_optimizer(m, lr=1e-3), amp)[0]
@@ -238,7 +257,7 @@ def variants(compile_: bool) -> list[str]:
     out = ["nanogpt", "hf", "lamina", "+fp32", "+gelu-tanh", "+foreach", "+muon"]
     if native_bf16():
         out.append("+bf16-attn")
-    out += ["+math-attn", "+chunked-ce"]
+    out += ["+math-attn", "+sdpa-attn", "+chunked-ce"]
     return out + (["+compile"] if compile_ else [])
 
 

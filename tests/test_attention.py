@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch import nn
 
+from lamina import native
 from lamina.attention import KVCache, MultiHeadAttention
 from lamina.errors import LaminaError
 
@@ -376,19 +377,32 @@ def test_bf16_training_on_a_cpu_runs_narrow_heads_attention_in_fp32():
     torch.testing.assert_close(out.float(), attn(x)[0], atol=3e-2, rtol=3e-2)
 
 
-def test_bf16_training_rotates_and_normalises_q_and_k_in_fp32_before_the_fp32_kernel(monkeypatch):
+@pytest.mark.parametrize("kernel_name", ["sdpa", "native"])
+def test_bf16_training_rotates_and_normalises_q_and_k_in_fp32_before_the_fp32_kernel(
+    monkeypatch, kernel_name
+):
     """Where the narrow-head kernel runs in fp32, q and k are cast once, before the qk-norm and
-    the rotation, so they reach it without a round trip through bf16 (the cheaper order)."""
+    the rotation, so they reach it without a round trip through bf16 (the cheaper order): torch's
+    SDPA, or lamina.native's training attention (its q, k, v form) where that runs."""
     import lamina.attention as la
 
     seen = {}
-    kernel = la.F.scaled_dot_product_attention
+    if kernel_name == "sdpa":
+        kernel = la.F.scaled_dot_product_attention
+        monkeypatch.setattr(la.train_attention, "causal_attention", lambda *a: None)
+    else:
+        kernel = la.train_attention.causal_attention
+        if native.reason() is not None:
+            pytest.skip(f"native library not available here: {native.reason()}")
 
-    def spy(q, k, v, **kw):
+    def spy(q, k, v, *args, **kw):
         seen["q"], seen["k"] = q.detach(), k.detach()
-        return kernel(q, k, v, **kw)
+        return kernel(q, k, v, *args, **kw)
 
-    monkeypatch.setattr(la.F, "scaled_dot_product_attention", spy)
+    if kernel_name == "sdpa":
+        monkeypatch.setattr(la.F, "scaled_dot_product_attention", spy)
+    else:
+        monkeypatch.setattr(la.train_attention, "causal_attention", spy)
     torch.manual_seed(0)
     attn = la.MultiHeadAttention(32, 4, causal=True, rope_theta=10000.0, qk_norm=True).train()
     x = torch.randn(2, 6, 32, requires_grad=True)

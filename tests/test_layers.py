@@ -37,6 +37,7 @@ LAYERS: dict[str, int] = {
     "lamina.embedding": 3,
     "lamina.rope": 3,
     "lamina.native.prefill": 3,  # a leaf module: the attention layer calls it
+    "lamina.native.train_attention": 3,  # a leaf module too: training's attention
     "lamina.attention": 4,
     "lamina.block": 5,
     "lamina.models": 6,
@@ -63,7 +64,7 @@ LAYERS: dict[str, int] = {
 
 
 # modules ranked on their own, below their package: each imports nothing of it
-LEAF_MODULES = ("lamina.native.build", "lamina.native.prefill")
+LEAF_MODULES = ("lamina.native.build", "lamina.native.prefill", "lamina.native.train_attention")
 
 
 def unit_of(module: str) -> str:

@@ -30,7 +30,10 @@ Two paths compute the same thing (a test proves it): the reference path writes t
 (repeating each key/value head for its group) and can return the attention weights
 (B, H, T_q, T_k); the fast path calls `F.scaled_dot_product_attention` (with `enable_gqa`),
 except that a prompt's causal attention with no other mask, in float32 on a CPU recording no
-gradient (a prefill), runs lamina.native's kernel where it runs (lamina.native.prefill).
+gradient (a prefill), runs lamina.native's kernel where it runs (lamina.native.prefill), and so
+does a training step's (bf16 or float32 on a CPU, recording gradients, no cache, no dropout,
+T <= 256, hd a multiple of 8 up to 128: lamina.native.train_attention, whose backward is C too;
+without norms or rotary positions it takes the fused projection's output whole).
 `need_weights=True` always takes the reference path, and so does a soft cap: tanh acts on the
 scores before the mask and softmax, which SDPA gives no hook for (a float mask only adds).
 Attention dropout is applied only in training mode, on both paths.
@@ -51,6 +54,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+import lamina.native.train_attention as train_attention
 from lamina.cpu import upcast_attention
 from lamina.errors import LaminaError
 from lamina.native.prefill import causal_attention
@@ -292,7 +296,23 @@ class MultiHeadAttention(nn.Module):
             raise LaminaError(f"expected input (B, T, {self.d_model}), got {tuple(x.shape)}")
         B, T, _ = x.shape
         H, Hkv, hd = self.n_heads, self.n_kv_heads, self.head_dim
-        q, k, v = self.qkv(x).split([H * hd, Hkv * hd, Hkv * hd], dim=-1)
+        qkv = self.qkv(x)
+        window = self.sliding_window
+        train_native = (  # a training step's plain causal attention: lamina.native's, if it runs
+            cache is None
+            and padding_mask is None
+            and self.causal
+            and T > 1
+            and (window is None or T <= window)
+            and not (need_weights or self.impl == "reference" or self.softcap is not None)
+            and not (self.training and self.dropout)
+            and torch.is_grad_enabled()
+        )
+        if train_native and not self.qk_norm and self.rope_theta is None:
+            out = train_attention.packed_causal_attention(qkv, H, Hkv, hd, self.scale)
+            if out is not None:
+                return self.proj(out), None
+        q, k, v = qkv.split([H * hd, Hkv * hd, Hkv * hd], dim=-1)
         q = q.view(B, T, H, hd).transpose(1, 2)  # (B, H, T, hd)
         k = k.view(B, T, Hkv, hd).transpose(1, 2)  # (B, H_kv, T, hd)
         v = v.view(B, T, Hkv, hd).transpose(1, 2)
@@ -325,7 +345,6 @@ class MultiHeadAttention(nn.Module):
                     f"padding_mask must have shape (B, T_keys) = {(B, t_k)}, "
                     f"got {tuple(padding_mask.shape)}"
                 )
-        window = self.sliding_window
         plain_causal = window is None or t_k <= window
         causal_only = fused and self.causal and padding_mask is None and plain_causal and T > 1
         p = self.dropout if self.training else 0.0
@@ -333,6 +352,10 @@ class MultiHeadAttention(nn.Module):
             out = causal_attention(q, k, v, self.scale)  # (B, T, H hd), or None
             if out is not None:
                 return self.proj(out), None
+        if train_native:  # after norms or rotary positions (in fp32 where upcast)
+            out = train_attention.causal_attention(q, k, v, self.scale)
+            if out is not None:
+                return self.proj(out.to(dtype)), None
         use_causal_flag = causal_only and t_k == T  # the fused kernel's own mask: none is built
         allowed = None
         if not use_causal_flag:

@@ -3796,3 +3796,336 @@ int lm_prefill_attention(const float *q, const float *k, const float *v, float *
     free(kt);
     return !atomic_load(&a.failed);
 }
+
+/* ------------------------------------------------------------------ training attention (issue 36)
+
+   Causal self-attention for a training step, forward and backward, for the short sequences and
+   narrow heads of a small model (T <= TA_TMAX, hd a multiple of 8 up to TA_HD): one task holds
+   one head's whole T x T scores in its scratch (64 x 64 floats is 16 KB), so nothing is blocked
+   or rescaled online. The forward keeps each row's log-sum-exp; the backward recomputes the
+   weights from it (P = e^(S - lse)), then dP = dO V^T, dS = P (dP - rowsum(P dP)), and
+   dQ = s dS K, dK = s dS^T Q, dV = P^T dO (s the scale). A forward task is one query head of one
+   batch row; a backward task is one key/value head of one batch row with its G query heads (GQA),
+   so its dK and dV sum over the group in one fixed order. Every task runs whole on one thread,
+   so the results are the same bits at any thread count. Inputs and outputs are bf16 or fp32
+   (the arithmetic fp32), rows of hd elements at any (batch, head, position) strides.
+
+   Every product is one register tile, ta_mk: C[R x 8 NV] (+)= sum over k of A(r, k) X[k][...],
+   A read through two strides so that P^T and dS^T need no transposed copy; AVX-512's 32
+   registers hold 6 x 32 (TA_WIDE), AVX2's 16 hold 3 x 32. */
+#define TA_TMAX 256
+#define TA_HD 128
+
+typedef struct {
+    const void *q, *k, *v, *dout;
+    void *out, *dq, *dk, *dv;
+    float *lse;
+    int64_t s[7][3]; /* (batch, head, position) strides of q, k, v, out or dout, dq, dk, dv */
+    int B, H, Hkv, T, hd, G, Tp, bf16, tasks;
+    float scale;
+    atomic_int next, failed;
+} TrainAtt;
+
+static int tatt_wide = 1;
+int lm_tatt_wide(int choice) {
+    if (choice >= 0) tatt_wide = choice ? 1 : 0;
+    return tatt_wide && lanes_512();
+}
+
+/* 8 elements from bf16 or float32 as floats; 8 floats stored as bf16 (rounded to nearest even,
+   as torch's casts round; a NaN stays a NaN) or float32 */
+static inline __attribute__((always_inline)) __m256 ta_ld8(const void *p, int64_t i, int bf16) {
+    if (bf16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i))), 16));
+    return _mm256_loadu_ps((const float *)p + i);
+}
+static inline __attribute__((always_inline)) void ta_st8(void *p, int64_t i, __m256 x, int bf16) {
+    if (!bf16) {
+        _mm256_storeu_ps((float *)p + i, x);
+        return;
+    }
+    const __m256i u = _mm256_castps_si256(x), one = _mm256_set1_epi32(1);
+    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(_mm256_srli_epi32(u, 16), one)));
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    r = _mm256_blendv_epi8(r, _mm256_or_si256(u, _mm256_set1_epi32(0x00400000)), nan);
+    r = _mm256_srli_epi32(r, 16);
+    const __m128i h = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+    _mm_storeu_si128((__m128i *)((uint16_t *)p + i), h);
+}
+
+/* dst[i][d] = src row i times mul (rows of hd floats) */
+static inline __attribute__((always_inline)) void ta_load(float *dst, const void *src, int64_t base, int64_t st, int T, int hd, int bf16,
+                                                          float mul) {
+    const __m256 m = _mm256_set1_ps(mul);
+    for (int i = 0; i < T; i++)
+        for (int d = 0; d < hd; d += 8) _mm256_storeu_ps(dst + (size_t)i * hd + d, _mm256_mul_ps(m, ta_ld8(src, base + i * st + d, bf16)));
+}
+
+static inline __attribute__((always_inline)) void ta_tr8(__m256 r[8]) {
+    const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    const __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xee);
+    const __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xee);
+    const __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xee);
+    const __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xee);
+    r[0] = _mm256_permute2f128_ps(s0, s4, 0x20), r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+    r[2] = _mm256_permute2f128_ps(s2, s6, 0x20), r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+    r[4] = _mm256_permute2f128_ps(s0, s4, 0x31), r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+    r[6] = _mm256_permute2f128_ps(s2, s6, 0x31), r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
+
+/* dst (hd x Tp) = src^T times mul for src rows (T x hd, at base + i st), zero past T; and where
+   rows is not NULL, rows (T x hd) = src as floats */
+static inline __attribute__((always_inline)) void ta_load_t(float *rows, float *dst, const void *src, int64_t base, int64_t st, int T,
+                                                            int hd, int Tp, int bf16, float mul) {
+    const __m256 m = _mm256_set1_ps(mul);
+    for (int i0 = 0; i0 < Tp; i0 += 8)
+        for (int d0 = 0; d0 < hd; d0 += 8) {
+            __m256 r[8];
+            for (int j = 0; j < 8; j++) {
+                r[j] = i0 + j < T ? ta_ld8(src, base + (i0 + j) * st + d0, bf16) : _mm256_setzero_ps();
+                if (rows && i0 + j < T) _mm256_storeu_ps(rows + (size_t)(i0 + j) * hd + d0, r[j]);
+            }
+            ta_tr8(r);
+            for (int j = 0; j < 8; j++) _mm256_storeu_ps(dst + (size_t)(d0 + j) * Tp + i0, _mm256_mul_ps(m, r[j]));
+        }
+}
+
+static inline __attribute__((always_inline)) void ta_store(void *dst, int64_t base, int64_t st, const float *src, int T, int hd, int bf16) {
+    for (int i = 0; i < T; i++)
+        for (int d = 0; d < hd; d += 8) ta_st8(dst, base + i * st + d, _mm256_loadu_ps(src + (size_t)i * hd + d), bf16);
+}
+
+static inline __attribute__((always_inline)) void ta_mk(const int R, const int NV, const float *A, int64_t ars, int64_t acs,
+                                                        const float *X, int64_t xs, int k0, int k1, float *C, int64_t cs, int add) {
+    __m256 c[6][4];
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < NV; v++) c[r][v] = add ? _mm256_loadu_ps(C + r * cs + 8 * v) : _mm256_setzero_ps();
+    for (int k = k0; k < k1; k++) {
+        const float *xk = X + (int64_t)k * xs;
+        __m256 x[4];
+        for (int v = 0; v < NV; v++) x[v] = _mm256_loadu_ps(xk + 8 * v);
+        for (int r = 0; r < R; r++) {
+            const __m256 a = _mm256_broadcast_ss(A + r * ars + (int64_t)k * acs);
+            for (int v = 0; v < NV; v++) c[r][v] = _mm256_fmadd_ps(a, x[v], c[r][v]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < NV; v++) _mm256_storeu_ps(C + r * cs + 8 * v, c[r][v]);
+}
+
+#define TA_NV(R)                                                        \
+    switch (nv) {                                                       \
+    case 1: ta_mk(R, 1, A, ars, acs, X, xs, k0, k1, C, cs, add); break; \
+    case 2: ta_mk(R, 2, A, ars, acs, X, xs, k0, k1, C, cs, add); break; \
+    case 3: ta_mk(R, 3, A, ars, acs, X, xs, k0, k1, C, cs, add); break; \
+    default: ta_mk(R, 4, A, ars, acs, X, xs, k0, k1, C, cs, add); break; \
+    }
+
+static inline __attribute__((always_inline)) void ta_mk_any(const int RM, int R, int nv, const float *A, int64_t ars, int64_t acs,
+                                                            const float *X, int64_t xs, int k0, int k1, float *C, int64_t cs,
+                                                            int add) {
+    if (R == RM) { /* the common case, R a constant */
+        TA_NV(RM)
+        return;
+    }
+    switch (R) {
+    case 1: TA_NV(1) break;
+    case 2: TA_NV(2) break;
+    case 3: TA_NV(3) break;
+    case 4: TA_NV(4) break;
+    default: TA_NV(5) break;
+    }
+}
+
+/* C (T x Tp) = A (T x hd) Xt (hd x Tp), each row's columns up to its tile's last row's (causal) */
+static inline __attribute__((always_inline)) void ta_scores(const int RM, const float *A, const float *Xt, float *C, int T, int Tp, int hd) {
+    for (int i0 = 0; i0 < T; i0 += RM) {
+        const int R = T - i0 < RM ? T - i0 : RM, ncol = (i0 + R + 7) / 8 * 8;
+        for (int c = 0; c < ncol; c += 32) {
+            const int nv = (ncol - c) / 8 < 4 ? (ncol - c) / 8 : 4;
+            ta_mk_any(RM, R, nv, A + (size_t)i0 * hd, hd, 1, Xt + c, Tp, 0, hd, C + (size_t)i0 * Tp + c, Tp, 0);
+        }
+    }
+}
+
+/* C (T x hd) (+)= P X for P (T x Tp) lower triangular (zero past the diagonal): row i uses k <= i;
+   or, transposed, C = P^T X: row j uses k >= j */
+static inline __attribute__((always_inline)) void ta_pv(const int RM, const float *P, const float *X, float *C, int T, int Tp, int hd,
+                                                        int add, int transposed) {
+    for (int i0 = 0; i0 < T; i0 += RM) {
+        const int R = T - i0 < RM ? T - i0 : RM;
+        for (int c = 0; c < hd; c += 32) {
+            const int nv = (hd - c) / 8 < 4 ? (hd - c) / 8 : 4;
+            if (transposed)
+                ta_mk_any(RM, R, nv, P + i0, 1, Tp, X + c, hd, i0, T, C + (size_t)i0 * hd + c, hd, add);
+            else
+                ta_mk_any(RM, R, nv, P + (size_t)i0 * Tp, Tp, 1, X + c, hd, 0, i0 + R, C + (size_t)i0 * hd + c, hd, add);
+        }
+    }
+}
+
+/* masks (lanes j > i) of the 8 columns from j */
+static inline __m256 ta_keep(int j, int i) {
+    const __m256 iota = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_cmp_ps(_mm256_add_ps(iota, _mm256_set1_ps((float)j)), _mm256_set1_ps((float)i), _CMP_LE_OQ);
+}
+
+/* row i of the scores -> its weights (zero past i, to Tp); returns its log-sum-exp */
+static inline __attribute__((always_inline)) float ta_softmax_row(float *p, int i, int Tp) {
+    const int n = (i + 8) / 8 * 8;
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    __m256 mx = ninf, sum = _mm256_setzero_ps();
+    for (int j = 0; j < n; j += 8) {
+        const __m256 x = _mm256_blendv_ps(ninf, _mm256_loadu_ps(p + j), ta_keep(j, i));
+        _mm256_storeu_ps(p + j, x);
+        mx = _mm256_max_ps(mx, x);
+    }
+    const float m = hmax256(mx);
+    const __m256 vm = _mm256_set1_ps(m);
+    for (int j = 0; j < n; j += 8) {
+        const __m256 e = _mm256_and_ps(exp256(_mm256_sub_ps(_mm256_loadu_ps(p + j), vm)), ta_keep(j, i));
+        _mm256_storeu_ps(p + j, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    const float s = hsum(sum);
+    const __m256 inv = _mm256_set1_ps(1.0f / s);
+    for (int j = 0; j < n; j += 8) _mm256_storeu_ps(p + j, _mm256_mul_ps(_mm256_loadu_ps(p + j), inv));
+    for (int j = n; j < Tp; j++) p[j] = 0.0f;
+    return m + logf(s);
+}
+
+/* row i: p <- e^(s - lse) (zero past i), d (dP) <- scale p (dP - sum_j p dP) (zero past i) */
+static inline __attribute__((always_inline)) void ta_grad_row(float *p, float *d, int i, int Tp, float lse, float scale) {
+    const int n = (i + 8) / 8 * 8;
+    const __m256 vl = _mm256_set1_ps(lse);
+    __m256 acc = _mm256_setzero_ps();
+    for (int j = 0; j < n; j += 8) {
+        const __m256 keep = ta_keep(j, i);
+        const __m256 e = _mm256_and_ps(exp256(_mm256_sub_ps(_mm256_and_ps(_mm256_loadu_ps(p + j), keep), vl)), keep);
+        const __m256 g = _mm256_and_ps(_mm256_loadu_ps(d + j), keep);
+        _mm256_storeu_ps(p + j, e);
+        _mm256_storeu_ps(d + j, g);
+        acc = _mm256_fmadd_ps(e, g, acc);
+    }
+    const __m256 D = _mm256_set1_ps(hsum(acc)), s = _mm256_set1_ps(scale);
+    for (int j = 0; j < n; j += 8) {
+        const __m256 e = _mm256_loadu_ps(p + j);
+        _mm256_storeu_ps(d + j, _mm256_mul_ps(_mm256_mul_ps(s, e), _mm256_sub_ps(_mm256_loadu_ps(d + j), D)));
+    }
+    for (int j = n; j < Tp; j++) p[j] = d[j] = 0.0f;
+}
+
+/* the scratch a task uses, in floats (a multiple of 16) */
+static size_t ta_scratch(int Tp, int hd) { return ((size_t)10 * Tp * hd + (size_t)2 * Tp * Tp + 15) / 16 * 16; }
+
+static inline __attribute__((always_inline)) void ta_fwd_task(const int RM, const TrainAtt *a, int task, float *w) {
+    const int T = a->T, hd = a->hd, Tp = a->Tp, bf = a->bf16;
+    const int b = task / a->H, h = task % a->H, hk = h / a->G;
+    const size_t m = (size_t)Tp * hd;
+    float *Q = w, *K = Q + m, *Kt = K + m, *V = Kt + m, *O = V + m, *P = O + m;
+    ta_load(Q, a->q, b * a->s[0][0] + h * a->s[0][1], a->s[0][2], T, hd, bf, 1.0f);
+    ta_load_t(NULL, Kt, a->k, b * a->s[1][0] + hk * a->s[1][1], a->s[1][2], T, hd, Tp, bf, a->scale);
+    ta_load(V, a->v, b * a->s[2][0] + hk * a->s[2][1], a->s[2][2], T, hd, bf, 1.0f);
+    ta_scores(RM, Q, Kt, P, T, Tp, hd);
+    float *lse = a->lse + (size_t)task * T;
+    for (int i = 0; i < T; i++) lse[i] = ta_softmax_row(P + (size_t)i * Tp, i, Tp);
+    ta_pv(RM, P, V, O, T, Tp, hd, 0, 0);
+    ta_store(a->out, b * a->s[3][0] + h * a->s[3][1], a->s[3][2], O, T, hd, bf);
+}
+
+static inline __attribute__((always_inline)) void ta_bwd_task(const int RM, const TrainAtt *a, int task, float *w) {
+    const int T = a->T, hd = a->hd, Tp = a->Tp, bf = a->bf16;
+    const int b = task / a->Hkv, hk = task % a->Hkv;
+    const size_t m = (size_t)Tp * hd;
+    float *K = w, *Kt = K + m, *Vt = Kt + m, *Q = Vt + m, *dO = Q + m, *dQ = dO + m, *dK = dQ + m, *dV = dK + m;
+    float *P = dV + m, *dS = P + (size_t)Tp * Tp;
+    ta_load_t(K, Kt, a->k, b * a->s[1][0] + hk * a->s[1][1], a->s[1][2], T, hd, Tp, bf, a->scale);
+    ta_load_t(NULL, Vt, a->v, b * a->s[2][0] + hk * a->s[2][1], a->s[2][2], T, hd, Tp, bf, 1.0f);
+    for (int g = 0; g < a->G; g++) {
+        const int h = hk * a->G + g;
+        ta_load(Q, a->q, b * a->s[0][0] + h * a->s[0][1], a->s[0][2], T, hd, bf, 1.0f);
+        ta_load(dO, a->dout, b * a->s[3][0] + h * a->s[3][1], a->s[3][2], T, hd, bf, 1.0f);
+        ta_scores(RM, Q, Kt, P, T, Tp, hd);
+        ta_scores(RM, dO, Vt, dS, T, Tp, hd);
+        const float *lse = a->lse + ((size_t)b * a->H + h) * T;
+        for (int i = 0; i < T; i++) ta_grad_row(P + (size_t)i * Tp, dS + (size_t)i * Tp, i, Tp, lse[i], a->scale);
+        ta_pv(RM, dS, K, dQ, T, Tp, hd, 0, 0);
+        ta_store(a->dq, b * a->s[4][0] + h * a->s[4][1], a->s[4][2], dQ, T, hd, bf);
+        ta_pv(RM, P, dO, dV, T, Tp, hd, g > 0, 1);
+        ta_pv(RM, dS, Q, dK, T, Tp, hd, g > 0, 1);
+    }
+    ta_store(a->dk, b * a->s[5][0] + hk * a->s[5][1], a->s[5][2], dK, T, hd, bf);
+    ta_store(a->dv, b * a->s[6][0] + hk * a->s[6][1], a->s[6][2], dV, T, hd, bf);
+}
+
+WIDE static void ta_fwd_512(const TrainAtt *a, int t, float *w) { ta_fwd_task(6, a, t, w); }
+static void ta_fwd_256(const TrainAtt *a, int t, float *w) { ta_fwd_task(3, a, t, w); }
+WIDE static void ta_bwd_512(const TrainAtt *a, int t, float *w) { ta_bwd_task(6, a, t, w); }
+static void ta_bwd_256(const TrainAtt *a, int t, float *w) { ta_bwd_task(3, a, t, w); }
+
+/* a thread's scratch, kept from call to call (a step calls twice a layer; at most ~1.8 MB) */
+static __thread float *ta_buf;
+static __thread size_t ta_cap;
+
+static void ta_job(TrainAtt *a, int backward) {
+    const int wide = lm_tatt_wide(-1);
+    const size_t need = ta_scratch(a->Tp, a->hd);
+    if (ta_cap < need) {
+        free(ta_buf);
+        ta_buf = (float *)aligned_alloc(64, need * sizeof(float));
+        ta_cap = ta_buf ? need : 0;
+    }
+    float *w = ta_buf;
+    if (!w) {
+        atomic_store(&a->failed, 1);
+        return;
+    }
+    for (int t = atomic_fetch_add(&a->next, 1); t < a->tasks; t = atomic_fetch_add(&a->next, 1)) {
+        if (backward)
+            (wide ? ta_bwd_512 : ta_bwd_256)(a, t, w);
+        else
+            (wide ? ta_fwd_512 : ta_fwd_256)(a, t, w);
+    }
+}
+static void ta_fwd_job(void *ctx, int tid, int nt) { (void)tid, (void)nt, ta_job((TrainAtt *)ctx, 0); }
+static void ta_bwd_job(void *ctx, int tid, int nt) { (void)tid, (void)nt, ta_job((TrainAtt *)ctx, 1); }
+
+static int ta_shape_ok(int B, int H, int Hkv, int T, int hd) {
+    return B >= 1 && Hkv >= 1 && H >= Hkv && H % Hkv == 0 && T >= 1 && T <= TA_TMAX && hd >= 8 && hd % 8 == 0 && hd <= TA_HD;
+}
+
+/* The forward: out (rows of hd) and lse (B, H, T) float32. strides: 4 x (batch, head, position)
+   of q, k, v, out, in elements; bf16: every tensor but lse is bf16 (else float32). Returns 0
+   (nothing written) for a shape it does not take (see ta_shape_ok) or where scratch fails. */
+int lm_train_attention_fwd(const void *q, const void *k, const void *v, void *out, float *lse, int B, int H, int Hkv, int T,
+                           int hd, float scale, int bf16, const int64_t *strides, int nthreads) {
+    if (!ta_shape_ok(B, H, Hkv, T, hd)) return 0;
+    TrainAtt a = {.q = q, .k = k, .v = v, .out = out, .lse = lse, .B = B, .H = H, .Hkv = Hkv, .T = T, .hd = hd,
+                  .G = H / Hkv, .Tp = (T + 7) / 8 * 8, .bf16 = bf16 ? 1 : 0, .tasks = B * H, .scale = scale};
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 3; j++) a.s[i][j] = strides[3 * i + j];
+    atomic_init(&a.next, 0);
+    atomic_init(&a.failed, 0);
+    run_parallel(ta_fwd_job, &a, nthreads < 1 ? 1 : nthreads, NULL);
+    return !atomic_load(&a.failed);
+}
+
+/* The backward: dq, dk, dv from dout and the forward's lse. strides: 7 x (batch, head, position)
+   of q, k, v, dout, dq, dk, dv. Returns 0 as the forward does. */
+int lm_train_attention_bwd(const void *q, const void *k, const void *v, const void *dout, const float *lse, void *dq, void *dk,
+                           void *dv, int B, int H, int Hkv, int T, int hd, float scale, int bf16, const int64_t *strides,
+                           int nthreads) {
+    if (!ta_shape_ok(B, H, Hkv, T, hd)) return 0;
+    TrainAtt a = {.q = q, .k = k, .v = v, .dout = dout, .dq = dq, .dk = dk, .dv = dv, .lse = (float *)lse, .B = B, .H = H,
+                  .Hkv = Hkv, .T = T, .hd = hd, .G = H / Hkv, .Tp = (T + 7) / 8 * 8, .bf16 = bf16 ? 1 : 0, .tasks = B * Hkv,
+                  .scale = scale};
+    for (int i = 0; i < 7; i++)
+        for (int j = 0; j < 3; j++) a.s[i][j] = strides[3 * i + j];
+    atomic_init(&a.next, 0);
+    atomic_init(&a.failed, 0);
+    run_parallel(ta_bwd_job, &a, nthreads < 1 ? 1 : nthreads, NULL);
+    return !atomic_load(&a.failed);
+}
