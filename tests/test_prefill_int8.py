@@ -14,9 +14,10 @@ from lamina import LaminaError, native
 from lamina.frozen_linear import kept_dequantization
 from lamina.native.build import library
 from lamina.quant import Int4Linear, Int8Linear
+from lamina.quant.bf16 import dequantized_matmul
 from lamina.quant.int8mm import FLOOR, SMOOTH, int8_matmul, int8_weights
 from lamina.quant.kquant import BlockLinear
-from lamina.quant.linear import dequantized_matmul, quantize_int8
+from lamina.quant.linear import quantize_int8
 
 pytestmark = pytest.mark.skipif(
     native.reason() is not None or not native.available(), reason="lamina.native not built here"
