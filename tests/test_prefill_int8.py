@@ -144,9 +144,13 @@ def test_the_switch_and_the_policy(switch, monkeypatch):
     m = LINEARS["Q5_0"]
     x = torch.randn(64, m.in_features)
     if not cpu.native_int8():
+        switch(True)
         assert not cpu.prefill_int8(x)
         return
     monkeypatch.delenv(cpu.INT8_ENV, raising=False)
+    cpu._int8_switch.clear()
+    assert not cpu.int8_prefill() and not cpu.prefill_int8(x)  # off by default
+    monkeypatch.setenv(cpu.INT8_ENV, "1")
     assert cpu.int8_prefill() and cpu.prefill_int8(x)
     with torch.no_grad():
         on = dequantized_matmul(m, x)

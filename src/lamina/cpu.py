@@ -41,13 +41,16 @@ One environment variable sets the choice for a process; `using` overrides it in 
 
 A forced kernel that cannot run here is refused naming why.
 
-A prefill's long calls may instead multiply int8 by int8 (lamina.quant.int8mm: the weights made
-int8 per output row for each call, the input per row, torch._int_mm; about twice bf16's speed
-where the CPU has AVX-512 VNNI, measured in BENCHMARKS.md with the loss it costs). That runs
-where `prefill_int8(x)` says: the calls that would run in bf16 by the rule above (VNNI in place
-of native bf16), outside `lamina train`'s kept dequantizations, while the switch is on:
+A prefill's long calls may instead multiply int8 by int8 (lamina.quant.int8mm: the input
+smoothed per column, both operands rounded to int8 per row, torch._int_mm; faster than bf16
+where the CPU has AVX-512 VNNI, but further from the float result than bf16 or llama.cpp's Q8
+blocks: BENCHMARKS.md has both), off unless asked for. It runs where `prefill_int8(x)` says:
+the calls that would run in bf16 by the rule above (VNNI in place of native bf16), outside
+`lamina train`'s kept dequantizations, while the switch is on:
 
-    LAMINA_PREFILL_INT8=1|0     (default 1), or int8_prefill(False) for a process Deliberately unaware of models:
+    LAMINA_PREFILL_INT8=0|1     (default 0), or int8_prefill(True) for a process
+
+Deliberately unaware of models:
 the quantized layers, the decoder and the optimizers ask it; lamina.native.build compiles.
 """
 
@@ -252,7 +255,7 @@ _int8_switch: list[bool] = []  # int8_prefill's setting, where one was made (ove
 
 def int8_prefill(on: bool | None = None) -> bool:
     """The switch for a prefill's int8 matmuls: `on` sets it for this process (over
-    $LAMINA_PREFILL_INT8); returns the setting in force (default on)."""
+    $LAMINA_PREFILL_INT8); returns the setting in force (default off)."""
     if on is not None:
         _int8_switch[:] = [bool(on)]
     if _int8_switch:
@@ -260,7 +263,7 @@ def int8_prefill(on: bool | None = None) -> bool:
     value = os.environ.get(INT8_ENV, "").strip()
     if value not in ("", "0", "1"):
         raise LaminaError(f"{INT8_ENV} must be 0 or 1, got {value!r}")
-    return value != "0"
+    return value == "1"
 
 
 @cache

@@ -6,16 +6,17 @@
                               buffers, or None: W (times c per input column) rounded per row
     SMOOTH: the smoothing exponent (alpha) below
 
-A call lamina.cpu.prefill_int8 picks (a prefill's long calls, where the CPU has VNNI, unless
-LAMINA_PREFILL_INT8=0 or lamina.cpu.int8_prefill(False)) runs here instead of in bf16
-(quant/bf16.py). The input's rows are rounded to int8 with a scale each, the weights' rows too
-(the weights made per call into one reused buffer, as bf16.py's: no kept copy), and the int32
-products scaled back (decode.c "a prefill's linears in int8"). Per-row int8 alone lost ~0.02
-nats of SmolLM2's teacher-forced loss, mostly to the input's outlier channels; smoothing them
-first (SmoothQuant: input column i divided by c_i = max|x_i|^SMOOTH / max|W_i|^(1 - SMOOTH),
-the weights' column multiplied by it, the product unchanged) brings that near llama.cpp's own
-loss from its Q8 activations (BENCHMARKS.md has both). The weights' column maxima are kept per
-linear (K floats), made on its first such call.
+A call lamina.cpu.prefill_int8 picks (a prefill's long calls, where the CPU has VNNI, when
+LAMINA_PREFILL_INT8=1 or lamina.cpu.int8_prefill(True); off by default) runs here instead of in
+bf16 (quant/bf16.py). The input's rows are rounded to int8 with a scale each, the weights' rows
+too (made per call into one reused buffer, as bf16.py's: no kept copy), and the int32 products
+scaled back (decode.c "a prefill's linears in int8"). The input is smoothed first (SmoothQuant:
+input column i divided by c_i = max|x_i|^SMOOTH / max|W_i|^(1 - SMOOTH), the weights' column
+multiplied by it, the product unchanged), which moves the input's outlier channels into the
+weights; the weights' column maxima are kept per linear (K floats), made on its first such call.
+Each linear's output stays further from the float product than bf16's, and further than
+llama.cpp's Q8 blocks leave theirs (one scale per row against one per 32): BENCHMARKS.md has
+the loss, the logits and the speed, and why this is not the default.
 """
 
 from __future__ import annotations
