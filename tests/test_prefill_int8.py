@@ -13,9 +13,9 @@ import lamina.cpu as cpu
 from lamina import LaminaError, native
 from lamina.frozen_linear import kept_dequantization
 from lamina.native.build import library
-from lamina.quant import Int4Linear, Int8Linear
+from lamina.quant import Int4Linear, Int8Linear, int8mm
 from lamina.quant.bf16 import dequantized_matmul
-from lamina.quant.int8mm import FLOOR, SMOOTH, int8_matmul, int8_weights
+from lamina.quant.int8mm import FLOOR, OUTLIERS, SMOOTH, int8_matmul, int8_weights, weight_columns
 from lamina.quant.kquant import BlockLinear
 from lamina.quant.linear import quantize_int8
 
@@ -86,17 +86,45 @@ def test_int8_matmul_near_the_float_product(name):
 
 
 def test_int8_matmul_is_its_integer_steps():
-    # smoothing, int8 rows, _int_mm and the scales, step by step in torch: the same to fp32's
-    # rounding of the last products
+    # smoothing, the outlier columns out, int8 rows, _int_mm and the scales, the outliers'
+    # float product, step by step in torch: the same to fp32's rounding of the last products
     m = LINEARS["Q8_0"]
     x = torch.randn(40, m.in_features)
     w = m.dequantized(torch.float32)
     x_max, w_max = x.abs().amax(0).clamp(min=FLOOR), w.abs().amax(0).clamp(min=FLOOR)
     c = x_max.pow(SMOOTH) / w_max.pow(1 - SMOOTH)
-    qx, sx = quantize_int8(x * torch.reciprocal(c))
-    qw, sw = quantize_int8(w * c)
+    cols = (x_max / c).topk(min(OUTLIERS, m.in_features // 4)).indices
+    keep = torch.ones(m.in_features)
+    keep[cols] = 0
+    qx, sx = quantize_int8(x * torch.reciprocal(c) * keep)
+    qw, sw = quantize_int8(w * c * keep)
     want = torch._int_mm(qx, qw.t()).float() * (sx[:, None] * sw[None, :])
-    torch.testing.assert_close(int8_matmul(m, x), want, rtol=1e-6, atol=1e-6)
+    want += x[:, cols] @ weight_columns(m, cols).T
+    torch.testing.assert_close(int8_matmul(m, x), want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_outlier_columns_bring_the_product_nearer(monkeypatch):
+    # a few wide input columns (a real model's massive activations): out of the int8 product,
+    # in float, the error falls well below smoothing's alone
+    m = LINEARS["Q4_K+Q6_K"]
+    torch.manual_seed(2)
+    x = torch.randn(64, m.in_features)
+    x[:, [5, 77, 130, 200]] *= torch.tensor([80.0, -60.0, 120.0, 40.0])
+    want = x @ m.dequantized(torch.float32).T
+    err = {}
+    for n in (0, 4):
+        monkeypatch.setattr(int8mm, "OUTLIERS", n)
+        err[n] = ((int8_matmul(m, x) - want).norm() / want.norm()).item()
+    assert err[4] < 0.7 * err[0]
+
+
+def test_the_weight_columns_are_rounded_over_themselves_only():
+    m = LINEARS["Q5_0"]
+    w = m.dequantized(torch.float32)
+    cols = torch.tensor([9, 2, 40, 41])
+    want_q, want_s = quantize_int8(w[:, cols])
+    torch.testing.assert_close(weight_columns(m, cols), want_q.float() * want_s[:, None])
+    assert (weight_columns(m, cols) - w[:, cols]).abs().max() <= want_s.max() / 2 * 1.0001
 
 
 def test_scaling_back_with_a_bias_in_place():

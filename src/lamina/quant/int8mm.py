@@ -4,7 +4,9 @@
                               read this kind of linear (GGML blocks, lamina's int8 and int4 rows)
     int8_weights(linear, c=None) -> (W c int8 (N, K), a scale per row (N,)) in this thread's
                               buffers, or None: W (times c per input column) rounded per row
-    SMOOTH: the smoothing exponent (alpha) below
+    weight_columns(linear, cols) -> W[:, cols] float32 (N, len(cols)), rounded per row over them
+    column_maxima(x) -> max |x| per column; smoothing(x, w_max, x_max=None) -> c per column
+    SMOOTH: the smoothing exponent (alpha) below; OUTLIERS: columns per call done in float
 
 A call lamina.cpu.prefill_int8 picks (a prefill's long calls, where the CPU has VNNI, when
 LAMINA_PREFILL_INT8=1 or lamina.cpu.int8_prefill(True); off by default) runs here instead of in
@@ -14,6 +16,10 @@ scaled back (decode.c "a prefill's linears in int8"). The input is smoothed firs
 input column i divided by c_i = max|x_i|^SMOOTH / max|W_i|^(1 - SMOOTH), the weights' column
 multiplied by it, the product unchanged), which moves the input's outlier channels into the
 weights; the weights' column maxima are kept per linear (K floats), made on its first such call.
+Then the OUTLIERS input columns largest after smoothing are taken out of both int8 operands
+(LLM.int8's split) and multiplied in float32 (x[:, cols] @ W[:, cols].T, those weight columns
+rounded to int8 per row over themselves only: a second pass over the weights), added to the
+scaled int32 products: the loss over fp32 about halves, and the prefill loses 10-25% of its gain.
 Each linear's output stays further from the float product than bf16's, and further than
 llama.cpp's Q8 blocks leave theirs (one scale per row against one per 32): BENCHMARKS.md has
 the loss, the logits and the speed, and why this is not the default.
@@ -92,13 +98,32 @@ def int8_weights(m: Any, c: Tensor | None = None) -> tuple[Tensor, Tensor] | Non
     return q, scale
 
 
-def smoothing(x: Tensor, w_max: Tensor) -> Tensor:
-    """The columns' multipliers c (K,) for input rows x (M, K) and the weights' column maxima."""
+def column_maxima(x: Tensor) -> Tensor:
+    """max |x| per column (K,) of x (M, K) float32, natively."""
     x_max = torch.empty(x.shape[1])
     library().lm_colmax(
         x.data_ptr(), x.shape[0], x.shape[1], x_max.data_ptr(), torch.get_num_threads()
     )
+    return x_max
+
+
+def smoothing(x: Tensor, w_max: Tensor, x_max: Tensor | None = None) -> Tensor:
+    """The columns' multipliers c (K,) for input rows x (M, K) and the weights' column maxima."""
+    x_max = column_maxima(x) if x_max is None else x_max.clone()
     return x_max.clamp_(min=FLOOR).pow_(SMOOTH).div_(w_max.clamp(min=FLOOR).pow_(1 - SMOOTH))
+
+
+OUTLIERS = 16  # input columns per call taken out of the int8 product (the largest smoothed)
+
+
+def weight_columns(m: Any, cols: Tensor) -> Tensor | None:
+    """W[:, cols] (N, len(cols)) float32, rounded to int8 per row over these columns only
+    (int8_weights with every other column times 0: one pass over the weights, no float copy of
+    them), or None where int8_weights would be."""
+    mask = torch.zeros(m.in_features)
+    mask[cols] = 1.0
+    w = int8_weights(m, mask)
+    return None if w is None else w[0][:, cols].float().mul_(w[1][:, None])
 
 
 def int8_matmul(m: Any, x: Tensor) -> Tensor | None:
@@ -111,10 +136,17 @@ def int8_matmul(m: Any, x: Tensor) -> Tensor | None:
     lib, threads = library(), torch.get_num_threads()
     x = x.contiguous()
     rows, k = x.shape
-    c = smoothing(x, w_max)
+    x_max = column_maxima(x)
+    c = smoothing(x, w_max, x_max)
+    cinv = torch.reciprocal(c)
+    cols = None
+    if min(OUTLIERS, k // 4) > 0:  # the largest smoothed columns: out of both int8 operands
+        cols = (x_max * cinv).topk(min(OUTLIERS, k // 4)).indices
+        cinv[cols] = 0.0
+        c[cols] = 0.0
+    w_cols = None if cols is None else weight_columns(m, cols)  # before int8_weights' buffer
     qx = thread_buffer("prefill-i8-input", (rows, k), torch.int8, "cpu")
     sx = torch.empty(rows)
-    cinv = torch.reciprocal(c)
     if not lib.lm_quant_rows_i8(
         x.data_ptr(), rows, k, cinv.data_ptr(), qx.data_ptr(), sx.data_ptr(), threads
     ):
@@ -130,4 +162,6 @@ def int8_matmul(m: Any, x: Tensor) -> Tensor | None:
         y.data_ptr(), threads,
     ):  # fmt: skip
         return None
+    if w_cols is not None:  # the outlier columns' part of the product, in float32
+        y.addmm_(x[:, cols], w_cols.t())
     return y
