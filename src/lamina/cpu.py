@@ -8,6 +8,8 @@
     call_kernel(x, has=None) -> the same, for one call on x (its rows, dtype, device, gradients;
                               `has`: the kernels a layer has, where not all)
     dequantized_dtype(x) -> the dtype a call on x that runs dequantized multiplies in
+    prefill_int8(x) -> bool                whether such a call multiplies int8 by int8 instead
+    int8_prefill(on=None) -> bool          the switch for that (set, or read; LAMINA_PREFILL_INT8)
     native_step() -> bool                  whether a decode step may run whole in lamina.native
     keeps_quantized(device_type) -> bool   whether lamina.open keeps a file's blocks quantized
     fused_adamw(device_type) -> bool       whether AdamW tries torch's fused kernel
@@ -37,7 +39,18 @@ One environment variable sets the choice for a process; `using` overrides it in 
 
     LAMINA_KERNEL=auto|native|packed|dequantize|torch     (default auto)
 
-A forced kernel that cannot run here is refused naming why. Deliberately unaware of models:
+A forced kernel that cannot run here is refused naming why.
+
+A prefill's long calls may instead multiply int8 by int8 (lamina.quant.int8mm: the input
+smoothed per column, both operands rounded to int8 per row, torch._int_mm; faster than bf16
+where the CPU has AVX-512 VNNI, but further from the float result than bf16 or llama.cpp's Q8
+blocks: BENCHMARKS.md has both), off unless asked for. It runs where `prefill_int8(x)` says:
+the calls that would run in bf16 by the rule above (VNNI in place of native bf16), outside
+`lamina train`'s kept dequantizations, while the switch is on:
+
+    LAMINA_PREFILL_INT8=0|1     (default 0), or int8_prefill(True) for a process
+
+Deliberately unaware of models:
 the quantized layers, the decoder and the optimizers ask it; lamina.native.build compiles.
 """
 
@@ -56,6 +69,7 @@ from torch import Tensor
 
 import lamina.native.build as build
 from lamina.errors import LaminaError
+from lamina.frozen_linear import keeping
 
 ENV = "LAMINA_KERNEL"
 RETIRED_ENV = ("LAMINA_NATIVE", "LAMINA_QUANT_KERNEL")  # refused, naming ENV
@@ -216,20 +230,60 @@ def call_kernel(x: Tensor, has: tuple[str, ...] | None = None) -> str:
     return name if KERNELS[name].takes(rows, x.dtype) else "dequantize"
 
 
-def dequantized_dtype(x: Tensor) -> torch.dtype:
-    """The dtype a quantized layer's call on x that runs dequantized multiplies in (see the
-    module docstring): bf16 for a float32 CPU call of more than MAX_ROWS rows recording no
-    gradient where bf16 is native and the choice is not "dequantize", else x's own dtype."""
-    if (
+def _long_call(x: Tensor) -> bool:
+    """A float32 CPU call of more than MAX_ROWS rows recording no gradient, the choice not
+    "dequantize": a prefill's, which need not be the float reference."""
+    return (
         x.dtype == torch.float32
         and x.numel() // max(1, x.shape[-1]) > MAX_ROWS
         and x.device.type == "cpu"
         and not (x.requires_grad and torch.is_grad_enabled())
-        and native_bf16()
         and choice() != "dequantize"
-    ):
-        return torch.bfloat16
-    return x.dtype
+    )
+
+
+def dequantized_dtype(x: Tensor) -> torch.dtype:
+    """The dtype a quantized layer's call on x that runs dequantized multiplies in (see the
+    module docstring): bf16 for a float32 CPU call of more than MAX_ROWS rows recording no
+    gradient where bf16 is native and the choice is not "dequantize", else x's own dtype."""
+    return torch.bfloat16 if _long_call(x) and native_bf16() else x.dtype
+
+
+INT8_ENV = "LAMINA_PREFILL_INT8"
+_int8_switch: list[bool] = []  # int8_prefill's setting, where one was made (over INT8_ENV)
+
+
+def int8_prefill(on: bool | None = None) -> bool:
+    """The switch for a prefill's int8 matmuls: `on` sets it for this process (over
+    $LAMINA_PREFILL_INT8); returns the setting in force (default off)."""
+    if on is not None:
+        _int8_switch[:] = [bool(on)]
+    if _int8_switch:
+        return _int8_switch[0]
+    value = os.environ.get(INT8_ENV, "").strip()
+    if value not in ("", "0", "1"):
+        raise LaminaError(f"{INT8_ENV} must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
+@cache
+def native_int8() -> bool:
+    """True where the CPU multiplies int8 in hardware (AVX-512 VNNI or AMX) and torch has
+    _int_mm on the CPU (checked once on a small product)."""
+    if not {"avx512_vnni", "amx_int8"} & flags():
+        return False
+    try:
+        a = torch.ones(2, 8, dtype=torch.int8)
+        return int(torch._int_mm(a, a.t())[0, 0]) == 8
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def prefill_int8(x: Tensor) -> bool:
+    """Whether a quantized layer's call on x that runs dequantized multiplies int8 by int8 (see
+    the module docstring): a long call (as dequantized_dtype's bf16 ones) where int8 is native,
+    the switch is on and no kept dequantization (`lamina train`) is in force."""
+    return _long_call(x) and native_int8() and int8_prefill() and not keeping()
 
 
 def native_step() -> bool:

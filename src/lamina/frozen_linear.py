@@ -16,6 +16,7 @@ A caller that can read W by rows (`rows(start, stop, dtype, out=None)`) gets a w
 dequantized CHUNK rows at a time, forward and backward: the float copy of a 49k-row head is
 never whole (`out`: an fp32 tensor of the rows' shape to write them into, or None).
 
+    keeping() -> bool  whether this thread is inside one
     kept_dequantization()  a context: inside, W (or a piece) of a base that dequantizes into a
         buffer (int8, int4) goes into buffers this thread keeps, not fresh tensors (see there)
     thread_buffer(role, shape, dtype, device) -> a view of this thread's buffer for the role
@@ -38,6 +39,11 @@ from torch import Tensor, nn
 Rows = Callable[..., Tensor]  # (start, stop, dtype, out=None) -> W[start:stop], into `out`
 CHUNK = 4096  # output rows dequantized at a time where the weights can be read by rows
 _KEPT = threading.local()  # this thread's dequantization buffers, inside kept_dequantization
+
+
+def keeping() -> bool:
+    """Whether this thread is inside kept_dequantization (`lamina train`)."""
+    return getattr(_KEPT, "depth", 0) > 0
 
 
 @contextlib.contextmanager

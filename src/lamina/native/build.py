@@ -220,6 +220,11 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.lm_dequant.argtypes = [i, p, i, i, p]
     lib.lm_dequant_bf16.argtypes = [i, p, i, i, p, i]
     lib.lm_dequant_i8_bf16.argtypes = [p, p, i, i, i, p, i]
+    lib.lm_dequant_i8.argtypes = [i, p, p, p, i, i, i, p, p, p, i]
+    lib.lm_colmax_i8.argtypes = [i, p, p, p, i, i, i, p, i]
+    lib.lm_colmax.argtypes = [p, i, i, p, i]
+    lib.lm_quant_rows_i8.argtypes = [p, i, i, p, p, p, i]
+    lib.lm_i8_scale.argtypes = [p, p, p, p, i, i, p, i]
     lib.lm_pack16.argtypes = lib.lm_unpack16.argtypes = [p, p, p, p]
     lib.lm_kq_pack16.argtypes = [p, p, i]
     lib.lm_dequant_lanes_bf16.argtypes = [p, i, i, p, i]
@@ -230,7 +235,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     for name in ("lm_step", "lm_linear", "lm_dequant", "lm_dequant_bf16", "lm_dequant_i8_bf16",
                  "lm_pack16", "lm_unpack16", "lm_kq_pack16", "lm_dequant_lanes_bf16",
                  "lm_prefill_attention", "lm_train_attention_fwd", "lm_train_attention_bwd",
-                 "lm_tatt_wide"):  # fmt: skip
+                 "lm_tatt_wide", "lm_dequant_i8", "lm_colmax_i8", "lm_colmax",
+                 "lm_quant_rows_i8", "lm_i8_scale"):  # fmt: skip
         getattr(lib, name).restype = i
 
 

@@ -4129,3 +4129,264 @@ int lm_train_attention_bwd(const void *q, const void *k, const void *v, const vo
     run_parallel(ta_bwd_job, &a, nthreads < 1 ? 1 : nthreads, NULL);
     return !atomic_load(&a.failed);
 }
+
+/* ------------------------------------------------------------------ a prefill's linears in int8 */
+
+/* A long call (a prefill) may multiply int8 by int8 (torch._int_mm, AVX-512 VNNI in oneDNN;
+   lamina/quant/int8mm.py). The input is smoothed first (SmoothQuant): input column i divided by
+   c[i], the weights' column i multiplied by it (the product unchanged), c from the two's column
+   maxima (lm_colmax_i8 for the weights', kept; lm_colmax for the input's), which moves the
+   input's outlier channels into the weights. Then the weights are made int8 per call, one float
+   scale per output row, into a reused buffer (lm_dequant_i8: a row dequantized into floats,
+   times c, rounded as `(w / s).round()` with s = max|w| / 127 clamped at 1e-12, torch's own
+   steps); the input rows the same way (lm_quant_rows_i8, times 1 / c); the int32 products scaled
+   back by the two scales, plus the bias (lm_i8_scale, in place over the products). */
+
+/* k floats -> k int8 q = round(x / s) (half to even), s = max(max|x| / 127, 1e-12), returned */
+static float row_to_i8(const float *x, int k, int8_t *q) {
+    const __m256 abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    __m256 mx = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= k; i += 8) mx = _mm256_max_ps(mx, _mm256_and_ps(abs, _mm256_loadu_ps(x + i)));
+    float amax = hmax256(mx);
+    for (; i < k; i++) amax = fmaxf(amax, fabsf(x[i]));
+    float s = amax / 127.0f;
+    if (!(s >= 1e-12f)) s = 1e-12f;
+    const __m256 vs = _mm256_set1_ps(s);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (i = 0; i + 32 <= k; i += 32) {
+        __m256i v[4];
+        for (int e = 0; e < 4; e++) v[e] = _mm256_cvtps_epi32(_mm256_div_ps(_mm256_loadu_ps(x + i + 8 * e), vs));
+        const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+        _mm256_storeu_si256((__m256i *)(q + i), _mm256_permutevar8x32_epi32(p, order));
+    }
+    for (; i < k; i++) {
+        const float r = nearbyintf(x[i] / s);
+        q[i] = (int8_t)(r > 127.0f ? 127 : r < -127.0f ? -127 : r);
+    }
+    return s;
+}
+
+typedef struct {
+    int kind, n, k, gs; /* kind: GGML's (LIN_Q4K ..), LIN_INT8 (q * scale) or LIN_INT4 (q scale + mn) */
+    const uint8_t *w;
+    const float *scale, *mn;
+    const float *c; /* column multipliers, or NULL */
+    int8_t *y;      /* NULL: the column maxima of |w| into cmax instead */
+    float *ys, *cmax; /* cmax: k floats per thread */
+    atomic_int failed; /* a thread's scratch could not be allocated */
+} I8Job;
+
+/* lamina's int4 row (nibbles, low first) -> floats q s + mn per gs (a multiple of 32), a product
+   then a sum, each rounded (as Int4Linear.dequantized) */
+static void i4_dequant_row(const uint8_t *p, const float *s, const float *mn, int k, int gs, float *y) {
+    const __m128i low = _mm_set1_epi8(15);
+    for (int i = 0; i < k; i += 32) {
+        const __m256 sc = _mm256_set1_ps(s[i / gs]), m = _mm256_set1_ps(mn[i / gs]);
+        const __m128i b = _mm_loadu_si128((const __m128i *)(p + i / 2));
+        const __m128i lo = _mm_and_si128(b, low), hi = _mm_and_si128(_mm_srli_epi16(b, 4), low);
+        const __m128i q[2] = {_mm_unpacklo_epi8(lo, hi), _mm_unpackhi_epi8(lo, hi)}; /* in order */
+        for (int e = 0; e < 4; e++) {
+            const __m128i part = e & 1 ? _mm_srli_si128(q[e / 2], 8) : q[e / 2];
+            __m256 v = _mm256_mul_ps(sc, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(part)));
+            __asm__("" : "+x"(v)); /* no fma */
+            _mm256_storeu_ps(y + i + 8 * e, _mm256_add_ps(v, m));
+        }
+    }
+}
+
+/* lamina's int8 row -> floats q * scale per gs (a multiple of 16 here) */
+static void i8_dequant_row(const int8_t *q, const float *s, int k, int gs, float *y) {
+    for (int i = 0; i < k; i += 16) {
+        const __m256 sc = _mm256_set1_ps(s[i / gs]);
+        const __m128i b = _mm_loadu_si128((const __m128i *)(q + i));
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(sc, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b))));
+        _mm256_storeu_ps(y + i + 8, _mm256_mul_ps(sc, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)))));
+    }
+}
+
+static void i8_job(void *ctx, int tid, int nt) {
+    I8Job *j = (I8Job *)ctx;
+    const int k = j->k, groups = j->gs ? k / j->gs : 0;
+    float *f = (float *)malloc((size_t)k * sizeof(float));
+    if (!f) {
+        atomic_store(&j->failed, 1);
+        return;
+    }
+    const size_t rb = j->kind == LIN_INT8 ? (size_t)k : j->kind == LIN_INT4 ? (size_t)k / 2 : kq_row_bytes(j->kind, k);
+    for (int r = (int)((long)j->n * tid / nt); r < (int)((long)j->n * (tid + 1) / nt); r++) {
+        const uint8_t *row = j->w + (size_t)r * rb;
+        if (j->kind == LIN_INT8) {
+            i8_dequant_row((const int8_t *)row, j->scale + (size_t)r * groups, k, j->gs, f);
+        } else if (j->kind == LIN_INT4) {
+            i4_dequant_row(row, j->scale + (size_t)r * groups, j->mn + (size_t)r * groups, k, j->gs, f);
+        } else {
+            kq_dequant_row(j->kind, row, k, f, NULL);
+        }
+        if (!j->y) {
+            float *mx = j->cmax + (size_t)tid * k;
+            for (int i = 0; i < k; i++) mx[i] = fmaxf(mx[i], fabsf(f[i]));
+            continue;
+        }
+        if (j->c)
+            for (int i = 0; i < k; i++) f[i] *= j->c[i];
+        j->ys[r] = row_to_i8(f, k, j->y + (size_t)r * k);
+    }
+    free(f);
+}
+
+static int i8_takes(int kind, const float *scale, const float *mn, int n, int k, int gs) {
+    if (n < 1 || k < 1) return 0;
+    if (kind == LIN_INT8 || kind == LIN_INT4)
+        return gs >= 16 && gs % (kind == LIN_INT4 ? 32 : 16) == 0 && k % gs == 0 && scale && (kind == LIN_INT8 || mn);
+    return kind >= LIN_Q4K && kind <= LIN_Q5_1 && k % kq_per(kind) == 0;
+}
+
+/* a linear's rows (n, k), times c[i] in column i where c is given -> int8 y (n, k) and a scale
+   per row ys (n,): y ys ~ w c. kind LIN_INT8: w int8 with a float scale per gs (16k) of a row;
+   LIN_INT4: w nibbles (n, k / 2) with scale and mn per gs (32k); GGML's kinds: w its blocks (scale,
+   mn, gs unused). Returns 0 for what it does not take (or where a thread's scratch row could
+   not be allocated). */
+int lm_dequant_i8(int kind, const void *w, const float *scale, const float *mn, int n, int k, int gs, const float *c,
+                  int8_t *y, float *ys, int nthreads) {
+    if (!i8_takes(kind, scale, mn, n, k, gs) || !y || !ys) return 0;
+    I8Job j = {kind, n, k, gs, (const uint8_t *)w, scale, mn, c, y, ys, NULL};
+    atomic_init(&j.failed, 0);
+    run_parallel(i8_job, &j, nthreads < 1 ? 1 : nthreads, NULL);
+    return !atomic_load(&j.failed);
+}
+
+static void reduce_max(const float *part, int parts, int k, float *out) {
+    for (int i = 0; i < k; i++) {
+        float m = 0.0f;
+        for (int t = 0; t < parts; t++) m = fmaxf(m, part[(size_t)t * k + i]);
+        out[i] = m;
+    }
+}
+
+/* the same linear's column maxima of |w| (k floats) into out */
+int lm_colmax_i8(int kind, const void *w, const float *scale, const float *mn, int n, int k, int gs, float *out,
+                 int nthreads) {
+    const int nt = nthreads < 1 ? 1 : nthreads;
+    if (!i8_takes(kind, scale, mn, n, k, gs)) return 0;
+    float *part = (float *)calloc((size_t)nt * k, sizeof(float));
+    if (!part) return 0;
+    I8Job j = {kind, n, k, gs, (const uint8_t *)w, scale, mn, NULL, NULL, NULL, part};
+    atomic_init(&j.failed, 0);
+    run_parallel(i8_job, &j, nt, NULL);
+    if (!atomic_load(&j.failed)) reduce_max(part, nt, k, out);
+    free(part);
+    return !atomic_load(&j.failed);
+}
+
+typedef struct {
+    const float *x;
+    int m, k;
+    float *part;
+} ColJob;
+
+static void colmax_job(void *ctx, int tid, int nt) {
+    const ColJob *j = (const ColJob *)ctx;
+    float *mx = j->part + (size_t)tid * j->k;
+    const __m256 abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    for (int r = (int)((long)j->m * tid / nt); r < (int)((long)j->m * (tid + 1) / nt); r++) {
+        const float *x = j->x + (size_t)r * j->k;
+        int i = 0;
+        for (; i + 8 <= j->k; i += 8)
+            _mm256_storeu_ps(mx + i, _mm256_max_ps(_mm256_loadu_ps(mx + i), _mm256_and_ps(abs, _mm256_loadu_ps(x + i))));
+        for (; i < j->k; i++) mx[i] = fmaxf(mx[i], fabsf(x[i]));
+    }
+}
+
+/* float rows x (m, k) -> their column maxima of |x| (k floats) into out */
+int lm_colmax(const float *x, int m, int k, float *out, int nthreads) {
+    const int nt = nthreads < 1 ? 1 : nthreads;
+    if (m < 1 || k < 1) return 0;
+    float *part = (float *)calloc((size_t)nt * k, sizeof(float));
+    if (!part) return 0;
+    ColJob j = {x, m, k, part};
+    run_parallel(colmax_job, &j, nt, NULL);
+    reduce_max(part, nt, k, out);
+    free(part);
+    return 1;
+}
+
+typedef struct {
+    const float *x, *cinv;
+    int m, k;
+    int8_t *q;
+    float *s;
+    atomic_int failed;
+} RowsJob;
+
+static void rows_i8_job(void *ctx, int tid, int nt) {
+    RowsJob *j = (RowsJob *)ctx;
+    const int k = j->k;
+    float *f = j->cinv ? (float *)malloc((size_t)k * sizeof(float)) : NULL;
+    if (j->cinv && !f) {
+        atomic_store(&j->failed, 1);
+        return;
+    }
+    for (int r = (int)((long)j->m * tid / nt); r < (int)((long)j->m * (tid + 1) / nt); r++) {
+        const float *x = j->x + (size_t)r * k;
+        if (f) {
+            for (int i = 0; i < k; i++) f[i] = x[i] * j->cinv[i];
+            x = f;
+        }
+        j->s[r] = row_to_i8(x, k, j->q + (size_t)r * k);
+    }
+    free(f);
+}
+
+/* float rows x (m, k), times cinv[i] in column i where cinv is given -> int8 q (m, k) and a
+   scale per row s (m,), as row_to_i8 */
+int lm_quant_rows_i8(const float *x, int m, int k, const float *cinv, int8_t *q, float *s, int nthreads) {
+    if (m < 1 || k < 1) return 0;
+    RowsJob j = {x, cinv, m, k, q, s};
+    atomic_init(&j.failed, 0);
+    run_parallel(rows_i8_job, &j, nthreads < 1 ? 1 : nthreads, NULL);
+    return !atomic_load(&j.failed);
+}
+
+typedef struct {
+    const int32_t *acc;
+    const float *sa, *sw, *bias;
+    int m, n;
+    float *y;
+} ScaleJob;
+
+static void i8_scale_job(void *ctx, int tid, int nt) {
+    const ScaleJob *j = (const ScaleJob *)ctx;
+    const int n = j->n;
+    for (int r = (int)((long)j->m * tid / nt); r < (int)((long)j->m * (tid + 1) / nt); r++) {
+        const int32_t *a = j->acc + (size_t)r * n;
+        float *y = j->y + (size_t)r * n;
+        const float sa = j->sa[r];
+        const __m256 va = _mm256_set1_ps(sa);
+        int i = 0;
+        for (; i + 8 <= n; i += 8) {
+            const __m256 s = _mm256_mul_ps(va, _mm256_loadu_ps(j->sw + i));
+            __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(a + i))), s);
+            if (j->bias) {
+                __asm__("" : "+x"(v)); /* no fma: the product rounded, then the sum */
+                v = _mm256_add_ps(v, _mm256_loadu_ps(j->bias + i));
+            }
+            _mm256_storeu_ps(y + i, v);
+        }
+        for (; i < n; i++) {
+            float v = (float)a[i] * (sa * j->sw[i]);
+            __asm__("" : "+x"(v));
+            y[i] = j->bias ? v + j->bias[i] : v;
+        }
+    }
+}
+
+/* y (m, n) = acc (m, n) * (sa[:, None] * sw[None, :]) (+ bias): the int32 products of two int8
+   operands back in floats; y may be acc itself (each value read before it is written) */
+int lm_i8_scale(const int32_t *acc, const float *sa, const float *sw, const float *bias, int m, int n, float *y,
+                int nthreads) {
+    if (m < 1 || n < 1) return 0;
+    ScaleJob j = {acc, sa, sw, bias, m, n, y};
+    run_parallel(i8_scale_job, &j, nthreads < 1 ? 1 : nthreads, NULL);
+    return 1;
+}

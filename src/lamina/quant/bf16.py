@@ -3,6 +3,8 @@
     native_bf16(linear) -> its W in bf16 in this thread's buffer, or None (native does not run
                            here, or not on this kind of linear: GGML blocks and int8 only)
     bf16_scratch(rows, cols) -> a bf16 (rows, cols) view of that buffer
+    dequantized_matmul(linear, x) -> x @ W.T through the dequantized weights (the quantized
+                           layers' path for calls their kernels do not take; see there)
 
 A call of more than lamina.cpu.MAX_ROWS rows multiplies dequantized weights in bf16 where bf16
 is native (lamina.cpu.dequantized_dtype). The native dequantizers write bf16 themselves, on
@@ -19,8 +21,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+import lamina.cpu as cpu
+from lamina.frozen_linear import dequantized as kept_dequantized
 from lamina.frozen_linear import thread_buffer
 from lamina.native.build import library
+from lamina.quant.int8mm import int8_matmul
 
 
 def bf16_scratch(rows: int, cols: int) -> Tensor:
@@ -52,3 +57,19 @@ def native_bf16(m: Any) -> Tensor | None:
     if kind == "ggml" and library() is not None:
         return m.dequantized(torch.bfloat16, bf16_scratch(m.out_features, m.in_features))
     return None
+
+
+def dequantized_matmul(m: Any, flat: Tensor) -> Tensor:
+    """flat (M, in) @ W.T in flat's dtype, with m's weights dequantized in the dtype that
+    lamina.cpu.dequantized_dtype picks: bf16 for a prefill where bf16 is native (made natively
+    into one reused buffer where lamina.native reads m: above), else m.dequantized(dtype)
+    into kept buffers inside frozen_linear.kept_dequantization (`lamina train`) or a new tensor.
+    A call lamina.cpu.prefill_int8 picks multiplies int8 by int8 instead (quant/int8mm.py), where
+    that reads m."""
+    if cpu.prefill_int8(flat):
+        y = int8_matmul(m, flat.float())
+        if y is not None:
+            return y.to(flat.dtype)
+    dtype = cpu.dequantized_dtype(flat)
+    w = native_bf16(m) if dtype == torch.bfloat16 else None
+    return (flat.to(dtype) @ (kept_dequantized(m, dtype) if w is None else w).T).to(flat.dtype)

@@ -37,7 +37,7 @@ from lamina.errors import LaminaError
 from lamina.native.build import library
 from lamina.native.step import linear as native_linear
 from lamina.native.structs import GGML_KINDS, Lin
-from lamina.quant.linear import dequantized_matmul
+from lamina.quant.bf16 import dequantized_matmul
 
 # qtype -> (weights per block, bytes per block)
 BLOCKS = {

@@ -27,11 +27,10 @@ from torch import Tensor, nn
 
 import lamina.cpu as cpu
 from lamina.errors import LaminaError
-from lamina.frozen_linear import dequantized as kept_dequantized
 from lamina.native.step import linear as native_linear
 from lamina.native.step import unpack_lanes
 from lamina.native.structs import int4_rows
-from lamina.quant.bf16 import native_bf16
+from lamina.quant.bf16 import dequantized_matmul
 
 INT4_GROUP_SIZES = (32, 64, 128, 256)
 
@@ -87,16 +86,6 @@ def _copied_bias(linear: nn.Linear) -> nn.Parameter | None:
     if linear.bias is None:
         return None
     return nn.Parameter(linear.bias.detach().float().clone(), requires_grad=False)
-
-
-def dequantized_matmul(m: nn.Module, flat: Tensor) -> Tensor:
-    """flat (M, in) @ W.T in flat's dtype, with m's weights dequantized in the dtype that
-    lamina.cpu.dequantized_dtype picks: bf16 for a prefill where bf16 is native (made natively
-    into one reused buffer where lamina.native reads m: quant/bf16.py), else m.dequantized(dtype)
-    into kept buffers inside frozen_linear.kept_dequantization (`lamina train`) or a new tensor."""
-    dtype = cpu.dequantized_dtype(flat)
-    w = native_bf16(m) if dtype == torch.bfloat16 else None
-    return (flat.to(dtype) @ (kept_dequantized(m, dtype) if w is None else w).T).to(flat.dtype)
 
 
 def _finish(m: Int8Linear | Int4Linear, x: Tensor, y: Tensor) -> Tensor:
