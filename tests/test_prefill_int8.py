@@ -191,8 +191,10 @@ def test_the_switch_and_the_policy(switch, monkeypatch):
     assert not cpu.prefill_int8(x[: cpu.MAX_ROWS])  # short calls: the native kernel's
     assert not cpu.prefill_int8(x.double())
     assert not cpu.prefill_int8(x.requires_grad_())  # training records gradients
-    with torch.no_grad(), kept_dequantization():
-        assert not cpu.prefill_int8(x)  # lamina train's kept dequantizations
+    with torch.no_grad():
+        x = x.detach()
+        with kept_dequantization():  # lamina train's kept dequantizations: not int8
+            assert not torch.equal(dequantized_matmul(m, x), int8_matmul(m, x))
     with cpu.using("dequantize"):
         assert not cpu.prefill_int8(x)  # the float reference
     cpu._int8_switch.clear()

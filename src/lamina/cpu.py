@@ -69,7 +69,6 @@ from torch import Tensor
 
 import lamina.native.build as build
 from lamina.errors import LaminaError
-from lamina.frozen_linear import keeping
 
 ENV = "LAMINA_KERNEL"
 RETIRED_ENV = ("LAMINA_NATIVE", "LAMINA_QUANT_KERNEL")  # refused, naming ENV
@@ -280,10 +279,11 @@ def native_int8() -> bool:
 
 
 def prefill_int8(x: Tensor) -> bool:
-    """Whether a quantized layer's call on x that runs dequantized multiplies int8 by int8 (see
-    the module docstring): a long call (as dequantized_dtype's bf16 ones) where int8 is native,
-    the switch is on and no kept dequantization (`lamina train`) is in force."""
-    return _long_call(x) and native_int8() and int8_prefill() and not keeping()
+    """Whether a quantized layer's call on x that runs dequantized may multiply int8 by int8
+    (see the module docstring): a long call (as dequantized_dtype's bf16 ones) where int8 is
+    native and the switch is on. The caller (quant/bf16.py) also keeps `lamina train`'s kept
+    dequantizations out, which this layer cannot see."""
+    return _long_call(x) and native_int8() and int8_prefill()
 
 
 def native_step() -> bool:

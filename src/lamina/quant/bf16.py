@@ -23,7 +23,7 @@ from torch import Tensor
 
 import lamina.cpu as cpu
 from lamina.frozen_linear import dequantized as kept_dequantized
-from lamina.frozen_linear import thread_buffer
+from lamina.frozen_linear import keeping, thread_buffer
 from lamina.native.build import library
 from lamina.quant.int8mm import int8_matmul
 
@@ -65,8 +65,8 @@ def dequantized_matmul(m: Any, flat: Tensor) -> Tensor:
     into one reused buffer where lamina.native reads m: above), else m.dequantized(dtype)
     into kept buffers inside frozen_linear.kept_dequantization (`lamina train`) or a new tensor.
     A call lamina.cpu.prefill_int8 picks multiplies int8 by int8 instead (quant/int8mm.py), where
-    that reads m."""
-    if cpu.prefill_int8(flat):
+    that reads m, outside kept_dequantization (`lamina train`)."""
+    if cpu.prefill_int8(flat) and not keeping():
         y = int8_matmul(m, flat.float())
         if y is not None:
             return y.to(flat.dtype)
