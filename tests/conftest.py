@@ -12,6 +12,8 @@ training tests; one file per test session, which tests only read.
 ``<repo root>/../shared/data``; a relative value is taken relative to the repo root). Tests
 that use it are skipped cleanly where the folder is absent.
 
+``native_lib``: lamina.native's loaded library, or skip where it cannot be built here.
+
 ``smollm2_gguf``: the real model's GGUF file (tests/real_model.py), or skip where absent;
 ``smollm2_hf``: the same model as transformers reads it, saved once per session as a folder.
 """
@@ -80,6 +82,17 @@ def shared_data() -> Path:
     if not p.is_dir():
         pytest.skip(f"shared data folder {p} not found (set LAMINA_SHARED_DATA)")
     return p
+
+
+@pytest.fixture(scope="session")
+def native_lib():
+    """lamina.native's library (built into the session's cache), or skip where it cannot be."""
+    from lamina import native
+
+    why = native.reason()
+    if why is not None:
+        pytest.skip(f"native library not available here: {why}")
+    return native.build.library()
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import lamina.attention as attention
-from lamina import GPT, GPTConfig, cpu, native
+from lamina import GPT, GPTConfig, cpu
 from lamina.attention import MultiHeadAttention
 from lamina.native.prefill import causal_attention
 
@@ -17,11 +17,8 @@ TOL = {"rtol": 1e-4, "atol": 2e-5}  # the inputs' scores are large (tens): ~1e-6
 
 
 @pytest.fixture(scope="module")
-def lib():
-    why = native.reason()
-    if why is not None:
-        pytest.skip(f"native library not available here: {why}")
-    return native.build.library()
+def lib(native_lib):
+    return native_lib
 
 
 def _sdpa(q, k, v, scale):

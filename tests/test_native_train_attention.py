@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lamina import GPT, GPTConfig, cpu, native
+from lamina import GPT, GPTConfig, cpu
 from lamina.attention import KVCache, MultiHeadAttention
 from lamina.native import train_attention as ta
 
@@ -21,11 +21,8 @@ TOL = {
 
 
 @pytest.fixture(scope="module")
-def lib():
-    why = native.reason()
-    if why is not None:
-        pytest.skip(f"native library not available here: {why}")
-    return native.build.library()
+def lib(native_lib):
+    return native_lib
 
 
 def _views(qkv, H, Hkv, hd):

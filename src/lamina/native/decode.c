@@ -4097,6 +4097,17 @@ static int ta_shape_ok(int B, int H, int Hkv, int T, int hd) {
     return B >= 1 && Hkv >= 1 && H >= Hkv && H % Hkv == 0 && T >= 1 && T <= TA_TMAX && hd >= 8 && hd % 8 == 0 && hd <= TA_HD;
 }
 
+/* Run a forward's or backward's tasks: its n tensors' (batch, head, position) strides copied in,
+   then every task on the pool; 1 unless a task failed */
+static int ta_run(TrainAtt *a, const int64_t *strides, int n, JobFn job, int nthreads) {
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < 3; j++) a->s[i][j] = strides[3 * i + j];
+    atomic_init(&a->next, 0);
+    atomic_init(&a->failed, 0);
+    run_parallel(job, a, nthreads < 1 ? 1 : nthreads, NULL);
+    return !atomic_load(&a->failed);
+}
+
 /* The forward: out (rows of hd) and lse (B, H, T) float32. strides: 4 x (batch, head, position)
    of q, k, v, out, in elements; bf16: every tensor but lse is bf16 (else float32). Returns 0
    (nothing written) for a shape it does not take (see ta_shape_ok) or where scratch fails. */
@@ -4105,12 +4116,7 @@ int lm_train_attention_fwd(const void *q, const void *k, const void *v, void *ou
     if (!ta_shape_ok(B, H, Hkv, T, hd)) return 0;
     TrainAtt a = {.q = q, .k = k, .v = v, .out = out, .lse = lse, .B = B, .H = H, .Hkv = Hkv, .T = T, .hd = hd,
                   .G = H / Hkv, .Tp = (T + 7) / 8 * 8, .bf16 = bf16 ? 1 : 0, .tasks = B * H, .scale = scale};
-    for (int i = 0; i < 4; i++)
-        for (int j = 0; j < 3; j++) a.s[i][j] = strides[3 * i + j];
-    atomic_init(&a.next, 0);
-    atomic_init(&a.failed, 0);
-    run_parallel(ta_fwd_job, &a, nthreads < 1 ? 1 : nthreads, NULL);
-    return !atomic_load(&a.failed);
+    return ta_run(&a, strides, 4, ta_fwd_job, nthreads);
 }
 
 /* The backward: dq, dk, dv from dout and the forward's lse. strides: 7 x (batch, head, position)
@@ -4122,12 +4128,7 @@ int lm_train_attention_bwd(const void *q, const void *k, const void *v, const vo
     TrainAtt a = {.q = q, .k = k, .v = v, .dout = dout, .dq = dq, .dk = dk, .dv = dv, .lse = (float *)lse, .B = B, .H = H,
                   .Hkv = Hkv, .T = T, .hd = hd, .G = H / Hkv, .Tp = (T + 7) / 8 * 8, .bf16 = bf16 ? 1 : 0, .tasks = B * Hkv,
                   .scale = scale};
-    for (int i = 0; i < 7; i++)
-        for (int j = 0; j < 3; j++) a.s[i][j] = strides[3 * i + j];
-    atomic_init(&a.next, 0);
-    atomic_init(&a.failed, 0);
-    run_parallel(ta_bwd_job, &a, nthreads < 1 ? 1 : nthreads, NULL);
-    return !atomic_load(&a.failed);
+    return ta_run(&a, strides, 7, ta_bwd_job, nthreads);
 }
 
 /* ------------------------------------------------------------------ a prefill's linears in int8 */
