@@ -83,27 +83,21 @@ def _out_rows(out: Tensor, H: int, hd: int) -> _Rows:
 
 
 def _call(
-    name: str,
+    fn: str,
+    ptrs: tuple[int, ...],
     rows: tuple[_Rows, ...],
-    extra: tuple[int, ...],
     dims: tuple[int, ...],
     scale: float,
     bf16: bool,
 ) -> None:
-    lib = library()
+    """decode.c's `fn` on ptrs (its pointer arguments in order), the rows' strides, dims."""
     strides = (ctypes.c_int64 * (3 * len(rows)))(*(s for r in rows for s in r[1:]))
-    ptrs = [r[0] for r in rows]
-    if name == "fwd":  # q, k, v, out, lse
-        args = (*ptrs, *extra)
-        fn = lib.lm_train_attention_fwd if lib is not None else None
-    else:  # q, k, v, dout, lse, dq, dk, dv
-        args = (*ptrs[:4], *extra, *ptrs[4:])
-        fn = lib.lm_train_attention_bwd if lib is not None else None
-    ok = fn is not None and fn(
-        *args, *dims, float(scale), int(bf16), strides, torch.get_num_threads()
+    lib = library()
+    ok = lib is not None and getattr(lib, fn)(
+        *ptrs, *dims, float(scale), int(bf16), strides, torch.get_num_threads()
     )
     if not ok:
-        raise RuntimeError(f"lamina.native's training attention ({name}) refused its call")
+        raise RuntimeError(f"lamina.native's training attention ({fn}) refused its call")
 
 
 def _forward(
@@ -113,14 +107,9 @@ def _forward(
     B, H, _, T, hd = dims
     out = torch.empty(B, T, H * hd, dtype=dtype)
     lse = torch.empty(B, H, T, dtype=torch.float32)
-    _call(
-        "fwd",
-        (q, k, v, _out_rows(out, H, hd)),
-        (lse.data_ptr(),),
-        dims,
-        scale,
-        dtype == torch.bfloat16,
-    )
+    rows = (q, k, v, _out_rows(out, H, hd))
+    ptrs = (*(r[0] for r in rows), lse.data_ptr())  # q, k, v, out, lse
+    _call("lm_train_attention_fwd", ptrs, rows, dims, scale, dtype == torch.bfloat16)
     return out, lse
 
 
@@ -140,7 +129,8 @@ def _backward(
     if dout.dtype != dtype:
         dout = dout.to(dtype)
     rows = (q, k, v, _out_rows(dout, dims[1], dims[4]), *grads)
-    _call("bwd", rows, (lse.data_ptr(),), dims, scale, dtype == torch.bfloat16)
+    ptrs = (*(r[0] for r in rows[:4]), lse.data_ptr(), *(r[0] for r in rows[4:]))
+    _call("lm_train_attention_bwd", ptrs, rows, dims, scale, dtype == torch.bfloat16)
 
 
 class _Packed(torch.autograd.Function):
