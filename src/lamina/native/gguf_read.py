@@ -5,7 +5,9 @@
         .tensors   dict[str, GGUFTensor]    in file order
     GGUFTensor: name, qtype ("Q4_1", "F32", ...), shape (torch order: rows first), raw (numpy
         view into the memory map: uint8 blocks of shape (rows..., bytes per row) for quantized
-        types, float16/float32 for F16/F32), .nbytes; .dequantize() -> fp32 torch.Tensor
+        types, float16/float32 for F16/F32), .nbytes; .values() -> fp32 numpy array of
+        `shape`; .dequantize() -> the same as an fp32 torch.Tensor (the one use of torch here,
+        imported when called: the torch-free runtime (runtime.py) reads files with this too)
 
 The header (key/values and tensor infos) is parsed here, not by `gguf.GGUFReader`: the reader
 trusts the counts it finds (a corrupt array length makes it loop without end) and turns a
@@ -33,8 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
-from torch import Tensor
 
 from lamina.errors import LaminaError
 
@@ -86,8 +86,14 @@ class GGUFTensor:
     def nbytes(self) -> int:
         return int(self.raw.nbytes)
 
-    def dequantize(self) -> Tensor:
-        """The tensor in fp32 (a new CPU tensor of `shape`); refuses types lamina cannot read."""
+    def dequantize(self) -> Any:
+        """The tensor in fp32 (a new CPU torch.Tensor of `shape`); see `values`."""
+        import torch  # the torch side of this reader (its callers all run torch)
+
+        return torch.from_numpy(self.values())
+
+    def values(self) -> np.ndarray:
+        """The tensor in fp32 (a new array of `shape`); refuses types lamina cannot read."""
         if self.qtype not in DEQUANTIZABLE:
             raise LaminaError(
                 f"GGUF tensor {self.name} has type {self.qtype}, which lamina cannot read "
@@ -101,7 +107,7 @@ class GGUFTensor:
         else:
             with np.errstate(all="ignore"):  # a damaged scale: check_finite names the tensor
                 values = gguf.quants.dequantize(self.raw, gguf.GGMLQuantizationType[self.qtype])
-        return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(self.shape)
+        return np.ascontiguousarray(values, dtype=np.float32).reshape(self.shape)
 
 
 def _q8_k(raw: np.ndarray) -> np.ndarray:
