@@ -127,12 +127,22 @@ class GGUFContents:
     data_offset: int  # where the tensor data starts
     file_map: Any = field(default=None, repr=False)  # the mmap the tensors view
 
-    def drop_pages(self) -> None:
+    def drop_pages(self, part: np.ndarray | None = None) -> None:
         """Hand the file's pages read so far back to the kernel (they stop counting in this
-        process's memory; a view read again pages them back in from the file)."""
+        process's memory; a view read again pages them back in from the file): all of them, or
+        those under `part` (a view into the map, e.g. a tensor's `raw`, once converted)."""
         madvise = getattr(self.file_map, "madvise", None)
-        if madvise is not None and hasattr(mmap, "MADV_DONTNEED"):
+        if madvise is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        if part is None:
             madvise(mmap.MADV_DONTNEED)
+            return
+        base = np.frombuffer(self.file_map, np.uint8).ctypes.data
+        start = part.ctypes.data - base
+        if not 0 <= start <= start + part.nbytes <= len(self.file_map):
+            raise LaminaError("drop_pages: the array is not a view into this file's map")
+        first = start - start % mmap.PAGESIZE
+        madvise(mmap.MADV_DONTNEED, first, start + part.nbytes - first)
 
 
 def shown(name: str, limit: int = 60) -> str:
