@@ -17,7 +17,7 @@ path's one-row engine does (step.py's pack_kq_lanes). A converted or copied tens
 are handed back as it is done (the peak stays near the end state).
 
 KV caches are float16 (B, Hkv, cache_len, hd) numpy arrays, one pair per layer (decode.c's kv16),
-allocated zeroed: pages count only once written.
+views of one anonymous map: pages count only once written.
 
 Deliberately unaware of torch, tokenizers and sampling (runtime.py).
 """
@@ -25,6 +25,7 @@ Deliberately unaware of torch, tokenizers and sampling (runtime.py).
 from __future__ import annotations
 
 import ctypes
+import mmap
 from dataclasses import dataclass
 from typing import Any
 
@@ -190,8 +191,12 @@ class GGUFModel:
         self.contents, self.shape, self.lib, self.keep = contents, shape, lib, Keep()
         self.cache_len, self.batch = cache_len, batch
         t, H, Hkv, hd = contents.tensors, shape.H, shape.Hkv, shape.hd
-        kv = (batch, Hkv, cache_len, hd)
-        self.caches = [(np.zeros(kv, np.float16), np.zeros(kv, np.float16)) for _ in range(shape.n_layers)]  # fmt: skip
+        # one anonymous map for every cache: zero pages that count only once written (a
+        # calloc may come from a heap that was used, and be written to zero up front)
+        kv = (shape.n_layers, 2, batch, Hkv, cache_len, hd)
+        self._kv_map = mmap.mmap(-1, int(np.prod(kv)) * 2)
+        whole = np.frombuffer(self._kv_map, np.float16).reshape(kv)
+        self.caches = [(whole[i, 0], whole[i, 1]) for i in range(shape.n_layers)]
         layers = (Layer * shape.n_layers)()
         for i, ly in enumerate(layers):
             b = f"blk.{i}."

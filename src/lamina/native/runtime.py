@@ -28,6 +28,7 @@ Deliberately unaware of torch, of chat loops and of the command line.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import math
 import os
 from collections.abc import Container, Iterator, Sequence
@@ -37,11 +38,14 @@ from typing import Any
 import numpy as np
 
 from lamina.errors import LaminaError
+from lamina.libc import trim_freed_memory
 from lamina.native import build
 from lamina.native.gguf_model import GGUFModel, uncovered
 from lamina.native.gguf_read import GGUFContents, read_gguf
 
 CHUNK = 32  # a prefill's entries per call (its logits are (CHUNK, vocab) float32)
+_VOCAB = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
+          "tokenizer.ggml.scores")  # fmt: skip
 DEFAULT_CACHE = 4096  # cache slots when the caller names none (the model's context at most)
 
 
@@ -109,15 +113,24 @@ class Runtime:
         cache_len: int | None = None,
         threads: int | None = None,
     ) -> None:
+        why = uncovered(contents)
+        if why is not None:
+            raise LaminaError(f"{contents.path}: not covered by the native runtime: {why}")
         block = int(contents.metadata.get("llama.context_length", DEFAULT_CACHE))
         self.cache_len = min(block, DEFAULT_CACHE) if cache_len is None else cache_len
-        self.weights = GGUFModel(contents, self.cache_len, lib)
+        self.vocab = contents.tensors["token_embd.weight"].shape[0]
         self.contents, self.lib = contents, lib
+        # the tokenizer first, then the vocabulary's metadata dropped and the heap trimmed: its
+        # transient peak (the JSON, the lists) falls before the weights are resident
+        self.tokenizer = self._tokenizer(contents.metadata)
+        slim = {k: v for k, v in contents.metadata.items() if not k.startswith(_VOCAB)}
+        self.contents = contents = dataclasses.replace(contents, metadata=slim)
+        trim_freed_memory()
+        self.weights = GGUFModel(contents, self.cache_len, lib)
+        trim_freed_memory()  # the conversions' temporaries
         self.threads = threads or default_threads()
-        self.vocab = self.weights.shape.vocab
         self.cached: list[int] = []  # the tokens the cache holds, slot by slot
         self._logits = np.empty((CHUNK, self.vocab), np.float32)
-        self.tokenizer = self._tokenizer(contents.metadata)
 
     @staticmethod
     def uncovered(path: str | os.PathLike[str]) -> str | None:
