@@ -6,10 +6,12 @@
 
 What it covers (the rest is the torch path's, `lamina.open`): architecture "llama" with no rope
 scaling, no sliding window, no biases and no rope_freqs tensor (plain Llama 1/2, SmolLM,
-TinyLlama); F32 norms; linears of GGML's kept kinds (Q8_0, Q4_K, Q5_K, Q6_K, Q5_0, Q5_1), read
-in place from the file's map, or Q4_0 / Q4_1, converted to lamina's int4 rows (ggml_blocks.py,
-the conversion the torch path's Int4Linear takes too); a Q8_0 / kept-kind token table (a tied
-head reads the same rows) or an F32 one. The rows of q and k are put back in the order
+TinyLlama); F32 norms; linears of GGML's kept kinds (Q4_K, Q5_K, Q6_K, Q5_0, Q5_1, and Q8_0
+as a part of a fused linear of mixed kinds), read in place from the file's map; Q4_0 / Q4_1
+converted to lamina's int4 rows and Q8_0 to its int8 rows (ggml_blocks.py: the torch path's
+Int4Linear / Int8Linear take the same conversions and decode.c reads those forms fastest); a
+Q8_0 token table as int8 rows too (a tied head reads the very same arrays), a kept-kind one in
+place, or an F32 one. The rows of q and k are put back in the order
 lamina's rotary halves read (llama.cpp's converter interleaves them: a copy of those two); a
 fused q|k|v or gate|up of GGML kinds is decode.c's LIN_PARTS, each part its own rows. Q4_K
 parts are copied and laid out in decode.c's 16-row lanes where the CPU takes them, as the torch
@@ -32,13 +34,14 @@ from typing import Any
 import numpy as np
 
 from lamina.errors import LaminaError
-from lamina.native.ggml_blocks import GROUP, int4_rows
+from lamina.native.ggml_blocks import GROUP, int4_rows, int8_rows
 from lamina.native.gguf_read import GGUFContents, GGUFTensor
 from lamina.native.structs import (
     ACTIVATIONS,
     GGML_KINDS,
     LIN_F32,
     LIN_INT4,
+    LIN_INT8,
     LIN_PARTS,
     Keep,
     Layer,
@@ -197,6 +200,26 @@ class GGUFModel:
         self._kv_map = mmap.mmap(-1, int(np.prod(kv)) * 2)
         whole = np.frombuffer(self._kv_map, np.float16).reshape(kv)
         self.caches = [(whole[i, 0], whole[i, 1]) for i in range(shape.n_layers)]
+        m = self.model = Model()
+        m.n_layers, m.d, m.H, m.Hkv, m.hd = shape.n_layers, shape.d, H, Hkv, hd
+        m.ff, m.vocab, m.cache_len, m.kv16 = shape.ff, shape.vocab, cache_len, 1
+        m.norm, m.act, m.qk_norm, m.rope = 1, ACTIVATIONS["swiglu"], 0, 1
+        m.eps, m.emb_scale, m.softcap = shape.eps, 0.0, 0.0
+        # the table first: its file pages are handed back before the layers' are read
+        table = t["token_embd.weight"]
+        if table.qtype == "Q8_0":  # int8 rows, as the torch path's Int8Embedding (a tied head
+            m.head = self._lin([(table, 0)])  # reads the same arrays: one copy)
+            m.emb_kind, m.emb_gs, m.emb_w, m.emb_s = LIN_INT8, GROUP, m.head.w, m.head.s
+        else:
+            kind = LIN_F32 if table.qtype == "F32" else GGML_KINDS[table.qtype]
+            m.emb_kind, m.emb_gs = kind, 0 if kind == LIN_F32 else GROUP
+            m.emb_w = self.keep.address(table.raw)
+        exps = np.arange(0, hd, 2, dtype=np.float32) / np.float32(hd)
+        inv_freq = (np.float32(1.0) / (np.float32(shape.theta) ** exps)).astype(np.float32)
+        m.inv_freq = self.keep.address(inv_freq)
+        m.nfw = self.keep.address(t["output_norm.weight"].raw)
+        if "output.weight" in t or table.qtype != "Q8_0":
+            m.head = self._lin([(t.get("output.weight", table), 0)], lanes=False)
         layers = (Layer * shape.n_layers)()
         for i, ly in enumerate(layers):
             b = f"blk.{i}."
@@ -209,22 +232,6 @@ class GGUFModel:
             ly.out = self._lin([(t[b + "ffn_down.weight"], 0)])
             k, v = self.caches[i]
             ly.kc, ly.vc = self.keep.address(k), self.keep.address(v)
-        m = self.model = Model()
-        m.n_layers, m.d, m.H, m.Hkv, m.hd = shape.n_layers, shape.d, H, Hkv, hd
-        m.ff, m.vocab, m.cache_len, m.kv16 = shape.ff, shape.vocab, cache_len, 1
-        m.norm, m.act, m.qk_norm, m.rope = 1, ACTIVATIONS["swiglu"], 0, 1
-        m.eps, m.emb_scale, m.softcap = shape.eps, 0.0, 0.0
-        table = t["token_embd.weight"]
-        if table.qtype == "F32":
-            m.emb_kind, m.emb_gs = LIN_F32, 0
-        else:
-            m.emb_kind, m.emb_gs = GGML_KINDS[table.qtype], GROUP
-        m.emb_w = self.keep.address(table.raw)
-        exps = np.arange(0, hd, 2, dtype=np.float32) / np.float32(hd)
-        inv_freq = (np.float32(1.0) / (np.float32(shape.theta) ** exps)).astype(np.float32)
-        m.inv_freq = self.keep.address(inv_freq)
-        m.nfw = self.keep.address(t["output_norm.weight"].raw)
-        m.head = self._lin([(t.get("output.weight", table), 0)], lanes=False)
         m.layers = layers
         self._layers = layers
 
@@ -242,6 +249,15 @@ class GGUFModel:
             q, s, mn = (np.ascontiguousarray(np.concatenate(a)) for a in arrays)
             L.kind, L.gs = LIN_INT4, GROUP
             L.w, L.s, L.mn = self.keep.address(q), self.keep.address(s), self.keep.address(mn)
+            return L
+        if all(p.qtype == "Q8_0" for p, _ in parts):  # int8 rows (the torch path's Int8Linear)
+            arrays = [[], []]
+            for p, heads in parts:
+                for got, a in zip(arrays, int8_rows(p.raw, p.shape), strict=True):
+                    got.append(_unpermute(a, heads) if heads else a)
+                self.contents.drop_pages(p.raw)
+            q, s = (np.ascontiguousarray(np.concatenate(a)) for a in arrays)
+            L.kind, L.gs, L.w, L.s = LIN_INT8, GROUP, self.keep.address(q), self.keep.address(s)
             return L
         structs = self.keep.parts(len(parts)) if len(parts) > 1 else [L]
         for P, (p, heads) in zip(structs, parts, strict=True):
