@@ -57,21 +57,6 @@ def default_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def platform_missing() -> str | None:
-    """Why decode.c cannot run here (None: it can): lamina.cpu's platform rule without torch."""
-    import platform
-
-    if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):
-        return f"the native step is for x86-64 Linux, not {platform.system()} {platform.machine()}"
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            flags = set(next((ln for ln in f if ln.startswith("flags")), "").split()[2:])
-    except OSError:
-        flags = set()
-    missing = {"avx2", "fma", "f16c"} - flags
-    return f"this CPU lacks {' and '.join(sorted(missing))}" if missing else None
-
-
 def sample(
     logits: np.ndarray,
     temperature: float = 0.0,
@@ -135,7 +120,7 @@ class Runtime:
     @staticmethod
     def uncovered(path: str | os.PathLike[str]) -> str | None:
         """Why `Runtime.open(path)` would refuse (None: it runs); reads the header only."""
-        why = platform_missing()
+        why = build.platform_missing()
         if why is not None:
             return why
         try:
@@ -153,7 +138,7 @@ class Runtime:
         cache_len: int | None = None,
         threads: int | None = None,
     ) -> Runtime:
-        why = platform_missing()
+        why = build.platform_missing()
         lib = None if why else build.library()
         if lib is None:
             raise LaminaError(f"the native runtime cannot run here: {why or build.reason()}")
