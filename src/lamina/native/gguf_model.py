@@ -188,7 +188,8 @@ class GGUFModel:
         if why is not None:
             raise LaminaError(f"{contents.path}: not covered by the native runtime: {why}")
         shape = llama_shape(contents)
-        assert isinstance(shape, LlamaShape)  # uncovered() said so
+        if isinstance(shape, str):  # uncovered() said it is not (kept for the type)
+            raise LaminaError(f"{contents.path}: {shape}")
         if not 0 < cache_len <= shape.block_size:
             raise LaminaError(f"cache length {cache_len} outside 1..{shape.block_size}")
         self.contents, self.shape, self.lib, self.keep = contents, shape, lib, Keep()
