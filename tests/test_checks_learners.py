@@ -555,7 +555,7 @@ def test_lamina_lora_linear_agrees_with_the_learners_formula():
 @pytest.fixture(scope="module")
 def smol_tok(smollm2_gguf):
     """The real model's tokenizer, from the GGUF file's metadata only (no weights read)."""
-    from lamina.interop.gguf_file import read_gguf
+    from lamina.native.gguf_read import read_gguf
     from lamina.tokenizers.pretrained import PretrainedTokenizer
 
     return PretrainedTokenizer.from_gguf_metadata(read_gguf(smollm2_gguf).metadata)

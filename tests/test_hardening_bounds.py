@@ -13,7 +13,7 @@ import pytest
 from lamina.bounds import deadline
 from lamina.errors import LaminaError
 from lamina.files import json_lines, loads_json, read_json
-from lamina.interop.gguf_file import read_gguf
+from lamina.native.gguf_read import read_gguf
 from lamina.tokenizers.chat_template import RenderLimits, render_chat_template
 
 CHAT = [{"role": "user", "content": "hi"}]

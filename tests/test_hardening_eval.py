@@ -105,8 +105,8 @@ def test_eval_output_keeps_computed_fields_and_json_is_strict(char_model, tmp_pa
 def _gguf_with_an_infinite_scale(path: Path) -> Path:
     import numpy as np
 
-    from lamina.interop.gguf_file import read_gguf
     from lamina.interop.gguf_write import save_gguf
+    from lamina.native.gguf_read import read_gguf
 
     torch.manual_seed(0)
     model = GPT(GPTConfig.preset("llama-tiny", vocab_size=64, d_model=32, n_layers=1, d_ff=64))

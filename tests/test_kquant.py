@@ -14,7 +14,7 @@ import torch
 import lamina
 from lamina import LaminaError, native
 from lamina.interop.gguf import load_gguf
-from lamina.interop.gguf_file import read_gguf
+from lamina.native.gguf_read import read_gguf
 from lamina.quant.kquant import BLOCKS, BlockEmbedding, BlockLinear, dequantize_blocks
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

@@ -319,7 +319,7 @@ def test_avx2_one_row_passes_hold_the_row_loops(kind, k, group):
     # remainder), 1 and 2 threads. Where the AVX-512 forms run, lm_nr2 is 0 whatever it is set to.
     import ctypes
 
-    from lamina.native.structs import Pointers
+    from lamina.native.pointers import Pointers
 
     lib = native.build.library()
     n = 21

@@ -166,7 +166,7 @@ def _rss_mb() -> float:
 
 @pytest.mark.skipif(not hasattr(__import__("mmap"), "MADV_DONTNEED"), reason="needs madvise")
 def test_drop_pages_hands_a_read_files_pages_back(smollm2_gguf):
-    from lamina.interop.gguf_file import read_gguf
+    from lamina.native.gguf_read import read_gguf
 
     contents = read_gguf(smollm2_gguf)
     before = _rss_mb()

@@ -16,25 +16,69 @@ serve and the `lamina` command.
 # Importing lamina changes no environment variable: OpenMP's wait policy is the user's (see
 # BENCHMARKS.md, "Fair benches"); lamina.native's threads meet at barriers of their own.
 
-from lamina.checkpoint import load_model as load
-from lamina.checkpoint import save_model as save
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from lamina.errors import CheckFailed, LaminaError, LaminaWarning
-from lamina.generation import generate, stream
-from lamina.interop import from_hf, save_hf
-from lamina.interop.bundle import Bundle, open_model
-from lamina.models import (
-    GPT,
-    Encoder,
-    EncoderConfig,
-    GPTConfig,
-    SequenceClassifier,
-    count_params,
-)
-from lamina.quant import quantize
 from lamina.version import __version__ as __version__
 
-open = open_model  # lamina.open(source): any model lamina reads (not in __all__: a star import
-# must not shadow the built-in open)
+if TYPE_CHECKING:  # the names below load on first use (module __getattr__, PEP 562)
+    from lamina.checkpoint import load_model as load
+    from lamina.checkpoint import save_model as save
+    from lamina.generation import generate, stream
+    from lamina.interop import from_hf, save_hf
+    from lamina.interop.bundle import Bundle, open_model
+    from lamina.models import (
+        GPT,
+        Encoder,
+        EncoderConfig,
+        GPTConfig,
+        SequenceClassifier,
+        count_params,
+    )
+    from lamina.quant import quantize
+
+    open = open_model
+
+# public name -> (module, its name there): importing lamina imports none of them (nor torch), so
+# the torch-free runtime (lamina.native.runtime) and the tokenizers load without torch
+_LAZY = {
+    "load": ("lamina.checkpoint", "load_model"),
+    "save": ("lamina.checkpoint", "save_model"),
+    "generate": ("lamina.generation", "generate"),
+    "stream": ("lamina.generation", "stream"),
+    "from_hf": ("lamina.interop", "from_hf"),
+    "save_hf": ("lamina.interop", "save_hf"),
+    "Bundle": ("lamina.interop.bundle", "Bundle"),
+    "open_model": ("lamina.interop.bundle", "open_model"),
+    # lamina.open(source): any model lamina reads (not in __all__: a star import must not
+    # shadow the built-in open)
+    "open": ("lamina.interop.bundle", "open_model"),
+    "GPT": ("lamina.models", "GPT"),
+    "Encoder": ("lamina.models", "Encoder"),
+    "EncoderConfig": ("lamina.models", "EncoderConfig"),
+    "GPTConfig": ("lamina.models", "GPTConfig"),
+    "SequenceClassifier": ("lamina.models", "SequenceClassifier"),
+    "count_params": ("lamina.models", "count_params"),
+    "quantize": ("lamina.quant", "quantize"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value  # once: later lookups find it here
+        return value
+    raise AttributeError(f"module 'lamina' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "GPT",

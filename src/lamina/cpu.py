@@ -75,14 +75,9 @@ RETIRED_ENV = ("LAMINA_NATIVE", "LAMINA_QUANT_KERNEL")  # refused, naming ENV
 MAX_ROWS = 32  # rows a per-call kernel takes where it wins (bench/decode_kernels.py)
 
 
-@cache
 def flags() -> frozenset[str]:
-    """The flags of /proc/cpuinfo (empty where there is none)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return frozenset(next((ln for ln in f if ln.startswith("flags")), "").split()[2:])
-    except OSError:
-        return frozenset()
+    """The flags of /proc/cpuinfo (empty where there is none; lamina.native.build reads them)."""
+    return build.cpu_flags()
 
 
 def _x86() -> bool:
@@ -102,17 +97,10 @@ def native_bf16() -> bool:
         return True
 
 
-def _native_platform() -> str | None:
-    if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):
-        return f"the native step is for x86-64 Linux, not {platform.system()} {platform.machine()}"
-    missing = {"avx2", "fma", "f16c"} - flags()  # F16C: the GGML blocks' fp16 scales
-    return f"this CPU lacks {' and '.join(sorted(missing))}" if missing else None
-
-
 def native_missing() -> str | None:
     """Why lamina.native cannot run here (the platform, the CPU, the compiler or the build);
     None where its library is built and loaded (building it the first time, ~1 s)."""
-    why = _native_platform()
+    why = build.platform_missing()
     if why is None and build.library() is None:
         why = build.reason()
     return why

@@ -12,7 +12,7 @@ in both, its layer options and rope kinds; every converter below is derived from
 ``hf_family``: Hugging Face folders of every family in and out (`from_hf`, `save_hf`: the
 first family that expresses the model is written). ``lamina.tokenizers.hf_files``: the
 tokenizer files that go with them. ``gguf``: llama.cpp's GGUF files in and out (`load_gguf`, `save_gguf`,
-`read_gguf`; parsing in ``gguf_file``, writing in ``gguf_write``, metadata in
+`read_gguf`; parsing in ``lamina.native.gguf_read``, writing in ``gguf_write``, metadata in
 ``family_gguf``). ``tensor_map``: the one mechanism of tensor names with its checker.
 This package sits above the models and data layers and uses both; nothing below imports it
 (so the models carry no `from_hf` method: that would be an

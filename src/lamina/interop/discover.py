@@ -230,7 +230,7 @@ def default_model() -> Path | None:
 
 def _describe_gguf(path: Path) -> tuple[str, str, bool]:
     """(family, quantization, has a chat template) from a GGUF file's header."""
-    from lamina.interop.gguf_file import read_gguf
+    from lamina.native.gguf_read import read_gguf
 
     try:
         contents = read_gguf(path)

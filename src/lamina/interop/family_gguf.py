@@ -44,8 +44,8 @@ from lamina.interop.family_config import (
     windows,
 )
 from lamina.interop.family_rope import freq_factors, llama3_from_factors
-from lamina.interop.gguf_file import shown
 from lamina.models.config import GPTConfig
+from lamina.native.gguf_read import shown
 
 _ROPE_FREQS, _LONG, _SHORT = (
     "rope_freqs.weight",

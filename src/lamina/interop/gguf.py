@@ -1,6 +1,6 @@
 """GGUF models in and out: llama.cpp's files as lamina GPTs, and lamina GPTs as GGUF files.
 
-    read_gguf(path) -> GGUFContents        header + memory-mapped tensors (see gguf_file)
+    read_gguf(path) -> GGUFContents        header + memory-mapped tensors (see lamina.native.gguf_read)
     gguf_config(metadata, tensors=None) -> GPTConfig
     gguf_table(contents) -> (GPTConfig, rows)   which GGUF tensors make each lamina tensor, and
                                            how (tensor_map rows, checked against the file)
@@ -43,10 +43,10 @@ from lamina.errors import LaminaError
 from lamina.interop import tensor_map
 from lamina.interop.family import Family
 from lamina.interop.family_gguf import from_gguf
-from lamina.interop.gguf_file import DEQUANTIZABLE, GGUFContents, GGUFTensor, read_gguf
 from lamina.interop.gguf_write import save_gguf
 from lamina.models.config import GPTConfig
 from lamina.models.gpt import GPT
+from lamina.native.gguf_read import DEQUANTIZABLE, GGUFContents, GGUFTensor, read_gguf
 from lamina.quant.from_blocks import from_blocks, keepable
 from lamina.quant.ggml import row_bytes
 

@@ -33,9 +33,9 @@ from lamina.errors import LaminaError, LaminaWarning
 from lamina.files import atomic_write
 from lamina.interop import tensor_map
 from lamina.interop.family_gguf import expressing, to_gguf
-from lamina.interop.gguf_file import _gguf
 from lamina.models.config import GPTConfig
 from lamina.models.gpt import GPT
+from lamina.native.gguf_read import _gguf
 from lamina.tokenizers.gguf_metadata import gguf_tokenizer_metadata
 from lamina.tokenizers.kinds import Tokenizer
 

@@ -1,6 +1,9 @@
 """Native (C, AVX2) kernels for decoding at batch 1; see step.py (the calls), coverage.py
 (which models), structs.py (the C structs) and decode.c; prefill.py is a prompt's causal
-attention (lamina.attention calls it in place of SDPA where it runs).
+attention (lamina.attention calls it in place of SDPA where it runs). runtime.py decodes a
+plain Llama GGUF file with decode.c alone, no torch imported (gguf_model.py lays the file's
+blocks out in the structs; gguf_read.py and ggml_blocks.py are the torch-free GGUF reading and
+Q4_x/Q8_0 conversions both paths use).
 
     native_step(model, caches) -> NativeStep | None     the whole decode step in one call
     available() -> bool; reason() -> why not             built and loadable here

@@ -19,8 +19,9 @@ The compiler runs in its own process group under a timeout; a compiler that hang
 with its children. A build writes temporary files and renames them into place, so processes
 starting together never load a half-written library; older builds in the folder are removed.
 
-Where it cannot run, `library()` is None and `reason()` says why. Whether to build at all (the
-platform, the CPU's flags, the user's choice) is lamina.cpu's question, asked before this one.
+Where it cannot run, `library()` is None and `reason()` says why. Whether to build at all is
+asked before this one: `platform_missing()` here (x86-64 Linux with AVX2, FMA and F16C, from
+`cpu_flags()`; lamina.cpu and the torch-free runtime both ask it), the user's choice in lamina.cpu.
 
     LAMINA_CACHE_DIR=PATH     where built libraries go (default $XDG_CACHE_HOME/lamina or
                               ~/.cache/lamina), in a `native` subfolder
@@ -32,8 +33,10 @@ nothing of lamina).
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
+import platform
 import shutil
 import signal
 import stat
@@ -54,6 +57,24 @@ _layout: dict[str, type[ctypes.Structure]] = {}
 
 class BuildError(OSError):
     """Why the library cannot be built or trusted here (its message is the reason)."""
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The flags of /proc/cpuinfo (empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return frozenset(next((ln for ln in f if ln.startswith("flags")), "").split()[2:])
+    except OSError:
+        return frozenset()
+
+
+def platform_missing() -> str | None:
+    """Why decode.c cannot run on this platform (None: it can)."""
+    if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"the native step is for x86-64 Linux, not {platform.system()} {platform.machine()}"
+    missing = {"avx2", "fma", "f16c"} - cpu_flags()  # F16C: the GGML blocks' fp16 scales
+    return f"this CPU lacks {' and '.join(sorted(missing))}" if missing else None
 
 
 def expect_layout(**structs: type[ctypes.Structure]) -> None:

@@ -28,7 +28,8 @@ from torch import Tensor, nn
 
 from lamina.block import LayerNorm, RMSNorm
 from lamina.models.gpt import GPT
-from lamina.native.structs import ACTIVATIONS, GGML_KINDS, kind_of
+from lamina.native.pointers import kind_of
+from lamina.native.structs import ACTIVATIONS, GGML_KINDS
 
 
 def _float32(t: Tensor | None) -> bool:

@@ -66,17 +66,8 @@ from lamina.libc import trim_freed_memory
 from lamina.models.gpt import GPT
 from lamina.native.build import library
 from lamina.native.coverage import unsupported
-from lamina.native.structs import (
-    ACTIVATIONS,
-    GGML_KINDS,
-    LIN_F32,
-    LIN_INT8,
-    Layer,
-    Lin,
-    Model,
-    Pointers,
-    kind_of,
-)
+from lamina.native.pointers import Pointers, kind_of
+from lamina.native.structs import ACTIVATIONS, GGML_KINDS, LIN_F32, LIN_INT8, Layer, Lin, Model
 
 
 def _aligned(nbytes: int, dtype: torch.dtype) -> Tensor:

@@ -1,22 +1,22 @@
-"""decode.c's structs in ctypes, and how a model's modules fill them: `Pointers().lin(m)`.
+"""decode.c's structs in ctypes, torch-free: what a runtime fills and the kernel reads.
 
     Lin, Layer, Model          the C structs (build.py compares their layout with decode.c's)
-    kind_of(module) -> "float" | "int4" | "int8" | "int8-table" | "ggml" | "ggml-table" | None
-    int4_rows(scales_and_zeros) -> (scales, minimums)   lamina's int4 layout -> the kernel's
-    Pointers()                 pointers into tensors for the structs, each tensor kept alive
+    LIN_*, GGML_KINDS, ACTIVATIONS    the kinds and activations decode.c numbers
+    Keep()                     pointers into buffers for the structs, each buffer kept alive:
+                               `keep.address(numpy_array)`, `keep.parts(n)` for LIN_PARTS
 
-The structs hold pointers into the model's own tensors (read in place, no copy); a `Pointers`
-keeps every tensor (and every array of parts) it pointed at alive as long as it lives, so its
-owner (a NativeStep, or one native linear call) keeps it beside the structs.
+The structs hold pointers into a model's own buffers (read in place, no copy); a `Keep`
+keeps every buffer (and every array of parts) it pointed at alive as long as it lives, so its
+owner keeps it beside the structs. The torch side (a module's tensors -> a `Lin`) is
+pointers.py; the numpy side (a GGUF file's blocks) is runtime.py's.
 
-Deliberately unaware of which models the step covers (coverage.py) and of running it (step.py).
+Deliberately unaware of torch, of which models the step covers (coverage.py) and of running it.
 """
 
 from __future__ import annotations
 
 import ctypes
-
-from torch import Tensor, nn
+from typing import Any
 
 from lamina.native.build import expect_layout
 
@@ -68,81 +68,25 @@ class Model(ctypes.Structure):
 expect_layout(Lin=Lin, Layer=Layer, Model=Model)  # build.py compares decode.c's with these
 
 
-def kind_of(m: nn.Module) -> str | None:
-    """ "float" for a plain nn.Linear or nn.Embedding, else the quantized layout a module
-    declares it stores (`native_kind` on lamina.quant's classes: "int4", "int8", "int8-table",
-    "ggml" and "ggml-table" for GGML's blocks);
-    None for anything else (a LoRA wrapper, say)."""
-    if type(m) in (nn.Linear, nn.Embedding):
-        return "float"
-    return getattr(type(m), "native_kind", None)
-
-
-def int4_rows(scales_and_zeros: Tensor) -> tuple[Tensor, Tensor]:
-    """lamina's int4 (K/gs, N, 2) scales and zeros -> the native kernel's (N, K/gs) scales and
-    minimums (w = q scale + minimum, minimum = zero - 8 scale), each row's groups side by side."""
-    s, z = scales_and_zeros.detach().float().transpose(0, 1).unbind(-1)
-    return s.contiguous(), (z - 8 * s).contiguous()
-
-
-class Pointers:
-    """Pointers into tensors for the C structs, each tensor kept alive here."""
+class Keep:
+    """Buffers the structs point into, kept alive here (`keep` for the buffers, `structs` for
+    the arrays of parts of LIN_PARTS linears)."""
 
     def __init__(self) -> None:
-        self.keep: list[Tensor] = []
-        self.structs: list[ctypes.Array[Lin]] = []  # the parts of LIN_PARTS linears
+        self.keep: list[Any] = []
+        self.structs: list[ctypes.Array[Lin]] = []
 
-    def t(self, t: Tensor | None) -> int | None:
-        """A pointer to t's data (made contiguous float32 or int first if needed)."""
-        if t is None:
+    def address(self, a: Any) -> int | None:
+        """The address of a C-contiguous numpy array's data (None for None), kept alive."""
+        if a is None:
             return None
-        t = t.detach()
-        if not t.is_contiguous():
-            t = t.contiguous()
-        self.keep.append(t)
-        return t.data_ptr()
+        if not a.flags.c_contiguous:
+            raise ValueError("decode.c reads contiguous buffers only")
+        self.keep.append(a)
+        return int(a.ctypes.data)
 
-    def lin(self, m: nn.Module) -> Lin:
-        """The `Lin` struct of a linear that coverage.py accepts."""
-        L = Lin()
-        kind = kind_of(m)
-        if kind == "float":
-            L.kind, L.gs, L.w = LIN_F32, 0, self.t(m.weight)
-        elif kind == "ggml":
-            parts = m.native_parts
-            L.n, L.k = m.out_features, m.in_features
-            if len(parts) == 1:
-                qtype, rows, lanes = parts[0]
-                self._ggml(L, qtype, rows, m.bias, lanes)
-                return L
-            array, at = (Lin * len(parts))(), 0
-            for P, (qtype, rows, lanes) in zip(array, parts, strict=True):
-                P.n, P.k = rows.shape[0], m.in_features
-                bias = None if m.bias is None else m.bias[at : at + P.n]
-                self._ggml(P, qtype, rows, bias, lanes)
-                at += P.n
-            self.structs.append(array)
-            L.kind, L.gs, L.w, L.bias = LIN_PARTS, len(parts), ctypes.addressof(array), None
-            return L
-        elif kind == "int4" and getattr(m, "lanes_w", None) is not None:  # native/step.py's
-            L.kind, L.gs = LIN_INT4, m.group_size  # pack_lanes: the lanes alone
-            L.lw, L.ls, L.lmn = self.t(m.lanes_w), self.t(m.lanes_s), self.t(m.lanes_mn)
-        elif kind == "int4":
-            L.kind, L.gs = LIN_INT4, m.group_size
-            scale, low = m.native_scale, m.native_min
-            if scale is None:  # prepared for another kernel: the native layout, made here
-                scale, low = int4_rows(m.scales_and_zeros)
-            L.w, L.s, L.mn = self.t(m.qweight), self.t(scale), self.t(low)
-        else:
-            L.kind, L.gs = LIN_INT8, m.group_size or m.in_features
-            L.w, L.s = self.t(m.qweight), self.t(m.scale)
-        L.n, L.k = m.out_features, m.in_features
-        L.bias = self.t(m.bias)
-        return L
-
-    def _ggml(
-        self, L: Lin, qtype: str, rows: Tensor, bias: Tensor | None, lanes: bool = False
-    ) -> None:
-        L.kind, L.gs, L.w, L.bias = GGML_KINDS[qtype], 32, self.t(rows), self.t(bias)
-        if lanes:  # Q4_K in 16-row lanes (decode.c's lm_kq_pack16): lw the same bytes
-            L.lw = L.w
+    def parts(self, n: int) -> ctypes.Array[Lin]:
+        """An array of n `Lin` (a LIN_PARTS linear's parts), kept alive."""
+        array = (Lin * n)()
+        self.structs.append(array)
+        return array

@@ -27,9 +27,9 @@ from torch import Tensor, nn
 
 import lamina.cpu as cpu
 from lamina.errors import LaminaError
+from lamina.native.pointers import int4_rows
 from lamina.native.step import linear as native_linear
 from lamina.native.step import unpack_lanes
-from lamina.native.structs import int4_rows
 from lamina.quant.bf16 import dequantized_matmul
 
 INT4_GROUP_SIZES = (32, 64, 128, 256)

@@ -5,7 +5,9 @@
         .tensors   dict[str, GGUFTensor]    in file order
     GGUFTensor: name, qtype ("Q4_1", "F32", ...), shape (torch order: rows first), raw (numpy
         view into the memory map: uint8 blocks of shape (rows..., bytes per row) for quantized
-        types, float16/float32 for F16/F32), .nbytes; .dequantize() -> fp32 torch.Tensor
+        types, float16/float32 for F16/F32), .nbytes; .values() -> fp32 numpy array of
+        `shape`; .dequantize() -> the same as an fp32 torch.Tensor (the one use of torch here,
+        imported when called: the torch-free runtime (runtime.py) reads files with this too)
 
 The header (key/values and tensor infos) is parsed here, not by `gguf.GGUFReader`: the reader
 trusts the counts it finds (a corrupt array length makes it loop without end) and turns a
@@ -33,8 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
-from torch import Tensor
 
 from lamina.errors import LaminaError
 
@@ -86,8 +86,14 @@ class GGUFTensor:
     def nbytes(self) -> int:
         return int(self.raw.nbytes)
 
-    def dequantize(self) -> Tensor:
-        """The tensor in fp32 (a new CPU tensor of `shape`); refuses types lamina cannot read."""
+    def dequantize(self) -> Any:
+        """The tensor in fp32 (a new CPU torch.Tensor of `shape`); see `values`."""
+        import torch  # the torch side of this reader (its callers all run torch)
+
+        return torch.from_numpy(self.values())
+
+    def values(self) -> np.ndarray:
+        """The tensor in fp32 (a new array of `shape`); refuses types lamina cannot read."""
         if self.qtype not in DEQUANTIZABLE:
             raise LaminaError(
                 f"GGUF tensor {self.name} has type {self.qtype}, which lamina cannot read "
@@ -101,7 +107,7 @@ class GGUFTensor:
         else:
             with np.errstate(all="ignore"):  # a damaged scale: check_finite names the tensor
                 values = gguf.quants.dequantize(self.raw, gguf.GGMLQuantizationType[self.qtype])
-        return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(self.shape)
+        return np.ascontiguousarray(values, dtype=np.float32).reshape(self.shape)
 
 
 def _q8_k(raw: np.ndarray) -> np.ndarray:
@@ -121,12 +127,22 @@ class GGUFContents:
     data_offset: int  # where the tensor data starts
     file_map: Any = field(default=None, repr=False)  # the mmap the tensors view
 
-    def drop_pages(self) -> None:
+    def drop_pages(self, part: np.ndarray | None = None) -> None:
         """Hand the file's pages read so far back to the kernel (they stop counting in this
-        process's memory; a view read again pages them back in from the file)."""
+        process's memory; a view read again pages them back in from the file): all of them, or
+        those under `part` (a view into the map, e.g. a tensor's `raw`, once converted)."""
         madvise = getattr(self.file_map, "madvise", None)
-        if madvise is not None and hasattr(mmap, "MADV_DONTNEED"):
+        if madvise is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        if part is None:
             madvise(mmap.MADV_DONTNEED)
+            return
+        base = np.frombuffer(self.file_map, np.uint8).ctypes.data
+        start = part.ctypes.data - base
+        if not 0 <= start <= start + part.nbytes <= len(self.file_map):
+            raise LaminaError("drop_pages: the array is not a view into this file's map")
+        first = start - start % mmap.PAGESIZE
+        madvise(mmap.MADV_DONTNEED, first, start + part.nbytes - first)
 
 
 def shown(name: str, limit: int = 60) -> str:
