@@ -210,6 +210,51 @@ static void barrier_wait(Barrier *b) {
     if (next != spin) atomic_store_explicit(&bar_spin_ns, next, memory_order_relaxed);
 }
 
+/* A step's threads each hold a CPU of their own for the step (pin_self: the one it is on, or the
+   first allowed one no other thread of the step holds), and get their own masks back at its end.
+   Why: a server's step shares 2 cores with its event loop and clients, and its waits at the
+   barriers sleep (barrier_wait); Linux then sees two threads that wake each other in turn and
+   may run both on one CPU, taking turns there while the other CPU idles (perf sched on an
+   8-client `lamina serve`, AMD EPYC 2 cores: the step's two threads alternating on CPU 0 for
+   ms while CPU 1 was idle; 23-30% of each CPU idle mid-load; BENCHMARKS.md, issue 33's section).
+   A thread that finds no free CPU (more threads than CPUs) runs unpinned. lm_step_pin(0) turns
+   it off (-1 leaves it; returns it). */
+static int step_pin = 1;
+int lm_step_pin(int choice) {
+    if (choice >= 0) step_pin = choice ? 1 : 0;
+    return step_pin;
+}
+typedef struct {
+    unsigned long m[16];
+} CpuMask;
+/* pin the calling thread to its CPU, or to the first allowed one no other thread of the step
+   claimed; *old gets its mask; 1 if pinned */
+static int pin_self(atomic_ulong *claimed, CpuMask *old) {
+#ifdef __linux__
+    if (syscall(SYS_sched_getaffinity, 0, sizeof old->m, old->m) <= 0) return 0;
+    unsigned cpu = 0;
+    if (syscall(SYS_getcpu, &cpu, NULL, NULL) != 0) return 0;
+    int pick = -1;
+    if (cpu < 64 && (old->m[0] >> cpu & 1) && !(atomic_fetch_or(claimed, 1ul << cpu) & (1ul << cpu))) pick = (int)cpu;
+    for (int c = 0; c < 64 && pick < 0; c++)
+        if ((old->m[0] >> c & 1) && !(atomic_fetch_or(claimed, 1ul << c) & (1ul << c))) pick = c;
+    if (pick < 0) return 0;
+    CpuMask one = {{0}};
+    one.m[0] = 1ul << pick;
+    return syscall(SYS_sched_setaffinity, 0, sizeof one.m, one.m) == 0;
+#else
+    (void)claimed, (void)old;
+    return 0;
+#endif
+}
+static void unpin_self(const CpuMask *old) {
+#ifdef __linux__
+    syscall(SYS_sched_setaffinity, 0, sizeof old->m, old->m);
+#else
+    (void)old;
+#endif
+}
+
 /* where the weight streams' software prefetches go: 1 L2 (_MM_HINT_T2), 0 L1, 2 none (the
    hardware's prefetchers alone: on the AMD EPYC a step then takes 1.4-1.8x as long; the
    distance ahead, 8 KB to 128 KB, moved it by no more than the noise; lm_pf_l2 to compare) */
@@ -3018,6 +3063,9 @@ typedef struct {
     const int64_t *tokens, *positions, *starts, *slots, *rows;
     float *logits;
     Barrier bar;
+    atomic_ulong cpus; /* the CPUs the step's threads hold (pin_self) */
+    struct Share *share; /* a phase's counters, one line per thread (Work below) */
+    int phases;
     /* scratch */
     float *x, *xn, *qkv, *att, *fco, *h, *cs, *sn, *scores, *parts;
     float *kvs; /* kv16: each thread's chunk of keys, then of values, as floats (2 CHUNK hd) */
@@ -3278,9 +3326,70 @@ static void act_cols(const Model *m, const float *f, float *hr, int ff, int c0, 
         for (int i = c0; i < c1; i++) hr[i] = act1(m->act, f[i]);
 }
 
+/* Work shared with taking (`share`): a phase's units are each thread's own as before (`home`:
+   strided, unit u to thread u % nt, or contiguous, thread o the o-th run), claimed one at a time
+   from that thread's counter; a thread that has claimed all its own takes what is left of the
+   others'. So a thread put off its core (a server's event loop or clients on the same cores)
+   holds the phase for the unit it is in, not for its whole share. Which thread computes a unit
+   changes no result: a unit's work reads the phase's inputs and writes its own outputs, with
+   the thread's own scratch. lm_step_share(0) keeps each thread to its own units. */
+static int step_share = 1;
+int lm_step_share(int choice) {
+    if (choice >= 0) step_share = choice ? 1 : 0;
+    return step_share;
+}
+
+struct Share {
+    atomic_int next;
+    char pad[60];
+};
+
+typedef struct {
+    struct Share *c; /* the phase's counters, one per thread */
+    int n, nt, tid, k, strided, per;
+} Work;
+
+static Work work_start(Step *S, int *ph, int n, int strided, int tid, int nt) {
+    Work w = {S->share + (size_t)(*ph)++ * nt, n, nt, tid, 0, strided, (n + nt - 1) / nt};
+    return w;
+}
+
+/* the next unit this thread computes, or -1 when the phase has none left */
+static inline int work_next(Work *w) {
+    for (; w->k < (step_share ? w->nt : 1); w->k++) {
+        const int o = (w->tid + w->k) % w->nt;
+        const int j = atomic_fetch_add_explicit(&w->c[o].next, 1, memory_order_relaxed);
+        if (w->strided) {
+            const int u = o + j * w->nt;
+            if (u < w->n) return u;
+        } else {
+            const int u = o * w->per + j;
+            if (j < w->per && u < w->n) return u;
+        }
+    }
+    return -1;
+}
+
+/* a linear's rows for all the step's rows, in units of 16-row groups (lanes) shared as above */
+static void lin_shared(Step *S, int *ph, const Lin *L, float *y, int ystride, int accumulate, float softcap, int tid, int nt) {
+    const int n = L->n, groups = (n + 15) / 16, per = 8 * nt; /* ~8 units a thread */
+    const int unit = 16 * ((groups + per - 1) / per), units = (n + unit - 1) / unit;
+    Work w = work_start(S, ph, units, 0, tid, nt);
+    for (int u; (u = work_next(&w)) >= 0;) {
+        const int n0 = u * unit, n1 = n0 + unit < n ? n0 + unit : n;
+        lin_rows(L, S->B, &S->a, y, ystride, n0, n1, accumulate);
+        if (softcap != 0.0f)
+            for (int r = 0; r < S->B; r++)
+                for (int i = n0; i < n1; i++) {
+                    float *o = y + (size_t)r * ystride + i;
+                    *o = softcap * tanhf(*o / softcap);
+                }
+    }
+}
+
 /* the norm of x into xn and its quantized input to L: with `cols` (one row on several threads)
    each thread its columns (split_blocks), else each thread its rows of the batch */
-static void norm_and_prepare(Step *S, const Lin *L, const float *w, const float *b, int cols, int tid, int nt) {
+static void norm_and_prepare(Step *S, int *ph, const Lin *L, const float *w, const float *b, int cols, int tid, int nt) {
     const Model *m = S->m;
     const int d = m->d;
     if (cols) {
@@ -3288,21 +3397,32 @@ static void norm_and_prepare(Step *S, const Lin *L, const float *w, const float 
         split_blocks(L, d, tid, nt, &b0, &b1);
         norm_cols(S->x, S->xn, d, w, b, m->norm, m->eps, 32 * b0, 32 * b1);
         prepare_blocks(L, S->xn, 0, 1, b0, b1, &S->a);
-    } else
-        for (int r = tid; r < S->B; r += nt) { /* a batch's rows shared out; one row: thread 0 */
-            norm_row(S->x + (size_t)r * d, S->xn + (size_t)r * d, d, w, b, m->norm, m->eps);
-            prepare_rows(L, S->xn, r, r + 1, &S->a);
-        }
+        return;
+    }
+    /* a batch's rows shared out; one row: thread 0. ph NULL: each thread its own rows only */
+    Work wk = ph ? work_start(S, ph, S->B, 1, tid, nt) : (Work){0};
+    for (int r = ph ? work_next(&wk) : tid; r >= 0 && r < S->B; r = ph ? work_next(&wk) : r + nt) {
+        norm_row(S->x + (size_t)r * d, S->xn + (size_t)r * d, d, w, b, m->norm, m->eps);
+        prepare_rows(L, S->xn, r, r + 1, &S->a);
+    }
 }
 
+static void step_body(Step *S, int tid, int nt);
 static void step_job(void *p, int tid, int nt) {
     Step *S = (Step *)p;
+    CpuMask old;
+    const int pinned = step_pin && nt > 1 && pin_self(&S->cpus, &old);
+    step_body(S, tid, nt);
+    if (pinned) unpin_self(&old);
+}
+
+static void step_body(Step *S, int tid, int nt) {
     const Model *m = S->m;
     const int B = S->B, d = m->d, H = m->H, Hkv = m->Hkv, hd = m->hd, L = m->cache_len;
     const int qkv_n = (H + 2 * Hkv) * hd, group = H / Hkv, h2 = hd / 2;
     const size_t bstride = (size_t)Hkv * L * hd;
     const float scale = 1.0f / sqrtf((float)hd);
-    int n0, n1, b0, b1;
+    int b0, b1, ph = 0; /* ph: the shared phases so far (Work), the same count on every thread */
     /* one row on several threads: each its columns of the norms and activations (split_blocks);
        widths a multiple of 32 (the quantized kinds' blocks) */
     const int cols = B == 1 && nt > 1 && col_split && d % 32 == 0 && (H * hd) % 32 == 0 && m->ff % 32 == 0;
@@ -3320,13 +3440,13 @@ static void step_job(void *p, int tid, int nt) {
     for (int l = 0; l < m->n_layers; l++) {
         const Layer *ly = &m->layers[l];
         /* (layer 0's row: thread 0, which embedded it, with no barrier between) */
-        norm_and_prepare(S, &ly->qkv, ly->n1w, ly->n1b, cols && l > 0, tid, nt);
+        norm_and_prepare(S, l > 0 ? &ph : NULL, &ly->qkv, ly->n1w, ly->n1b, cols && l > 0, tid, nt);
         barrier_wait(&S->bar);
-        split(qkv_n, tid, nt, &n0, &n1);
-        lin_rows(&ly->qkv, B, &S->a, S->qkv, qkv_n, n0, n1, 0);
+        lin_shared(S, &ph, &ly->qkv, S->qkv, qkv_n, 0, 0.0f, tid, nt);
         barrier_wait(&S->bar);
         /* new keys and values: norm, rotate, store at the slot; the queries of their group too */
-        for (int t = tid; t < B * Hkv; t += nt) {
+        Work wkv = work_start(S, &ph, B * Hkv, 1, tid, nt);
+        for (int t; (t = work_next(&wkv)) >= 0;) {
             int r = t / Hkv, kh = t % Hkv;
             float *k = S->qkv + (size_t)r * qkv_n + (size_t)(H + kh) * hd;
             const float *v = S->qkv + (size_t)r * qkv_n + (size_t)(H + Hkv + kh) * hd;
@@ -3356,7 +3476,8 @@ static void step_job(void *p, int tid, int nt) {
            filled to 96 gave every task of the one filled chunk to thread 0 (an 8-row step's
            attention 3.6 ms on one thread while the other waited, BENCHMARKS.md). */
         const int nch = (L + CHUNK - 1) / CHUNK, wide_att = hd == 64 && group <= ATT_G && lm_att_wide(-1);
-        for (int t = tid; t < B * Hkv * nch; t += nt) {
+        Work watt = work_start(S, &ph, B * Hkv * nch, 1, tid, nt);
+        for (int t; (t = work_next(&watt)) >= 0;) {
             const int c = t / (B * Hkv), r = (t / Hkv) % B, kh = t % Hkv;
             const int64_t first = S->starts[r];
             const int n = (int)(S->slots[r] - first + 1), c0 = c * CHUNK;
@@ -3409,7 +3530,8 @@ static void step_job(void *p, int tid, int nt) {
             if (wide_att && len > 0) weighted_group_512(group, scg, vb, m->kv16, len, og, nv, nlen);
         }
         barrier_wait(&S->bar);
-        for (int t = tid; t < B * H; t += nt) {
+        Work wmerge = work_start(S, &ph, B * H, 1, tid, nt);
+        for (int t; (t = work_next(&wmerge)) >= 0;) {
             const int r = t / H, h = t % H;
             const float *parts = S->parts + ((size_t)r * H + h) * nch * (hd + 2);
             float mx = -INFINITY, sum = 0;
@@ -3430,42 +3552,36 @@ static void step_job(void *p, int tid, int nt) {
         if (cols) {
             split_blocks(&ly->proj, H * hd, tid, nt, &b0, &b1);
             prepare_blocks(&ly->proj, S->att, 0, 1, b0, b1, &S->a);
-        } else
-            for (int r = tid; r < B; r += nt) prepare_rows(&ly->proj, S->att, r, r + 1, &S->a);
+        } else {
+            Work wp = work_start(S, &ph, B, 1, tid, nt);
+            for (int r; (r = work_next(&wp)) >= 0;) prepare_rows(&ly->proj, S->att, r, r + 1, &S->a);
+        }
         barrier_wait(&S->bar);
-        split(d, tid, nt, &n0, &n1);
-        lin_rows(&ly->proj, B, &S->a, S->x, d, n0, n1, 1); /* the residual: x += proj(att) */
+        lin_shared(S, &ph, &ly->proj, S->x, d, 1, 0.0f, tid, nt); /* the residual: x += proj(att) */
         barrier_wait(&S->bar);
-        norm_and_prepare(S, &ly->fc, ly->n2w, ly->n2b, cols, tid, nt);
+        norm_and_prepare(S, &ph, &ly->fc, ly->n2w, ly->n2b, cols, tid, nt);
         barrier_wait(&S->bar);
         const int fc_n = ly->fc.n, ff = m->ff;
-        split(fc_n, tid, nt, &n0, &n1);
-        lin_rows(&ly->fc, B, &S->a, S->fco, fc_n, n0, n1, 0);
+        lin_shared(S, &ph, &ly->fc, S->fco, fc_n, 0, 0.0f, tid, nt);
         barrier_wait(&S->bar);
         if (cols) {
             split_blocks(&ly->out, ff, tid, nt, &b0, &b1);
             act_cols(m, S->fco, S->h, ff, 32 * b0, 32 * b1);
             prepare_blocks(&ly->out, S->h, 0, 1, b0, b1, &S->a);
-        } else
-            for (int r = tid; r < B; r += nt) {
+        } else {
+            Work wa = work_start(S, &ph, B, 1, tid, nt);
+            for (int r; (r = work_next(&wa)) >= 0;) {
                 act_cols(m, S->fco + (size_t)r * fc_n, S->h + (size_t)r * ff, ff, 0, ff);
                 prepare_rows(&ly->out, S->h, r, r + 1, &S->a);
             }
+        }
         barrier_wait(&S->bar);
-        split(d, tid, nt, &n0, &n1);
-        lin_rows(&ly->out, B, &S->a, S->x, d, n0, n1, 1);
+        lin_shared(S, &ph, &ly->out, S->x, d, 1, 0.0f, tid, nt);
         barrier_wait(&S->bar);
     }
-    norm_and_prepare(S, &m->head, m->nfw, m->nfb, cols, tid, nt);
+    norm_and_prepare(S, &ph, &m->head, m->nfw, m->nfb, cols, tid, nt);
     barrier_wait(&S->bar);
-    split(m->vocab, tid, nt, &n0, &n1);
-    lin_rows(&m->head, B, &S->a, S->logits, m->vocab, n0, n1, 0);
-    if (m->softcap != 0.0f)
-        for (int r = 0; r < B; r++)
-            for (int n = n0; n < n1; n++) {
-                float *o = S->logits + (size_t)r * m->vocab + n;
-                *o = m->softcap * tanhf(*o / m->softcap);
-            }
+    lin_shared(S, &ph, &m->head, S->logits, m->vocab, 0, m->softcap, tid, nt);
 }
 
 static int max3(int a, int b, int c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
@@ -3506,6 +3622,15 @@ int lm_step(const Model *m, int B, const int64_t *tokens, const int64_t *positio
     atomic_init(&S.bar.count, 0);
     atomic_init(&S.bar.phase, 0);
     atomic_init(&S.bar.sleepers, 0);
+    atomic_init(&S.cpus, 0);
+    S.phases = m->n_layers * 11 + 2; /* step_body's shared phases, at most */
+    const size_t share_bytes = (size_t)S.phases * nthreads * sizeof(struct Share);
+    S.share = (struct Share *)aligned_alloc(64, share_bytes);
+    if (!S.share) {
+        free(buf);
+        return 0;
+    }
+    for (size_t i = 0; i < (size_t)S.phases * nthreads; i++) atomic_init(&S.share[i].next, 0);
     float *p = buf;
     S.x = p, p += (size_t)B * d;
     S.xn = p, p += (size_t)B * d;
@@ -3528,6 +3653,7 @@ int lm_step(const Model *m, int B, const int64_t *tokens, const int64_t *positio
     S.a.q = (int16_t *)p;
     S.a.lanes8 = q8 && lanes8_on() && has_lanes(m); /* the head too (head8) */
     run_parallel(step_job, &S, nthreads, &S.bar.n);
+    free(S.share);
     free(buf);
     return 1;
 }
