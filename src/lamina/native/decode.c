@@ -2542,6 +2542,104 @@ VNNI static void lane_rows8_512(const Lin *L, const LaneAct8 *t, int r0, int row
     }
 }
 
+/* An int8 head in lanes (a batch engine's copy, lm_pack_i8: native/step.py keeps it beside the
+   rows, which the token table and the one- and two-row heads read): 16 weight rows in the lanes
+   of a vector, lane i of vector h of block b holding row 16G + i's bytes 4h..4h+3 of the block
+   + 128 (unsigned for `vpdpbusd`), then the 16 rows' scales (groups, 16) per group of rows. Each
+   input row's 4 bytes are the broadcast operand, so a `vpdpbusd` is 16 weight rows x 4 inputs
+   of one row with nothing rebuilt per block: lane_rows8_512 (above) broadcasts each weight row's
+   bytes and rebuilds them for every block pair and group of 4 rows (an 8-row head 2.0-2.8 ms
+   there, 3x one row's 0.7-0.9, BENCHMARKS.md issue 33). The same integer sums (from -128 x the
+   block's input sum), scaled by the same products and summed in the same order (even and odd
+   blocks apart, then added), so the same bits as lane_rows8_512. */
+VNNI static inline __attribute__((always_inline)) void i8_lanes_body(const Lin *L, const Act *a, int r0, const int R, const int32_t *off,
+                                                                    float *y, int ystride, int n0, int n1, int accumulate) {
+    const int k = L->k, nb = k / 32, groups = k / L->gs, sh = groups == 1 ? 31 : __builtin_ctz(L->gs / 32);
+    const int ng = (L->n + 15) / 16;
+    for (int G = n0 / 16; G * 16 < n1; G++) {
+        const uint8_t *wg = L->lw + (size_t)G * nb * 512;
+        const float *sg = L->ls + (size_t)G * groups * 16;
+        if (G + 2 < ng)
+            for (size_t o = 0; o < (size_t)nb * 512; o += 64) PF_W((const char *)wg + 2 * (size_t)nb * 512 + o);
+        __m512 f0[LANES], f1[LANES];
+        for (int r = 0; r < R; r++) f0[r] = _mm512_setzero_ps(), f1[r] = _mm512_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            __m512i acc[LANES];
+            for (int r = 0; r < R; r++) acc[r] = _mm512_set1_epi32(off[r * nb + b]);
+            const __m512i *wb = (const __m512i *)(wg + (size_t)b * 512);
+            for (int h = 0; h < 8; h++) {
+                const __m512i w = _mm512_load_si512(wb + h);
+                for (int r = 0; r < R; r++) {
+                    int32_t x;
+                    memcpy(&x, a->q8 + (size_t)(r0 + r) * k + 32 * b + 4 * h, 4);
+                    acc[r] = _mm512_dpbusd_epi32(acc[r], w, _mm512_set1_epi32(x));
+                }
+            }
+            const __m512 ws = _mm512_loadu_ps(sg + (size_t)(b >> sh) * 16);
+            for (int r = 0; r < R; r++) {
+                const __m512 sc = _mm512_mul_ps(_mm512_set1_ps(a->d8[(size_t)(r0 + r) * nb + b]), ws);
+                if (b & 1) f1[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), sc, f1[r]);
+                else f0[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), sc, f0[r]);
+            }
+        }
+        const int l0 = n0 > 16 * G ? n0 - 16 * G : 0, l1 = n1 < 16 * G + 16 ? n1 - 16 * G : 16;
+        const __mmask16 keep = (__mmask16)(((1u << l1) - 1) & ~((1u << l0) - 1));
+        const __m512 bias = L->bias ? _mm512_maskz_loadu_ps(keep, L->bias + 16 * G) : _mm512_setzero_ps();
+        for (int r = 0; r < R; r++) {
+            float *o = y + (size_t)(r0 + r) * ystride + 16 * G;
+            __m512 v = _mm512_add_ps(accumulate ? _mm512_maskz_loadu_ps(keep, o) : _mm512_setzero_ps(), _mm512_add_ps(f0[r], f1[r]));
+            if (L->bias) v = _mm512_add_ps(v, bias);
+            _mm512_mask_storeu_ps(o, keep, v);
+        }
+    }
+}
+
+#define I8_LANES_R(R) \
+    VNNI static void i8_lanes_r##R(const Lin *L, const Act *a, int r0, const int32_t *off, float *y, int ystride, int n0, int n1, int accumulate) { \
+        i8_lanes_body(L, a, r0, R, off, y, ystride, n0, n1, accumulate);                                                                         \
+    }
+I8_LANES_R(1) I8_LANES_R(2) I8_LANES_R(3) I8_LANES_R(4) I8_LANES_R(5) I8_LANES_R(6) I8_LANES_R(7) I8_LANES_R(8)
+#undef I8_LANES_R
+
+/* rows r0..r0+rows (1..LANES) of an int8 linear in lanes, int8 inputs; 0 where it does not apply */
+static int i8_lanes(const Lin *L, const Act *a, int r0, int rows, float *y, int ystride, int n0, int n1, int accumulate) {
+    static void (*const by_rows[LANES])(const Lin *, const Act *, int, const int32_t *, float *, int, int, int, int) = {
+        i8_lanes_r1, i8_lanes_r2, i8_lanes_r3, i8_lanes_r4, i8_lanes_r5, i8_lanes_r6, i8_lanes_r7, i8_lanes_r8};
+    const int k = L->k, nb = k / 32;
+    if (L->kind != LIN_INT8 || !L->lw || !L->ls || nb > 512 || rows < 1 || rows > LANES) return 0;
+    int32_t off[LANES * 512];
+    for (int r = 0; r < rows; r++)
+        for (int b = 0; b < nb; b++) {
+            const int8_t *q = a->q8 + (size_t)(r0 + r) * k + 32 * b;
+            int32_t sum = 0;
+            for (int j = 0; j < 32; j++) sum += q[j];
+            off[r * nb + b] = -128 * sum;
+        }
+    by_rows[rows - 1](L, a, r0, off, y, ystride, n0, n1, accumulate);
+    return 1;
+}
+
+/* An int8 linear (n, k) laid out in lanes for i8_lanes: w (ceil(n/16), k/32, 8, 16, 4) bytes,
+   each + 128; s (ceil(n/16), k/gs, 16) scales; a last group's missing rows repeat row n - 1 (computed,
+   not stored). With w NULL: whether it applies here (AVX-512 VNNI, k and gs multiples of 32). */
+int lm_pack_i8(const Lin *L, uint8_t *w, float *s) {
+    if (L->kind != LIN_INT8 || !lanes_512() || L->k % 32 || L->gs % 32 || L->k / 32 > 512 || !L->w || !L->s) return 0;
+    if (!w) return 1;
+    const int n = L->n, k = L->k, nb = k / 32, groups = k / L->gs, ng = (n + 15) / 16;
+    const int8_t *q = (const int8_t *)L->w;
+    for (int G = 0; G < ng; G++) {
+        for (int i = 0; i < 16; i++) {
+            const int row = 16 * G + i < n ? 16 * G + i : n - 1;
+            for (int b = 0; b < nb; b++)
+                for (int h = 0; h < 8; h++)
+                    for (int j = 0; j < 4; j++)
+                        w[(((size_t)G * nb + b) * 8 + h) * 64 + 4 * i + j] = (uint8_t)(q[(size_t)row * k + 32 * b + 4 * h + j] ^ 0x80);
+            for (int g = 0; g < groups; g++) s[((size_t)G * groups + g) * 16 + i] = L->s[(size_t)row * groups + g];
+        }
+    }
+    return 1;
+}
+
 /* ------------------------------------------------------------------ weights in lanes (int4) */
 
 /* The int4 linears where the CPU has AVX-512 VNNI and the linear was laid out again once, in
@@ -2846,6 +2944,7 @@ static int lane_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
             lin_rows(L, rows, &sub, y + (size_t)r0 * ystride, ystride, n0, n1, accumulate);
             continue;
         }
+        if (wide && head8(L, a) && i8_lanes(L, a, r0, rows, y, ystride, n0, n1, accumulate)) continue; /* in lanes */
         if (wide && head8(L, a)) { /* int8 inputs (the buffer holds them: 20 of its 36 int32 a block pair and lane) */
             LaneAct8 t8 = {(int32_t *)buf, (float *)buf + (size_t)nc * 16 * LANES, NULL};
             t8.off = (int32_t *)(t8.dxt + (size_t)nc * 2 * LANES);

@@ -240,9 +240,27 @@ class NativeStep:
             pack_kq_lanes(model.head, getattr(emb.wte, "blocks", None))
         if packed:
             trim_freed_memory()  # the rows' layouts pack_lanes freed: small chunks amid the heap
-        m.head = self._lin(model.head)
+        head = self._lin(model.head)
+        if self.cache_batch >= 3 and kind_of(model.head) == "int8":
+            self._head_lanes = self._int8_lanes(head)
+        m.head = head
         m.layers = layers
         self._fn = lib.lm_step
+
+    def _int8_lanes(self, L: Lin) -> tuple[Tensor, Tensor] | None:
+        """A batch engine's int8 head (a GGUF's tied token table) laid out again in lanes
+        (decode.c's lm_pack_i8, where the CPU has AVX-512 VNNI): a copy beside the rows, which
+        the token table and the one- and two-row heads keep reading; L.lw / L.ls point at it.
+        Returns the copy (kept alive here), or None where it does not apply."""
+        if not self.lib.lm_pack_i8(ctypes.addressof(L), None, None):
+            return None
+        ng, nb, groups = (L.n + 15) // 16, L.k // 32, L.k // L.gs
+        w = _aligned(ng * nb * 512, torch.uint8)
+        sc = _aligned(4 * ng * groups * 16, torch.float32)
+        if not self.lib.lm_pack_i8(ctypes.addressof(L), w.data_ptr(), sc.data_ptr()):
+            raise LaminaError("decode.c's lm_pack_i8 refused a linear it had accepted")
+        L.lw, L.ls = w.data_ptr(), sc.data_ptr()
+        return w, sc
 
     def step(
         self,
