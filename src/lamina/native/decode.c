@@ -2559,8 +2559,7 @@ VNNI static inline __attribute__((always_inline)) void i8_lanes_body(const Lin *
     for (int G = n0 / 16; G * 16 < n1; G++) {
         const uint8_t *wg = L->lw + (size_t)G * nb * 512;
         const float *sg = L->ls + (size_t)G * groups * 16;
-        if (G + 2 < ng)
-            for (size_t o = 0; o < (size_t)nb * 512; o += 64) PF_W((const char *)wg + 2 * (size_t)nb * 512 + o);
+        const char *ahead = G + 2 < ng ? (const char *)wg + 2 * (size_t)nb * 512 : NULL; /* 2 groups on */
         __m512 f0[LANES], f1[LANES];
         for (int r = 0; r < R; r++) f0[r] = _mm512_setzero_ps(), f1[r] = _mm512_setzero_ps();
         for (int b = 0; b < nb; b++) {
@@ -2568,6 +2567,7 @@ VNNI static inline __attribute__((always_inline)) void i8_lanes_body(const Lin *
             for (int r = 0; r < R; r++) acc[r] = _mm512_set1_epi32(off[r * nb + b]);
             const __m512i *wb = (const __m512i *)(wg + (size_t)b * 512);
             for (int h = 0; h < 8; h++) {
+                if (ahead) PF_W(ahead + (size_t)b * 512 + 64 * h); /* spread through the group: a burst stalls */
                 const __m512i w = _mm512_load_si512(wb + h);
                 for (int r = 0; r < R; r++) {
                     int32_t x;
