@@ -206,7 +206,8 @@ def test_a_step_gives_the_same_bits_whoever_computes_each_unit():
     the others (lm_step_share), and pins each thread to a CPU for the step (lm_step_pin): the
     logits are the same bits with either off, at 1, 2 and 3 threads (3 on a 2-core machine:
     threads off their cores, their units taken), for 1, 2, 5 and 10 rows (one-row column
-    split, the one-row head per row, the lanes and the int8 head in lanes)."""
+    split, the one-row head per row, the lanes and the int8 head in lanes); and the int8 head's
+    copy in lanes (lm_pack_i8) gives the same bits as its rows' kernel."""
     from test_native import _int8_linear
 
     from lamina.native.build import library
@@ -233,6 +234,16 @@ def test_a_step_gives_the_same_bits_whoever_computes_each_unit():
                         for _ in range(3):
                             got = engine.step_batch(toks, slots, slots, threads=threads)
                             assert torch.equal(got, want), (b, threads, s_, p_)
+            if engine._head_lanes is None:
+                pytest.skip("no AVX-512 VNNI here: the int8 head stays in its rows")
+            lanes = engine._model.head.lw  # the head's copy in lanes (lm_pack_i8) against its rows
+            slots = [len(p) - 1 for p in prompts]
+            toks = [p[-1] for p in prompts]
+            got = engine.step_batch(toks, slots, slots)
+            engine._model.head.lw = None
+            want = engine.step_batch(toks, slots, slots)
+            engine._model.head.lw = lanes
+            assert torch.equal(got, want)
         finally:
             lib.lm_step_share(share), lib.lm_step_pin(pin)
 
