@@ -201,6 +201,53 @@ def test_an_int8_head_beside_int4_lanes_gives_each_row_what_it_gets_alone():
     assert 1e-4 < err < ACT8_TOL, err
 
 
+def test_a_step_gives_the_same_bits_whoever_computes_each_unit():
+    """decode.c shares a step's phases out in units that a thread done with its own takes from
+    the others (lm_step_share), and pins each thread to a CPU for the step (lm_step_pin): the
+    logits are the same bits with either off, at 1, 2 and 3 threads (3 on a 2-core machine:
+    threads off their cores, their units taken), for 1, 2, 5 and 10 rows (one-row column
+    split, the one-row head per row, the lanes and the int8 head in lanes); and the int8 head's
+    copy in lanes (lm_pack_i8) gives the same bits as its rows' kernel."""
+    from test_native import _int8_linear
+
+    from lamina.native.build import library
+
+    model = _model("fp32", seed=5, d_model=96)
+    head = model.head.weight.detach().clone()
+    model = quantize(model, "int4", group_size=32)
+    model.head = _int8_linear(head, torch.zeros(97), 32)
+    lib = library()
+    prompts = [[5 + i, 6, 7 + 2 * i, 9][: 1 + i % 4] for i in range(10)]
+    share, pin = lib.lm_step_share(-1), lib.lm_step_pin(-1)
+    with torch.no_grad():
+        caches = model.make_caches(10, 40)
+        engine = native.native_step(model, caches)
+        _filled_caches(model, prompts, list(range(10)), caches)
+        try:
+            for b in (1, 2, 5, 10):
+                slots = [len(p) - 1 for p in prompts[:b]]
+                toks = [p[-1] for p in prompts[:b]]
+                want = engine.step_batch(toks, slots, slots, threads=1)
+                for threads in (1, 2, 3):
+                    for s_, p_ in ((0, 0), (1, 0), (0, 1), (1, 1)):
+                        lib.lm_step_share(s_), lib.lm_step_pin(p_)
+                        for _ in range(3):
+                            got = engine.step_batch(toks, slots, slots, threads=threads)
+                            assert torch.equal(got, want), (b, threads, s_, p_)
+            if engine._head_lanes is None:
+                pytest.skip("no AVX-512 VNNI here: the int8 head stays in its rows")
+            lanes = engine._model.head.lw  # the head's copy in lanes (lm_pack_i8) against its rows
+            slots = [len(p) - 1 for p in prompts]
+            toks = [p[-1] for p in prompts]
+            got = engine.step_batch(toks, slots, slots)
+            engine._model.head.lw = None
+            want = engine.step_batch(toks, slots, slots)
+            engine._model.head.lw = lanes
+            assert torch.equal(got, want)
+        finally:
+            lib.lm_step_share(share), lib.lm_step_pin(pin)
+
+
 def test_two_rows_with_int8_inputs_equal_each_row_alone():
     """Two rows (fewer than the lanes take) run the one-row form per row, int8 inputs too."""
     from lamina.native.build import library

@@ -210,6 +210,51 @@ static void barrier_wait(Barrier *b) {
     if (next != spin) atomic_store_explicit(&bar_spin_ns, next, memory_order_relaxed);
 }
 
+/* A step's threads each hold a CPU of their own for the step (pin_self: the one it is on, or the
+   first allowed one no other thread of the step holds), and get their own masks back at its end.
+   Why: a server's step shares 2 cores with its event loop and clients, and its waits at the
+   barriers sleep (barrier_wait); Linux then sees two threads that wake each other in turn and
+   may run both on one CPU, taking turns there while the other CPU idles (perf sched on an
+   8-client `lamina serve`, AMD EPYC 2 cores: the step's two threads alternating on CPU 0 for
+   ms while CPU 1 was idle; 23-30% of each CPU idle mid-load; BENCHMARKS.md, issue 33's section).
+   A thread that finds no free CPU (more threads than CPUs) runs unpinned. lm_step_pin(0) turns
+   it off (-1 leaves it; returns it). */
+static int step_pin = 1;
+int lm_step_pin(int choice) {
+    if (choice >= 0) step_pin = choice ? 1 : 0;
+    return step_pin;
+}
+typedef struct {
+    unsigned long m[16];
+} CpuMask;
+/* pin the calling thread to its CPU, or to the first allowed one no other thread of the step
+   claimed; *old gets its mask; 1 if pinned */
+static int pin_self(atomic_ulong *claimed, CpuMask *old) {
+#ifdef __linux__
+    if (syscall(SYS_sched_getaffinity, 0, sizeof old->m, old->m) <= 0) return 0;
+    unsigned cpu = 0;
+    if (syscall(SYS_getcpu, &cpu, NULL, NULL) != 0) return 0;
+    int pick = -1;
+    if (cpu < 64 && (old->m[0] >> cpu & 1) && !(atomic_fetch_or(claimed, 1ul << cpu) & (1ul << cpu))) pick = (int)cpu;
+    for (int c = 0; c < 64 && pick < 0; c++)
+        if ((old->m[0] >> c & 1) && !(atomic_fetch_or(claimed, 1ul << c) & (1ul << c))) pick = c;
+    if (pick < 0) return 0;
+    CpuMask one = {{0}};
+    one.m[0] = 1ul << pick;
+    return syscall(SYS_sched_setaffinity, 0, sizeof one.m, one.m) == 0;
+#else
+    (void)claimed, (void)old;
+    return 0;
+#endif
+}
+static void unpin_self(const CpuMask *old) {
+#ifdef __linux__
+    syscall(SYS_sched_setaffinity, 0, sizeof old->m, old->m);
+#else
+    (void)old;
+#endif
+}
+
 /* where the weight streams' software prefetches go: 1 L2 (_MM_HINT_T2), 0 L1, 2 none (the
    hardware's prefetchers alone: on the AMD EPYC a step then takes 1.4-1.8x as long; the
    distance ahead, 8 KB to 128 KB, moved it by no more than the noise; lm_pf_l2 to compare) */
@@ -2497,6 +2542,104 @@ VNNI static void lane_rows8_512(const Lin *L, const LaneAct8 *t, int r0, int row
     }
 }
 
+/* An int8 head in lanes (a batch engine's copy, lm_pack_i8: native/step.py keeps it beside the
+   rows, which the token table and the one- and two-row heads read): 16 weight rows in the lanes
+   of a vector, lane i of vector h of block b holding row 16G + i's bytes 4h..4h+3 of the block
+   + 128 (unsigned for `vpdpbusd`), then the 16 rows' scales (groups, 16) per group of rows. Each
+   input row's 4 bytes are the broadcast operand, so a `vpdpbusd` is 16 weight rows x 4 inputs
+   of one row with nothing rebuilt per block: lane_rows8_512 (above) broadcasts each weight row's
+   bytes and rebuilds them for every block pair and group of 4 rows (an 8-row head 2.0-2.8 ms
+   there, 3x one row's 0.7-0.9, BENCHMARKS.md issue 33). The same integer sums (from -128 x the
+   block's input sum), scaled by the same products and summed in the same order (even and odd
+   blocks apart, then added), so the same bits as lane_rows8_512. */
+VNNI static inline __attribute__((always_inline)) void i8_lanes_body(const Lin *L, const Act *a, int r0, const int R, const int32_t *off,
+                                                                    float *y, int ystride, int n0, int n1, int accumulate) {
+    const int k = L->k, nb = k / 32, groups = k / L->gs, sh = groups == 1 ? 31 : __builtin_ctz(L->gs / 32);
+    const int ng = (L->n + 15) / 16;
+    for (int G = n0 / 16; G * 16 < n1; G++) {
+        const uint8_t *wg = L->lw + (size_t)G * nb * 512;
+        const float *sg = L->ls + (size_t)G * groups * 16;
+        const char *ahead = G + 2 < ng ? (const char *)wg + 2 * (size_t)nb * 512 : NULL; /* 2 groups on */
+        __m512 f0[LANES], f1[LANES];
+        for (int r = 0; r < R; r++) f0[r] = _mm512_setzero_ps(), f1[r] = _mm512_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            __m512i acc[LANES];
+            for (int r = 0; r < R; r++) acc[r] = _mm512_set1_epi32(off[r * nb + b]);
+            const __m512i *wb = (const __m512i *)(wg + (size_t)b * 512);
+            for (int h = 0; h < 8; h++) {
+                if (ahead) PF_W(ahead + (size_t)b * 512 + 64 * h); /* spread through the group: a burst stalls */
+                const __m512i w = _mm512_load_si512(wb + h);
+                for (int r = 0; r < R; r++) {
+                    int32_t x;
+                    memcpy(&x, a->q8 + (size_t)(r0 + r) * k + 32 * b + 4 * h, 4);
+                    acc[r] = _mm512_dpbusd_epi32(acc[r], w, _mm512_set1_epi32(x));
+                }
+            }
+            const __m512 ws = _mm512_loadu_ps(sg + (size_t)(b >> sh) * 16);
+            for (int r = 0; r < R; r++) {
+                const __m512 sc = _mm512_mul_ps(_mm512_set1_ps(a->d8[(size_t)(r0 + r) * nb + b]), ws);
+                if (b & 1) f1[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), sc, f1[r]);
+                else f0[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), sc, f0[r]);
+            }
+        }
+        const int l0 = n0 > 16 * G ? n0 - 16 * G : 0, l1 = n1 < 16 * G + 16 ? n1 - 16 * G : 16;
+        const __mmask16 keep = (__mmask16)(((1u << l1) - 1) & ~((1u << l0) - 1));
+        const __m512 bias = L->bias ? _mm512_maskz_loadu_ps(keep, L->bias + 16 * G) : _mm512_setzero_ps();
+        for (int r = 0; r < R; r++) {
+            float *o = y + (size_t)(r0 + r) * ystride + 16 * G;
+            __m512 v = _mm512_add_ps(accumulate ? _mm512_maskz_loadu_ps(keep, o) : _mm512_setzero_ps(), _mm512_add_ps(f0[r], f1[r]));
+            if (L->bias) v = _mm512_add_ps(v, bias);
+            _mm512_mask_storeu_ps(o, keep, v);
+        }
+    }
+}
+
+#define I8_LANES_R(R) \
+    VNNI static void i8_lanes_r##R(const Lin *L, const Act *a, int r0, const int32_t *off, float *y, int ystride, int n0, int n1, int accumulate) { \
+        i8_lanes_body(L, a, r0, R, off, y, ystride, n0, n1, accumulate);                                                                         \
+    }
+I8_LANES_R(1) I8_LANES_R(2) I8_LANES_R(3) I8_LANES_R(4) I8_LANES_R(5) I8_LANES_R(6) I8_LANES_R(7) I8_LANES_R(8)
+#undef I8_LANES_R
+
+/* rows r0..r0+rows (1..LANES) of an int8 linear in lanes, int8 inputs; 0 where it does not apply */
+static int i8_lanes(const Lin *L, const Act *a, int r0, int rows, float *y, int ystride, int n0, int n1, int accumulate) {
+    static void (*const by_rows[LANES])(const Lin *, const Act *, int, const int32_t *, float *, int, int, int, int) = {
+        i8_lanes_r1, i8_lanes_r2, i8_lanes_r3, i8_lanes_r4, i8_lanes_r5, i8_lanes_r6, i8_lanes_r7, i8_lanes_r8};
+    const int k = L->k, nb = k / 32;
+    if (L->kind != LIN_INT8 || !L->lw || !L->ls || nb > 512 || rows < 1 || rows > LANES) return 0;
+    int32_t off[LANES * 512];
+    for (int r = 0; r < rows; r++)
+        for (int b = 0; b < nb; b++) {
+            const int8_t *q = a->q8 + (size_t)(r0 + r) * k + 32 * b;
+            int32_t sum = 0;
+            for (int j = 0; j < 32; j++) sum += q[j];
+            off[r * nb + b] = -128 * sum;
+        }
+    by_rows[rows - 1](L, a, r0, off, y, ystride, n0, n1, accumulate);
+    return 1;
+}
+
+/* An int8 linear (n, k) laid out in lanes for i8_lanes: w (ceil(n/16), k/32, 8, 16, 4) bytes,
+   each + 128; s (ceil(n/16), k/gs, 16) scales; a last group's missing rows repeat row n - 1 (computed,
+   not stored). With w NULL: whether it applies here (AVX-512 VNNI, k and gs multiples of 32). */
+int lm_pack_i8(const Lin *L, uint8_t *w, float *s) {
+    if (L->kind != LIN_INT8 || !lanes_512() || L->k % 32 || L->gs % 32 || L->k / 32 > 512 || !L->w || !L->s) return 0;
+    if (!w) return 1;
+    const int n = L->n, k = L->k, nb = k / 32, groups = k / L->gs, ng = (n + 15) / 16;
+    const int8_t *q = (const int8_t *)L->w;
+    for (int G = 0; G < ng; G++) {
+        for (int i = 0; i < 16; i++) {
+            const int row = 16 * G + i < n ? 16 * G + i : n - 1;
+            for (int b = 0; b < nb; b++)
+                for (int h = 0; h < 8; h++)
+                    for (int j = 0; j < 4; j++)
+                        w[(((size_t)G * nb + b) * 8 + h) * 64 + 4 * i + j] = (uint8_t)(q[(size_t)row * k + 32 * b + 4 * h + j] ^ 0x80);
+            for (int g = 0; g < groups; g++) s[((size_t)G * groups + g) * 16 + i] = L->s[(size_t)row * groups + g];
+        }
+    }
+    return 1;
+}
+
 /* ------------------------------------------------------------------ weights in lanes (int4) */
 
 /* The int4 linears where the CPU has AVX-512 VNNI and the linear was laid out again once, in
@@ -2801,6 +2944,7 @@ static int lane_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
             lin_rows(L, rows, &sub, y + (size_t)r0 * ystride, ystride, n0, n1, accumulate);
             continue;
         }
+        if (wide && head8(L, a) && i8_lanes(L, a, r0, rows, y, ystride, n0, n1, accumulate)) continue; /* in lanes */
         if (wide && head8(L, a)) { /* int8 inputs (the buffer holds them: 20 of its 36 int32 a block pair and lane) */
             LaneAct8 t8 = {(int32_t *)buf, (float *)buf + (size_t)nc * 16 * LANES, NULL};
             t8.off = (int32_t *)(t8.dxt + (size_t)nc * 2 * LANES);
@@ -3018,6 +3162,9 @@ typedef struct {
     const int64_t *tokens, *positions, *starts, *slots, *rows;
     float *logits;
     Barrier bar;
+    atomic_ulong cpus; /* the CPUs the step's threads hold (pin_self) */
+    struct Share *share; /* a phase's counters, one line per thread (Work below) */
+    int phases;
     /* scratch */
     float *x, *xn, *qkv, *att, *fco, *h, *cs, *sn, *scores, *parts;
     float *kvs; /* kv16: each thread's chunk of keys, then of values, as floats (2 CHUNK hd) */
@@ -3278,9 +3425,70 @@ static void act_cols(const Model *m, const float *f, float *hr, int ff, int c0, 
         for (int i = c0; i < c1; i++) hr[i] = act1(m->act, f[i]);
 }
 
+/* Work shared with taking (`share`): a phase's units are each thread's own as before (`home`:
+   strided, unit u to thread u % nt, or contiguous, thread o the o-th run), claimed one at a time
+   from that thread's counter; a thread that has claimed all its own takes what is left of the
+   others'. So a thread put off its core (a server's event loop or clients on the same cores)
+   holds the phase for the unit it is in, not for its whole share. Which thread computes a unit
+   changes no result: a unit's work reads the phase's inputs and writes its own outputs, with
+   the thread's own scratch. lm_step_share(0) keeps each thread to its own units. */
+static int step_share = 1;
+int lm_step_share(int choice) {
+    if (choice >= 0) step_share = choice ? 1 : 0;
+    return step_share;
+}
+
+struct Share {
+    atomic_int next;
+    char pad[60];
+};
+
+typedef struct {
+    struct Share *c; /* the phase's counters, one per thread */
+    int n, nt, tid, k, strided, per;
+} Work;
+
+static Work work_start(Step *S, int *ph, int n, int strided, int tid, int nt) {
+    Work w = {S->share + (size_t)(*ph)++ * nt, n, nt, tid, 0, strided, (n + nt - 1) / nt};
+    return w;
+}
+
+/* the next unit this thread computes, or -1 when the phase has none left */
+static inline int work_next(Work *w) {
+    for (; w->k < (step_share ? w->nt : 1); w->k++) {
+        const int o = (w->tid + w->k) % w->nt;
+        const int j = atomic_fetch_add_explicit(&w->c[o].next, 1, memory_order_relaxed);
+        if (w->strided) {
+            const int u = o + j * w->nt;
+            if (u < w->n) return u;
+        } else {
+            const int u = o * w->per + j;
+            if (j < w->per && u < w->n) return u;
+        }
+    }
+    return -1;
+}
+
+/* a linear's rows for all the step's rows, in units of 16-row groups (lanes) shared as above */
+static void lin_shared(Step *S, int *ph, const Lin *L, float *y, int ystride, int accumulate, float softcap, int tid, int nt) {
+    const int n = L->n, groups = (n + 15) / 16, per = 8 * nt; /* ~8 units a thread */
+    const int unit = 16 * ((groups + per - 1) / per), units = (n + unit - 1) / unit;
+    Work w = work_start(S, ph, units, 0, tid, nt);
+    for (int u; (u = work_next(&w)) >= 0;) {
+        const int n0 = u * unit, n1 = n0 + unit < n ? n0 + unit : n;
+        lin_rows(L, S->B, &S->a, y, ystride, n0, n1, accumulate);
+        if (softcap != 0.0f)
+            for (int r = 0; r < S->B; r++)
+                for (int i = n0; i < n1; i++) {
+                    float *o = y + (size_t)r * ystride + i;
+                    *o = softcap * tanhf(*o / softcap);
+                }
+    }
+}
+
 /* the norm of x into xn and its quantized input to L: with `cols` (one row on several threads)
    each thread its columns (split_blocks), else each thread its rows of the batch */
-static void norm_and_prepare(Step *S, const Lin *L, const float *w, const float *b, int cols, int tid, int nt) {
+static void norm_and_prepare(Step *S, int *ph, const Lin *L, const float *w, const float *b, int cols, int tid, int nt) {
     const Model *m = S->m;
     const int d = m->d;
     if (cols) {
@@ -3288,21 +3496,32 @@ static void norm_and_prepare(Step *S, const Lin *L, const float *w, const float 
         split_blocks(L, d, tid, nt, &b0, &b1);
         norm_cols(S->x, S->xn, d, w, b, m->norm, m->eps, 32 * b0, 32 * b1);
         prepare_blocks(L, S->xn, 0, 1, b0, b1, &S->a);
-    } else
-        for (int r = tid; r < S->B; r += nt) { /* a batch's rows shared out; one row: thread 0 */
-            norm_row(S->x + (size_t)r * d, S->xn + (size_t)r * d, d, w, b, m->norm, m->eps);
-            prepare_rows(L, S->xn, r, r + 1, &S->a);
-        }
+        return;
+    }
+    /* a batch's rows shared out; one row: thread 0. ph NULL: each thread its own rows only */
+    Work wk = ph ? work_start(S, ph, S->B, 1, tid, nt) : (Work){0};
+    for (int r = ph ? work_next(&wk) : tid; r >= 0 && r < S->B; r = ph ? work_next(&wk) : r + nt) {
+        norm_row(S->x + (size_t)r * d, S->xn + (size_t)r * d, d, w, b, m->norm, m->eps);
+        prepare_rows(L, S->xn, r, r + 1, &S->a);
+    }
 }
 
+static void step_body(Step *S, int tid, int nt);
 static void step_job(void *p, int tid, int nt) {
     Step *S = (Step *)p;
+    CpuMask old;
+    const int pinned = step_pin && nt > 1 && pin_self(&S->cpus, &old);
+    step_body(S, tid, nt);
+    if (pinned) unpin_self(&old);
+}
+
+static void step_body(Step *S, int tid, int nt) {
     const Model *m = S->m;
     const int B = S->B, d = m->d, H = m->H, Hkv = m->Hkv, hd = m->hd, L = m->cache_len;
     const int qkv_n = (H + 2 * Hkv) * hd, group = H / Hkv, h2 = hd / 2;
     const size_t bstride = (size_t)Hkv * L * hd;
     const float scale = 1.0f / sqrtf((float)hd);
-    int n0, n1, b0, b1;
+    int b0, b1, ph = 0; /* ph: the shared phases so far (Work), the same count on every thread */
     /* one row on several threads: each its columns of the norms and activations (split_blocks);
        widths a multiple of 32 (the quantized kinds' blocks) */
     const int cols = B == 1 && nt > 1 && col_split && d % 32 == 0 && (H * hd) % 32 == 0 && m->ff % 32 == 0;
@@ -3320,13 +3539,13 @@ static void step_job(void *p, int tid, int nt) {
     for (int l = 0; l < m->n_layers; l++) {
         const Layer *ly = &m->layers[l];
         /* (layer 0's row: thread 0, which embedded it, with no barrier between) */
-        norm_and_prepare(S, &ly->qkv, ly->n1w, ly->n1b, cols && l > 0, tid, nt);
+        norm_and_prepare(S, l > 0 ? &ph : NULL, &ly->qkv, ly->n1w, ly->n1b, cols && l > 0, tid, nt);
         barrier_wait(&S->bar);
-        split(qkv_n, tid, nt, &n0, &n1);
-        lin_rows(&ly->qkv, B, &S->a, S->qkv, qkv_n, n0, n1, 0);
+        lin_shared(S, &ph, &ly->qkv, S->qkv, qkv_n, 0, 0.0f, tid, nt);
         barrier_wait(&S->bar);
         /* new keys and values: norm, rotate, store at the slot; the queries of their group too */
-        for (int t = tid; t < B * Hkv; t += nt) {
+        Work wkv = work_start(S, &ph, B * Hkv, 1, tid, nt);
+        for (int t; (t = work_next(&wkv)) >= 0;) {
             int r = t / Hkv, kh = t % Hkv;
             float *k = S->qkv + (size_t)r * qkv_n + (size_t)(H + kh) * hd;
             const float *v = S->qkv + (size_t)r * qkv_n + (size_t)(H + Hkv + kh) * hd;
@@ -3356,7 +3575,8 @@ static void step_job(void *p, int tid, int nt) {
            filled to 96 gave every task of the one filled chunk to thread 0 (an 8-row step's
            attention 3.6 ms on one thread while the other waited, BENCHMARKS.md). */
         const int nch = (L + CHUNK - 1) / CHUNK, wide_att = hd == 64 && group <= ATT_G && lm_att_wide(-1);
-        for (int t = tid; t < B * Hkv * nch; t += nt) {
+        Work watt = work_start(S, &ph, B * Hkv * nch, 1, tid, nt);
+        for (int t; (t = work_next(&watt)) >= 0;) {
             const int c = t / (B * Hkv), r = (t / Hkv) % B, kh = t % Hkv;
             const int64_t first = S->starts[r];
             const int n = (int)(S->slots[r] - first + 1), c0 = c * CHUNK;
@@ -3409,7 +3629,8 @@ static void step_job(void *p, int tid, int nt) {
             if (wide_att && len > 0) weighted_group_512(group, scg, vb, m->kv16, len, og, nv, nlen);
         }
         barrier_wait(&S->bar);
-        for (int t = tid; t < B * H; t += nt) {
+        Work wmerge = work_start(S, &ph, B * H, 1, tid, nt);
+        for (int t; (t = work_next(&wmerge)) >= 0;) {
             const int r = t / H, h = t % H;
             const float *parts = S->parts + ((size_t)r * H + h) * nch * (hd + 2);
             float mx = -INFINITY, sum = 0;
@@ -3430,42 +3651,36 @@ static void step_job(void *p, int tid, int nt) {
         if (cols) {
             split_blocks(&ly->proj, H * hd, tid, nt, &b0, &b1);
             prepare_blocks(&ly->proj, S->att, 0, 1, b0, b1, &S->a);
-        } else
-            for (int r = tid; r < B; r += nt) prepare_rows(&ly->proj, S->att, r, r + 1, &S->a);
+        } else {
+            Work wp = work_start(S, &ph, B, 1, tid, nt);
+            for (int r; (r = work_next(&wp)) >= 0;) prepare_rows(&ly->proj, S->att, r, r + 1, &S->a);
+        }
         barrier_wait(&S->bar);
-        split(d, tid, nt, &n0, &n1);
-        lin_rows(&ly->proj, B, &S->a, S->x, d, n0, n1, 1); /* the residual: x += proj(att) */
+        lin_shared(S, &ph, &ly->proj, S->x, d, 1, 0.0f, tid, nt); /* the residual: x += proj(att) */
         barrier_wait(&S->bar);
-        norm_and_prepare(S, &ly->fc, ly->n2w, ly->n2b, cols, tid, nt);
+        norm_and_prepare(S, &ph, &ly->fc, ly->n2w, ly->n2b, cols, tid, nt);
         barrier_wait(&S->bar);
         const int fc_n = ly->fc.n, ff = m->ff;
-        split(fc_n, tid, nt, &n0, &n1);
-        lin_rows(&ly->fc, B, &S->a, S->fco, fc_n, n0, n1, 0);
+        lin_shared(S, &ph, &ly->fc, S->fco, fc_n, 0, 0.0f, tid, nt);
         barrier_wait(&S->bar);
         if (cols) {
             split_blocks(&ly->out, ff, tid, nt, &b0, &b1);
             act_cols(m, S->fco, S->h, ff, 32 * b0, 32 * b1);
             prepare_blocks(&ly->out, S->h, 0, 1, b0, b1, &S->a);
-        } else
-            for (int r = tid; r < B; r += nt) {
+        } else {
+            Work wa = work_start(S, &ph, B, 1, tid, nt);
+            for (int r; (r = work_next(&wa)) >= 0;) {
                 act_cols(m, S->fco + (size_t)r * fc_n, S->h + (size_t)r * ff, ff, 0, ff);
                 prepare_rows(&ly->out, S->h, r, r + 1, &S->a);
             }
+        }
         barrier_wait(&S->bar);
-        split(d, tid, nt, &n0, &n1);
-        lin_rows(&ly->out, B, &S->a, S->x, d, n0, n1, 1);
+        lin_shared(S, &ph, &ly->out, S->x, d, 1, 0.0f, tid, nt);
         barrier_wait(&S->bar);
     }
-    norm_and_prepare(S, &m->head, m->nfw, m->nfb, cols, tid, nt);
+    norm_and_prepare(S, &ph, &m->head, m->nfw, m->nfb, cols, tid, nt);
     barrier_wait(&S->bar);
-    split(m->vocab, tid, nt, &n0, &n1);
-    lin_rows(&m->head, B, &S->a, S->logits, m->vocab, n0, n1, 0);
-    if (m->softcap != 0.0f)
-        for (int r = 0; r < B; r++)
-            for (int n = n0; n < n1; n++) {
-                float *o = S->logits + (size_t)r * m->vocab + n;
-                *o = m->softcap * tanhf(*o / m->softcap);
-            }
+    lin_shared(S, &ph, &m->head, S->logits, m->vocab, 0, m->softcap, tid, nt);
 }
 
 static int max3(int a, int b, int c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
@@ -3506,6 +3721,15 @@ int lm_step(const Model *m, int B, const int64_t *tokens, const int64_t *positio
     atomic_init(&S.bar.count, 0);
     atomic_init(&S.bar.phase, 0);
     atomic_init(&S.bar.sleepers, 0);
+    atomic_init(&S.cpus, 0);
+    S.phases = m->n_layers * 11 + 2; /* step_body's shared phases, at most */
+    const size_t share_bytes = (size_t)S.phases * nthreads * sizeof(struct Share);
+    S.share = (struct Share *)aligned_alloc(64, share_bytes);
+    if (!S.share) {
+        free(buf);
+        return 0;
+    }
+    for (size_t i = 0; i < (size_t)S.phases * nthreads; i++) atomic_init(&S.share[i].next, 0);
     float *p = buf;
     S.x = p, p += (size_t)B * d;
     S.xn = p, p += (size_t)B * d;
@@ -3528,6 +3752,7 @@ int lm_step(const Model *m, int B, const int64_t *tokens, const int64_t *positio
     S.a.q = (int16_t *)p;
     S.a.lanes8 = q8 && lanes8_on() && has_lanes(m); /* the head too (head8) */
     run_parallel(step_job, &S, nthreads, &S.bar.n);
+    free(S.share);
     free(buf);
     return 1;
 }

@@ -32,7 +32,11 @@ CPU has AVX-512 VNNI (`pack_lanes`: in place, the module keeps that layout and e
 call on it, one row or many, reads it; PyTorch's paths read it back through `unpack_lanes`).
 Those calls round their inputs to int8 per 32 (llama.cpp's Q8_1 activations; decode.c's lanes8,
 `lm_lanes_act8(0)` or LAMINA_LANES_ACT8=0 keeps int16), and so does the head of a step of such
-an engine: ~2e-2 of the logits from the float model's instead of ~1e-4. An engine of one or
+an engine: ~2e-2 of the logits from the float model's instead of ~1e-4. Such an engine's int8
+head (a GGUF's tied token table, SmolLM2's) gets a copy in lanes beside its rows (decode.c's
+lm_pack_i8, where the CPU has AVX-512 VNNI: +28 MB for SmolLM2), which its steps of 3 rows or
+more read (the same bits as the rows' kernel, at about half its time); the token table and the
+one- and two-row heads keep reading the rows. An engine of one or
 two rows (chat, sample) lays each Q4_K part out in decode.c's 16-row lanes instead
 (`pack_kq_lanes`), which a one-row call reads fastest; a batch's engine leaves Q4_K in GGML's
 rows, which its several-row calls would otherwise unpack every call.
@@ -231,9 +235,27 @@ class NativeStep:
             pack_kq_lanes(model.head, getattr(emb.wte, "blocks", None))
         if packed:
             trim_freed_memory()  # the rows' layouts pack_lanes freed: small chunks amid the heap
-        m.head = self._lin(model.head)
+        head = self._lin(model.head)
+        if self.cache_batch >= 3 and kind_of(model.head) == "int8":
+            self._head_lanes = self._int8_lanes(head)
+        m.head = head
         m.layers = layers
         self._fn = lib.lm_step
+
+    def _int8_lanes(self, L: Lin) -> tuple[Tensor, Tensor] | None:
+        """A batch engine's int8 head (a GGUF's tied token table) laid out again in lanes
+        (decode.c's lm_pack_i8, where the CPU has AVX-512 VNNI): a copy beside the rows, which
+        the token table and the one- and two-row heads keep reading; L.lw / L.ls point at it.
+        Returns the copy (kept alive here), or None where it does not apply."""
+        if not self.lib.lm_pack_i8(ctypes.addressof(L), None, None):
+            return None
+        ng, nb, groups = (L.n + 15) // 16, L.k // 32, L.k // L.gs
+        w = _aligned(ng * nb * 512, torch.uint8)
+        sc = _aligned(4 * ng * groups * 16, torch.float32)
+        if not self.lib.lm_pack_i8(ctypes.addressof(L), w.data_ptr(), sc.data_ptr()):
+            raise LaminaError("decode.c's lm_pack_i8 refused a linear it had accepted")
+        L.lw, L.ls = w.data_ptr(), sc.data_ptr()
+        return w, sc
 
     def step(
         self,
