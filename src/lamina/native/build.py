@@ -224,7 +224,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.lm_colmax_i8.argtypes = [i, p, p, p, i, i, i, p, i]
     lib.lm_colmax.argtypes = [p, i, i, p, i]
     lib.lm_quant_rows_i8.argtypes = [p, i, i, p, p, p, i, p, p, i]
-    lib.lm_i8_scale.argtypes = [p, p, p, p, i, i, p, p, p, i, p, i]
+    lib.lm_i8_scale.argtypes = [p, p, p, p, i, i, p, p, i]
     lib.lm_pack16.argtypes = lib.lm_unpack16.argtypes = [p, p, p, p]
     lib.lm_kq_pack16.argtypes = [p, p, i]
     lib.lm_dequant_lanes_bf16.argtypes = [p, i, i, p, i]

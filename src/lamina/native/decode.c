@@ -4423,8 +4423,7 @@ typedef struct {
     const float *sa, *sw, *bias;
     int m, n;
     float *y;
-    const float *xcols, *wcols, *corr; /* xcols (m, ncols), wcols (ncols, n), corr (n, m) or NULL */
-    int ncols;
+    const float *corr; /* (n, m) or NULL */
 } ScaleJob;
 
 static void i8_scale_job(void *ctx, int tid, int nt) {
@@ -4442,9 +4441,6 @@ static void i8_scale_job(void *ctx, int tid, int nt) {
             for (int i = i0; i < iv; i += 8) {
                 const __m256 s = _mm256_mul_ps(va, _mm256_loadu_ps(j->sw + i));
                 __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(a + i))), s);
-                for (int e = 0; e < j->ncols; e++)
-                    v = _mm256_fmadd_ps(_mm256_set1_ps(j->xcols[(size_t)r * j->ncols + e]),
-                                        _mm256_loadu_ps(j->wcols + (size_t)e * n + i), v);
                 if (j->corr) {
                     const __m256i ix = _mm256_mullo_epi32(
                         _mm256_add_epi32(_mm256_set1_epi32(i), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
@@ -4459,7 +4455,6 @@ static void i8_scale_job(void *ctx, int tid, int nt) {
             }
             for (int i = iv > i0 ? iv : i0; i < ie; i++) {
                 float v = (float)a[i] * (sa * j->sw[i]);
-                for (int e = 0; e < j->ncols; e++) v += j->xcols[(size_t)r * j->ncols + e] * j->wcols[(size_t)e * n + i];
                 if (j->corr) v += j->corr[(size_t)i * j->m + r];
                 __asm__("" : "+x"(v));
                 y[i] = j->bias ? v + j->bias[i] : v;
@@ -4470,12 +4465,11 @@ static void i8_scale_job(void *ctx, int tid, int nt) {
 
 /* y (m, n) = acc (m, n) * (sa[:, None] * sw[None, :]) (+ bias): the int32 products of two int8
    operands back in floats; y may be acc itself (each value read before it is written). Where
-   ncols > 0, plus xcols (m, ncols) @ wcols (ncols, n) (the columns split out, in float); where
    corr is given, plus corr (n, m) transposed (lm_dequant_i8's set-aside entries' products). */
 int lm_i8_scale(const int32_t *acc, const float *sa, const float *sw, const float *bias, int m, int n, float *y,
-                const float *xcols, const float *wcols, int ncols, const float *corr, int nthreads) {
-    if (m < 1 || n < 1 || (ncols > 0 && (!xcols || !wcols)) || (long)m * n >= 2147483647L) return 0;
-    ScaleJob j = {acc, sa, sw, bias, m, n, y, xcols, wcols, corr, ncols > 0 ? ncols : 0};
+                const float *corr, int nthreads) {
+    if (m < 1 || n < 1 || (long)m * n >= 2147483647L) return 0;
+    ScaleJob j = {acc, sa, sw, bias, m, n, y, corr};
     run_parallel(i8_scale_job, &j, nthreads < 1 ? 1 : nthreads, NULL);
     return 1;
 }

@@ -186,7 +186,7 @@ def int8_matmul(m: Any, x: Tensor) -> Tensor | None:
     y = acc.view(torch.float32)
     if not lib.lm_i8_scale(
         acc.data_ptr(), sx.data_ptr(), sw.data_ptr(), None, rows, m.out_features, y.data_ptr(),
-        None, None, 0, _ptr(corr), threads,
+        _ptr(corr), threads,
     ):  # fmt: skip
         return None
     if w_cols is not None:  # the outlier columns' part of the product, in float32
