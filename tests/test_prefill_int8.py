@@ -190,9 +190,6 @@ def test_scaling_back_with_a_bias_in_place():
         19,
         y.data_ptr(),
         None,
-        None,
-        0,
-        None,
         2,
     )
     assert torch.equal(y, want)
