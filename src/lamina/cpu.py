@@ -42,9 +42,10 @@ One environment variable sets the choice for a process; `using` overrides it in 
 A forced kernel that cannot run here is refused naming why.
 
 A prefill's long calls may instead multiply int8 by int8 (lamina.quant.int8mm: the input
-smoothed per column, both operands rounded to int8 per row, torch._int_mm; faster than bf16
-where the CPU has AVX-512 VNNI, but further from the float result than bf16 or llama.cpp's Q8
-blocks: BENCHMARKS.md has both), off unless asked for. It runs where `prefill_int8(x)` says:
+smoothed per column, both operands rounded to int8 per row, heavy columns and, by the linear's
+role, each row's heaviest entries in float, torch._int_mm; faster than bf16 where the CPU has
+AVX-512 VNNI, as near the float result as llama.cpp's own prefill but further than bf16:
+BENCHMARKS.md has both), off unless asked for. It runs where `prefill_int8(x)` says:
 the calls that would run in bf16 by the rule above (VNNI in place of native bf16), outside
 `lamina train`'s kept dequantizations, while the switch is on:
 

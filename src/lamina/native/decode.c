@@ -4401,6 +4401,12 @@ typedef struct {
     int8_t *y;      /* NULL: the column maxima of |w| into cmax instead */
     float *ys, *cmax; /* cmax: k floats per thread */
     atomic_int failed; /* a thread's scratch could not be allocated */
+    const int *cols; /* ncols columns whose exact floats go to wcols[r ncols + j] (before c) */
+    int ncols, m, topk; /* topk entries per input row (m rows) set aside: idx, val [j m + row] */
+    float *wcols;
+    const int *idx;
+    const float *val;
+    float *corr; /* (n, m): row r's sum over j of val[j m + i] (w c)[r, idx[j m + i]] */
 } I8Job;
 
 /* lamina's int4 row (nibbles, low first) -> floats q s + mn per gs (a multiple of 32), a product
@@ -4454,8 +4460,27 @@ static void i8_job(void *ctx, int tid, int nt) {
             for (int i = 0; i < k; i++) mx[i] = fmaxf(mx[i], fabsf(f[i]));
             continue;
         }
+        for (int e = 0; e < j->ncols; e++) j->wcols[(size_t)r * j->ncols + e] = f[j->cols[e]];
         if (j->c)
             for (int i = 0; i < k; i++) f[i] *= j->c[i];
+        if (j->topk > 0) { /* the input rows' set-aside entries times this row, exactly */
+            float *out = j->corr + (size_t)r * j->m;
+            int i = 0;
+            for (; i + 8 <= j->m; i += 8) {
+                __m256 a = _mm256_setzero_ps();
+                for (int e = 0; e < j->topk; e++) {
+                    const size_t o = (size_t)e * j->m + i;
+                    const __m256i ix = _mm256_loadu_si256((const __m256i *)(j->idx + o));
+                    a = _mm256_fmadd_ps(_mm256_loadu_ps(j->val + o), _mm256_i32gather_ps(f, ix, 4), a);
+                }
+                _mm256_storeu_ps(out + i, a);
+            }
+            for (; i < j->m; i++) {
+                float a = 0.0f;
+                for (int e = 0; e < j->topk; e++) a += j->val[(size_t)e * j->m + i] * f[j->idx[(size_t)e * j->m + i]];
+                out[i] = a;
+            }
+        }
         j->ys[r] = row_to_i8(f, k, j->y + (size_t)r * k);
     }
     free(f);
@@ -4472,11 +4497,19 @@ static int i8_takes(int kind, const float *scale, const float *mn, int n, int k,
    per row ys (n,): y ys ~ w c. kind LIN_INT8: w int8 with a float scale per gs (16k) of a row;
    LIN_INT4: w nibbles (n, k / 2) with scale and mn per gs (32k); GGML's kinds: w its blocks (scale,
    mn, gs unused). Returns 0 for what it does not take (or where a thread's scratch row could
-   not be allocated). */
+   not be allocated). Where ncols > 0, the exact floats of columns cols[0 .. ncols) (before c)
+   go to wcols (n, ncols) too; where topk > 0, the m input rows' set-aside entries (lm_quant_rows_i8:
+   idx and val, (topk, m)) times the rows of w c go to corr (n, m), each row's products summed. */
 int lm_dequant_i8(int kind, const void *w, const float *scale, const float *mn, int n, int k, int gs, const float *c,
-                  int8_t *y, float *ys, int nthreads) {
+                  int8_t *y, float *ys, const int *cols, int ncols, float *wcols, int m, int topk, const int *idx,
+                  const float *val, float *corr, int nthreads) {
     if (!i8_takes(kind, scale, mn, n, k, gs) || !y || !ys) return 0;
+    if ((ncols > 0 && (!cols || !wcols)) || (topk > 0 && (m < 1 || !idx || !val || !corr))) return 0;
+    for (int e = 0; e < ncols; e++)
+        if (cols[e] < 0 || cols[e] >= k) return 0;
     I8Job j = {kind, n, k, gs, (const uint8_t *)w, scale, mn, c, y, ys, NULL};
+    j.cols = cols, j.ncols = ncols > 0 ? ncols : 0, j.wcols = wcols;
+    j.m = m, j.topk = topk > 0 ? topk : 0, j.idx = idx, j.val = val, j.corr = corr;
     atomic_init(&j.failed, 0);
     run_parallel(i8_job, &j, nthreads < 1 ? 1 : nthreads, NULL);
     return !atomic_load(&j.failed);
@@ -4498,6 +4531,7 @@ int lm_colmax_i8(int kind, const void *w, const float *scale, const float *mn, i
     float *part = (float *)calloc((size_t)nt * k, sizeof(float));
     if (!part) return 0;
     I8Job j = {kind, n, k, gs, (const uint8_t *)w, scale, mn, NULL, NULL, NULL, part};
+    j.ncols = j.topk = 0;
     atomic_init(&j.failed, 0);
     run_parallel(i8_job, &j, nt, NULL);
     if (!atomic_load(&j.failed)) reduce_max(part, nt, k, out);
@@ -4537,27 +4571,59 @@ int lm_colmax(const float *x, int m, int k, float *out, int nthreads) {
     return 1;
 }
 
+#define TOPK_MAX 16 /* entries a row may set aside */
+
 typedef struct {
     const float *x, *cinv;
     int m, k;
     int8_t *q;
     float *s;
     atomic_int failed;
+    int topk; /* entries per row set aside (largest |x cinv|): idx, val [j m + row] */
+    int *idx;
+    float *val;
 } RowsJob;
 
 static void rows_i8_job(void *ctx, int tid, int nt) {
     RowsJob *j = (RowsJob *)ctx;
     const int k = j->k;
-    float *f = j->cinv ? (float *)malloc((size_t)k * sizeof(float)) : NULL;
-    if (j->cinv && !f) {
+    float *f = j->cinv || j->topk ? (float *)malloc((size_t)k * sizeof(float)) : NULL;
+    if ((j->cinv || j->topk) && !f) {
         atomic_store(&j->failed, 1);
         return;
     }
     for (int r = (int)((long)j->m * tid / nt); r < (int)((long)j->m * (tid + 1) / nt); r++) {
         const float *x = j->x + (size_t)r * k;
         if (f) {
-            for (int i = 0; i < k; i++) f[i] = x[i] * j->cinv[i];
+            if (j->cinv)
+                for (int i = 0; i < k; i++) f[i] = x[i] * j->cinv[i];
+            else
+                memcpy(f, x, (size_t)k * sizeof(float));
             x = f;
+        }
+        if (j->topk) { /* the topk largest |f| (the first of equals), in one pass, taken out */
+            int ti[TOPK_MAX];
+            float tv[TOPK_MAX]; /* descending */
+            const int t = j->topk;
+            for (int e = 0; e < t; e++) ti[e] = e, tv[e] = -1.0f;
+            const __m256 abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+            for (int i0 = 0; i0 < k; i0 += 8) {
+                if (i0 + 8 <= k && !_mm256_movemask_ps(_mm256_cmp_ps(_mm256_and_ps(abs, _mm256_loadu_ps(f + i0)),
+                                                                     _mm256_set1_ps(tv[t - 1]), _CMP_GT_OQ)))
+                    continue; /* none of these 8 above the smallest kept */
+                for (int i = i0; i < i0 + 8 && i < k; i++) {
+                const float a = fabsf(f[i]);
+                if (a <= tv[t - 1]) continue;
+                int e = t - 1;
+                for (; e > 0 && a > tv[e - 1]; e--) tv[e] = tv[e - 1], ti[e] = ti[e - 1];
+                tv[e] = a, ti[e] = i;
+                }
+            }
+            for (int e = 0; e < t; e++) {
+                j->idx[(size_t)e * j->m + r] = ti[e];
+                j->val[(size_t)e * j->m + r] = f[ti[e]];
+                f[ti[e]] = 0.0f;
+            }
         }
         j->s[r] = row_to_i8(x, k, j->q + (size_t)r * k);
     }
@@ -4565,10 +4631,13 @@ static void rows_i8_job(void *ctx, int tid, int nt) {
 }
 
 /* float rows x (m, k), times cinv[i] in column i where cinv is given -> int8 q (m, k) and a
-   scale per row s (m,), as row_to_i8 */
-int lm_quant_rows_i8(const float *x, int m, int k, const float *cinv, int8_t *q, float *s, int nthreads) {
-    if (m < 1 || k < 1) return 0;
+   scale per row s (m,), as row_to_i8; where topk > 0 the row's topk largest |x cinv| are first
+   taken out (zero in q, out of s), their columns and values to idx and val (topk, m) */
+int lm_quant_rows_i8(const float *x, int m, int k, const float *cinv, int8_t *q, float *s, int topk, int *idx,
+                     float *val, int nthreads) {
+    if (m < 1 || k < 1 || topk < 0 || topk > k || topk > TOPK_MAX || (topk > 0 && (!idx || !val))) return 0;
     RowsJob j = {x, cinv, m, k, q, s};
+    j.topk = topk, j.idx = idx, j.val = val;
     atomic_init(&j.failed, 0);
     run_parallel(rows_i8_job, &j, nthreads < 1 ? 1 : nthreads, NULL);
     return !atomic_load(&j.failed);
@@ -4579,40 +4648,53 @@ typedef struct {
     const float *sa, *sw, *bias;
     int m, n;
     float *y;
+    const float *corr; /* (n, m) or NULL */
 } ScaleJob;
 
 static void i8_scale_job(void *ctx, int tid, int nt) {
     const ScaleJob *j = (const ScaleJob *)ctx;
-    const int n = j->n;
-    for (int r = (int)((long)j->m * tid / nt); r < (int)((long)j->m * (tid + 1) / nt); r++) {
-        const int32_t *a = j->acc + (size_t)r * n;
-        float *y = j->y + (size_t)r * n;
-        const float sa = j->sa[r];
-        const __m256 va = _mm256_set1_ps(sa);
-        int i = 0;
-        for (; i + 8 <= n; i += 8) {
-            const __m256 s = _mm256_mul_ps(va, _mm256_loadu_ps(j->sw + i));
-            __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(a + i))), s);
-            if (j->bias) {
-                __asm__("" : "+x"(v)); /* no fma: the product rounded, then the sum */
-                v = _mm256_add_ps(v, _mm256_loadu_ps(j->bias + i));
+    const int n = j->n, n8 = n & ~7, r0 = (int)((long)j->m * tid / nt), r1 = (int)((long)j->m * (tid + 1) / nt);
+    /* W columns at a time over all of this thread's rows: corr's columns stay in L1 */
+    const int W = j->corr ? 64 : n;
+    for (int i0 = 0; i0 < n; i0 += W) {
+        const int iv = i0 + W < n8 ? i0 + W : n8, ie = i0 + W < n ? i0 + W : n;
+        for (int r = r0; r < r1; r++) {
+            const int32_t *a = j->acc + (size_t)r * n;
+            float *y = j->y + (size_t)r * n;
+            const float sa = j->sa[r];
+            const __m256 va = _mm256_set1_ps(sa);
+            for (int i = i0; i < iv; i += 8) {
+                const __m256 s = _mm256_mul_ps(va, _mm256_loadu_ps(j->sw + i));
+                __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(a + i))), s);
+                if (j->corr) {
+                    const __m256i ix = _mm256_mullo_epi32(
+                        _mm256_add_epi32(_mm256_set1_epi32(i), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
+                        _mm256_set1_epi32(j->m));
+                    v = _mm256_add_ps(v, _mm256_i32gather_ps(j->corr + r, ix, 4));
+                }
+                if (j->bias) {
+                    __asm__("" : "+x"(v)); /* no fma: the product rounded, then the sum */
+                    v = _mm256_add_ps(v, _mm256_loadu_ps(j->bias + i));
+                }
+                _mm256_storeu_ps(y + i, v);
             }
-            _mm256_storeu_ps(y + i, v);
-        }
-        for (; i < n; i++) {
-            float v = (float)a[i] * (sa * j->sw[i]);
-            __asm__("" : "+x"(v));
-            y[i] = j->bias ? v + j->bias[i] : v;
+            for (int i = iv > i0 ? iv : i0; i < ie; i++) {
+                float v = (float)a[i] * (sa * j->sw[i]);
+                if (j->corr) v += j->corr[(size_t)i * j->m + r];
+                __asm__("" : "+x"(v));
+                y[i] = j->bias ? v + j->bias[i] : v;
+            }
         }
     }
 }
 
 /* y (m, n) = acc (m, n) * (sa[:, None] * sw[None, :]) (+ bias): the int32 products of two int8
-   operands back in floats; y may be acc itself (each value read before it is written) */
+   operands back in floats; y may be acc itself (each value read before it is written). Where
+   corr is given, plus corr (n, m) transposed (lm_dequant_i8's set-aside entries' products). */
 int lm_i8_scale(const int32_t *acc, const float *sa, const float *sw, const float *bias, int m, int n, float *y,
-                int nthreads) {
-    if (m < 1 || n < 1) return 0;
-    ScaleJob j = {acc, sa, sw, bias, m, n, y};
+                const float *corr, int nthreads) {
+    if (m < 1 || n < 1 || (long)m * n >= 2147483647L) return 0;
+    ScaleJob j = {acc, sa, sw, bias, m, n, y, corr};
     run_parallel(i8_scale_job, &j, nthreads < 1 ? 1 : nthreads, NULL);
     return 1;
 }

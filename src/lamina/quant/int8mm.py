@@ -2,11 +2,14 @@
 
     int8_matmul(linear, x) -> x (M, K) float32 @ W.T (no bias), or None where native does not
                               read this kind of linear (GGML blocks, lamina's int8 and int4 rows)
-    int8_weights(linear, c=None) -> (W c int8 (N, K), a scale per row (N,)) in this thread's
-                              buffers, or None: W (times c per input column) rounded per row
-    weight_columns(linear, cols) -> W[:, cols] float32 (N, len(cols)), rounded per row over them
+                              or its role stays in bf16 (the head)
+    int8_weights(linear, c=None, cols=None, rows=None) -> (W c int8 (N, K), a scale per row (N,),
+                              W's exact columns `cols`, the rows' set-aside products) in this
+                              thread's buffers, or None: W (times c per input column) rounded per row
+    mark_roles(gpt)         the roles of its linears (below), set on them (lamina.quant.saved)
     column_maxima(x) -> max |x| per column; smoothing(x, w_max, x_max=None) -> c per column
-    SMOOTH: the smoothing exponent (alpha) below; OUTLIERS: columns per call done in float
+    SMOOTH: the smoothing exponent (alpha); OUTLIERS: columns per call done in float;
+    ROW_OUTLIERS: entries per row done in float for the "output" role; ROLES
 
 A call lamina.cpu.prefill_int8 picks (a prefill's long calls, where the CPU has VNNI, when
 LAMINA_PREFILL_INT8=1 or lamina.cpu.int8_prefill(True); off by default) runs here instead of in
@@ -17,12 +20,16 @@ input column i divided by c_i = max|x_i|^SMOOTH / max|W_i|^(1 - SMOOTH), the wei
 multiplied by it, the product unchanged), which moves the input's outlier channels into the
 weights; the weights' column maxima are kept per linear (K floats), made on its first such call.
 Then the OUTLIERS input columns largest after smoothing are taken out of both int8 operands
-(LLM.int8's split) and multiplied in float32 (x[:, cols] @ W[:, cols].T, those weight columns
-rounded to int8 per row over themselves only: a second pass over the weights), added to the
-scaled int32 products: the loss over fp32 about halves, and the prefill loses 10-25% of its gain.
-Each linear's output stays further from the float product than bf16's, and further than
-llama.cpp's Q8 blocks leave theirs (one scale per row against one per 32): BENCHMARKS.md has
-the loss, the logits and the speed, and why this is not the default.
+(LLM.int8's split) and multiplied in float32 (x[:, cols] @ W[:, cols].T, those weight columns the
+exact floats, taken in the same pass that rounds the rest).
+
+By role (`prefill_role` on the linear, set by mark_roles): "input" (the default; a norm's output,
+whose outliers are whole channels) stops there; "output" (the attention's out-projection and the
+feed-forward's down-projection, whose inputs are heavy-tailed per row) also takes each row's
+ROW_OUTLIERS largest smoothed entries out of the int8 row (its scale from the rest) and adds
+their exact products (decode.c, in the weights' pass); "logits" (the head) is not done here.
+Against the fp32 model this is nearer than llama.cpp's own prefill (mean KL over 16 x 256 tokens,
+BENCHMARKS.md), but further than bf16's, and faster than bf16 only by the margin there: so off.
 """
 
 from __future__ import annotations
@@ -77,25 +84,36 @@ def _column_maxima(m: Any, parts: list) -> Tensor | None:
     return out
 
 
-def int8_weights(m: Any, c: Tensor | None = None) -> tuple[Tensor, Tensor] | None:
+def int8_weights(
+    m: Any, c: Tensor | None = None, cols: Tensor | None = None, rows: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None] | None:
     """m's W (times c[i] in input column i, where given) rounded to int8 per output row, in this
-    thread's buffers: (q int8 (N, K), scale float32 (N,)), q * scale[:, None] ~ W c; None where
-    native does not run here or does not read m."""
+    thread's buffers: (q int8 (N, K), scale float32 (N,), W's exact columns `cols` transposed
+    (len(cols), N) or None, the set-aside input entries' products (N, M) or None), q * scale[:, None]
+    ~ W c; `rows`: (idx, val) of lm_quant_rows_i8's set-aside entries, (topk, M) each, stacked as
+    a pair; None where native does not run here or does not read m."""
     parts = _parts(m) if library() is not None else None
     if parts is None:
         return None
     lib, n, k, threads = library(), m.out_features, m.in_features, torch.get_num_threads()
     q = thread_buffer("prefill-i8", (n, k), torch.int8, "cpu")
     scale = thread_buffer("prefill-i8-scale", (1, n), torch.float32, "cpu")[0]
+    ncols = 0 if cols is None else len(cols)
+    wcols = torch.empty(n, ncols) if ncols else None
+    idx, val = (None, None) if rows is None else rows
+    topk, m_rows = (0, 0) if idx is None else idx.shape
+    corr = torch.empty(n, m_rows) if topk else None
     first = 0
-    for kind, rows, s, low, rn, gs in parts:
+    for kind, w, s, low, rn, gs in parts:
         if not lib.lm_dequant_i8(
-            kind, rows.data_ptr(), _ptr(s), _ptr(low), rn, k, gs, _ptr(c),
-            q[first:].data_ptr(), scale[first:].data_ptr(), threads,
+            kind, w.data_ptr(), _ptr(s), _ptr(low), rn, k, gs, _ptr(c),
+            q[first:].data_ptr(), scale[first:].data_ptr(), _ptr(cols), ncols,
+            None if wcols is None else wcols[first:].data_ptr(), m_rows, topk, _ptr(idx),
+            _ptr(val), None if corr is None else corr[first:].data_ptr(), threads,
         ):  # fmt: skip
             return None
         first += rn
-    return q, scale
+    return q, scale, None if wcols is None else wcols.t().contiguous(), corr
 
 
 def column_maxima(x: Tensor) -> Tensor:
@@ -114,22 +132,28 @@ def smoothing(x: Tensor, w_max: Tensor, x_max: Tensor | None = None) -> Tensor:
 
 
 OUTLIERS = 16  # input columns per call taken out of the int8 product (the largest smoothed)
+ROW_OUTLIERS = 4  # entries per input row taken out where the role is "output" (below)
+ROLES = {"input": 0, "output": ROW_OUTLIERS}  # role -> entries per row; others (the head): bf16
 
 
-def weight_columns(m: Any, cols: Tensor) -> Tensor | None:
-    """W[:, cols] (N, len(cols)) float32, rounded to int8 per row over these columns only
-    (int8_weights with every other column times 0: one pass over the weights, no float copy of
-    them), or None where int8_weights would be."""
-    mask = torch.zeros(m.in_features)
-    mask[cols] = 1.0
-    w = int8_weights(m, mask)
-    return None if w is None else w[0][:, cols].float().mul_(w[1][:, None])
+def mark_roles(model: Any) -> None:
+    """Set `prefill_role` on a GPT's linears whose role is not "input" (the default: those that
+    read a norm's output): each block's attention out-projection and feed-forward down-projection
+    read the attention's output and the gate's product, heavy-tailed per row ("output"); the
+    head makes the logits and stays in bf16 ("logits")."""
+    for block in getattr(model, "blocks", ()):
+        for lin in (block.attn.proj, block.ff.proj):
+            lin.prefill_role = "output"
+    if getattr(model, "head", None) is not None:
+        model.head.prefill_role = "logits"
 
 
 def int8_matmul(m: Any, x: Tensor) -> Tensor | None:
     """x (M, K) float32 @ W.T (M, N) float32 through int8 (see the module), or None where
-    int8_weights would be None (the caller runs another path)."""
-    parts = _parts(m) if library() is not None else None
+    int8_weights would be None or m's role (`prefill_role`, default "input") is not in ROLES
+    (the caller runs another path)."""
+    topk = ROLES.get(getattr(m, "prefill_role", "input"))
+    parts = _parts(m) if library() is not None and topk is not None else None
     w_max = None if parts is None else _column_maxima(m, parts)
     if w_max is None:
         return None
@@ -141,27 +165,30 @@ def int8_matmul(m: Any, x: Tensor) -> Tensor | None:
     cinv = torch.reciprocal(c)
     cols = None
     if min(OUTLIERS, k // 4) > 0:  # the largest smoothed columns: out of both int8 operands
-        cols = (x_max * cinv).topk(min(OUTLIERS, k // 4)).indices
+        cols = (x_max * cinv).topk(min(OUTLIERS, k // 4)).indices.to(torch.int32)
         cinv[cols] = 0.0
         c[cols] = 0.0
-    w_cols = None if cols is None else weight_columns(m, cols)  # before int8_weights' buffer
+    topk = min(topk, k // 4)
     qx = thread_buffer("prefill-i8-input", (rows, k), torch.int8, "cpu")
     sx = torch.empty(rows)
+    sparse = torch.empty(2, topk, rows, dtype=torch.int32) if topk else None
+    idx, val = (None, None) if sparse is None else (sparse[0], sparse[1].view(torch.float32))
     if not lib.lm_quant_rows_i8(
-        x.data_ptr(), rows, k, cinv.data_ptr(), qx.data_ptr(), sx.data_ptr(), threads
-    ):
+        x.data_ptr(), rows, k, cinv.data_ptr(), qx.data_ptr(), sx.data_ptr(), topk,
+        _ptr(idx), _ptr(val), threads,
+    ):  # fmt: skip
         return None
-    w = int8_weights(m, c)
+    w = int8_weights(m, c, cols, None if idx is None else (idx, val))
     if w is None:
         return None
-    qw, sw = w
+    qw, sw, w_cols, corr = w
     acc = torch._int_mm(qx, qw.t())  # (M, N) int32, a new tensor: scaled in place into floats
     y = acc.view(torch.float32)
     if not lib.lm_i8_scale(
-        acc.data_ptr(), sx.data_ptr(), sw.data_ptr(), None, rows, m.out_features,
-        y.data_ptr(), threads,
+        acc.data_ptr(), sx.data_ptr(), sw.data_ptr(), None, rows, m.out_features, y.data_ptr(),
+        _ptr(corr), threads,
     ):  # fmt: skip
         return None
     if w_cols is not None:  # the outlier columns' part of the product, in float32
-        y.addmm_(x[:, cols], w_cols.t())
+        y.addmm_(x[:, cols], w_cols)
     return y

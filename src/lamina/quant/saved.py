@@ -19,6 +19,7 @@ import lamina.cpu as cpu
 from lamina.errors import LaminaError
 from lamina.models.gpt import GPT
 from lamina.native.coverage import unsupported
+from lamina.quant.int8mm import mark_roles
 from lamina.quant.linear import Int4Linear, Int8Linear
 
 SCHEMES = ("int8", "int4")
@@ -56,7 +57,9 @@ def prepare_kernels(model: GPT) -> None:
     native kernel alone: every decode step runs natively, and a longer call (a prefill) runs
     dequantized, so no packed copy of the weights is made that nothing would read
     (bench/kquant_decode.py measured both the memory and the prefill). Elsewhere each layer
-    prepares for lamina.cpu's layer kernel."""
+    prepares for lamina.cpu's layer kernel. It also marks the linears' roles for a prefill's
+    int8 products (lamina.quant.int8mm.mark_roles)."""
+    mark_roles(model)
     kernel = "native" if cpu.native_step() and unsupported(model) is None else None
     for m in model.modules():
         if isinstance(m, (Int8Linear, Int4Linear)):
