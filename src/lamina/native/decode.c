@@ -3017,6 +3017,7 @@ typedef struct {
     int B;
     const int64_t *tokens, *positions, *starts, *slots, *rows;
     float *logits;
+    int hb; /* the head's rows: the batch's last hb (logits (hb, vocab)); B but for lm_step_last */
     Barrier bar;
     /* scratch */
     float *x, *xn, *qkv, *att, *fco, *h, *cs, *sn, *scores, *parts;
@@ -3280,17 +3281,25 @@ static void act_cols(const Model *m, const float *f, float *hr, int ff, int c0, 
 
 /* the norm of x into xn and its quantized input to L: with `cols` (one row on several threads)
    each thread its columns (split_blocks), else each thread its rows of the batch */
+static void norm_and_prepare_from(Step *S, const Lin *L, const float *w, const float *b, int cols, int tid,
+                                  int nt, int from);
 static void norm_and_prepare(Step *S, const Lin *L, const float *w, const float *b, int cols, int tid, int nt) {
+    norm_and_prepare_from(S, L, w, b, cols, tid, nt, 0);
+}
+
+/* the same for x's rows from..B-1, normed and quantized into rows 0..B-1-from (the head's rows) */
+static void norm_and_prepare_from(Step *S, const Lin *L, const float *w, const float *b, int cols, int tid,
+                                  int nt, int from) {
     const Model *m = S->m;
     const int d = m->d;
-    if (cols) {
+    if (cols) { /* (one row: from is 0) */
         int b0, b1;
         split_blocks(L, d, tid, nt, &b0, &b1);
         norm_cols(S->x, S->xn, d, w, b, m->norm, m->eps, 32 * b0, 32 * b1);
         prepare_blocks(L, S->xn, 0, 1, b0, b1, &S->a);
     } else
-        for (int r = tid; r < S->B; r += nt) { /* a batch's rows shared out; one row: thread 0 */
-            norm_row(S->x + (size_t)r * d, S->xn + (size_t)r * d, d, w, b, m->norm, m->eps);
+        for (int r = tid; r < S->B - from; r += nt) { /* a batch's rows shared out; one row: thread 0 */
+            norm_row(S->x + (size_t)(from + r) * d, S->xn + (size_t)r * d, d, w, b, m->norm, m->eps);
             prepare_rows(L, S->xn, r, r + 1, &S->a);
         }
 }
@@ -3456,12 +3465,14 @@ static void step_job(void *p, int tid, int nt) {
         lin_rows(&ly->out, B, &S->a, S->x, d, n0, n1, 1);
         barrier_wait(&S->bar);
     }
-    norm_and_prepare(S, &m->head, m->nfw, m->nfb, cols, tid, nt);
+    /* the head for the last hb rows alone (a prefill's chunk wants its last entry's logits) */
+    const int hb = S->hb;
+    norm_and_prepare_from(S, &m->head, m->nfw, m->nfb, cols, tid, nt, B - hb);
     barrier_wait(&S->bar);
     split(m->vocab, tid, nt, &n0, &n1);
-    lin_rows(&m->head, B, &S->a, S->logits, m->vocab, n0, n1, 0);
+    lin_rows(&m->head, hb, &S->a, S->logits, m->vocab, n0, n1, 0);
     if (m->softcap != 0.0f)
-        for (int r = 0; r < B; r++)
+        for (int r = 0; r < hb; r++)
             for (int n = n0; n < n1; n++) {
                 float *o = S->logits + (size_t)r * m->vocab + n;
                 *o = m->softcap * tanhf(*o / m->softcap);
@@ -3484,9 +3495,21 @@ static int has_lanes(const Model *m) {
    rows[r], attends that row's slots starts[r]..slots[r], and fills logits (B, vocab). Rows of
    one call may stand at different slots (sequences batched together, each in its own cache
    row); every weight block is read once for all of them. Returns 1, or 0 on failure. */
+int lm_step_last(const Model *m, int B, const int64_t *tokens, const int64_t *positions,
+                 const int64_t *starts, const int64_t *slots, const int64_t *rows, float *logits,
+                 int nthreads, int keep);
 int lm_step(const Model *m, int B, const int64_t *tokens, const int64_t *positions,
             const int64_t *starts, const int64_t *slots, const int64_t *rows, float *logits,
             int nthreads) {
+    return lm_step_last(m, B, tokens, positions, starts, slots, rows, logits, nthreads, B);
+}
+
+/* lm_step with the head for the last `keep` rows alone (1..B): logits (keep, vocab), theirs.
+   The caches are written as lm_step writes them; a prefill's chunk asks its last entry's. */
+int lm_step_last(const Model *m, int B, const int64_t *tokens, const int64_t *positions,
+                 const int64_t *starts, const int64_t *slots, const int64_t *rows, float *logits,
+                 int nthreads, int keep) {
+    if (B < 1 || keep < 1 || keep > B) return 0;
     if (nthreads < 1) nthreads = 1;
     if (nthreads > 256) nthreads = 256;
     const int d = m->d, hd = m->hd, qkv_n = (m->H + 2 * m->Hkv) * hd;
@@ -3501,7 +3524,7 @@ int lm_step(const Model *m, int B, const int64_t *tokens, const int64_t *positio
     float *buf = (float *)malloc(floats * sizeof(float) + (size_t)B * kmax * sizeof(int16_t) + 64);
     if (!buf) return 0;
     Step S = {.m = m, .B = B, .tokens = tokens, .positions = positions, .starts = starts,
-              .slots = slots, .rows = rows, .logits = logits};
+              .slots = slots, .rows = rows, .logits = logits, .hb = keep};
     atomic_init(&S.bar.n, nthreads);
     atomic_init(&S.bar.count, 0);
     atomic_init(&S.bar.phase, 0);
