@@ -61,6 +61,32 @@ def _check(path: Path, ids: list[int], new: int = 32) -> Runtime:
     return rt
 
 
+@pytest.mark.parametrize("qtype", ["Q4_K_M", "Q8_0"])
+def test_a_chunks_head_runs_for_its_last_entries_alone(qtype: str) -> None:
+    """lm_step_last: the head for a chunk's last `keep` entries only, the caches written as
+    lm_step writes them (every entry's head), those entries' logits the same."""
+    path = FIXTURES / f"kquant-{qtype}.gguf"
+    ids = [5, 17, 200, 3, 99, 41, 7, 250, 1, 64, 12, 33, 8]
+    n = len(ids)
+    every, last, three = (Runtime.open(path, cache_len=CONTEXT, threads=2) for _ in range(3))
+    full = every._call(ids, 0, keep=n).copy()
+    assert np.array_equal(three._call(ids, 0, keep=3), full[-3:])  # several rows: one form
+    got = last._call(ids, 0, keep=1)[0].copy()
+    # one row: the head's one-row kernel, which rounds its inputs apart (~1e-7 of the largest)
+    assert np.abs(got - full[-1]).max() < 1e-5 * np.abs(full[-1]).max()
+    assert got.argmax() == full[-1].argmax()
+    for (k1, v1), (k2, v2) in zip(every.weights.caches, last.weights.caches, strict=True):
+        assert np.array_equal(k1, k2) and np.array_equal(v1, v2)
+    assert k2[0, :, n - 1].any() and not k2[0, :, n].any()  # the chunk's slots, and no more
+    every.cached, last.cached = list(ids), list(ids)
+    after = [list(rt.generate([*ids, int(got.argmax())], 6)) for rt in (every, last)]
+    assert after[0] == after[1]
+    with pytest.raises(lamina.LaminaError, match="native step failed"):
+        last._call(ids, 0, keep=0)  # decode.c's refusal
+    with pytest.raises(lamina.LaminaError, match="1..n logits"):
+        last._call(ids, 0, keep=n + 1)
+
+
 @pytest.fixture(scope="module")
 def real(smollm2_gguf: Path) -> Runtime:
     return Runtime.open(smollm2_gguf, cache_len=CONTEXT, threads=1)

@@ -3161,6 +3161,7 @@ typedef struct {
     int B;
     const int64_t *tokens, *positions, *starts, *slots, *rows;
     float *logits;
+    int hb; /* the head's rows: the batch's last hb (logits (hb, vocab)); B but for lm_step_last */
     Barrier bar;
     atomic_ulong cpus; /* the CPUs the step's threads hold (pin_self) */
     struct Share *share; /* a phase's counters, one line per thread (Work below) */
@@ -3470,15 +3471,16 @@ static inline int work_next(Work *w) {
 }
 
 /* a linear's rows for all the step's rows, in units of 16-row groups (lanes) shared as above */
-static void lin_shared(Step *S, int *ph, const Lin *L, float *y, int ystride, int accumulate, float softcap, int tid, int nt) {
+static void lin_shared_rows(Step *S, int *ph, const Lin *L, int rows, float *y, int ystride, int accumulate,
+                            float softcap, int tid, int nt) {
     const int n = L->n, groups = (n + 15) / 16, per = 8 * nt; /* ~8 units a thread */
     const int unit = 16 * ((groups + per - 1) / per), units = (n + unit - 1) / unit;
     Work w = work_start(S, ph, units, 0, tid, nt);
     for (int u; (u = work_next(&w)) >= 0;) {
         const int n0 = u * unit, n1 = n0 + unit < n ? n0 + unit : n;
-        lin_rows(L, S->B, &S->a, y, ystride, n0, n1, accumulate);
+        lin_rows(L, rows, &S->a, y, ystride, n0, n1, accumulate);
         if (softcap != 0.0f)
-            for (int r = 0; r < S->B; r++)
+            for (int r = 0; r < rows; r++)
                 for (int i = n0; i < n1; i++) {
                     float *o = y + (size_t)r * ystride + i;
                     *o = softcap * tanhf(*o / softcap);
@@ -3486,12 +3488,25 @@ static void lin_shared(Step *S, int *ph, const Lin *L, float *y, int ystride, in
     }
 }
 
+/* L over the step's B rows, its units shared out (lin_shared_rows) */
+static void lin_shared(Step *S, int *ph, const Lin *L, float *y, int ystride, int accumulate, float softcap, int tid, int nt) {
+    lin_shared_rows(S, ph, L, S->B, y, ystride, accumulate, softcap, tid, nt);
+}
+
 /* the norm of x into xn and its quantized input to L: with `cols` (one row on several threads)
    each thread its columns (split_blocks), else each thread its rows of the batch */
+static void norm_and_prepare_from(Step *S, int *ph, const Lin *L, const float *w, const float *b, int cols, int tid,
+                                  int nt, int from);
 static void norm_and_prepare(Step *S, int *ph, const Lin *L, const float *w, const float *b, int cols, int tid, int nt) {
+    norm_and_prepare_from(S, ph, L, w, b, cols, tid, nt, 0);
+}
+
+/* the same for x's rows from..B-1, normed and quantized into rows 0..B-1-from (the head's rows) */
+static void norm_and_prepare_from(Step *S, int *ph, const Lin *L, const float *w, const float *b, int cols, int tid,
+                                  int nt, int from) {
     const Model *m = S->m;
     const int d = m->d;
-    if (cols) {
+    if (cols) { /* (one row: from is 0) */
         int b0, b1;
         split_blocks(L, d, tid, nt, &b0, &b1);
         norm_cols(S->x, S->xn, d, w, b, m->norm, m->eps, 32 * b0, 32 * b1);
@@ -3499,9 +3514,10 @@ static void norm_and_prepare(Step *S, int *ph, const Lin *L, const float *w, con
         return;
     }
     /* a batch's rows shared out; one row: thread 0. ph NULL: each thread its own rows only */
-    Work wk = ph ? work_start(S, ph, S->B, 1, tid, nt) : (Work){0};
-    for (int r = ph ? work_next(&wk) : tid; r >= 0 && r < S->B; r = ph ? work_next(&wk) : r + nt) {
-        norm_row(S->x + (size_t)r * d, S->xn + (size_t)r * d, d, w, b, m->norm, m->eps);
+    const int rows = S->B - from;
+    Work wk = ph ? work_start(S, ph, rows, 1, tid, nt) : (Work){0};
+    for (int r = ph ? work_next(&wk) : tid; r >= 0 && r < rows; r = ph ? work_next(&wk) : r + nt) {
+        norm_row(S->x + (size_t)(from + r) * d, S->xn + (size_t)r * d, d, w, b, m->norm, m->eps);
         prepare_rows(L, S->xn, r, r + 1, &S->a);
     }
 }
@@ -3678,9 +3694,11 @@ static void step_body(Step *S, int tid, int nt) {
         lin_shared(S, &ph, &ly->out, S->x, d, 1, 0.0f, tid, nt);
         barrier_wait(&S->bar);
     }
-    norm_and_prepare(S, &ph, &m->head, m->nfw, m->nfb, cols, tid, nt);
+    /* the head for the last hb rows alone (a prefill's chunk wants its last entry's logits) */
+    const int hb = S->hb;
+    norm_and_prepare_from(S, &ph, &m->head, m->nfw, m->nfb, cols, tid, nt, B - hb);
     barrier_wait(&S->bar);
-    lin_shared(S, &ph, &m->head, S->logits, m->vocab, 0, m->softcap, tid, nt);
+    lin_shared_rows(S, &ph, &m->head, hb, S->logits, m->vocab, 0, m->softcap, tid, nt);
 }
 
 static int max3(int a, int b, int c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
@@ -3699,9 +3717,21 @@ static int has_lanes(const Model *m) {
    rows[r], attends that row's slots starts[r]..slots[r], and fills logits (B, vocab). Rows of
    one call may stand at different slots (sequences batched together, each in its own cache
    row); every weight block is read once for all of them. Returns 1, or 0 on failure. */
+int lm_step_last(const Model *m, int B, const int64_t *tokens, const int64_t *positions,
+                 const int64_t *starts, const int64_t *slots, const int64_t *rows, float *logits,
+                 int nthreads, int keep);
 int lm_step(const Model *m, int B, const int64_t *tokens, const int64_t *positions,
             const int64_t *starts, const int64_t *slots, const int64_t *rows, float *logits,
             int nthreads) {
+    return lm_step_last(m, B, tokens, positions, starts, slots, rows, logits, nthreads, B);
+}
+
+/* lm_step with the head for the last `keep` rows alone (1..B): logits (keep, vocab), theirs.
+   The caches are written as lm_step writes them; a prefill's chunk asks its last entry's. */
+int lm_step_last(const Model *m, int B, const int64_t *tokens, const int64_t *positions,
+                 const int64_t *starts, const int64_t *slots, const int64_t *rows, float *logits,
+                 int nthreads, int keep) {
+    if (B < 1 || keep < 1 || keep > B) return 0;
     if (nthreads < 1) nthreads = 1;
     if (nthreads > 256) nthreads = 256;
     const int d = m->d, hd = m->hd, qkv_n = (m->H + 2 * m->Hkv) * hd;
@@ -3716,7 +3746,7 @@ int lm_step(const Model *m, int B, const int64_t *tokens, const int64_t *positio
     float *buf = (float *)malloc(floats * sizeof(float) + (size_t)B * kmax * sizeof(int16_t) + 64);
     if (!buf) return 0;
     Step S = {.m = m, .B = B, .tokens = tokens, .positions = positions, .starts = starts,
-              .slots = slots, .rows = rows, .logits = logits};
+              .slots = slots, .rows = rows, .logits = logits, .hb = keep};
     atomic_init(&S.bar.n, nthreads);
     atomic_init(&S.bar.count, 0);
     atomic_init(&S.bar.phase, 0);

@@ -12,7 +12,9 @@
 
 One `lm_step` call per new token (B = 1); a prompt is fed as one call of up to `chunk` entries of
 one cache row at consecutive slots (step.py's `step_entries`: every entry's key and value of a
-layer is stored before any entry of that layer attends, so a chunk is a causal prefill). The
+layer is stored before any entry of that layer attends, so a chunk is a causal prefill), through
+`lm_step_last`: the head (vocab rows) runs for the chunk's last entry alone, whose logits are
+the only ones a prompt needs; the caches are written as with every entry's. The
 model's weights are gguf_model.py's (the file's blocks in place, Q4_0/Q4_1 as int4 rows), the
 KV caches float16, the tokenizer and chat template lamina.tokenizers' (`from_gguf_metadata`, as
 `lamina.open` builds them). The logits of a prompt and the greedy tokens equal the torch path's
@@ -43,7 +45,7 @@ from lamina.native import build
 from lamina.native.gguf_model import GGUFModel, uncovered
 from lamina.native.gguf_read import GGUFContents, read_gguf
 
-CHUNK = 32  # a prefill's entries per call (its logits are (CHUNK, vocab) float32)
+CHUNK = 32  # a prefill's entries per call (the last one's logits alone: (vocab,) float32)
 _VOCAB = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
           "tokenizer.ggml.scores")  # fmt: skip
 DEFAULT_CACHE = 4096  # cache slots when the caller names none (the model's context at most)
@@ -115,7 +117,7 @@ class Runtime:
         trim_freed_memory()  # the conversions' temporaries
         self.threads = threads or default_threads()
         self.cached: list[int] = []  # the tokens the cache holds, slot by slot
-        self._logits = np.empty((CHUNK, self.vocab), np.float32)
+        self._logits = np.empty((CHUNK, self.vocab), np.float32)  # pages touched: `keep` rows'
 
     @staticmethod
     def uncovered(path: str | os.PathLike[str]) -> str | None:
@@ -187,16 +189,19 @@ class Runtime:
         """Keep the cache's first n tokens (the slots past them are written over later)."""
         del self.cached[max(0, n) :]
 
-    def _call(self, tokens: Sequence[int], first: int) -> np.ndarray:
+    def _call(self, tokens: Sequence[int], first: int, keep: int = 1) -> np.ndarray:
+        """Run `tokens` at slots first...; the logits (keep, vocab) of the last `keep`."""
         n = len(tokens)
+        if not 0 < n <= CHUNK or keep > n:  # the logits' buffer holds CHUNK rows
+            raise LaminaError(f"a call takes 1..{CHUNK} tokens and their last 1..n logits")
         arr = ctypes.c_int64 * n
         tok, slots = arr(*tokens), arr(*range(first, first + n))
         starts, rows = arr(*([0] * n)), arr(*([0] * n))
-        out = self._logits[:n]
-        ok = self.lib.lm_step(
+        out = self._logits[:keep]
+        ok = self.lib.lm_step_last(
             ctypes.addressof(self.weights.model), n, ctypes.addressof(tok),
             ctypes.addressof(slots), ctypes.addressof(starts), ctypes.addressof(slots),
-            ctypes.addressof(rows), out.ctypes.data, self.threads,
+            ctypes.addressof(rows), out.ctypes.data, self.threads, keep,
         )  # fmt: skip
         if not ok:
             raise LaminaError("the native step failed (out of memory or threads)")
@@ -219,7 +224,7 @@ class Runtime:
             part = ids[at : at + chunk]
             out = self._call(part, len(self.cached))
             self.cached.extend(part)
-        return out[len(part) - 1].copy()
+        return out[0].copy()
 
     def generate(
         self,
