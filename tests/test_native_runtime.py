@@ -28,11 +28,10 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _reference(path: Path, ids: list[int], new: int) -> tuple[np.ndarray, list[int]]:
+def _reference(model, ids: list[int], new: int) -> tuple[np.ndarray, list[int]]:
     """The torch path's native engine: the prompt's last logits and `new` greedy tokens."""
     from lamina.native.step import native_step
 
-    model = lamina.open(path).model
     caches = model.make_caches(1, CONTEXT, dtype=torch.float16)
     engine = native_step(model, caches)
     assert engine is not None
@@ -47,9 +46,10 @@ def _reference(path: Path, ids: list[int], new: int) -> tuple[np.ndarray, list[i
     return first, tokens
 
 
-def _check(path: Path, ids: list[int], new: int = 32) -> Runtime:
+def _check(path: Path, ids: list[int], new: int = 32, model=None) -> Runtime:
     rt = Runtime.open(path, cache_len=CONTEXT, threads=1)
-    want_logits, want_tokens = _reference(path, ids, new)
+    model = lamina.open(path).model if model is None else model
+    want_logits, want_tokens = _reference(model, ids, new)
     got = rt.feed(ids)
     scale = np.abs(want_logits).max()
     # the runtime reads a Q8_0 table and head as GGML's blocks where the torch path makes int8
@@ -92,15 +92,23 @@ def real(smollm2_gguf: Path) -> Runtime:
     return Runtime.open(smollm2_gguf, cache_len=CONTEXT, threads=1)
 
 
+@pytest.fixture(scope="module")
+def bundle(smollm2_gguf: Path):
+    """The torch path's reading of the real model, once for the module."""
+    return lamina.open(smollm2_gguf)
+
+
 @pytest.mark.parametrize("qtype", ["Q4_K_M", "Q8_0", "Q6_K", "Q5_K_M"])
 def test_kquant_fixtures_match_the_torch_paths_engine(qtype: str) -> None:
     path = FIXTURES / f"kquant-{qtype}.gguf"
     _check(path, [5, 17, 200, 3, 99, 41, 7, 250, 1, 64, 12])
 
 
-def test_the_real_model_matches_the_torch_paths_engine(real: Runtime, smollm2_gguf) -> None:
+def test_the_real_model_matches_the_torch_paths_engine(real: Runtime, bundle, smollm2_gguf) -> None:
     ids = real.render_chat(MESSAGES)
-    rt = _check(smollm2_gguf, ids)  # Q4_1 as int4 rows, a Q8_0 table read in place
+    rt = _check(
+        smollm2_gguf, ids, model=bundle.model
+    )  # Q4_1 as int4 rows, a Q8_0 table read in place
     # a prompt in several chunks is the same causal prefill
     rt.forget(0)
     whole = rt.feed(ids)
@@ -109,10 +117,9 @@ def test_the_real_model_matches_the_torch_paths_engine(real: Runtime, smollm2_gg
     assert np.allclose(whole, parts, atol=1e-3 * np.abs(whole).max())
 
 
-def test_the_real_models_reply_is_lamina_opens(real: Runtime, smollm2_gguf) -> None:
+def test_the_real_models_reply_is_lamina_opens(real: Runtime, bundle) -> None:
     from lamina.generation import generate
 
-    bundle = lamina.open(smollm2_gguf)
     ids = real.render_chat(MESSAGES)
     assert ids == bundle.tokenizer.render_chat(MESSAGES, add_generation_prompt=True)
     assert (real.bos_id, real.eos_id, real.eot_ids) == (
