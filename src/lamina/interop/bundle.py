@@ -58,42 +58,19 @@ from lamina.interop.origin import MAX_BASE_CHAIN, Kind, Origin, _files, _labelle
 from lamina.libc import trim_freed_memory
 from lamina.models.encoder import SequenceClassifier
 from lamina.models.gpt import GPT
+from lamina.tokenizers.held import HeldTokenizer
 from lamina.tokenizers.kinds import Tokenizer
 
 GGUF_MAGIC = b"GGUF"
 
 
 @dataclass(frozen=True)
-class Bundle:
+class Bundle(HeldTokenizer):
     """A model, its tokenizer and where they came from."""
 
     model: nn.Module
     tokenizer: Tokenizer | None
     origin: Origin
-
-    def _tok(self, name: str, default: Any = None) -> Any:
-        return getattr(self.tokenizer, name, default) if self.tokenizer is not None else default
-
-    @property
-    def bos_id(self) -> int | None:
-        return self._tok("bos_id")
-
-    @property
-    def eos_id(self) -> int | None:
-        return self._tok("eos_id")
-
-    @property
-    def pad_id(self) -> int | None:
-        return self._tok("pad_id")
-
-    @property
-    def eot_ids(self) -> tuple[int, ...]:
-        """Ids that end a turn or a generation (empty when the tokenizer names none)."""
-        return tuple(self._tok("eot_ids", ()) or ())
-
-    @property
-    def chat_template(self) -> str | None:
-        return self._tok("chat_template")
 
     @property
     def is_chat(self) -> bool:

@@ -44,6 +44,7 @@ from lamina.libc import trim_freed_memory
 from lamina.native import build
 from lamina.native.gguf_model import GGUFModel, uncovered
 from lamina.native.gguf_read import GGUFContents, read_gguf
+from lamina.tokenizers.held import HeldTokenizer
 
 CHUNK = 32  # a prefill's entries per call (the last one's logits alone: (vocab,) float32)
 _VOCAB = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
@@ -90,7 +91,7 @@ def sample(
     return int(order[rng.choice(len(order), p=p)])
 
 
-class Runtime:
+class Runtime(HeldTokenizer):
     """A covered GGUF model, its KV cache (one row) and its tokenizer; see the module."""
 
     def __init__(
@@ -158,25 +159,6 @@ class Runtime:
                 f"than the token table's {self.vocab:,} rows"
             )
         return tok
-
-    def _tok(self, name: str, default: Any = None) -> Any:
-        return getattr(self.tokenizer, name, default) if self.tokenizer is not None else default
-
-    @property
-    def bos_id(self) -> int | None:
-        return self._tok("bos_id")
-
-    @property
-    def eos_id(self) -> int | None:
-        return self._tok("eos_id")
-
-    @property
-    def eot_ids(self) -> tuple[int, ...]:
-        return tuple(self._tok("eot_ids", ()) or ())
-
-    @property
-    def chat_template(self) -> str | None:
-        return self._tok("chat_template")
 
     def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
         """The ids of a conversation, ready for the assistant's reply (the tokenizer's own
