@@ -34,6 +34,7 @@ from lamina.errors import LaminaError
 from lamina.interop.family import Family
 from lamina.models.config import GPTConfig
 from lamina.models.gpt import GPT
+from lamina.native.ggml_blocks import rope_halves, rope_pairs
 
 FORMATS = ("hf", "gguf")
 
@@ -61,20 +62,10 @@ def rope_permutation(n_heads: int) -> Transform:
     """llama.cpp's q/k row order <-> HF's (and lamina's), for `n_heads` heads of rows."""
 
     def to_foreign(t: Tensor) -> Tensor:  # llama.cpp's LlamaModel.permute
-        rows = t.shape[0]
-        return (
-            t.reshape(n_heads, 2, rows // n_heads // 2, *t.shape[1:])
-            .transpose(1, 2)
-            .reshape(t.shape)
-        )
+        return rope_pairs(t, n_heads)
 
     def to_lamina(t: Tensor) -> Tensor:  # its inverse (transformers' _reverse_permute_weights)
-        rows = t.shape[0]
-        return (
-            t.reshape(n_heads, rows // n_heads // 2, 2, *t.shape[1:])
-            .transpose(1, 2)
-            .reshape(t.shape)
-        )
+        return rope_halves(t, n_heads)
 
     return Transform(f"rope-permuted({n_heads} heads)", to_lamina, to_foreign, lambda s: s)
 

@@ -4,6 +4,7 @@
     int8_rows(raw, shape) -> q int8 (N, K), scale float32 (N, K / 32)           # Q8_0
     int4_rows(raw, qtype, shape) -> nibbles uint8 (N, K / 2), scale, zero float32 (N, K / 32)
     BLOCK_BYTES: the qtypes converted (Q8_0 -> int8; Q4_0, Q4_1 -> int4) and their block size
+    rope_halves(a, heads) / rope_pairs(a, heads): q/k rows, llama.cpp's order <-> lamina's
 
 `raw` is the tensor's bytes as stored (uint8, any shape that flattens to N * K/32 blocks), `shape`
 its (N, K) in torch order (rows first; each row is K/32 blocks of 32 consecutive weights).
@@ -76,3 +77,17 @@ def int4_rows(raw: Any, qtype: str, shape: tuple[int, int]) -> tuple[np.ndarray,
     low, high = qs & 15, qs >> 4  # (blocks, 16) each: weights 0..15 and 16..31
     q = np.concatenate([low, high], 1).reshape(n, k)
     return q[:, 0::2] | (q[:, 1::2] << 4), d, zero
+
+
+def rope_halves(a: Any, heads: int) -> Any:
+    """q or k rows in llama.cpp's interleaved rotary order (each head's rows in pairs) -> the
+    halves order of lamina and HF (transformers' _reverse_permute_weights); a numpy array or a
+    torch tensor (its methods alike), rows first, returned as a new contiguous one."""
+    rows = a.shape[0]
+    return a.reshape(heads, rows // heads // 2, 2, *a.shape[1:]).swapaxes(1, 2).reshape(a.shape)
+
+
+def rope_pairs(a: Any, heads: int) -> Any:
+    """rope_halves' inverse (llama.cpp's LlamaModel.permute): halves -> interleaved pairs."""
+    rows = a.shape[0]
+    return a.reshape(heads, 2, rows // heads // 2, *a.shape[1:]).swapaxes(1, 2).reshape(a.shape)

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from lamina.errors import LaminaError
-from lamina.native.ggml_blocks import GROUP, int4_rows, int8_rows
+from lamina.native.ggml_blocks import GROUP, int4_rows, int8_rows, rope_halves
 from lamina.native.gguf_read import GGUFContents, GGUFTensor
 from lamina.native.structs import (
     ACTIVATIONS,
@@ -47,6 +47,7 @@ from lamina.native.structs import (
     Layer,
     Lin,
     Model,
+    aligned_bytes,
 )
 
 ARCH = "llama"
@@ -164,20 +165,6 @@ def uncovered(contents: GGUFContents) -> str | None:
     return None
 
 
-def _unpermute(a: np.ndarray, heads: int) -> np.ndarray:
-    """Rows in llama.cpp's interleaved rotary order -> lamina's halves (a copy)."""
-    n = a.shape[0]
-    return np.ascontiguousarray(
-        a.reshape(heads, n // heads // 2, 2, *a.shape[1:]).swapaxes(1, 2).reshape(a.shape)
-    )
-
-
-def _aligned(nbytes: int) -> np.ndarray:
-    raw = np.empty(nbytes + 64, np.uint8)
-    at = -raw.ctypes.data % 64
-    return raw[at : at + nbytes]
-
-
 class GGUFModel:
     """decode.c's `Model` of a covered GGUF file (`uncovered` is None) and its KV caches."""
 
@@ -245,7 +232,7 @@ class GGUFModel:
             for p, heads in parts:
                 q, s, zero = int4_rows(p.raw, p.qtype, p.shape)
                 for got, a in zip(arrays, (q, s, zero - 8 * s), strict=True):
-                    got.append(_unpermute(a, heads) if heads else a)
+                    got.append(rope_halves(a, heads) if heads else a)
                 self.contents.drop_pages(p.raw)
             q, s, mn = (np.ascontiguousarray(np.concatenate(a)) for a in arrays)
             L.kind, L.gs = LIN_INT4, GROUP
@@ -255,7 +242,7 @@ class GGUFModel:
             arrays = [[], []]
             for p, heads in parts:
                 for got, a in zip(arrays, int8_rows(p.raw, p.shape), strict=True):
-                    got.append(_unpermute(a, heads) if heads else a)
+                    got.append(rope_halves(a, heads) if heads else a)
                 self.contents.drop_pages(p.raw)
             q, s = (np.ascontiguousarray(np.concatenate(a)) for a in arrays)
             L.kind, L.gs, L.w, L.s = LIN_INT8, GROUP, self.keep.address(q), self.keep.address(s)
@@ -265,7 +252,7 @@ class GGUFModel:
             P.kind, P.gs, P.n, P.k = GGML_KINDS[p.qtype], GROUP, p.shape[0], p.shape[1]
             rows = p.raw
             if heads:
-                rows = _unpermute(rows, heads)
+                rows = rope_halves(rows, heads)
                 self.contents.drop_pages(p.raw)
             if lanes and p.qtype == "Q4_K":
                 rows = self._kq_lanes(P, rows, p)
@@ -280,7 +267,7 @@ class GGUFModel:
         """Q4_K rows in decode.c's 16-row lanes (a copy; lm_kq_pack16), where it takes them."""
         if not self.lib.lm_kq_pack16(ctypes.addressof(P), None, 1):
             return rows  # not this CPU's form: read in place
-        copy = _aligned(rows.nbytes).reshape(rows.shape)
+        copy = aligned_bytes(rows.nbytes).reshape(rows.shape)
         copy[...] = rows
         if not self.lib.lm_kq_pack16(ctypes.addressof(P), copy.ctypes.data, 1):
             return rows

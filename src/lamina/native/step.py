@@ -71,14 +71,21 @@ from lamina.models.gpt import GPT
 from lamina.native.build import library
 from lamina.native.coverage import unsupported
 from lamina.native.pointers import Pointers, kind_of
-from lamina.native.structs import ACTIVATIONS, GGML_KINDS, LIN_F32, LIN_INT8, Layer, Lin, Model
+from lamina.native.structs import (
+    ACTIVATIONS,
+    GGML_KINDS,
+    LIN_F32,
+    LIN_INT8,
+    Layer,
+    Lin,
+    Model,
+    aligned_bytes,
+)
 
 
 def _aligned(nbytes: int, dtype: torch.dtype) -> Tensor:
-    """A 64-byte aligned 1-d tensor of nbytes (a view into a slightly larger one)."""
-    raw = torch.empty(nbytes + 64, dtype=torch.uint8)
-    at = -raw.data_ptr() % 64
-    return raw[at : at + nbytes].view(dtype)
+    """A 64-byte aligned 1-d tensor of nbytes (structs.aligned_bytes, shared with torch)."""
+    return torch.from_numpy(aligned_bytes(nbytes)).view(dtype)
 
 
 def pack_lanes(m: nn.Module) -> bool:

@@ -2,6 +2,7 @@
 
     Lin, Layer, Model          the C structs (build.py compares their layout with decode.c's)
     LIN_*, GGML_KINDS, ACTIVATIONS    the kinds and activations decode.c numbers
+    aligned_bytes(n)           a 64-byte aligned numpy buffer of n bytes (decode.c's vector loads)
     Keep()                     pointers into buffers for the structs, each buffer kept alive:
                                `keep.address(numpy_array)`, `keep.parts(n)` for LIN_PARTS
 
@@ -18,7 +19,17 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
+import numpy as np
+
 from lamina.native.build import expect_layout
+
+
+def aligned_bytes(nbytes: int) -> np.ndarray:
+    """A 64-byte aligned uint8 buffer of nbytes (a view into a slightly larger one)."""
+    raw = np.empty(nbytes + 64, np.uint8)
+    at = -raw.ctypes.data % 64
+    return raw[at : at + nbytes]
+
 
 LIN_F32, LIN_INT4, LIN_INT8, LIN_PARTS = 0, 1, 2, 9
 # GGML's blocks as a GGUF file holds them (lamina.quant.kquant), read by decode.c as stored
