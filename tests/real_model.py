@@ -7,8 +7,10 @@ the ``smollm2_gguf`` fixture (tests/conftest.py), which skips cleanly where the 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -37,10 +39,11 @@ def save_smollm2_hf(gguf: Path, folder: Path) -> Path:
     import transformers
     from safetensors.torch import save_model
 
-    tok = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
-    )
+    with _gguf_parsed_once():
+        tok = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+        )
     folder.mkdir(parents=True, exist_ok=True)
     config = model.config.to_dict()
     config.pop("quantization_config", None)
@@ -48,3 +51,33 @@ def save_smollm2_hf(gguf: Path, folder: Path) -> Path:
     save_model(model, str(folder / "model.safetensors"))
     tok.save_pretrained(folder)
     return folder
+
+
+@contextlib.contextmanager
+def _gguf_parsed_once() -> Iterator[None]:
+    """transformers parses the file's metadata with gguf-py once per call it makes (three here,
+    ~5 s each for SmolLM2's 49k-entry vocabulary) and builds gguf-py's tensor-name table once per
+    tensor (~7 s in all). Both are pure functions of their arguments and only read, so within this
+    block each is made once; what transformers computes from them is unchanged."""
+    import gguf
+
+    make_reader, make_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers: dict[tuple, object] = {}
+    maps: dict[tuple, object] = {}
+
+    def reader(*args: object, **kw: object) -> object:
+        key = (*map(str, args), *sorted((k, str(v)) for k, v in kw.items()))
+        if key not in readers:
+            readers[key] = make_reader(*args, **kw)
+        return readers[key]
+
+    def name_map(*args: object) -> object:
+        if args not in maps:
+            maps[args] = make_map(*args)
+        return maps[args]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = make_reader, make_map

@@ -90,14 +90,11 @@ def smol(smol_meta) -> PretrainedTokenizer:
 
 
 @pytest.fixture(scope="module")
-def smol_hf(smollm2_gguf):
-    """transformers' tokenizer from the same GGUF file, loaded once. AutoTokenizer picks
-    TokenizersBackend for this file and builds the same object (same backend JSON, specials,
-    template and init kwargs), but first reads the whole model config with gguf-py's slow
-    reader: the class itself takes ~9 s instead of ~21 s here."""
-    return transformers.TokenizersBackend.from_pretrained(
-        str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name
-    )
+def smol_hf(smollm2_hf):
+    """transformers' tokenizer of the same GGUF file: the one transformers made from it and
+    saved with the session's reference folder (tests/conftest.py), loaded in about a second
+    instead of reading the GGUF's metadata with gguf-py's slow reader again (~9 s)."""
+    return transformers.AutoTokenizer.from_pretrained(str(smollm2_hf))
 
 
 def _hf_chat(hf, messages, add_generation_prompt: bool) -> list[int]:

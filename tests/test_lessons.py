@@ -1,7 +1,8 @@
 """The lessons: sources and notebooks in step, solutions run, exercises stop at the first TODO.
 
-Every notebook runs in a fresh local Jupyter kernel (nbclient; the kernel "python3" is pinned
-to this interpreter, so a user-level kernelspec of another Python cannot stand in), with
+Each lesson runs in a fresh local Jupyter kernel (nbclient; the kernel "python3" is pinned to
+this interpreter, so a user-level kernelspec of another Python cannot stand in): its exercise up
+to the first TODO, then its solution from there (see ``lesson_runs``), with
 LAMINA_LESSON_FAST=1 (small sizes), LAMINA_LESSON_STRICT=1 (a failed self-check raises instead
 of only printing FAIL) and one torch thread.
 """
@@ -49,25 +50,65 @@ def kernel_path(tmp_path_factory):
     return str(root)
 
 
-def execute(
-    path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kernel_path: str
-) -> tuple[nbformat.NotebookNode, CellExecutionError | None]:
-    """Run a notebook in a fresh kernel in tmp_path: (the notebook with outputs, the error)."""
-    monkeypatch.setenv("JUPYTER_PATH", kernel_path)
-    monkeypatch.setenv("LAMINA_LESSON_FAST", "1")
-    monkeypatch.setenv("LAMINA_LESSON_STRICT", "1")
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # tiny models: threads only cost on shared cores
-    nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(
+def first_todo(nb: nbformat.NotebookNode) -> int:
+    return next(i for i, c in enumerate(nb.cells) if "todo" in c.metadata.get("tags", []))
+
+
+def run_cells(client: NotebookClient, cells: range) -> CellExecutionError | None:
+    """Run these cells of the client's notebook in its kernel, stopping at the first error."""
+    for index in cells:
+        try:
+            client.execute_cell(client.nb.cells[index], index)
+        except CellExecutionError as exc:
+            return exc
+    return None
+
+
+def client_for(nb: nbformat.NotebookNode, tmp_path: Path) -> NotebookClient:
+    return NotebookClient(
         nb, kernel_name="python3", timeout=120, resources={"metadata": {"path": str(tmp_path)}}
     )
-    start, error = time.perf_counter(), None
-    try:
-        client.execute()
-    except CellExecutionError as exc:
-        error = exc
-    print(f"{path.relative_to(REPO)}: {time.perf_counter() - start:.1f} s", file=sys.stderr)
-    return nb, error
+
+
+@pytest.fixture(scope="module")
+def lesson_runs(kernel_path, tmp_path_factory):
+    """Each lesson run once, by name: (exercise, its error, solution, its error), notebooks with
+    their outputs.
+
+    One kernel per lesson: the exercise runs up to its first TODO, then the solution goes on in
+    the same kernel from that cell (the cells before it are the same in both, which is checked),
+    so the cells they share run once. Fresh kernels for both would double the kernel starts and
+    the shared cells: a quarter of this module's time."""
+    runs: dict[str, tuple] = {}
+
+    def run(name: str) -> tuple:
+        if name in runs:
+            return runs[name]
+        ex = nbformat.read(LESSONS / "exercises" / f"{name}.ipynb", as_version=4)
+        sol = nbformat.read(LESSONS / "solutions" / f"{name}.ipynb", as_version=4)
+        todo = first_todo(ex)
+        shared = [(c.cell_type, c.source) for c in ex.cells[:todo]]
+        if shared != [(c.cell_type, c.source) for c in sol.cells[:todo]]:
+            raise AssertionError(f"{name}: the cells before the first TODO differ")
+        tmp_path = tmp_path_factory.mktemp(name)
+        start = time.perf_counter()
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("JUPYTER_PATH", kernel_path)
+            mp.setenv("LAMINA_LESSON_FAST", "1")
+            mp.setenv("LAMINA_LESSON_STRICT", "1")
+            mp.setenv("OMP_NUM_THREADS", "1")  # tiny models: threads only cost on shared cores
+            client = client_for(ex, tmp_path)
+            with client.setup_kernel():
+                ex_error = run_cells(client, range(len(ex.cells)))
+                for mine, theirs in zip(sol.cells[:todo], ex.cells[:todo], strict=True):
+                    mine.outputs = theirs.get("outputs", [])
+                client.nb = sol
+                sol_error = run_cells(client, range(todo, len(sol.cells)))
+        print(f"lessons/{name}: {time.perf_counter() - start:.1f} s", file=sys.stderr)
+        runs[name] = (ex, ex_error, sol, sol_error)
+        return runs[name]
+
+    return run
 
 
 def test_there_are_eight_lessons():
@@ -110,9 +151,9 @@ def test_markers_must_balance():
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_solution_runs_top_to_bottom(name, tmp_path, monkeypatch, kernel_path):
+def test_solution_runs_top_to_bottom(name, lesson_runs):
     """Every solution notebook executes without an error and every self-check passes."""
-    nb, error = execute(LESSONS / "solutions" / f"{name}.ipynb", tmp_path, monkeypatch, kernel_path)
+    _, _, nb, error = lesson_runs(name)
     assert error is None, str(error)
     text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert "FAIL" not in text
@@ -120,17 +161,16 @@ def test_solution_runs_top_to_bottom(name, tmp_path, monkeypatch, kernel_path):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_exercise_stops_at_first_todo(name, tmp_path, monkeypatch, kernel_path):
+def test_exercise_stops_at_first_todo(name, lesson_runs):
     """Every exercise notebook fails exactly at its first TODO cell, with NotImplementedError."""
-    nb, error = execute(LESSONS / "exercises" / f"{name}.ipynb", tmp_path, monkeypatch, kernel_path)
+    nb, error, _, _ = lesson_runs(name)
     assert error is not None and error.ename == "NotImplementedError", str(error)
     failed = [
         i
         for i, c in enumerate(nb.cells)
         if c.cell_type == "code" and any(o.output_type == "error" for o in c.outputs)
     ]
-    first_todo = next(i for i, c in enumerate(nb.cells) if "todo" in c.metadata.get("tags", []))
-    assert failed == [first_todo]
+    assert failed == [first_todo(nb)]
 
 
 def test_lessons_command_copies_exercises(tmp_path, capsys):

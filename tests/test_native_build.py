@@ -1,6 +1,6 @@
 """lamina.native.build trusts nothing: the folder, the file before it loads, the loaded ABI.
 
-One real build per module (a temporary cache); the other cases reuse it through a stand-in
+One real build per module (the session's, copied); the other cases reuse it through a stand-in
 compiler that copies it, so each case checks the loader's rules without compiling again.
 """
 
@@ -36,12 +36,18 @@ def cache(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    """A real build (its .so path and key), made once for the module."""
+    """A real build (its .so path and key), made once for the module: a copy of the test
+    session's own build (tests/conftest.py gives the session a fresh cache folder, so that one
+    was compiled in this session too), or a build of its own where the session has none."""
     folder = tmp_path_factory.mktemp("built") / "native"
     folder.mkdir(mode=0o700)
     cc = build._compiler()
     key = build.key_of(cc)
-    build._build(cc, key, folder)
+    session_lib = build.cache_dir() / f"decode-{key}.so"
+    if build.library() is not None and session_lib.is_file():
+        shutil.copyfile(session_lib, folder / session_lib.name)
+    else:
+        build._build(cc, key, folder)
     return folder / f"decode-{key}.so", key
 
 
