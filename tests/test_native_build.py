@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+import lamina.native.structs  # noqa: F401  (its import declares the structs the loader checks)
 from lamina.native import build
 
 pytestmark = pytest.mark.skipif(

@@ -225,8 +225,6 @@ def _check(lib: ctypes.CDLL, key: str) -> None:
     if lib.lm_build_key() != key.encode():
         raise BuildError("the library was not built from this lamina's source")
     if not _layout:
-        import lamina.native.structs  # noqa: F401  (importing it declares the structs)
-    if not _layout:
         raise BuildError("lamina.native.structs has not declared its structs (expect_layout)")
     c, py = _library_layout(lib), layout_of(_layout)
     differ = sorted(n for n in c.keys() | py.keys() if c.get(n) != py.get(n))
