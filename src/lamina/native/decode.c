@@ -2631,9 +2631,12 @@ int lm_pack_i8(const Lin *L, uint8_t *w, float *s) {
         for (int i = 0; i < 16; i++) {
             const int row = 16 * G + i < n ? 16 * G + i : n - 1;
             for (int b = 0; b < nb; b++)
-                for (int h = 0; h < 8; h++)
-                    for (int j = 0; j < 4; j++)
-                        w[(((size_t)G * nb + b) * 8 + h) * 64 + 4 * i + j] = (uint8_t)(q[(size_t)row * k + 32 * b + 4 * h + j] ^ 0x80);
+                for (int h = 0; h < 8; h++) { /* 4 bytes at once, each flipped to unsigned */
+                    uint32_t v;
+                    memcpy(&v, q + (size_t)row * k + 32 * b + 4 * h, 4);
+                    v ^= 0x80808080u;
+                    memcpy(w + (((size_t)G * nb + b) * 8 + h) * 64 + 4 * i, &v, 4);
+                }
             for (int g = 0; g < groups; g++) s[((size_t)G * groups + g) * 16 + i] = L->s[(size_t)row * groups + g];
         }
     }
