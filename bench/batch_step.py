@@ -21,7 +21,8 @@ end. --kv f32,f16 times an engine over float32 caches and one over float16 cache
 16-bit caches, `lamina serve --kv-cache`) in turn within every round, a table each. --roles also times each linear role at B rows (every block's qkv, proj, fc, out, then the
 head: one `lm_linear` call per layer, all layers in turn, as bench/step_profile.py does for one
 row), the step less their sum being attention, norms, the inputs' quantization and barriers.
-Torch's threads are set with torch.set_num_threads (this process only).
+"barriers" is how many barriers the step's threads met (decode.c's lm_step_barriers; 0 on one
+thread). Torch's threads are set with torch.set_num_threads (this process only).
 """
 
 from __future__ import annotations
@@ -78,8 +79,8 @@ def main() -> int:
     import lamina
     from lamina import native
     from lamina.native.build import library as engine_library
+    from lamina.native.pointers import Pointers
     from lamina.native.step import linear
-    from lamina.native.structs import Pointers
 
     path = args.gguf
     if path is None:
@@ -110,6 +111,7 @@ def main() -> int:
     groups = roles(model) if args.roles else []
     ptrs = Pointers()
     lins = [(name, [ptrs.lin(m) for m in mods], mods[0]) for name, mods in groups]
+    bars = {}  # the barriers a step's threads met (decode.c's lm_step_barriers)
     role_best = {(v, b, name): float("inf") for v in values for b in counts for name, *_ in lins}
     try:
         with torch.no_grad():
@@ -121,6 +123,7 @@ def main() -> int:
                         engine = engines[kv]
                         toks, slots = [17 + r for r in range(b)], [args.length] * b
                         step = timed(lambda: engine.step_batch(toks, slots, slots), args.steps)  # noqa: B023
+                        bars[v, b] = lib.lm_step_barriers()
                         x = torch.randn(b, d)
                         head = timed(lambda: linear(model.head, x), args.steps)  # noqa: B023
                         old = best[v, kv, b]
@@ -146,9 +149,10 @@ def main() -> int:
         if len(kvs) > 1:
             print(f"\n{kv} caches")
         print(
-            "| rows | step ms | ms per row | tok/s | x one row | head ms | rest ms | rest x one row |"
+            "| rows | step ms | ms per row | tok/s | x one row | head ms | rest ms | rest x one row "
+            "| barriers |"
         )
-        print("|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|")
         one = best[v, kv, counts[0]]
         for b in counts:
             step, head = best[v, kv, b]
@@ -156,7 +160,7 @@ def main() -> int:
             print(
                 f"| {b} | {1e3 * step:.2f} | {1e3 * step / b:.2f} | {b / step:.0f} | "
                 f"{(b / step) / (counts[0] / one[0]):.2f}x | {1e3 * head:.2f} | {1e3 * rest:.2f} | "
-                f"{(b / rest) / (counts[0] / (one[0] - one[1])):.2f}x |"
+                f"{(b / rest) / (counts[0] / (one[0] - one[1])):.2f}x | {bars.get((v, b), '-')} |"
             )
         if lins and kv == kvs[0]:
             print(

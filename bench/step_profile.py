@@ -77,7 +77,7 @@ def timed_role(lib, items, reps: int, nt: int) -> float:
 def profile_file(path: str, args, lib, switch, values: list[int], threads: list[int]) -> None:
     import lamina
     from lamina import native
-    from lamina.native.structs import Pointers
+    from lamina.native.pointers import Pointers
 
     model = lamina.open(path).model.eval()
     caches = model.make_caches(1, args.length + 8)

@@ -248,6 +248,45 @@ def test_a_step_gives_the_same_bits_whoever_computes_each_unit():
             lib.lm_step_share(share), lib.lm_step_pin(pin)
 
 
+@pytest.mark.parametrize("scheme", ["int4", "int8", "fp32"])
+def test_fused_phases_give_the_same_bits_as_the_phases_apart(scheme):
+    """decode.c's step_fuse (lm_step_fuse) runs a batch's attention merge with the
+    out-projection's inputs, and the feed-forward's fc, activation and out-projection's inputs,
+    as one phase each (fewer barriers): the logits and the caches it writes are the same bits
+    as with the phases apart, at 1, 2 and 3 threads, for 1, 2, 5 and 10 rows (int4 in lanes
+    with int8 inputs where the CPU has AVX-512 VNNI, int8 and float linears)."""
+    from lamina.native.build import library
+
+    model = _model(scheme, seed=7, d_model=96)
+    lib = library()
+    prompts = [[3 + i, 8, 5 + 3 * i, 2, 11][: 1 + i % 5] for i in range(10)]
+    fuse = lib.lm_step_fuse(-1)
+    assert fuse == 1
+    with torch.no_grad():
+        caches = model.make_caches(10, 40)
+        engine = native.native_step(model, caches)
+        _filled_caches(model, prompts, list(range(10)), caches)
+        try:
+            for b in (1, 2, 5, 10):
+                slots = [len(p) - 1 for p in prompts[:b]]
+                toks = [p[-1] for p in prompts[:b]]
+                for threads in (1, 2, 3):
+                    outs = []
+                    for f in (0, 1):
+                        lib.lm_step_fuse(f)
+                        logits = engine.step_batch(toks, slots, slots, threads=threads)
+                        keys = [c.k[:b].clone() for c in caches]
+                        outs.append((logits, keys))
+                    (want, wkeys), (got, gkeys) = outs
+                    assert torch.equal(got, want), (b, threads)
+                    assert all(torch.equal(g, w) for g, w in zip(gkeys, wkeys, strict=True)), (
+                        b,
+                        threads,
+                    )
+        finally:
+            lib.lm_step_fuse(fuse)
+
+
 def test_two_rows_with_int8_inputs_equal_each_row_alone():
     """Two rows (fewer than the lanes take) run the one-row form per row, int8 inputs too."""
     from lamina.native.build import library

@@ -3173,6 +3173,9 @@ typedef struct {
     float *x, *xn, *qkv, *att, *fco, *h, *cs, *sn, *scores, *parts;
     float *kvs; /* kv16: each thread's chunk of keys, then of values, as floats (2 CHUNK hd) */
     Act a;
+    Act a2; /* fused feed-forward (step_fuse): the out-projection's inputs, made while fc reads a */
+    Act *ta;   /* step_fuse, a few rows on several threads: each thread's own inputs to qkv and fc */
+    float *txn; /* (threads, B, d): each thread's own normed rows */
 } Step;
 
 #define CHUNK 128 /* cache slots per attention task */
@@ -3473,15 +3476,16 @@ static inline int work_next(Work *w) {
     return -1;
 }
 
-/* a linear's rows for all the step's rows, in units of 16-row groups (lanes) shared as above */
-static void lin_shared_rows(Step *S, int *ph, const Lin *L, int rows, float *y, int ystride, int accumulate,
-                            float softcap, int tid, int nt) {
+/* a linear's rows for all the step's rows, in units of 16-row groups (lanes) shared as above,
+   its inputs a */
+static void lin_shared_act(Step *S, int *ph, const Lin *L, const Act *a, int rows, float *y, int ystride, int accumulate,
+                           float softcap, int tid, int nt) {
     const int n = L->n, groups = (n + 15) / 16, per = 8 * nt; /* ~8 units a thread */
     const int unit = 16 * ((groups + per - 1) / per), units = (n + unit - 1) / unit;
     Work w = work_start(S, ph, units, 0, tid, nt);
     for (int u; (u = work_next(&w)) >= 0;) {
         const int n0 = u * unit, n1 = n0 + unit < n ? n0 + unit : n;
-        lin_rows(L, rows, &S->a, y, ystride, n0, n1, accumulate);
+        lin_rows(L, rows, a, y, ystride, n0, n1, accumulate);
         if (softcap != 0.0f)
             for (int r = 0; r < rows; r++)
                 for (int i = n0; i < n1; i++) {
@@ -3489,6 +3493,11 @@ static void lin_shared_rows(Step *S, int *ph, const Lin *L, int rows, float *y, 
                     *o = softcap * tanhf(*o / softcap);
                 }
     }
+}
+
+static void lin_shared_rows(Step *S, int *ph, const Lin *L, int rows, float *y, int ystride, int accumulate,
+                            float softcap, int tid, int nt) {
+    lin_shared_act(S, ph, L, &S->a, rows, y, ystride, accumulate, softcap, tid, nt);
 }
 
 /* L over the step's B rows, its units shared out (lin_shared_rows) */
@@ -3525,6 +3534,82 @@ static void norm_and_prepare_from(Step *S, int *ph, const Lin *L, const float *w
     }
 }
 
+/* Fewer phases a step (fewer barriers: a batch's step had 11 a layer, each a wait for the
+   slower thread): with step_fuse, where the batch's rows are shared out by rows (not one row's
+   columns), a row's attention heads are merged and its inputs to the out-projection made in
+   one unit, and the feed-forward's fc, activation and the inputs to its out-projection are one
+   phase: a unit computes fc's gate and up rows for a range of columns of h (both halves for
+   SwiGLU), their activation, and those columns' blocks of the out-projection's inputs (into
+   a2, since fc still reads a). The same numbers, in the same order, as the phases apart: each
+   output of a linear, an activation and a block of inputs depends on its own inputs only.
+   lm_step_fuse(0) keeps the phases apart (-1 leaves it; returns it). */
+static int step_fuse = 1;
+/* the barriers the last step's threads met (lm_step_barriers: bench/batch_step.py prints it) */
+static atomic_int step_barriers = 0;
+int lm_step_barriers(void) { return atomic_load_explicit(&step_barriers, memory_order_relaxed); }
+#define FUSE_OWN_ROWS 16 /* the most rows each thread norms for itself (norm_and_prepare_own) */
+int lm_step_fuse(int choice) {
+    if (choice >= 0) step_fuse = choice ? 1 : 0;
+    return step_fuse;
+}
+
+/* one head's chunks merged by their maxima into the softmax of the whole (att row r, head h) */
+static void merge_head(Step *S, int r, int h, int nch) {
+    const int H = S->m->H, hd = S->m->hd;
+    const float *parts = S->parts + ((size_t)r * H + h) * nch * (hd + 2);
+    float mx = -INFINITY, sum = 0;
+    for (int c = 0; c < nch; c++) mx = parts[c * (hd + 2)] > mx ? parts[c * (hd + 2)] : mx;
+    float *o = S->att + (size_t)r * H * hd + (size_t)h * hd;
+    memset(o, 0, hd * sizeof(float));
+    for (int c = 0; c < nch; c++) {
+        const float *part = parts + (size_t)c * (hd + 2);
+        if (part[1] == 0.0f) continue;
+        const float w = expf(part[0] - mx);
+        sum += w * part[1];
+        axpy(o, w, part + 2, hd);
+    }
+    const float inv = 1.0f / sum;
+    for (int i = 0; i < hd; i++) o[i] *= inv;
+}
+
+/* the width of a fused feed-forward unit's columns of h (a multiple of the out-projection's
+   input blocks), or 0 where the phases stay apart */
+static int ff_unit(const Step *S, const Layer *ly, int nt) {
+    const Model *m = S->m;
+    const int ff = m->ff, al = 32 * prepare_unit(&ly->out);
+    if (!step_fuse || !S->a2.dx || ff % al || ly->fc.n != (m->act == ACT_SWIGLU ? 2 * ff : ff)) return 0;
+    const int per = 8 * nt; /* ~8 units a thread, as lin_shared_rows */
+    return al * ((ff / al + per - 1) / per);
+}
+
+/* every row of x normed and made ready for L by this thread alone, into its own ta and txn:
+   the rows are few, so each thread doing them all costs less than a barrier's wait (the same
+   numbers as norm_and_prepare's: each row's its own) */
+static void norm_and_prepare_own(Step *S, const Lin *L, const float *w, const float *b, int tid) {
+    const Model *m = S->m;
+    const int d = m->d;
+    float *xn = S->txn + (size_t)tid * S->B * d;
+    for (int r = 0; r < S->B; r++) {
+        norm_row(S->x + (size_t)r * d, xn + (size_t)r * d, d, w, b, m->norm, m->eps);
+        prepare_rows(L, xn, r, r + 1, &S->ta[tid]);
+    }
+}
+
+/* fc, the activation and the out-projection's inputs (a2) for columns of h in units of cw,
+   fc's inputs a */
+static void ff_fused(Step *S, int *ph, const Layer *ly, const Act *a, int cw, int tid, int nt) {
+    const Model *m = S->m;
+    const int B = S->B, ff = m->ff, fc_n = ly->fc.n, units = (ff + cw - 1) / cw;
+    Work w = work_start(S, ph, units, 0, tid, nt);
+    for (int u; (u = work_next(&w)) >= 0;) {
+        const int c0 = u * cw, c1 = c0 + cw < ff ? c0 + cw : ff;
+        lin_rows(&ly->fc, B, a, S->fco, fc_n, c0, c1, 0);
+        if (m->act == ACT_SWIGLU) lin_rows(&ly->fc, B, a, S->fco, fc_n, ff + c0, ff + c1, 0);
+        for (int r = 0; r < B; r++) act_cols(m, S->fco + (size_t)r * fc_n, S->h + (size_t)r * ff, ff, c0, c1);
+        prepare_blocks(&ly->out, S->h, 0, B, c0 / 32, c1 / 32, &S->a2);
+    }
+}
+
 static void step_body(Step *S, int tid, int nt);
 static void step_job(void *p, int tid, int nt) {
     Step *S = (Step *)p;
@@ -3558,9 +3643,15 @@ static void step_body(Step *S, int tid, int nt) {
     for (int l = 0; l < m->n_layers; l++) {
         const Layer *ly = &m->layers[l];
         /* (layer 0's row: thread 0, which embedded it, with no barrier between) */
-        norm_and_prepare(S, l > 0 ? &ph : NULL, &ly->qkv, ly->n1w, ly->n1b, cols && l > 0, tid, nt);
-        barrier_wait(&S->bar);
-        lin_shared(S, &ph, &ly->qkv, S->qkv, qkv_n, 0, 0.0f, tid, nt);
+        const int own = !cols && S->ta && nt > 1; /* each thread its own norms (step_fuse) */
+        if (own && l > 0) {
+            norm_and_prepare_own(S, &ly->qkv, ly->n1w, ly->n1b, tid);
+            lin_shared_act(S, &ph, &ly->qkv, &S->ta[tid], B, S->qkv, qkv_n, 0, 0.0f, tid, nt);
+        } else {
+            norm_and_prepare(S, l > 0 ? &ph : NULL, &ly->qkv, ly->n1w, ly->n1b, cols && l > 0, tid, nt);
+            barrier_wait(&S->bar);
+            lin_shared(S, &ph, &ly->qkv, S->qkv, qkv_n, 0, 0.0f, tid, nt);
+        }
         barrier_wait(&S->bar);
         /* new keys and values: norm, rotate, store at the slot; the queries of their group too */
         Work wkv = work_start(S, &ph, B * Hkv, 1, tid, nt);
@@ -3648,38 +3739,43 @@ static void step_body(Step *S, int tid, int nt) {
             if (wide_att && len > 0) weighted_group_512(group, scg, vb, m->kv16, len, og, nv, nlen);
         }
         barrier_wait(&S->bar);
-        Work wmerge = work_start(S, &ph, B * H, 1, tid, nt);
-        for (int t; (t = work_next(&wmerge)) >= 0;) {
-            const int r = t / H, h = t % H;
-            const float *parts = S->parts + ((size_t)r * H + h) * nch * (hd + 2);
-            float mx = -INFINITY, sum = 0;
-            for (int c = 0; c < nch; c++) mx = parts[c * (hd + 2)] > mx ? parts[c * (hd + 2)] : mx;
-            float *o = S->att + (size_t)r * H * hd + (size_t)h * hd;
-            memset(o, 0, hd * sizeof(float));
-            for (int c = 0; c < nch; c++) {
-                const float *part = parts + (size_t)c * (hd + 2);
-                if (part[1] == 0.0f) continue;
-                const float w = expf(part[0] - mx);
-                sum += w * part[1];
-                axpy(o, w, part + 2, hd);
+        if (!cols && step_fuse) { /* a row's heads merged, then its inputs to proj (fused) */
+            Work wm = work_start(S, &ph, B, 1, tid, nt);
+            for (int r; (r = work_next(&wm)) >= 0;) {
+                for (int h = 0; h < H; h++) merge_head(S, r, h, nch);
+                prepare_rows(&ly->proj, S->att, r, r + 1, &S->a);
             }
-            const float inv = 1.0f / sum;
-            for (int i = 0; i < hd; i++) o[i] *= inv;
+        } else {
+            Work wmerge = work_start(S, &ph, B * H, 1, tid, nt);
+            for (int t; (t = work_next(&wmerge)) >= 0;) merge_head(S, t / H, t % H, nch);
+            barrier_wait(&S->bar);
         }
-        barrier_wait(&S->bar);
         if (cols) {
             split_blocks(&ly->proj, H * hd, tid, nt, &b0, &b1);
             prepare_blocks(&ly->proj, S->att, 0, 1, b0, b1, &S->a);
-        } else {
+        } else if (!step_fuse) {
             Work wp = work_start(S, &ph, B, 1, tid, nt);
             for (int r; (r = work_next(&wp)) >= 0;) prepare_rows(&ly->proj, S->att, r, r + 1, &S->a);
         }
         barrier_wait(&S->bar);
         lin_shared(S, &ph, &ly->proj, S->x, d, 1, 0.0f, tid, nt); /* the residual: x += proj(att) */
         barrier_wait(&S->bar);
-        norm_and_prepare(S, &ph, &ly->fc, ly->n2w, ly->n2b, cols, tid, nt);
-        barrier_wait(&S->bar);
-        const int fc_n = ly->fc.n, ff = m->ff;
+        const int fc_n = ly->fc.n, ff = m->ff, cw = cols ? 0 : ff_unit(S, ly, nt);
+        const Act *fa = &S->a; /* fc's inputs */
+        if (own && cw) {
+            norm_and_prepare_own(S, &ly->fc, ly->n2w, ly->n2b, tid);
+            fa = &S->ta[tid];
+        } else {
+            norm_and_prepare(S, &ph, &ly->fc, ly->n2w, ly->n2b, cols, tid, nt);
+            barrier_wait(&S->bar);
+        }
+        if (cw) { /* fc, activation and out's inputs in one phase */
+            ff_fused(S, &ph, ly, fa, cw, tid, nt);
+            barrier_wait(&S->bar);
+            lin_shared_act(S, &ph, &ly->out, &S->a2, B, S->x, d, 1, 0.0f, tid, nt);
+            barrier_wait(&S->bar);
+            continue;
+        }
         lin_shared(S, &ph, &ly->fc, S->fco, fc_n, 0, 0.0f, tid, nt);
         barrier_wait(&S->bar);
         if (cols) {
@@ -3784,7 +3880,52 @@ int lm_step_last(const Model *m, int B, const int64_t *tokens, const int64_t *po
     }
     S.a.q = (int16_t *)p;
     S.a.lanes8 = q8 && lanes8_on() && has_lanes(m); /* the head too (head8) */
+    float *buf2 = NULL; /* a2 (step_fuse): the same sizes as a's */
+    if (step_fuse) {
+        const size_t per = (size_t)B * (kmax / 32 + 1);
+        buf2 = (float *)malloc(((2 + 2 * q8) * per + (q8 ? ((size_t)B * kmax + 3) / 4 : 0)) * sizeof(float) +
+                               (size_t)B * kmax * sizeof(int16_t) + 64);
+        if (buf2) {
+            float *p2 = buf2;
+            S.a2.dx = p2, p2 += per;
+            S.a2.sx = p2, p2 += per;
+            if (q8) {
+                S.a2.d8 = p2, p2 += per;
+                S.a2.s8 = p2, p2 += per;
+                S.a2.q8 = (int8_t *)p2, p2 += ((size_t)B * kmax + 3) / 4;
+            }
+            S.a2.q = (int16_t *)p2;
+            S.a2.lanes8 = S.a.lanes8;
+        }
+    }
+    void *buf3 = NULL; /* ta, txn: each thread's own inputs to qkv and fc (step_fuse, a few rows) */
+    if (step_fuse && buf2 && nthreads > 1 && B <= FUSE_OWN_ROWS) {
+        const size_t per = (size_t)B * (d / 32 + 1), nq8 = q8 ? ((size_t)B * d + 3) / 4 : 0;
+        const size_t each = (size_t)B * d + (2 + 2 * q8) * per + nq8 + ((size_t)B * d + 1) / 2; /* floats */
+        buf3 = malloc((size_t)nthreads * (sizeof(Act) + each * sizeof(float)) + 64);
+        if (buf3) {
+            S.ta = (Act *)buf3;
+            float *p3 = (float *)(S.ta + nthreads);
+            S.txn = p3, p3 += (size_t)nthreads * B * d;
+            for (int t = 0; t < nthreads; t++) {
+                Act *a = &S.ta[t];
+                memset(a, 0, sizeof *a);
+                a->dx = p3, p3 += per;
+                a->sx = p3, p3 += per;
+                if (q8) {
+                    a->d8 = p3, p3 += per;
+                    a->s8 = p3, p3 += per;
+                    a->q8 = (int8_t *)p3, p3 += nq8;
+                }
+                a->q = (int16_t *)p3, p3 += ((size_t)B * d + 1) / 2;
+                a->lanes8 = S.a.lanes8;
+            }
+        }
+    }
     run_parallel(step_job, &S, nthreads, &S.bar.n);
+    atomic_store_explicit(&step_barriers, (int)atomic_load(&S.bar.phase), memory_order_relaxed);
+    free(buf3);
+    free(buf2);
     free(S.share);
     free(buf);
     return 1;
