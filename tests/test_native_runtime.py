@@ -16,7 +16,8 @@ import torch
 import lamina
 from lamina.native.gguf_model import uncovered
 from lamina.native.gguf_read import read_gguf
-from lamina.native.runtime import Runtime, sample
+from lamina.generation.pick import pick as sample
+from lamina.native.runtime import Runtime
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CONTEXT = 128
