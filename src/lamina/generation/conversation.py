@@ -103,6 +103,10 @@ class Engine(Protocol):
         """Append one token; the logits for the next."""
         ...
 
+    def forget(self, n: int) -> None:
+        """Keep the cache's first n tokens."""
+        ...
+
     @property
     def full(self) -> bool: ...
 
@@ -138,6 +142,9 @@ class RuntimeCache:
 
     def step(self, token: int) -> np.ndarray:
         return self.runtime.feed([token])
+
+    def forget(self, n: int) -> None:
+        self.runtime.forget(n)
 
     @property
     def full(self) -> bool:

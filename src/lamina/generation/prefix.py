@@ -3,6 +3,7 @@
     cache = PrefixCache(model, capacity, dtype=None)
     logits, reused = cache.prefill(ids)     (1, V): only the ids past the common prefix run
     logits = cache.step(token)
+    cache.forget(n)                                keep the first n tokens
     cache.sampler(options) -> token of logits      lamina.generation.sampling, a torch.Generator
     with cache.running(): ...                      eval mode, no autograd
 
@@ -79,6 +80,12 @@ class PrefixCache:
             logits = self.model(torch.tensor([[token]], device=device), caches=self.caches)[:, -1]
         self.ids.append(token)
         return logits
+
+    def forget(self, n: int) -> None:
+        """Keep the cache's first n tokens (the rest is written over by the next prefill)."""
+        del self.ids[max(0, n) :]
+        for c in self.caches:
+            c.pos = len(self.ids)
 
     @property
     def full(self) -> bool:
