@@ -56,9 +56,10 @@ def top_k_rows(z: np.ndarray, k: int) -> np.ndarray:
 
 
 def softmax_rows(z: np.ndarray) -> np.ndarray:
-    """softmax over the last axis, in the array's dtype."""
+    """softmax over the last axis, in the array's dtype (scaled by the sum's reciprocal, as
+    torch's softmax is)."""
     e = np.exp(z - z.max(-1, keepdims=True))
-    return e / e.sum(-1, keepdims=True)
+    return e * (1 / e.sum(-1, keepdims=True))
 
 
 def top_p_rows(z: np.ndarray, p: float) -> np.ndarray:
@@ -74,11 +75,11 @@ def top_p_rows(z: np.ndarray, p: float) -> np.ndarray:
         top = np.take_along_axis(probs, order, -1)
         rank = np.argsort(-top, axis=-1, kind="stable")
         order, top = np.take_along_axis(order, rank, -1), np.take_along_axis(top, rank, -1)
-        if m == V or bool((top.sum(-1) >= p).all()):
+        if m == V or bool((top.sum(-1, dtype=np.float64) >= p).all()):
             break
         m = min(V, 8 * m)
     # drop an entry when the entries ranked before it already reach p (all past the m-th do)
-    keep_sorted = (top.cumsum(-1) - top) < p
+    keep_sorted = (top.cumsum(-1, dtype=np.float64) - top) < p  # summed as torch's cumsum does
     keep = np.zeros(z.shape, bool)
     np.put_along_axis(keep, order, keep_sorted, -1)
     return np.where(keep, z, np.float32(-np.inf))
