@@ -146,11 +146,13 @@ def test_the_runtime_never_imports_torch(smollm2_gguf) -> None:
         f"rt = Runtime.open({str(smollm2_gguf)!r}, cache_len=64, threads=1)\n"
         "ids = rt.render_chat([{'role': 'user', 'content': 'Hi'}])\n"
         "print(len(list(rt.generate(ids, 4))))\n"
+        "from lamina.cli import main\n"  # and `lamina sample` on the default path
+        f"main(['sample', {str(smollm2_gguf)!r}, '--prompt', 'Hi', '--max-new-tokens', '4'])\n"
         "assert 'torch' not in sys.modules\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "4"
+    assert done.stdout.startswith("4\nHi") and done.stderr == ""
 
 
 def test_what_it_does_not_cover_is_named() -> None:

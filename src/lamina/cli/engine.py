@@ -39,7 +39,7 @@ def add_engine(p: argparse.ArgumentParser) -> None:
         choices=ENGINES,
         default="auto",
         help="what runs the model: 'runtime' decodes a GGUF file with lamina's native runtime "
-        "alone (no torch in the process: the least memory, the fastest decode; plain Llama "
+        "alone (no torch in the process: the least memory; plain Llama "
         "files), 'torch' opens it with lamina.open (every model and every flag); 'auto' (the "
         "default) takes the runtime where it covers the file and the flags, else the torch "
         "path, with one note on stderr saying why",

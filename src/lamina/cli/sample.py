@@ -178,7 +178,7 @@ def unescape(s: str) -> str:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    from lamina.generation.generate import MAX_TOKENS
+    from lamina.generation.prompts import MAX_TOKENS
 
     if args.max_new_tokens <= 0:
         raise LaminaError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
@@ -190,7 +190,7 @@ def check_args(args: argparse.Namespace) -> None:
         raise LaminaError(f"--num-samples must be positive, got {args.num_samples}")
     if args.seed is not None and not 0 <= args.seed < 2**64:
         raise LaminaError(f"--seed must be in [0, 2**64), got {args.seed}")
-    from lamina.generation.sampling import check_sampling
+    from lamina.generation.pick import check_sampling
 
     check_sampling(args.temperature, args.top_k, args.top_p)
 
