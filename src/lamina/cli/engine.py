@@ -12,8 +12,8 @@ never reads, gets none). `--engine runtime` makes any such reason an error; `--e
 takes the torch path without a note.
 
 The runtime is chosen for every file it covers, K-quants included, although its prefill of a
-K-quant prompt is slower than the torch path's: it holds the least memory and decodes fastest,
-which is what a chat spends its time on (BENCHMARKS.md, issue 31).
+K-quant prompt is slower than the torch path's: it holds the least memory, and a chat spends
+most of its time decoding, where the two are close (BENCHMARKS.md, issue 31).
 """
 
 from __future__ import annotations
