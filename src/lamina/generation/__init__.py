@@ -66,11 +66,11 @@ def __getattr__(name: str) -> Any:
 
 
 class _Package(types.ModuleType):
-    """Keeps `generate` the function: importing the submodule of that name would otherwise
-    rebind the package's attribute to the module (the eager import did the same by ordering)."""
+    """Keeps a lazy name (`generate`, the function) from being rebound to the submodule of the
+    same name when that submodule is imported (the eager imports did the same by ordering)."""
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name == "generate" and isinstance(value, types.ModuleType):
+        if name in _LAZY and isinstance(value, types.ModuleType):
             return
         super().__setattr__(name, value)
 

@@ -22,6 +22,8 @@ upward import). The `transformers` package is never needed here (only the tests 
 from __future__ import annotations
 
 import os
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # loaded on first use (PEP 562), so that the torch-free modules below
@@ -60,6 +62,19 @@ def __getattr__(name: str) -> Any:
         globals()[name] = value
         return value
     raise AttributeError(f"module 'lamina.interop' has no attribute {name!r}")
+
+
+class _Package(types.ModuleType):
+    """Keeps a lazy name (`hf_config`, the function) from being rebound to the submodule of the
+    same name when that submodule is imported (the eager imports did the same by ordering)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _LAZY and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __dir__() -> list[str]:
