@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from machine import cpu_line as cpu_flags  # noqa: E402
 
 from lamina.generation import generate  # noqa: E402
-from lamina.generation.conversation import ChatOptions, Conversation, PrefixCache, stream_reply  # noqa: E402
+from lamina.generation.conversation import ChatOptions, Conversation, stream_reply  # noqa: E402
+from lamina.generation.prefix import PrefixCache  # noqa: E402
 from lamina.interop.bundle import open_model  # noqa: E402
 
 TURNS = [

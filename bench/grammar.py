@@ -148,7 +148,7 @@ def token_bytes(tok) -> list[bytes]:
 
 
 def decode_step_ms(model) -> float:
-    from lamina.generation.conversation import PrefixCache
+    from lamina.generation.prefix import PrefixCache
 
     cache = PrefixCache(model, 256)
     with torch.no_grad():

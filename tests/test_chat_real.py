@@ -67,25 +67,39 @@ def test_greedy_reply_equals_transformers_generate(bundle, smollm2_hf):
     assert ours.strip() == theirs
 
 
+# `lamina chat` in a process of its own, which says at the end whether torch was imported
+CHAT = "import sys\nfrom lamina.cli import main\ncode = main()\nprint('torch' in sys.modules)\n"
+CHAT += "sys.exit(code)"
+
+
 def test_lamina_chat_command_holds_a_piped_conversation(bundle, smollm2_gguf):
-    """Each piped line is a turn; /clear forgets them, /exit ends before the rest is read."""
-    lines = "What is the capital of France?\n/clear\nName a fruit.\n/exit\nnot read\n"
+    """Each piped line is a turn; /clear forgets them, /exit ends before the rest is read. The
+    command runs the file on the native runtime, with no torch in its process, and its greedy
+    replies (the second from the cached first turn) are the torch path's."""
+    lines = (
+        "What is the capital of France?\nAnd of Italy?\n/clear\nName a fruit.\n/exit\nnot read\n"
+    )
     r = subprocess.run(
-        [sys.executable, "-m", "lamina", "chat", str(smollm2_gguf), "--max-new-tokens", "16"],
+        [sys.executable, "-c", CHAT, "chat", str(smollm2_gguf), "--max-new-tokens", "16"],
         input=lines,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert r.returncode == 0, r.stderr
-    replies = r.stdout.strip().split("\n")
+    *replies, torch_imported = r.stdout.strip().split("\n")
+    assert torch_imported == "False" and "note" not in r.stderr
     assert "Paris" in replies[0]
     assert "cleared" in r.stderr
-    # after /clear the second answer is what a new conversation answers
-    alone = Conversation(bundle.model, bundle.tokenizer).reply(
-        "Name a fruit.", ChatOptions(max_new_tokens=16)
-    )
-    assert r.stdout.strip().endswith("".join(e.text for e in alone).strip())
+    # the same turns through the torch path; after /clear, what a new conversation answers
+    opts, conv = ChatOptions(max_new_tokens=16), Conversation(bundle.model, bundle.tokenizer)
+    want = [
+        "".join(e.text for e in conv.reply(q, opts))
+        for q in ("What is the capital of France?", "And of Italy?")
+    ]
+    alone = Conversation(bundle.model, bundle.tokenizer).reply("Name a fruit.", opts)
+    want.append("".join(e.text for e in alone))
+    assert replies == want
 
 
 def test_keep_quantized_chat_answers_from_the_files_own_blocks(smollm2_gguf):

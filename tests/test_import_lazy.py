@@ -48,3 +48,15 @@ def test_an_unknown_name_is_an_attribute_error() -> None:
         assert "no_such_name" in str(e)
     else:
         raise AssertionError("lamina.no_such_name resolved")
+
+
+def test_a_submodule_does_not_shadow_the_function_of_its_name() -> None:
+    """lamina.generation and lamina.interop load lazily too; importing the submodule `generate`
+    (or `hf_config`) leaves the package's name the function, as the eager imports did."""
+    import lamina.generation.generate
+    import lamina.interop.hf_config  # noqa: F401
+    from lamina.generation import generate
+    from lamina.interop import hf_config
+
+    assert callable(generate) and generate.__module__ == "lamina.generation.generate"
+    assert callable(hf_config) and hf_config.__module__ == "lamina.interop.hf_family"

@@ -81,7 +81,7 @@ def test_a_continuous_batch_step_sees_each_row_s_own_window():
 
 @torch.no_grad()
 def test_a_conversation_cache_recomputes_where_longrope_changes_its_factors():
-    from lamina.generation.conversation import PrefixCache
+    from lamina.generation.prefix import PrefixCache
 
     model = tiny(block_size=32, **OPTIONS["longrope"])
     ids = torch.randint(0, V, (14,)).tolist()

@@ -30,6 +30,7 @@ LAYERS: dict[str, int] = {
     # leaf modules inside a package (see LEAF_MODULES): the native library's builder, and the
     # kernel policy that asks it
     "lamina.native.build": 1,
+    "lamina.generation.pick": 1,  # sampling's rule in NumPy: the torch-free runtime uses it
     "lamina.cpu": 2,
     # layers 0-4 of the README's map
     "lamina.tokenizers": 2,
@@ -64,7 +65,12 @@ LAYERS: dict[str, int] = {
 
 
 # modules ranked on their own, below their package: each imports nothing of it
-LEAF_MODULES = ("lamina.native.build", "lamina.native.prefill", "lamina.native.train_attention")
+LEAF_MODULES = (
+    "lamina.native.build",
+    "lamina.native.prefill",
+    "lamina.native.train_attention",
+    "lamina.generation.pick",
+)
 
 
 def unit_of(module: str) -> str:

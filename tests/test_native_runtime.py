@@ -14,9 +14,10 @@ import pytest
 import torch
 
 import lamina
+from lamina.generation.pick import pick as sample
 from lamina.native.gguf_model import uncovered
 from lamina.native.gguf_read import read_gguf
-from lamina.native.runtime import Runtime, sample
+from lamina.native.runtime import Runtime
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CONTEXT = 128
@@ -145,11 +146,13 @@ def test_the_runtime_never_imports_torch(smollm2_gguf) -> None:
         f"rt = Runtime.open({str(smollm2_gguf)!r}, cache_len=64, threads=1)\n"
         "ids = rt.render_chat([{'role': 'user', 'content': 'Hi'}])\n"
         "print(len(list(rt.generate(ids, 4))))\n"
+        "from lamina.cli import main\n"  # and `lamina sample` on the default path
+        f"main(['sample', {str(smollm2_gguf)!r}, '--prompt', 'Hi', '--max-new-tokens', '4'])\n"
         "assert 'torch' not in sys.modules\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "4"
+    assert done.stdout.startswith("4\nHi") and done.stderr == ""
 
 
 def test_what_it_does_not_cover_is_named() -> None:
@@ -181,3 +184,43 @@ def test_sampling_keeps_to_the_torch_rule() -> None:
         assert len(drawn) > 1
     with pytest.raises(lamina.LaminaError):
         sample(logits, -1.0)
+
+
+def test_lamina_sample_prints_on_the_runtime_what_the_torch_path_prints(smollm2_gguf, capsys):
+    from lamina.cli import main
+
+    flags = ["--prompt", "The capital of France is", "--temperature", "0", "--num-samples", "2"]
+    printed = []
+    for engine in ("runtime", "torch"):
+        args = ["sample", str(smollm2_gguf), *flags, "--max-new-tokens", "12", "--engine", engine]
+        assert main(args) == 0
+        out = capsys.readouterr()
+        printed.append(out.out)
+        assert "note" not in out.err
+    assert printed[0] == printed[1] and printed[0].startswith("The capital of France is")
+    first, second = printed[0].split("-" * 40)  # the second sample reused the cached prompt
+    assert first.strip() == second.strip()
+
+
+def test_the_engine_is_chosen_by_file_and_flags(capsys, tmp_path) -> None:
+    from argparse import Namespace
+
+    from lamina.cli.engine import open_runtime
+
+    path = FIXTURES / "kquant-Q8_0.gguf"
+    auto, forced = Namespace(engine="auto"), Namespace(engine="runtime")
+    assert isinstance(open_runtime(auto, "sample", path, {"--compile": False}), Runtime)
+    assert open_runtime(auto, "sample", path, {"--compile": True}) is None
+    note = "lamina sample: note: the torch path runs the model: --compile needs the torch path\n"
+    assert capsys.readouterr().err == note
+    with pytest.raises(lamina.LaminaError, match="--engine runtime: --compile needs"):
+        open_runtime(forced, "sample", path, {"--compile": True})
+    assert open_runtime(Namespace(engine="torch"), "chat", path, {}) is None
+    assert open_runtime(auto, "chat", tmp_path, {}) is None  # a folder: the torch path, no note
+    assert capsys.readouterr().err == ""
+    with pytest.raises(lamina.LaminaError, match="reads GGUF files only"):
+        open_runtime(forced, "chat", tmp_path, {})
+    uncovered_file = tmp_path / "x.gguf"
+    uncovered_file.write_bytes(b"GGUF")  # a header cut short: named, the torch path runs
+    assert open_runtime(auto, "chat", uncovered_file, {}) is None
+    assert "does not cover this file" in capsys.readouterr().err

@@ -50,7 +50,9 @@ VERBS += ["lessons", "attention", "plot", "serve"]  # the last three: looking in
 BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a tool killed by a closed pipe
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every verb; with `verb`, of that verb alone (the others' modules, and what
+    they import, are then never loaded: `lamina chat` on the native runtime imports no torch)."""
     from lamina.version import __version__
 
     parser = argparse.ArgumentParser(
@@ -60,9 +62,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"lamina {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
     sub.required = True
-    for verb in VERBS:
-        importlib.import_module(f"lamina.cli.{verb}").register(sub)
+    for name in VERBS if verb is None else [verb]:
+        importlib.import_module(f"lamina.cli.{name}").register(sub)
     return parser
+
+
+def verb_named(argv: list[str]) -> str | None:
+    """The verb a command line names (its first word that is not an option), if lamina has it;
+    None for `lamina --help`, `lamina --version` or an unknown verb (argparse lists them all)."""
+    for word in argv:
+        if not word.startswith("-"):
+            return word if word in VERBS else None
+    return None
 
 
 # the arguments that name a model to open, in every verb (MODEL, RUN, SOURCE, --init-from)
@@ -190,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout = GuardedStdout(ClosedStdout() if real_stdout is None else real_stdout)
     name = "lamina"  # "lamina VERB" once the verb is known
     try:
-        args = build_parser().parse_args(argv)  # --help and --version write to stdout too
+        words = sys.argv[1:] if argv is None else argv
+        args = build_parser(verb_named(words)).parse_args(argv)  # --help, --version: stdout
         args.own_process = argv is None  # the command line of this process (not a caller's)
         name = f"lamina {args.verb}"
         resolve_model_specs(args)

@@ -10,9 +10,10 @@
 In the terminal: `/clear` forgets the conversation, `/system TEXT` sets a new system message
 (`/system` alone goes back to the template's default), `/exit` or Ctrl-D leaves, and Ctrl-C
 stops the current reply without leaving. The history is kept and its KV cache reused, so a
-turn prefills only its new tokens (`lamina.generation.conversation`). When the conversation outgrows
-`--context`, the oldest turns are dropped (the system message stays) and a note on stderr
-says so.
+turn prefills only its new tokens (`lamina.generation.conversation`). When the conversation
+outgrows `--context`, the oldest turns are dropped (the system message stays) and a note on
+stderr says so. A GGUF file that the native runtime covers runs on it, with no torch in the
+process (`--engine`, lamina.cli.engine).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import sys
 from typing import Any
 
 from lamina.cli import open_for
+from lamina.cli.engine import add_engine, open_runtime
 from lamina.cli.flags import add_keep_quantized, add_sampling
 from lamina.errors import LaminaError
 
@@ -65,6 +67,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="one JSON line per reply, nothing else")
     add_keep_quantized(p)
     p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    add_engine(p)
     p.set_defaults(func=run)
 
 
@@ -81,11 +84,17 @@ def options(args: argparse.Namespace) -> Any:
 
 
 def open_chat(args: argparse.Namespace) -> Any:
-    """The model behind the conversation, opened through the one model opener."""
+    """The model behind the conversation: the native runtime where it covers a GGUF file
+    (`lamina.cli.engine`), else opened through the one model opener."""
     from lamina.generation.conversation import Conversation
 
     if args.model is None:
         args.model = default_chat_model()
+    needs_torch = {"--dequantize": args.keep_quantized is False, "--device": args.device != "cpu"}
+    size = args.context if isinstance(args.context, int) and args.context > 1 else None
+    runtime = open_runtime(args, "chat", args.model, needs_torch, cache_len=size)
+    if runtime is not None:
+        return Conversation(runtime, system=args.system, context=args.context)
     bundle = open_for(args.model, "chat", device=args.device, quantized=args.keep_quantized)
     return Conversation(bundle.model, bundle.tokenizer, system=args.system, context=args.context)
 

@@ -26,8 +26,6 @@ import types
 import typing
 from typing import Any, Literal
 
-from lamina.models.config import GPTConfig
-
 
 def field_flag(tp: Any) -> dict[str, Any]:
     """argparse keywords for a field annotated `tp` (resolved, e.g. by typing.get_type_hints)."""
@@ -66,6 +64,8 @@ def _json_object(text: str) -> dict[str, Any]:
 
 def add_config_overrides(p: argparse.ArgumentParser) -> None:
     """--n-layers, --d-model, ... and --no-qkv-bias style flags for every GPTConfig field."""
+    from lamina.models.config import GPTConfig
+
     g = p.add_argument_group("config overrides (default: the preset's value)")
     hints = typing.get_type_hints(GPTConfig)
     for f in dataclasses.fields(GPTConfig):
@@ -141,6 +141,8 @@ def note_kernel(verb: str, model: object) -> None:
 
 def config_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The GPTConfig fields given on the command line (flags left out are absent)."""
+    from lamina.models.config import GPTConfig
+
     return {
         f.name: getattr(args, f.name)
         for f in dataclasses.fields(GPTConfig)

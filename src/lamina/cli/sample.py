@@ -21,10 +21,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
 from lamina.cli import open_for
+from lamina.cli.engine import add_engine, open_runtime
 from lamina.cli.flags import add_keep_quantized, add_sampling
 from lamina.errors import LaminaError
 from lamina.generation.prompts import TextStream, encode_prompt, start_id
@@ -103,6 +105,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="torch.compile the decode step: a one-off compile (tens of seconds), then several "
         "times faster per token on small models",
     )
+    add_engine(p)
     p.set_defaults(func=run)
 
 
@@ -159,13 +162,14 @@ def prompt_ids(tokenizer: Any, text: str, given: bool = True) -> list[int]:
         ) from None
 
 
-def chat_ids(bundle: Any, text: str, system: str | None) -> list[int]:
-    """The chat template's rendering of [system,] user: text, with the assistant turn opened."""
-    if not bundle.is_chat or not callable(getattr(bundle.tokenizer, "render_chat", None)):
-        raise LaminaError(f"--chat: {bundle.origin.path} has no chat template")
+def chat_ids(holder: Any, text: str, system: str | None, path: Any) -> list[int]:
+    """The chat template's rendering of [system,] user: text, with the assistant turn opened.
+    `holder`: a Bundle or the native runtime (each holds a tokenizer and its chat template)."""
+    if holder.chat_template is None or not callable(getattr(holder.tokenizer, "render_chat", None)):
+        raise LaminaError(f"--chat: {path} has no chat template")
     messages = [{"role": "system", "content": system}] if system is not None else []
     messages.append({"role": "user", "content": text})
-    return list(bundle.tokenizer.render_chat(messages, add_generation_prompt=True))
+    return list(holder.tokenizer.render_chat(messages, add_generation_prompt=True))
 
 
 def unescape(s: str) -> str:
@@ -174,7 +178,7 @@ def unescape(s: str) -> str:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    from lamina.generation.generate import MAX_TOKENS
+    from lamina.generation.prompts import MAX_TOKENS
 
     if args.max_new_tokens <= 0:
         raise LaminaError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
@@ -186,28 +190,111 @@ def check_args(args: argparse.Namespace) -> None:
         raise LaminaError(f"--num-samples must be positive, got {args.num_samples}")
     if args.seed is not None and not 0 <= args.seed < 2**64:
         raise LaminaError(f"--seed must be in [0, 2**64), got {args.seed}")
-    from lamina.generation.sampling import check_sampling
+    from lamina.generation.pick import check_sampling
 
     check_sampling(args.temperature, args.top_k, args.top_p)
 
 
-def write_stream(out: Any, steps: Any, text: TextStream) -> None:
-    """Write each step's new text as soon as it is complete; stop right after a stop."""
-    for step in steps:
-        piece = text.push(int(step.tokens[0]))
+def write_stream(out: Any, tokens: Generator[int], text: TextStream) -> None:
+    """Write each token's new text as soon as it is complete; stop right after a stop."""
+    for token in tokens:
+        piece = text.push(token)
         if piece:
             out.write(piece)
             out.flush()
         if text.stopped:
-            steps.close()
+            tokens.close()
             return
     out.write(text.flush())  # the end: show whatever was held back
+
+
+def torch_tokens(steps: Any) -> Generator[int]:
+    """The tokens of `lamina.generation.stream`'s steps (one row); the stream closed after."""
+    try:
+        for step in steps:
+            yield int(step.tokens[0])
+    finally:
+        steps.close()
 
 
 def run(args: argparse.Namespace) -> int:
     check_args(args)
     if args.system is not None and not args.chat:
         raise LaminaError("--system needs --chat")
+    stops = [unescape(s) for s in args.stop or []]
+    if any(not s for s in stops):
+        raise LaminaError("--stop must not be empty")
+    needs_torch = {
+        "--dtype bfloat16": args.dtype == "bfloat16",
+        "--device": args.device != "cpu",
+        "--dequantize": args.keep_quantized is False,
+        "--quantize": args.quantize is not None,
+        "--no-cache": args.no_cache,
+        "--compile": args.compile,
+    }
+    runtime = open_runtime(args, "sample", args.run, needs_torch)
+    if runtime is not None and run_native(args, runtime, stops):
+        return 0
+    del runtime  # (one whose cache the prompt outgrew: its memory goes before torch's model)
+    return run_torch(args, stops)
+
+
+def _prompt(args: argparse.Namespace, holder: Any, tokenizer: Any, path: Any) -> tuple[str, list]:
+    """The prompt's text and ids (a chat rendering with --chat)."""
+    prompt = read_prompt(args, tokenizer)
+    if args.chat:
+        return prompt, chat_ids(holder, prompt, args.system, path)
+    given = args.prompt is not None or args.prompt_file is not None
+    return prompt, prompt_ids(tokenizer, prompt, given)
+
+
+def _seed(args: argparse.Namespace) -> int:
+    return args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
+
+
+def run_native(args: argparse.Namespace, runtime: Any, stops: list[str]) -> bool:
+    """The samples on the native runtime; False (nothing written) where the prompt and
+    --max-new-tokens outgrow its cache, which the torch path's sliding window serves."""
+    import numpy as np
+
+    if runtime.tokenizer is None:
+        raise LaminaError(f"{args.run} has no tokenizer: cannot turn text into ids")
+    prompt, ids = _prompt(args, runtime, runtime.tokenizer, args.run)
+    if len(ids) + args.max_new_tokens > runtime.cache_len:
+        print(
+            f"lamina sample: note: the torch path runs the model: {len(ids)} prompt tokens and "
+            f"--max-new-tokens {args.max_new_tokens} outgrow the native runtime's cache "
+            f"({runtime.cache_len} tokens)",
+            file=sys.stderr,
+        )
+        return False
+    eot = [] if args.ignore_eot else list(runtime.eot_ids)
+    rng = np.random.default_rng(_seed(args))
+    o = args
+    for n in range(args.num_samples):
+        _start(n, args, prompt)
+        tokens = runtime.generate(
+            ids, o.max_new_tokens, o.temperature, o.top_k, o.top_p, rng, stop=set(eot)
+        )
+        write_stream(sys.stdout, tokens, TextStream(runtime.tokenizer, stops, eot))
+        _end()
+    return True
+
+
+def _start(n: int, args: argparse.Namespace, prompt: str) -> None:
+    if n:
+        sys.stdout.write(SEPARATOR)
+    if not args.chat:
+        sys.stdout.write(prompt)
+    sys.stdout.flush()
+
+
+def _end() -> None:
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+
+
+def run_torch(args: argparse.Namespace, stops: list[str]) -> int:
     import torch
 
     from lamina.generation import stream
@@ -221,24 +308,11 @@ def run(args: argparse.Namespace) -> int:
     model, tokenizer = bundle.model, bundle.tokenizer
     if args.dtype == "bfloat16":
         model = model.to(torch.bfloat16)
-    prompt = read_prompt(args, tokenizer)
-    given = args.prompt is not None or args.prompt_file is not None
-    ids = (
-        chat_ids(bundle, prompt, args.system) if args.chat else prompt_ids(tokenizer, prompt, given)
-    )
-    stops = [unescape(s) for s in args.stop or []]
-    if any(not s for s in stops):
-        raise LaminaError("--stop must not be empty")
+    prompt, ids = _prompt(args, bundle, tokenizer, bundle.origin.path)
     eot = [] if args.ignore_eot else list(bundle.eot_ids)
-    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
-    generator = torch.Generator(device=args.device).manual_seed(seed)
-    out = sys.stdout
+    generator = torch.Generator(device=args.device).manual_seed(_seed(args))
     for n in range(args.num_samples):
-        if n:
-            out.write(SEPARATOR)
-        if not args.chat:
-            out.write(prompt)
-        out.flush()
+        _start(n, args, prompt)
         steps = stream(
             model,
             torch.tensor([ids]),
@@ -252,7 +326,6 @@ def run(args: argparse.Namespace) -> int:
             use_cache=not args.no_cache,
             compile=args.compile and not args.no_cache,
         )
-        write_stream(out, steps, TextStream(tokenizer, stops, eot))
-        out.write("\n")
-        out.flush()
+        write_stream(sys.stdout, torch_tokens(steps), TextStream(tokenizer, stops, eot))
+        _end()
     return 0

@@ -1,6 +1,7 @@
 """A conversation with a KV cache that lives across turns.
 
-    Conversation(model, tokenizer, system=None, context=None)
+    Conversation(model, tokenizer, system=None, context=None)   model: a lamina GPT, or the
+                                                  torch-free native runtime (its own tokenizer)
         .reply(text, options) -> Iterator[Reply]     streams the assistant's answer to `text`
         .messages                                    the history (system first, if any)
         .clear() / .set_system(text)
@@ -24,24 +25,29 @@ A reply ends at one of the tokenizer's end-of-turn ids (`eot_ids`; not shown), a
 string, after `max_new_tokens`, or when the context is full. Closing the iterator (Ctrl-C in
 `lamina chat`, a client gone in `lamina serve`) keeps what was said so far as the answer.
 
+The model runs behind an `Engine`: the torch model's `PrefixCache` (lamina.generation.prefix)
+or the native runtime's `RuntimeCache` (no torch in the process); each samples its own logits
+by lamina.generation.pick's one rule, and this module imports no torch.
+
 Deliberately unaware of terminals and HTTP: text in, `Reply` events out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
-from torch import Tensor
+import numpy as np
 
 from lamina.errors import LaminaError
+from lamina.generation.pick import check_sampling, pick
 from lamina.generation.prompts import TextStream
-from lamina.generation.sampling import check_sampling, sample
-from lamina.models.gpt import GPT
-from lamina.modes import eval_mode
-from lamina.native import NativeStep, native_step, usable
+from lamina.generation.stops import common_prefix
+
+if TYPE_CHECKING:
+    from lamina.native.runtime import Runtime
 
 DEFAULT_CONTEXT = 4096  # tokens of KV cache a conversation gets when the model allows more
 MIN_REPLY_ROOM = 64  # tokens kept free for the reply when old turns must go
@@ -82,71 +88,74 @@ class Reply:
     dropped: int = 0  # old messages left out to fit the context
 
 
-class PrefixCache:
-    """KV caches of one sequence plus the ids they hold: a new prompt reuses their common
-    prefix and computes only the rest.
+class Engine(Protocol):
+    """What a `Conversation` runs on: a KV cache of one sequence and the ids it holds.
+    `PrefixCache` (lamina.generation.prefix: the torch model) and `RuntimeCache` (the native
+    runtime, no torch) are the two; logits are whatever `sampler` takes."""
 
-    With longrope rotary scaling the cached keys were rotated with the short or the long
-    factors, as the sequence's length chose when they were computed; where the length now
-    chooses the other set, everything is computed again (the same logits as a fresh forward).
-    """
+    capacity: int
 
-    def __init__(self, model: GPT, capacity: int, dtype: torch.dtype | None = None) -> None:
-        self.model, self.capacity = model, capacity
-        self.caches = model.make_caches(1, capacity, dtype=dtype)
-        self.ids: list[int] = []  # tokens whose keys and values are in `caches`, in order
-        self._native: NativeStep | None = None  # built at each prefill (the model's tensors then)
-        self._factors: bool | None = None  # longrope: whether the cached keys used long factors
+    def prefill(self, ids: list[int]) -> tuple[Any, int]:
+        """Logits after `ids`, computing only what the cache lacks; how many were reused."""
+        ...
 
-    def _long_factors(self, length: int) -> bool | None:
-        """Whether a sequence of `length` tokens rotates with longrope's long factors (None
-        without longrope)."""
-        s = self.model.config.rope_scaling
-        return None if s is None or s.kind != "longrope" else length > s.original_max_positions
+    def step(self, token: int) -> Any:
+        """Append one token; the logits for the next."""
+        ...
 
-    def prefill(self, ids: list[int]) -> tuple[Tensor, int]:
-        """Logits (1, V) after `ids`, computing only what the cache lacks; and how many of
-        `ids` were reused."""
+    def forget(self, n: int) -> None:
+        """Keep the cache's first n tokens."""
+        ...
+
+    @property
+    def full(self) -> bool: ...
+
+    def sampler(self, options: ChatOptions) -> Callable[[Any], int]:
+        """The token `options` pick from logits (seeded once per reply)."""
+        ...
+
+    def running(self) -> contextlib.AbstractContextManager[Any]: ...
+
+
+class RuntimeCache:
+    """The native runtime (`lamina.native.runtime.Runtime`) as a conversation's engine: its
+    cache keeps the common prefix of each prompt; logits are NumPy rows, sampled by
+    lamina.generation.pick with a `numpy.random.Generator`."""
+
+    def __init__(self, runtime: Runtime, capacity: int) -> None:
+        if capacity > runtime.cache_len:
+            raise LaminaError(
+                f"context {capacity} exceeds the runtime's cache ({runtime.cache_len})"
+            )
+        self.runtime, self.capacity = runtime, capacity
+
+    @property
+    def ids(self) -> list[int]:
+        return self.runtime.cached
+
+    def prefill(self, ids: list[int]) -> tuple[np.ndarray, int]:
         if not 0 < len(ids) <= self.capacity:
             raise LaminaError(f"a prompt of {len(ids)} tokens does not fit {self.capacity}")
-        reused = min(common_prefix(self.ids, ids), len(ids) - 1)
-        if self._long_factors(len(ids)) != self._factors:
-            reused = 0
-        self._factors = self._long_factors(len(ids))
-        del self.ids[reused:]
-        for c in self.caches:
-            c.pos = reused
-        device = self.model.reference_tensor().device
-        new = torch.tensor([ids[reused:]], device=device)
-        logits = self.model(new, caches=self.caches, last_only=True)[:, -1]
-        self.ids.extend(ids[reused:])
-        self._native = native_step(self.model, self.caches)
-        return logits, reused
+        reused = min(common_prefix(self.runtime.cached, ids), len(ids) - 1)
+        self.runtime.forget(reused)
+        return self.runtime.feed(ids[reused:]), reused
 
-    def step(self, token: int) -> Tensor:
-        """Append one token; logits (1, V) for the next."""
-        if self._long_factors(len(self.ids) + 1) != self._factors:
-            return self.prefill([*self.ids, token])[0]
-        if self._native is not None and usable(self.model):
-            logits = self._native.step([token], [self.caches[0].pos], [0])
-        else:
-            device = self.model.reference_tensor().device
-            logits = self.model(torch.tensor([[token]], device=device), caches=self.caches)[:, -1]
-        self.ids.append(token)
-        return logits
+    def step(self, token: int) -> np.ndarray:
+        return self.runtime.feed([token])
+
+    def forget(self, n: int) -> None:
+        self.runtime.forget(n)
 
     @property
     def full(self) -> bool:
-        return len(self.ids) >= self.capacity
+        return len(self.runtime.cached) >= self.capacity
 
+    def sampler(self, options: ChatOptions) -> Callable[[np.ndarray], int]:
+        o, rng = options, np.random.default_rng(options.seed)
+        return lambda logits: pick(logits, o.temperature, o.top_k, o.top_p, rng)
 
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two id lists."""
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+    def running(self) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext()
 
 
 def fit_messages(
@@ -196,7 +205,7 @@ def reply_room(options: ChatOptions, context: int) -> int:
 
 
 def stream_reply(
-    cache: PrefixCache,
+    cache: Engine,
     tokenizer: Any,
     ids: list[int],
     options: ChatOptions,
@@ -207,13 +216,11 @@ def stream_reply(
     """Answer the rendered conversation `ids` token by token through `cache`; see the module
     docstring. `said`, if given, receives the text shown so far (kept when the caller stops
     listening)."""
-    o, model = options, cache.model
+    o = options
     eot = set(getattr(tokenizer, "eot_ids", ()) or ())
     # the one streamed decoder: holds back incomplete characters and a stop string's start
     text = TextStream(tokenizer, o.stop, include_stop=False)
-    generator = None
-    if o.seed is not None:
-        generator = torch.Generator(device=model.reference_tensor().device).manual_seed(o.seed)
+    choose = cache.sampler(o)
     out: list[int] = []
     reused, finish = 0, None
 
@@ -222,10 +229,10 @@ def stream_reply(
             said[:] = [text.text]
         return Reply(new, end, len(ids), reused, len(out), dropped)
 
-    with eval_mode(model), torch.no_grad():
+    with cache.running():
         logits, reused = cache.prefill(ids)
         while finish is None:
-            token = int(sample(logits, o.temperature, o.top_k, o.top_p, generator))
+            token = choose(logits)
             if token in eot:
                 finish = "stop"
                 break
@@ -249,15 +256,26 @@ class Conversation:
 
     def __init__(
         self,
-        model: GPT,
-        tokenizer: Any,
+        model: Any,
+        tokenizer: Any = None,
         *,
         system: str | None = None,
         context: int | None = None,
-        cache_dtype: torch.dtype | None = None,
+        cache_dtype: Any = None,
     ) -> None:
-        check_chat_model(model, tokenizer)
-        block = model.config.block_size
+        """`model`: a lamina GPT (with its `tokenizer`) or a `lamina.native.runtime.Runtime`
+        (its own tokenizer when `tokenizer` is None; `context` at most its cache)."""
+        from lamina.native.runtime import Runtime
+
+        native = isinstance(model, Runtime)
+        if native:
+            tokenizer = model.tokenizer if tokenizer is None else tokenizer
+            meta = model.contents.metadata
+            block = min(model.cache_len, int(meta.get("llama.context_length", model.cache_len)))
+        else:
+            check_chat_model(model, tokenizer)
+            block = model.config.block_size
+        check_chat_tokenizer(tokenizer)
         context = min(block, DEFAULT_CONTEXT) if context is None else context
         if isinstance(context, bool) or not isinstance(context, int) or not 2 <= context <= block:
             raise LaminaError(
@@ -265,7 +283,13 @@ class Conversation:
             )
         self.tokenizer, self.context, self.system = tokenizer, context, system
         self.turns: list[dict[str, str]] = []  # user and assistant messages, oldest first
-        self.cache = PrefixCache(model, context, cache_dtype)
+        self.cache: Engine
+        if native:
+            self.cache = RuntimeCache(model, context)
+        else:
+            from lamina.generation.prefix import PrefixCache
+
+            self.cache = PrefixCache(model, context, cache_dtype)
 
     @property
     def messages(self) -> list[dict[str, str]]:
@@ -312,8 +336,15 @@ class Conversation:
 
 def check_chat_model(model: Any, tokenizer: Any) -> None:
     """A lamina GPT with a tokenizer that renders chats, or a LaminaError saying what is not."""
+    from lamina.models.gpt import GPT
+
     if not isinstance(model, GPT):
         raise LaminaError(f"chat needs a lamina GPT, got {type(model).__name__}")
+    check_chat_tokenizer(tokenizer)
+
+
+def check_chat_tokenizer(tokenizer: Any) -> None:
+    """A tokenizer that renders chats, or a LaminaError saying that the model is no chat model."""
     if not callable(getattr(tokenizer, "render_chat", None)) or not getattr(
         tokenizer, "chat_template", None
     ):

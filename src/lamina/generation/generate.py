@@ -31,6 +31,7 @@ from torch import Tensor
 from lamina.errors import LaminaError
 from lamina.generation.decoder import Decoder
 from lamina.generation.fast import compiled_step
+from lamina.generation.prompts import MAX_TOKENS
 from lamina.generation.sampling import check_sampling, sample
 from lamina.generation.stops import Stops, StopSpec
 from lamina.models.gpt import GPT
@@ -38,7 +39,6 @@ from lamina.modes import eval_mode
 
 Prompts = Tensor | Sequence[Sequence[int] | Tensor]
 MAX_SEED = 2**64 - 1  # torch.Generator seeds are 64-bit
-MAX_TOKENS = 2**28  # prompts + new tokens of all rows: the id buffer stays under 2 GiB
 
 
 class Step(NamedTuple):

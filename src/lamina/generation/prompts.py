@@ -35,6 +35,8 @@ from typing import Any, Literal
 
 from lamina.errors import LaminaError
 
+MAX_TOKENS = 2**28  # prompts + new tokens of all rows: the id buffer stays under 2 GiB
+
 START_TOKENS = ("bos", "<|endoftext|>", "<s>", "<bos>")  # special tokens that may start a text
 
 

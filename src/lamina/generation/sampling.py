@@ -10,9 +10,9 @@ Filtered tokens get probability exactly zero. Draws come from the `torch.Generat
 seeded generator gives the same tokens on every run: one uniform number per row, turned into a
 token through the row's cumulative distribution (inverse transform sampling).
 
-Cheap on one row of a large vocabulary, as a server samples each token: argmax and the draw
-run in NumPy on CPU tensors (torch's reductions over one 49k row cost many times more), and
-top-p sorts only the most likely tokens that reach p (the whole row only where they do not).
+The rule itself runs once, in NumPy (`lamina.generation.pick`, which the torch-free runtime
+uses too): cheap on one row of a large vocabulary, as a server samples each token (torch's
+reductions over one 49k row cost many times more). Here it is applied to tensors.
 
 `check_sampling` validates the three settings once (a `LaminaError` naming the value);
 `filter_logits` and `probabilities` expose the distribution that `sample` draws from, so tests
@@ -23,71 +23,41 @@ Deliberately unaware of models, caches and tokenizers: it sees a (B, V) tensor o
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from lamina.errors import LaminaError
+from lamina.generation.pick import check_sampling, draw_rows, filter_rows, top_k_rows, top_p_rows
 
 
-def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
-    """Raise `LaminaError` unless temperature >= 0, top_k >= 1 (or None), 0 < top_p <= 1 (or None)."""
-    if (
-        isinstance(temperature, bool)
-        or not isinstance(temperature, (int, float))
-        or not math.isfinite(temperature)
-        or temperature < 0
-    ):
-        raise LaminaError(f"temperature must be a finite number >= 0, got {temperature!r}")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise LaminaError(f"top_k must be an integer >= 1 (or None), got {top_k!r}")
-    if top_p is not None and (
-        isinstance(top_p, bool)
-        or not isinstance(top_p, (int, float))
-        or not (0.0 < top_p <= 1.0)  # also rejects NaN
-    ):
-        raise LaminaError(f"top_p must be in (0, 1] (or None), got {top_p!r}")
+def _rows(logits: Tensor, rule: Callable[..., np.ndarray], *args: object) -> Tensor:
+    """`rule` (lamina.generation.pick's, on NumPy rows) applied to a tensor, on its device."""
+    out = rule(logits.detach().float().cpu().numpy(), *args)
+    return torch.from_numpy(np.ascontiguousarray(out)).to(logits.device)
 
 
 def top_k_filter(logits: Tensor, k: int) -> Tensor:
     """Set every logit below the k-th largest of its row to -inf. (B, V) -> (B, V)."""
     if k >= logits.shape[-1]:
         return logits
-    kth = torch.topk(logits, k, dim=-1).values[..., -1:]  # (B, 1)
-    return logits.masked_fill(logits < kth, float("-inf"))
+    return _rows(logits, top_k_rows, k).to(logits.dtype)
 
 
 def top_p_filter(logits: Tensor, p: float) -> Tensor:
     """Keep the smallest set of most likely tokens whose probability sums to >= p. (B, V)."""
     if p >= 1.0:
         return logits
-    probs = logits.softmax(-1)
-    V, m = logits.shape[-1], min(logits.shape[-1], 64)
-    while True:  # the m most likely tokens, sorted; more of them until they reach p
-        top, order = torch.topk(probs, m, dim=-1)
-        if m == V or bool((top.sum(-1) >= p).all()):
-            break
-        m = min(V, 8 * m)
-    # drop a token when the tokens ranked before it already reach p (all past the m-th do)
-    keep_sorted = (top.cumsum(-1) - top) < p
-    keep = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, order, keep_sorted)
-    return logits.masked_fill(~keep, float("-inf"))
+    return _rows(logits, top_p_rows, p).to(logits.dtype)
 
 
 def filter_logits(
     logits: Tensor, temperature: float, top_k: int | None = None, top_p: float | None = None
 ) -> Tensor:
     """Logits / temperature, then top-k, then top-p; in float32. Needs temperature > 0."""
-    if temperature <= 0:
-        raise LaminaError(f"filter_logits needs temperature > 0, got {temperature!r}")
-    out = logits.float() / temperature
-    if top_k is not None:
-        out = top_k_filter(out, top_k)
-    if top_p is not None:
-        out = top_p_filter(out, top_p)
-    return out
+    return _rows(logits, filter_rows, temperature, top_k, top_p)
 
 
 def probabilities(
@@ -117,13 +87,7 @@ def sample(
         raise LaminaError(f"logits must have shape (B, V), got {tuple(logits.shape)}")
     if temperature == 0:  # NumPy's argmax, as torch's, takes the first maximum
         return torch.from_numpy(logits.float().cpu().numpy().argmax(-1)).to(logits.device)
-    z = filter_logits(logits, temperature, top_k, top_p).cpu().numpy()
+    z = filter_rows(logits.detach().float().cpu().numpy(), temperature, top_k, top_p)
     where = "cpu" if generator is None else generator.device
     u = torch.rand(z.shape[0], generator=generator, dtype=torch.float64, device=where)
-    cdf = np.exp(z - z.max(-1, keepdims=True)).cumsum(-1, dtype=np.float64)  # flat where filtered
-    total = cdf[:, -1]
-    if not np.isfinite(total).all():
-        raise LaminaError("cannot sample: the logits are not finite (NaN, or infinite everywhere)")
-    target = np.minimum(u.cpu().numpy() * total, np.nextafter(total, 0.0))  # in [0, total)
-    # the first token whose cumulative weight passes the target: never a zero-weight token
-    return torch.from_numpy((cdf <= target[:, None]).sum(-1)).to(logits.device)
+    return torch.from_numpy(draw_rows(z, u.cpu().numpy())).to(logits.device)

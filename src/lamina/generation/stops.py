@@ -6,7 +6,8 @@
 stop), or a list mixing those. A stop matches only inside the generated tokens, never in the
 prompt. Ids are matched at the end of the row; strings are searched in the decoded generated
 text, so a stop string that a token completes (or that ends inside a token) is found at that
-token. `cut_text` cuts decoded text right after its first stop string.
+token. `cut_text` cuts decoded text right after its first stop string; `common_prefix` is how many
+ids two id lists share from the start (a cache's reuse of a prompt).
 
 Deliberately unaware of models and tensors beyond plain lists of ints; the tokenizer is used
 only to decode generated ids when there are stop strings.
@@ -94,3 +95,12 @@ def cut_text(text: str, strings: Sequence[str]) -> tuple[str, bool]:
     if not ends:
         return text, False
     return text[: min(ends)], True
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two id lists."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n

@@ -7,7 +7,6 @@
     rt.forget(n)                     keep the cache's first n tokens (a chat's common prefix)
     for token in rt.generate(ids, max_new, temperature=0, top_k=None, top_p=None, seed=None,
                              stop=()): ...      ids: the whole context; reuses the cached prefix
-    sample(logits, temperature, top_k, top_p, rng) -> int          numpy's draw of one token
     rt.tokenizer, rt.bos_id, rt.eos_id, rt.eot_ids, rt.chat_template, rt.render_chat(messages)
 
 One `lm_step` call per new token (B = 1); a prompt is fed as one call of up to `chunk` entries of
@@ -31,7 +30,6 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import math
 import os
 from collections.abc import Container, Iterator, Sequence
 from pathlib import Path
@@ -40,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from lamina.errors import LaminaError
+from lamina.generation.pick import pick
 from lamina.libc import trim_freed_memory
 from lamina.native import build
 from lamina.native.gguf_model import GGUFModel, uncovered
@@ -58,37 +57,6 @@ def default_threads() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
         return max(1, os.cpu_count() or 1)
-
-
-def sample(
-    logits: np.ndarray,
-    temperature: float = 0.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    rng: np.random.Generator | None = None,
-) -> int:
-    """One token from logits (vocab,): the argmax at temperature 0, else a draw from
-    softmax(logits / temperature) cut to the top_k most likely, then to the smallest set whose
-    probability reaches top_p (lamina.generation.sampling's rule, in numpy)."""
-    if not (math.isfinite(temperature) and temperature >= 0):
-        raise LaminaError(f"temperature must be a finite number >= 0, got {temperature!r}")
-    if top_k is not None and top_k < 1:
-        raise LaminaError(f"top_k must be an integer >= 1 (or None), got {top_k!r}")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise LaminaError(f"top_p must be in (0, 1] (or None), got {top_p!r}")
-    if temperature == 0:
-        return int(np.argmax(logits))
-    x = logits.astype(np.float32) / np.float32(temperature)
-    order = np.argsort(-x, kind="stable")
-    if top_k is not None:
-        order = order[:top_k]
-    p = np.exp(x[order] - x[order[0]])
-    p /= p.sum()
-    if top_p is not None and top_p < 1.0:
-        keep = (np.cumsum(p) - p) < top_p  # drop a token once those before it reach top_p
-        order, p = order[keep], p[keep] / p[keep].sum()
-    rng = rng if rng is not None else np.random.default_rng()
-    return int(order[rng.choice(len(order), p=p)])
 
 
 class Runtime(HeldTokenizer):
@@ -215,11 +183,12 @@ class Runtime(HeldTokenizer):
         temperature: float = 0.0,
         top_k: int | None = None,
         top_p: float | None = None,
-        seed: int | None = None,
+        seed: int | np.random.Generator | None = None,
         stop: Container[int] = (),
     ) -> Iterator[int]:
         """New tokens after the context `ids` (the cache's common prefix with it is kept),
-        up to max_new of them, ending after a token in `stop` (which is yielded)."""
+        up to max_new of them, ending after a token in `stop` (which is yielded); drawn by
+        lamina.generation.pick with numpy.random.default_rng(seed) (a Generator is used as it is)."""
         ids = [int(i) for i in ids]
         same = 0
         for a, b in zip(self.cached, ids[:-1], strict=False):  # the last id always runs
@@ -230,7 +199,7 @@ class Runtime(HeldTokenizer):
         rng = np.random.default_rng(seed)
         logits = self.feed(ids[same:])
         for _ in range(max_new):
-            token = sample(logits, temperature, top_k, top_p, rng)
+            token = pick(logits, temperature, top_k, top_p, rng)
             yield token
             if token in stop or len(self.cached) >= self.cache_len:
                 return
