@@ -4,9 +4,11 @@ logits, 32 greedy tokens, the real model's reply; what it covers, and its numpy 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -47,18 +49,34 @@ def _reference(model, ids: list[int], new: int) -> tuple[np.ndarray, list[int]]:
     return first, tokens
 
 
+@contextlib.contextmanager
+def _integer_kernels() -> Iterator[None]:
+    """decode.c's integer kernels at every row count (lm_gemm_bf16(0)), on both sides: a prompt
+    of 16 entries or more is otherwise multiplied in bf16 (~1e-2 of the largest logit; its own
+    tests are test_native_gemm.py's)"""
+    lib = lamina.native.build.library()
+    before = lib.lm_gemm_bf16(-1)
+    lib.lm_gemm_bf16(0)
+    try:
+        yield
+    finally:
+        lib.lm_gemm_bf16(before)
+
+
 def _check(path: Path, ids: list[int], new: int = 32, model=None) -> Runtime:
     rt = Runtime.open(path, cache_len=CONTEXT, threads=1)
     model = lamina.open(path).model if model is None else model
-    want_logits, want_tokens = _reference(model, ids, new)
-    got = rt.feed(ids)
+    with _integer_kernels():
+        want_logits, want_tokens = _reference(model, ids, new)
+        got = rt.feed(ids)
+        rt.forget(0)
+        tokens = list(rt.generate(ids, new))
     scale = np.abs(want_logits).max()
     # the runtime reads a Q8_0 table and head as GGML's blocks where the torch path makes int8
     # rows of them, and feeds a prompt in chunks: the kernels round their inputs apart (~1e-3
     # of the largest logit on the real model, ~3e-5 on the fixtures)
     assert np.abs(got - want_logits).max() < 5e-3 * scale, np.abs(got - want_logits).max()
-    rt.forget(0)
-    assert list(rt.generate(ids, new)) == want_tokens
+    assert tokens == want_tokens
     return rt
 
 
@@ -111,10 +129,11 @@ def test_the_real_model_matches_the_torch_paths_engine(real: Runtime, bundle, sm
         smollm2_gguf, ids, model=bundle.model
     )  # Q4_1 as int4 rows, a Q8_0 table read in place
     # a prompt in several chunks is the same causal prefill
-    rt.forget(0)
-    whole = rt.feed(ids)
-    rt.forget(0)
-    parts = rt.feed(ids, chunk=5)
+    with _integer_kernels():
+        rt.forget(0)
+        whole = rt.feed(ids)
+        rt.forget(0)
+        parts = rt.feed(ids, chunk=5)
     assert np.allclose(whole, parts, atol=1e-3 * np.abs(whole).max())
 
 

@@ -383,6 +383,8 @@ typedef struct {
                        super-block kinds' integer form (kq_int below) */
     int lanes8;     /* a step whose int4 linears are in lanes with int8 inputs (lanes8): its int8
                        linears (the head) take int8 inputs at every row count too (head8) */
+    uint16_t *xb;   /* (B, k) the rows in bf16 where the step multiplies in bf16 (lin_rows_bf: B at
+                       least lm_gemm_min(), AVX-512 BF16), or NULL */
 } Act;
 
 /* int8 inputs (llama.cpp's Q8_0 activations: a scale per 32, amax / 127) for one input row where
@@ -545,10 +547,24 @@ static int prepare_unit(const Lin *L) {
     return kq_int_for(L->kind, L->k) ? 8 : 1;
 }
 
+/* the span prepare_blocks quantizes L's input with (1, or 8: kq_int) */
+static int prepare_span(const Lin *L) {
+    if (L->kind == LIN_PARTS) L = (const Lin *)L->w;
+    return L->kind >= LIN_Q4K && kq_int_for(L->kind, L->k) ? 8 : 1;
+}
+
+#define BF16 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16"))) /* the bf16 GEMM below */
+static int bf_covers(const Lin *L);
+BF16 static void bf16_rows(const float *x, int r0, int r1, int k, uint16_t *xb);
+
 /* blocks b0..b1 of x's rows r0..r1 made ready for L (b0, b1 multiples of prepare_unit(L), or b1
-   the last block) */
+   the last block; where a->xb, a linear the bf16 form takes: its rows in bf16 alone) */
 static void prepare_blocks(const Lin *L, const float *x, int r0, int r1, int b0, int b1, Act *a) {
     a->x = x;
+    if (a->xb && bf_covers(L)) { /* the bf16 form's input (whole rows: b0, b1 span them) */
+        bf16_rows(x, r0, r1, L->k, a->xb);
+        return;
+    }
     if (L->kind == LIN_PARTS) L = (const Lin *)L->w; /* parts are all GGML kinds: one form */
     if (L->kind == LIN_INT4) quantize_blocks(x, r0, r1, L->k, 1, L->gs, 1, b0, b1, L->lw && a->q8 && lanes8_on(), a);
     else if (L->kind == LIN_INT8) quantize_blocks(x, r0, r1, L->k, 0, 0, 1, b0, b1, head8(L, a), a);
@@ -2943,7 +2959,7 @@ static int lane_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
             const int k = L->k;
             Act sub = {a->x ? a->x + (size_t)r0 * k : NULL, a->q + (size_t)r0 * k, a->dx + (size_t)r0 * nb,
                        a->sx + (size_t)r0 * (groups ? groups : 1), a->q8 ? a->q8 + (size_t)r0 * k : NULL,
-                       a->q8 ? a->d8 + (size_t)r0 * nb : NULL, a->q8 ? a->s8 + (size_t)r0 * nb : NULL, a->span, a->lanes8};
+                       a->q8 ? a->d8 + (size_t)r0 * nb : NULL, a->q8 ? a->s8 + (size_t)r0 * nb : NULL, a->span, a->lanes8, NULL};
             lin_rows(L, rows, &sub, y + (size_t)r0 * ystride, ystride, n0, n1, accumulate);
             continue;
         }
@@ -2965,9 +2981,265 @@ static int lane_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
     return 1;
 }
 
+/* ------------------------------------------------------------------ a prompt's linears in bf16 */
+
+/* A step of many rows (a prompt's chunk: B >= lm_gemm_min(), 16 unless set) on a CPU with
+   AVX-512 BF16 multiplies its linears in bf16, as a GEMM: the weights held quantized (int4 and
+   int8 rows, GGML's blocks, Q4_K in lanes) are dequantized, a tile of GR = 32 rows at a time,
+   into a buffer of bf16 pairs (pair p of the tile's 32 rows side by side: Wt[p][32], 2 vectors),
+   and each input row, converted to bf16 once per linear (prepare_blocks: round to nearest even),
+   is multiplied into those 32 rows by `vdpbf16ps` with its pair broadcast from memory, GTOK
+   input rows at a time (2 x GTOK float accumulators; the sums in float). The integer kernels
+   read each weight block once for every row too, but unpack and scale it per row and block;
+   here a weight is dequantized once per call and each product is one half of a `vdpbf16ps`
+   lane. bf16 keeps 8 bits of the weights' and inputs' significands (the int16 inputs keep ~15):
+   the logits move by ~1e-3 of the largest (BENCHMARKS.md, tests/test_native_gemm.py).
+   The dequantization: each 16 rows into a row buffer (bf16 in natural order), then 16 x 16
+   pairs transposed into Wt. The buffers are each thread's own, kept for the next call
+   (gemm_scratch). */
+#define GR 32   /* weight rows per tile: two vectors of 16 */
+#define GTOK 12 /* input rows per pass over a tile: 24 accumulators */
+
+static int gemm_bf = -1, gemm_min = 16;
+static int cpu_has_bf16(void) {
+    __builtin_cpu_init();
+    return cpu_has_vnni() && __builtin_cpu_supports("avx512bf16");
+}
+static int gemm_on(void) {
+    if (gemm_bf < 0) gemm_bf = cpu_has_bf16();
+    return gemm_bf;
+}
+/* choice 1: a step of lm_gemm_min() rows or more multiplies in bf16 where the CPU has AVX-512
+   BF16; 0: the integer kernels at every row count; -1 leaves it; returns the choice in force */
+int lm_gemm_bf16(int choice) {
+    if (choice >= 0) gemm_bf = choice && cpu_has_bf16();
+    return gemm_on();
+}
+/* the rows from which a step multiplies in bf16 (>= 1; 0 or less leaves it); returns it */
+int lm_gemm_min(int choice) {
+    if (choice >= 1) gemm_min = choice;
+    return gemm_min;
+}
+/* whether a step of B rows takes the bf16 form (its linears that bf_covers) */
+static int gemm_rows(int B) { return B >= gemm_min && gemm_on(); }
+
+/* whether the bf16 form reads L's weights: int4 rows (not in lanes alone), int8 rows, GGML's
+   blocks (Q4_K in lanes too), parts of those; not float weights */
+static int bf_covers(const Lin *L) {
+    if (L->kind == LIN_PARTS) {
+        for (int i = 0; i < L->gs; i++)
+            if (!bf_covers((const Lin *)L->w + i)) return 0;
+        return L->gs > 0;
+    }
+    if (L->k % 32 || L->n < 1 || !L->w) return 0;
+    if (L->kind == LIN_INT4 || L->kind == LIN_INT8) return L->gs >= 32 && L->gs % 32 == 0 && L->k % L->gs == 0;
+    if (L->kind >= LIN_Q4K && L->kind <= LIN_Q5_1)
+        return L->k % kq_per(L->kind) == 0 && !(L->kind == LIN_Q4K && L->lw && L->n % 16);
+    return 0;
+}
+
+/* rows r0..r1 of x (k wide) -> bf16 rows of xb, round to nearest even */
+BF16 static void bf16_rows(const float *x, int r0, int r1, int k, uint16_t *xb) {
+    for (int r = r0; r < r1; r++) {
+        const float *xr = x + (size_t)r * k;
+        uint16_t *o = xb + (size_t)r * k;
+        int i = 0;
+        for (; i + 32 <= k; i += 32)
+            _mm512_storeu_si512((void *)(o + i), (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(xr + i + 16), _mm512_loadu_ps(xr + i)));
+        for (; i < k; i += 16) _mm256_storeu_si256((__m256i *)(o + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(xr + i)));
+    }
+}
+
+/* 32 floats (lo: the first 16) -> 32 bf16 in order */
+BF16 static inline __m512i bf_pack(__m512 lo, __m512 hi) { return (__m512i)_mm512_cvtne2ps_pbh(hi, lo); }
+
+/* one weight row of L (not parts) -> k bf16 (natural order); grp: a Q4_K group in lanes put back
+   in GGML's layout (16 rows), *gat the group it holds (-1: none) */
+BF16 static void bf_row(const Lin *L, int n, uint16_t *o, uint8_t *grp, int *gat) {
+    const int k = L->k, nb = k / 32;
+    if (L->kind == LIN_INT4) { /* byte i: elements 2i (low nibble) and 2i + 1 (high) */
+        const uint8_t *w = (const uint8_t *)L->w + (size_t)n * (k / 2);
+        const float *s = L->s + (size_t)n * (k / L->gs), *mn = L->mn + (size_t)n * (k / L->gs);
+        const __m512i inter = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5,
+                                               20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+        for (int b = 0; b < nb; b++) {
+            const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w + 16 * b)));
+            const int g = 32 * b / L->gs;
+            const __m512 sc = _mm512_set1_ps(s[g]), m = _mm512_set1_ps(mn[g]);
+            const __m512 ev = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(q, _mm512_set1_epi32(15))), sc, m);
+            const __m512 od = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4)), sc, m);
+            _mm512_storeu_si512((void *)(o + 32 * b), _mm512_permutexvar_epi16(inter, bf_pack(ev, od)));
+        }
+        return;
+    }
+    if (L->kind == LIN_INT8) {
+        const int8_t *w = (const int8_t *)L->w + (size_t)n * k;
+        const float *s = L->s + (size_t)n * (k / L->gs);
+        for (int b = 0; b < nb; b++) {
+            const __m512 sc = _mm512_set1_ps(s[32 * b / L->gs]);
+            const __m512 lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w + 32 * b)))), sc);
+            const __m512 hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w + 32 * b + 16)))), sc);
+            _mm512_storeu_si512((void *)(o + 32 * b), bf_pack(lo, hi));
+        }
+        return;
+    }
+    const int kind = L->kind, per = kq_per(kind), bs = kq_bytes(kind), sub = per / 32;
+    const size_t rb = kq_row_bytes(kind, k);
+    const uint8_t *row;
+    if (kind == LIN_Q4K && L->lw) { /* in 16-row lanes: the group back in GGML's layout */
+        if (*gat != n / 16) {
+            kq_group_to_lanes((const uint8_t *)L->lw + (size_t)(n / 16) * (k / 256) * KL_SB, grp, k / 256, 1);
+            *gat = n / 16;
+        }
+        row = grp + (size_t)(n % 16) * rb;
+    } else
+        row = (const uint8_t *)L->w + (size_t)n * rb;
+    float s[16], mn[PER_SB_MAX];
+    for (int sb = 0; sb < k / per; sb++) {
+        const uint8_t *blk = row + (size_t)sb * bs;
+        kq_scales(kind, blk, s, mn);
+        for (int j = 0; j < sub; j++) {
+            const __m256i q = kq_q8(kind, blk, j);
+            const __m512 m = _mm512_set1_ps(mn[j]);
+            const __m512 lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))), _mm512_set1_ps(s[2 * j]), m);
+            const __m512 hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))), _mm512_set1_ps(s[2 * j + 1]), m);
+            _mm512_storeu_si512((void *)(o + (size_t)(sb * sub + j) * 32), bf_pack(lo, hi));
+        }
+    }
+}
+
+/* 16 rows' bf16 (rb: row stride k) -> pairs 0..k/2 of lanes h*16 .. h*16+15 of the tile Wt
+   (32 bit words: Wt[p * GR + lane]), 16 x 16 words at a time */
+BF16 static void bf_transpose16(const uint16_t *rb, int k, uint32_t *Wt, int h) {
+    for (int c = 0; c < k / 32; c++) {
+        __m512i r[16], t[16];
+        for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512((const void *)(rb + (size_t)i * k + 32 * c));
+        for (int i = 0; i < 8; i++) {
+            t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+            t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+        }
+        for (int i = 0; i < 4; i++) { /* r[4i + c]: rows 4i..4i+3 of word 4 L + c in 128-bit lane L */
+            r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+            r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+            r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+            r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+        }
+        uint32_t *o = Wt + (size_t)(16 * c) * GR + 16 * h;
+        for (int j = 0; j < 4; j++) {
+            const __m512i u0 = _mm512_shuffle_i32x4(r[j], r[4 + j], 0x44), u1 = _mm512_shuffle_i32x4(r[j], r[4 + j], 0xEE);
+            const __m512i u2 = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0x44), u3 = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0xEE);
+            _mm512_store_si512((void *)(o + (size_t)j * GR), _mm512_shuffle_i32x4(u0, u2, 0x88));
+            _mm512_store_si512((void *)(o + (size_t)(4 + j) * GR), _mm512_shuffle_i32x4(u0, u2, 0xDD));
+            _mm512_store_si512((void *)(o + (size_t)(8 + j) * GR), _mm512_shuffle_i32x4(u1, u3, 0x88));
+            _mm512_store_si512((void *)(o + (size_t)(12 + j) * GR), _mm512_shuffle_i32x4(u1, u3, 0xDD));
+        }
+    }
+}
+
+/* T input rows (x: bf16, row stride k) times the tile's 16 (W2 0) or 32 rows (kp pairs) -> y
+   rows (stride ys) at the tile's columns, lanes m0 / m1 kept; + bias, + y where accumulate */
+BF16 static inline __attribute__((always_inline)) void bf_tile(const int T, const int W2, const uint32_t *Wt, int kp,
+                                                               const uint16_t *x, int k, float *y, size_t ys, __mmask16 m0,
+                                                               __mmask16 m1, const float *bias, int accumulate) {
+    __m512 c0[GTOK], c1[GTOK];
+    for (int t = 0; t < T; t++) c0[t] = c1[t] = _mm512_setzero_ps();
+    for (int p = 0; p < kp; p++) {
+        const __m512bh w0 = (__m512bh)_mm512_load_si512((const void *)(Wt + (size_t)p * GR));
+        const __m512bh w1 = W2 ? (__m512bh)_mm512_load_si512((const void *)(Wt + (size_t)p * GR + 16)) : w0;
+        for (int t = 0; t < T; t++) {
+            int32_t xv;
+            memcpy(&xv, x + (size_t)t * k + 2 * p, 4);
+            const __m512bh b = (__m512bh)_mm512_set1_epi32(xv);
+            c0[t] = _mm512_dpbf16_ps(c0[t], w0, b);
+            if (W2) c1[t] = _mm512_dpbf16_ps(c1[t], w1, b);
+        }
+    }
+    const __m512 b0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
+    const __m512 b1 = bias && W2 ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
+    for (int t = 0; t < T; t++) {
+        float *o = y + (size_t)t * ys;
+        __m512 v = _mm512_add_ps(c0[t], b0);
+        if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m0, o));
+        _mm512_mask_storeu_ps(o, m0, v);
+        if (W2) {
+            v = _mm512_add_ps(c1[t], b1);
+            if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m1, o + 16));
+            _mm512_mask_storeu_ps(o + 16, m1, v);
+        }
+    }
+}
+
+#define BF_T(T)                                                                                     \
+    case T:                                                                                         \
+        if (W2) bf_tile(T, 1, Wt, kp, x, k, y, ys, m0, m1, bias, accumulate);                       \
+        else bf_tile(T, 0, Wt, kp, x, k, y, ys, m0, m1, bias, accumulate);                          \
+        return;
+BF16 static void bf_tile_any(int T, int W2, const uint32_t *Wt, int kp, const uint16_t *x, int k, float *y, size_t ys,
+                             __mmask16 m0, __mmask16 m1, const float *bias, int accumulate) {
+    switch (T) {
+        BF_T(1) BF_T(2) BF_T(3) BF_T(4) BF_T(5) BF_T(6) BF_T(7) BF_T(8) BF_T(9) BF_T(10) BF_T(11) BF_T(12)
+    }
+}
+#undef BF_T
+
+/* each thread's buffers, kept for its next call (a prompt's chunk makes ~100 calls a thread):
+   the tile (GR rows x k bf16), 16 rows in natural order, a Q4_K group put back */
+static __thread uint8_t *gemm_buf;
+static __thread size_t gemm_cap;
+static uint8_t *gemm_scratch(size_t bytes) {
+    if (bytes > gemm_cap) {
+        free(gemm_buf);
+        gemm_buf = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+        gemm_cap = gemm_buf ? bytes : 0;
+    }
+    return gemm_buf;
+}
+
+/* rows n0..n1 of L for B input rows in bf16 (a->xb) (as lin_rows); 0 when out of memory */
+BF16 static int lin_rows_bf(const Lin *L, int B, const Act *a, float *y, int ystride, int n0, int n1, int accumulate) {
+    if (L->kind == LIN_PARTS) {
+        const Lin *parts = (const Lin *)L->w;
+        for (int i = 0, off = 0; i < L->gs; off += parts[i].n, i++) {
+            const int lo = n0 > off ? n0 : off, hi = n1 < off + parts[i].n ? n1 : off + parts[i].n;
+            if (lo < hi && !lin_rows_bf(&parts[i], B, a, y + off, ystride, lo - off, hi - off, accumulate)) return 0;
+        }
+        return 1;
+    }
+    const int k = L->k, kp = k / 2, lanes = L->kind == LIN_Q4K && L->lw;
+    const size_t tile = (size_t)GR * k * 2, rows16 = (size_t)16 * k * 2;
+    uint8_t *buf = gemm_scratch(tile + rows16 + (lanes ? (size_t)(k / 256) * KL_SB : 0));
+    if (!buf) return 0;
+    uint32_t *Wt = (uint32_t *)buf;
+    uint16_t *rb = (uint16_t *)(buf + tile);
+    uint8_t *grp = buf + tile + rows16;
+    int gat = -1;
+    for (int n = n0; n < n1; n += GR) {
+        const int rows = n1 - n < GR ? n1 - n : GR;
+        for (int h = 0; h * 16 < rows; h++) {
+            const int hr = rows - 16 * h < 16 ? rows - 16 * h : 16;
+            for (int r = 0; r < hr; r++) bf_row(L, n + 16 * h + r, rb + (size_t)r * k, grp, &gat);
+            if (hr < 16) memset(rb + (size_t)hr * k, 0, (size_t)(16 - hr) * k * 2);
+            bf_transpose16(rb, k, Wt, h);
+        }
+        const int W2 = rows > 16;
+        const __mmask16 m0 = (__mmask16)(rows >= 16 ? 0xFFFF : (1u << rows) - 1);
+        const __mmask16 m1 = (__mmask16)(rows >= 32 ? 0xFFFF : rows > 16 ? (1u << (rows - 16)) - 1 : 0);
+        for (int t0 = 0; t0 < B; t0 += GTOK)
+            bf_tile_any(B - t0 < GTOK ? B - t0 : GTOK, W2, Wt, kp, a->xb + (size_t)t0 * k, k, y + (size_t)t0 * ystride + n,
+                        (size_t)ystride, m0, m1, L->bias ? L->bias + n : NULL, accumulate);
+    }
+    return 1;
+}
+
 /* y[r, n] (+)= x[r] . w[n] + bias[n] for output rows n0..n1 and input rows r < B */
 static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, int n0, int n1,
                      int accumulate) {
+    if (a->xb && bf_covers(L)) { /* a prompt's rows in bf16 (inputs made ready so by prepare_blocks) */
+        if (!lin_rows_bf(L, B, a, y, ystride, n0, n1, accumulate)) /* out of memory: NaN, not garbage */
+            for (int r = 0; r < B; r++)
+                for (int n = n0; n < n1; n++) y[(size_t)r * ystride + n] = NAN;
+        return;
+    }
     if (L->kind == LIN_PARTS) { /* each part's rows, at their offset */
         const Lin *parts = (const Lin *)L->w;
         for (int i = 0, off = 0; i < L->gs; off += parts[i].n, i++) {
@@ -3032,7 +3304,7 @@ static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
         for (int r = 0; r < B; r++) {
             Act one = {a->x ? a->x + (size_t)r * k : NULL, a->q + (size_t)r * k, a->dx + (size_t)r * nb,
                        a->sx + (size_t)r * gsum, a->q8 ? a->q8 + (size_t)r * k : NULL,
-                       a->q8 ? a->d8 + (size_t)r * nb : NULL, a->q8 ? a->s8 + (size_t)r * nb : NULL, a->span, a->lanes8};
+                       a->q8 ? a->d8 + (size_t)r * nb : NULL, a->q8 ? a->s8 + (size_t)r * nb : NULL, a->span, a->lanes8, NULL};
             lin_rows(L, 1, &one, y + (size_t)r * ystride, ystride, n0, n1, accumulate);
         }
         return;
@@ -3136,12 +3408,16 @@ static void lin_job(void *p, int tid, int nt) {
     lin_rows(j->L, j->B, &j->a, j->y, j->L->n, n0, n1, 0);
 }
 
-/* y (B, n) = x (B, k) @ W.T + bias; returns 0 on failure (out of memory, threads) */
-int lm_linear(const Lin *L, int B, const float *x, float *y, int nthreads) {
+/* y (B, n) = x (B, k) @ W.T + bias, by the integer kernels (bf 0) or in bf16 (bf 1) */
+static int linear_call(const Lin *L, int B, const float *x, float *y, int nthreads, int bf) {
     LinJob j = {L, B, {0}, y};
     int nb = L->k / 32;
     void *buf = NULL;
-    if (L->kind != LIN_F32) {
+    if (bf) {
+        buf = malloc((size_t)B * L->k * sizeof(uint16_t) + 64);
+        if (!buf) return 0;
+        j.a.xb = (uint16_t *)buf;
+    } else if (L->kind != LIN_F32) {
         const int q8 = (B == 1 && act8_on()) || (L->lw && lanes8_on()); /* as lm_step: int8 inputs for one row, or the lanes */
         buf = malloc((size_t)B * L->k * (sizeof(int16_t) + q8) + (size_t)B * nb * (2 + 2 * q8) * sizeof(float) + 64);
         if (!buf) return 0;
@@ -3155,6 +3431,16 @@ int lm_linear(const Lin *L, int B, const float *x, float *y, int nthreads) {
     run_parallel(lin_job, &j, nthreads, NULL);
     free(buf);
     return 1;
+}
+
+/* y (B, n) = x (B, k) @ W.T + bias; returns 0 on failure (out of memory, threads) */
+int lm_linear(const Lin *L, int B, const float *x, float *y, int nthreads) { return linear_call(L, B, x, y, nthreads, 0); }
+
+/* the same in bf16 as a step of many rows multiplies (lin_rows_bf) at any B; 0 where this CPU
+   or L's kind does not take it (lm_gemm_bf16(0) included) */
+int lm_linear_bf16(const Lin *L, int B, const float *x, float *y, int nthreads) {
+    if (!gemm_on() || !bf_covers(L) || B < 1) return 0;
+    return linear_call(L, B, x, y, nthreads, 1);
 }
 
 /* ------------------------------------------------------------------ the decode step */
@@ -3176,6 +3462,13 @@ typedef struct {
     Act a2; /* fused feed-forward (step_fuse): the out-projection's inputs, made while fc reads a */
     Act *ta;   /* step_fuse, a few rows on several threads: each thread's own inputs to qkv and fc */
     float *txn; /* (threads, B, d): each thread's own normed rows */
+    int nch; /* attention chunks of CHUNK slots up to the farthest row's slot */
+    /* run: the rows are one cache row's consecutive slots (a prompt's chunk), attended as a
+       prefill (step_run_attention): Tk keys from the row's start, kt the keys transposed by
+       blocks of PA_KB ((Hkv, tkp / PA_KB, hd, PA_KB)), vf the values (Hkv, Tk, hd), pq each
+       thread's query rows and outputs (2 (PA_ROWS + 8) hd) */
+    int run, Tk, tkp;
+    float *kt, *vf, *pq;
 } Step;
 
 #define CHUNK 128 /* cache slots per attention task */
@@ -3495,34 +3788,29 @@ static void lin_shared_act(Step *S, int *ph, const Lin *L, const Act *a, int row
     }
 }
 
-static void lin_shared_rows(Step *S, int *ph, const Lin *L, int rows, float *y, int ystride, int accumulate,
-                            float softcap, int tid, int nt) {
-    lin_shared_act(S, ph, L, &S->a, rows, y, ystride, accumulate, softcap, tid, nt);
-}
-
-/* L over the step's B rows, its units shared out (lin_shared_rows) */
+/* L over the step's B rows, its units shared out (lin_shared_act), its inputs S->a */
 static void lin_shared(Step *S, int *ph, const Lin *L, float *y, int ystride, int accumulate, float softcap, int tid, int nt) {
-    lin_shared_rows(S, ph, L, S->B, y, ystride, accumulate, softcap, tid, nt);
+    lin_shared_act(S, ph, L, &S->a, S->B, y, ystride, accumulate, softcap, tid, nt);
 }
 
 /* the norm of x into xn and its quantized input to L: with `cols` (one row on several threads)
    each thread its columns (split_blocks), else each thread its rows of the batch */
 static void norm_and_prepare_from(Step *S, int *ph, const Lin *L, const float *w, const float *b, int cols, int tid,
-                                  int nt, int from);
+                                  int nt, int from, Act *a);
 static void norm_and_prepare(Step *S, int *ph, const Lin *L, const float *w, const float *b, int cols, int tid, int nt) {
-    norm_and_prepare_from(S, ph, L, w, b, cols, tid, nt, 0);
+    norm_and_prepare_from(S, ph, L, w, b, cols, tid, nt, 0, &S->a);
 }
 
 /* the same for x's rows from..B-1, normed and quantized into rows 0..B-1-from (the head's rows) */
 static void norm_and_prepare_from(Step *S, int *ph, const Lin *L, const float *w, const float *b, int cols, int tid,
-                                  int nt, int from) {
+                                  int nt, int from, Act *a) {
     const Model *m = S->m;
     const int d = m->d;
     if (cols) { /* (one row: from is 0) */
         int b0, b1;
         split_blocks(L, d, tid, nt, &b0, &b1);
         norm_cols(S->x, S->xn, d, w, b, m->norm, m->eps, 32 * b0, 32 * b1);
-        prepare_blocks(L, S->xn, 0, 1, b0, b1, &S->a);
+        prepare_blocks(L, S->xn, 0, 1, b0, b1, a);
         return;
     }
     /* a batch's rows shared out; one row: thread 0. ph NULL: each thread its own rows only */
@@ -3530,7 +3818,7 @@ static void norm_and_prepare_from(Step *S, int *ph, const Lin *L, const float *w
     Work wk = ph ? work_start(S, ph, rows, 1, tid, nt) : (Work){0};
     for (int r = ph ? work_next(&wk) : tid; r >= 0 && r < rows; r = ph ? work_next(&wk) : r + nt) {
         norm_row(S->x + (size_t)(from + r) * d, S->xn + (size_t)r * d, d, w, b, m->norm, m->eps);
-        prepare_rows(L, S->xn, r, r + 1, &S->a);
+        prepare_rows(L, S->xn, r, r + 1, a);
     }
 }
 
@@ -3578,7 +3866,7 @@ static int ff_unit(const Step *S, const Layer *ly, int nt) {
     const Model *m = S->m;
     const int ff = m->ff, al = 32 * prepare_unit(&ly->out);
     if (!step_fuse || !S->a2.dx || ff % al || ly->fc.n != (m->act == ACT_SWIGLU ? 2 * ff : ff)) return 0;
-    const int per = 8 * nt; /* ~8 units a thread, as lin_shared_rows */
+    const int per = 8 * nt; /* ~8 units a thread, as lin_shared_act */
     return al * ((ff / al + per - 1) / per);
 }
 
@@ -3619,12 +3907,87 @@ static void step_job(void *p, int tid, int nt) {
     if (pinned) unpin_self(&old);
 }
 
+static void step_run_attention(Step *S, const Layer *ly, int *ph, int tid, int nt); /* after lm_prefill_attention */
+
+/* the step's attention, row by row: each row's query heads over its own cache slots in chunks,
+   the barrier after them included (any rows); step_body merges the chunks (merge_head) */
+static void step_attention(Step *S, const Layer *ly, int *ph_, int tid, int nt) {
+    const Model *m = S->m;
+    const int B = S->B, H = m->H, Hkv = m->Hkv, hd = m->hd, L = m->cache_len, qkv_n = (H + 2 * Hkv) * hd, group = H / Hkv;
+    const size_t bstride = (size_t)Hkv * L * hd;
+    const float scale = 1.0f / sqrtf((float)hd);
+    int ph = *ph_;
+    /* one query per head over the cache slots start..slot, in chunks of CHUNK slots shared
+       out among the threads (a chunk's keys and values stay in cache for its group's heads);
+       then each head's chunks are merged by their maxima into the softmax of the whole.
+       The chunks do not depend on the thread count, so neither do the results. Tasks go
+       chunk by chunk (all rows' and heads' first chunks, then the second ones...), so that
+       the threads share the filled chunks: numbered row by row, a cache of 512 slots
+       filled to 96 gave every task of the one filled chunk to thread 0 (an 8-row step's
+       attention 3.6 ms on one thread while the other waited, BENCHMARKS.md). */
+    const int nch = S->nch, wide_att = hd == 64 && group <= ATT_G && lm_att_wide(-1);
+    Work watt = work_start(S, &ph, B * Hkv * nch, 1, tid, nt);
+    for (int t; (t = work_next(&watt)) >= 0;) {
+        const int c = t / (B * Hkv), r = (t / Hkv) % B, kh = t % Hkv;
+        const int64_t first = S->starts[r];
+        const int n = (int)(S->slots[r] - first + 1), c0 = c * CHUNK;
+        const int len = n - c0 < CHUNK ? n - c0 : CHUNK;
+        const size_t base = S->rows[r] * bstride + (size_t)kh * L * hd + (size_t)(first + c0) * hd;
+        const int es = m->kv16 ? 2 : 4; /* a cached element's bytes */
+        const char *kb = (const char *)ly->kc + base * es, *vb = (const char *)ly->vc + base * es;
+        const char *nk = NULL, *nv = NULL; /* the thread's next task's keys and values, nlen rows */
+        int nlen = 0;
+        if (att_next && t + nt < B * Hkv * nch) {
+            const int t2 = t + nt, c2 = t2 / (B * Hkv), r2 = (t2 / Hkv) % B, kh2 = t2 % Hkv;
+            const int n2 = (int)(S->slots[r2] - S->starts[r2] + 1) - c2 * CHUNK;
+            const size_t b2 = S->rows[r2] * bstride + (size_t)kh2 * L * hd + (size_t)(S->starts[r2] + c2 * CHUNK) * hd;
+            nlen = n2 <= 0 ? 0 : n2 < CHUNK ? n2 : CHUNK;
+            if (nlen) nk = (const char *)ly->kc + b2 * es, nv = (const char *)ly->vc + b2 * es;
+            if (!wide_att || len <= 0) /* the AVX2 form (or no work here): all at once */
+                for (size_t o = 0; o < (size_t)nlen * hd * es; o += 64) {
+                    PF_W(nk + o);
+                    PF_W(nv + o);
+                }
+        }
+        if (m->kv16 && !wide_att && len > 0) { /* the AVX2 form reads floats: the chunk widened */
+            float *kf = S->kvs + (size_t)tid * 2 * CHUNK * hd, *vf = kf + (size_t)CHUNK * hd;
+            kv16_widen(kb, vb, (size_t)len * hd, kf, vf);
+            kb = (const char *)kf, vb = (const char *)vf;
+        }
+        /* wide_att: each head's scores kept apart, the group's weighted sums at once */
+        float *scg = S->scores + (size_t)tid * CHUNK * ATT_G, *og[ATT_G];
+        for (int g = 0; g < group; g++) {
+            const int h = kh * group + g;
+            float *part = S->parts + (((size_t)r * H + h) * nch + c) * (hd + 2);
+            float *o = part + 2;
+            memset(o, 0, hd * sizeof(float));
+            part[0] = -INFINITY, part[1] = 0.0f;
+            if (len <= 0) continue;
+            const float *q = S->qkv + (size_t)r * qkv_n + (size_t)h * hd;
+            float *sc = scg + (wide_att ? (size_t)g * CHUNK : 0);
+            if (wide_att) scores_512(q, kb, m->kv16, len, scale, sc, g == 0 ? vb : NULL, g == 0 ? nk : NULL, nlen);
+            else scores(q, (const float *)kb, len, hd, scale, sc);
+            float mx = -INFINITY;
+            if (wide_att) mx = max_512(sc, len);
+            else
+                for (int i = 0; i < len; i++) mx = sc[i] > mx ? sc[i] : mx;
+            for (int i = 0; i < len; i++) sc[i] -= mx;
+            softmax_unnormalised(sc, len, &part[1]);
+            part[0] = mx;
+            if (wide_att) og[g] = o;
+            else weighted_sum(sc, (const float *)vb, len, hd, o);
+        }
+        if (wide_att && len > 0) weighted_group_512(group, scg, vb, m->kv16, len, og, nv, nlen);
+    }
+    barrier_wait(&S->bar);
+    *ph_ = ph;
+}
+
 static void step_body(Step *S, int tid, int nt) {
     const Model *m = S->m;
     const int B = S->B, d = m->d, H = m->H, Hkv = m->Hkv, hd = m->hd, L = m->cache_len;
     const int qkv_n = (H + 2 * Hkv) * hd, group = H / Hkv, h2 = hd / 2;
     const size_t bstride = (size_t)Hkv * L * hd;
-    const float scale = 1.0f / sqrtf((float)hd);
     int b0, b1, ph = 0; /* ph: the shared phases so far (Work), the same count on every thread */
     /* one row on several threads: each its columns of the norms and activations (split_blocks);
        widths a multiple of 32 (the quantized kinds' blocks) */
@@ -3676,84 +4039,25 @@ static void step_body(Step *S, int tid, int nt) {
             }
         }
         barrier_wait(&S->bar);
-        /* one query per head over the cache slots start..slot, in chunks of CHUNK slots shared
-           out among the threads (a chunk's keys and values stay in cache for its group's heads);
-           then each head's chunks are merged by their maxima into the softmax of the whole.
-           The chunks do not depend on the thread count, so neither do the results. Tasks go
-           chunk by chunk (all rows' and heads' first chunks, then the second ones...), so that
-           the threads share the filled chunks: numbered row by row, a cache of 512 slots
-           filled to 96 gave every task of the one filled chunk to thread 0 (an 8-row step's
-           attention 3.6 ms on one thread while the other waited, BENCHMARKS.md). */
-        const int nch = (L + CHUNK - 1) / CHUNK, wide_att = hd == 64 && group <= ATT_G && lm_att_wide(-1);
-        Work watt = work_start(S, &ph, B * Hkv * nch, 1, tid, nt);
-        for (int t; (t = work_next(&watt)) >= 0;) {
-            const int c = t / (B * Hkv), r = (t / Hkv) % B, kh = t % Hkv;
-            const int64_t first = S->starts[r];
-            const int n = (int)(S->slots[r] - first + 1), c0 = c * CHUNK;
-            const int len = n - c0 < CHUNK ? n - c0 : CHUNK;
-            const size_t base = S->rows[r] * bstride + (size_t)kh * L * hd + (size_t)(first + c0) * hd;
-            const int es = m->kv16 ? 2 : 4; /* a cached element's bytes */
-            const char *kb = (const char *)ly->kc + base * es, *vb = (const char *)ly->vc + base * es;
-            const char *nk = NULL, *nv = NULL; /* the thread's next task's keys and values, nlen rows */
-            int nlen = 0;
-            if (att_next && t + nt < B * Hkv * nch) {
-                const int t2 = t + nt, c2 = t2 / (B * Hkv), r2 = (t2 / Hkv) % B, kh2 = t2 % Hkv;
-                const int n2 = (int)(S->slots[r2] - S->starts[r2] + 1) - c2 * CHUNK;
-                const size_t b2 = S->rows[r2] * bstride + (size_t)kh2 * L * hd + (size_t)(S->starts[r2] + c2 * CHUNK) * hd;
-                nlen = n2 <= 0 ? 0 : n2 < CHUNK ? n2 : CHUNK;
-                if (nlen) nk = (const char *)ly->kc + b2 * es, nv = (const char *)ly->vc + b2 * es;
-                if (!wide_att || len <= 0) /* the AVX2 form (or no work here): all at once */
-                    for (size_t o = 0; o < (size_t)nlen * hd * es; o += 64) {
-                        PF_W(nk + o);
-                        PF_W(nv + o);
-                    }
+        if (S->run) step_run_attention(S, ly, &ph, tid, nt); /* a prompt's chunk: blocked, as a prefill */
+        else {
+            step_attention(S, ly, &ph, tid, nt);
+            if (!cols && step_fuse) { /* a row's heads merged, then its inputs to proj (fused) */
+                Work wm = work_start(S, &ph, B, 1, tid, nt);
+                for (int r; (r = work_next(&wm)) >= 0;) {
+                    for (int h = 0; h < H; h++) merge_head(S, r, h, S->nch);
+                    prepare_rows(&ly->proj, S->att, r, r + 1, &S->a);
+                }
+            } else {
+                Work wmerge = work_start(S, &ph, B * H, 1, tid, nt);
+                for (int t; (t = work_next(&wmerge)) >= 0;) merge_head(S, t / H, t % H, S->nch);
+                barrier_wait(&S->bar);
             }
-            if (m->kv16 && !wide_att && len > 0) { /* the AVX2 form reads floats: the chunk widened */
-                float *kf = S->kvs + (size_t)tid * 2 * CHUNK * hd, *vf = kf + (size_t)CHUNK * hd;
-                kv16_widen(kb, vb, (size_t)len * hd, kf, vf);
-                kb = (const char *)kf, vb = (const char *)vf;
-            }
-            /* wide_att: each head's scores kept apart, the group's weighted sums at once */
-            float *scg = S->scores + (size_t)tid * CHUNK * ATT_G, *og[ATT_G];
-            for (int g = 0; g < group; g++) {
-                const int h = kh * group + g;
-                float *part = S->parts + (((size_t)r * H + h) * nch + c) * (hd + 2);
-                float *o = part + 2;
-                memset(o, 0, hd * sizeof(float));
-                part[0] = -INFINITY, part[1] = 0.0f;
-                if (len <= 0) continue;
-                const float *q = S->qkv + (size_t)r * qkv_n + (size_t)h * hd;
-                float *sc = scg + (wide_att ? (size_t)g * CHUNK : 0);
-                if (wide_att) scores_512(q, kb, m->kv16, len, scale, sc, g == 0 ? vb : NULL, g == 0 ? nk : NULL, nlen);
-                else scores(q, (const float *)kb, len, hd, scale, sc);
-                float mx = -INFINITY;
-                if (wide_att) mx = max_512(sc, len);
-                else
-                    for (int i = 0; i < len; i++) mx = sc[i] > mx ? sc[i] : mx;
-                for (int i = 0; i < len; i++) sc[i] -= mx;
-                softmax_unnormalised(sc, len, &part[1]);
-                part[0] = mx;
-                if (wide_att) og[g] = o;
-                else weighted_sum(sc, (const float *)vb, len, hd, o);
-            }
-            if (wide_att && len > 0) weighted_group_512(group, scg, vb, m->kv16, len, og, nv, nlen);
-        }
-        barrier_wait(&S->bar);
-        if (!cols && step_fuse) { /* a row's heads merged, then its inputs to proj (fused) */
-            Work wm = work_start(S, &ph, B, 1, tid, nt);
-            for (int r; (r = work_next(&wm)) >= 0;) {
-                for (int h = 0; h < H; h++) merge_head(S, r, h, nch);
-                prepare_rows(&ly->proj, S->att, r, r + 1, &S->a);
-            }
-        } else {
-            Work wmerge = work_start(S, &ph, B * H, 1, tid, nt);
-            for (int t; (t = work_next(&wmerge)) >= 0;) merge_head(S, t / H, t % H, nch);
-            barrier_wait(&S->bar);
         }
         if (cols) {
             split_blocks(&ly->proj, H * hd, tid, nt, &b0, &b1);
             prepare_blocks(&ly->proj, S->att, 0, 1, b0, b1, &S->a);
-        } else if (!step_fuse) {
+        } else if (!step_fuse || S->run) { /* (a run's attention writes att itself: no merge) */
             Work wp = work_start(S, &ph, B, 1, tid, nt);
             for (int r; (r = work_next(&wp)) >= 0;) prepare_rows(&ly->proj, S->att, r, r + 1, &S->a);
         }
@@ -3795,9 +4099,27 @@ static void step_body(Step *S, int tid, int nt) {
     }
     /* the head for the last hb rows alone (a prefill's chunk wants its last entry's logits) */
     const int hb = S->hb;
-    norm_and_prepare_from(S, &ph, &m->head, m->nfw, m->nfb, cols, tid, nt, B - hb);
+    Act ha = S->a; /* this thread's: the head's rows in bf16 only where they are enough (x and span
+                      as the head's prepare_blocks sets them, where this thread prepares none) */
+    if (!gemm_rows(hb)) ha.xb = NULL;
+    ha.x = S->xn, ha.span = prepare_span(&m->head);
+    norm_and_prepare_from(S, &ph, &m->head, m->nfw, m->nfb, cols, tid, nt, B - hb, &ha);
     barrier_wait(&S->bar);
-    lin_shared_rows(S, &ph, &m->head, hb, S->logits, m->vocab, 0, m->softcap, tid, nt);
+    lin_shared_act(S, &ph, &m->head, &ha, hb, S->logits, m->vocab, 0, m->softcap, tid, nt);
+}
+
+/* a step of RUN_MIN rows or more that are one cache row's consecutive slots (a prompt's chunk)
+   attends as a prefill (step_run_attention) where step_runs is 1 (the default); 0: row by row
+   always. lm_step_runs(choice): -1 leaves it; returns it */
+#define RUN_MIN 16
+/* lm_prefill_attention's blocks (below) */
+#define PA_KB 32   /* keys per block: 4 vectors */
+#define PA_ROWS 48 /* query rows (positions x the group's heads) per task, at most */
+#define PA_HD 256  /* widest head taken */
+static int step_runs = 1;
+int lm_step_runs(int choice) {
+    if (choice >= 0) step_runs = choice ? 1 : 0;
+    return step_runs;
 }
 
 static int max3(int a, int b, int c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
@@ -3835,17 +4157,33 @@ int lm_step_last(const Model *m, int B, const int64_t *tokens, const int64_t *po
     if (nthreads > 256) nthreads = 256;
     const int d = m->d, hd = m->hd, qkv_n = (m->H + 2 * m->Hkv) * hd;
     const int fc_n = m->layers[0].fc.n, kmax = max3(d, m->H * hd, m->ff);
-    size_t floats = (size_t)B * (2 * d + qkv_n + m->H * hd + fc_n + m->ff + hd) +
-                    (size_t)nthreads * CHUNK * ATT_G + 2 * (size_t)B * (kmax / 32 + 1) +
-                    (size_t)B * m->H * ((m->cache_len + CHUNK - 1) / CHUNK) * (hd + 2);
-    if (m->kv16) floats += (size_t)nthreads * 2 * CHUNK * hd;
+    /* the attention: a run's (step_run_attention) or row by row over the chunks of CHUNK slots
+       up to the farthest row's (the chunks past it hold nothing) */
+    int seq = slots[0] >= starts[0]; /* the rows: one cache row's consecutive slots (a prompt's chunk) */
+    int64_t far = 1;
+    for (int r = 0; r < B; r++) {
+        far = slots[r] - starts[r] + 1 > far ? slots[r] - starts[r] + 1 : far;
+        seq = seq && rows[r] == rows[0] && starts[r] == starts[0] && slots[r] == slots[0] + r;
+    }
+    const int run = seq && B >= RUN_MIN && step_runs && hd % 8 == 0 && hd <= PA_HD && m->H / m->Hkv <= PA_ROWS;
+    const int nch_all = (m->cache_len + CHUNK - 1) / CHUNK;
+    const int nch = far >= (int64_t)m->cache_len ? nch_all : (int)((far + CHUNK - 1) / CHUNK);
+    const int Tk = run ? (int)far : 0, tkp = (Tk + PA_KB - 1) / PA_KB * PA_KB;
+    size_t floats = (size_t)B * (2 * d + qkv_n + m->H * hd + fc_n + m->ff + hd) + 2 * (size_t)B * (kmax / 32 + 1);
+    if (run)
+        floats += (size_t)m->Hkv * hd * (tkp + Tk) + (size_t)nthreads * 2 * (PA_ROWS + 8) * hd;
+    else
+        floats += (size_t)nthreads * CHUNK * ATT_G + (size_t)B * m->H * nch * (hd + 2) + (m->kv16 ? (size_t)nthreads * 2 * CHUNK * hd : 0);
     /* int8 inputs: the rows the one-row form takes (act8), or every row where linears are in lanes (lanes8) */
     const int q8 = (B < lanes_min(1) && act8_on()) || (lanes8_on() && has_lanes(m));
     if (q8) floats += 2 * (size_t)B * (kmax / 32 + 1) + ((size_t)B * kmax + 3) / 4;
-    float *buf = (float *)malloc(floats * sizeof(float) + (size_t)B * kmax * sizeof(int16_t) + 64);
+    /* a run of enough rows (a prompt's chunk) multiplies in bf16 (lin_rows_bf); rows of different
+       cache rows (a server's batch) keep the integer kernels, each row rounded as alone */
+    const int bf = seq && gemm_rows(B);
+    float *buf = (float *)malloc(floats * sizeof(float) + (size_t)B * kmax * sizeof(int16_t) * (1 + bf) + 64);
     if (!buf) return 0;
     Step S = {.m = m, .B = B, .tokens = tokens, .positions = positions, .starts = starts,
-              .slots = slots, .rows = rows, .logits = logits, .hb = keep};
+              .slots = slots, .rows = rows, .logits = logits, .hb = keep, .nch = nch, .run = run, .Tk = Tk, .tkp = tkp};
     atomic_init(&S.bar.n, nthreads);
     atomic_init(&S.bar.count, 0);
     atomic_init(&S.bar.phase, 0);
@@ -3868,9 +4206,15 @@ int lm_step_last(const Model *m, int B, const int64_t *tokens, const int64_t *po
     S.h = p, p += (size_t)B * m->ff;
     S.cs = p, p += (size_t)B * (hd / 2);
     S.sn = p, p += (size_t)B * (hd / 2);
-    S.scores = p, p += (size_t)nthreads * CHUNK * ATT_G;
-    S.parts = p, p += (size_t)B * m->H * ((m->cache_len + CHUNK - 1) / CHUNK) * (hd + 2);
-    if (m->kv16) S.kvs = p, p += (size_t)nthreads * 2 * CHUNK * hd;
+    if (run) {
+        S.kt = p, p += (size_t)m->Hkv * hd * tkp;
+        S.vf = p, p += (size_t)m->Hkv * hd * Tk;
+        S.pq = p, p += (size_t)nthreads * 2 * (PA_ROWS + 8) * hd;
+    } else {
+        S.scores = p, p += (size_t)nthreads * CHUNK * ATT_G;
+        S.parts = p, p += (size_t)B * m->H * nch * (hd + 2);
+        if (m->kv16) S.kvs = p, p += (size_t)nthreads * 2 * CHUNK * hd;
+    }
     S.a.dx = p, p += (size_t)B * (kmax / 32 + 1);
     S.a.sx = p, p += (size_t)B * (kmax / 32 + 1);
     if (q8) {
@@ -3879,9 +4223,11 @@ int lm_step_last(const Model *m, int B, const int64_t *tokens, const int64_t *po
         S.a.q8 = (int8_t *)p, p += ((size_t)B * kmax + 3) / 4;
     }
     S.a.q = (int16_t *)p;
+    if (bf) S.a.xb = (uint16_t *)(S.a.q + (size_t)B * kmax);
     S.a.lanes8 = q8 && lanes8_on() && has_lanes(m); /* the head too (head8) */
-    float *buf2 = NULL; /* a2 (step_fuse): the same sizes as a's */
-    if (step_fuse) {
+    float *buf2 = NULL; /* a2 (step_fuse): the same sizes as a's; not where the step multiplies in
+                           bf16 (a2 and ta have no bf16 rows: those phases stay apart) */
+    if (step_fuse && !bf) {
         const size_t per = (size_t)B * (kmax / 32 + 1);
         buf2 = (float *)malloc(((2 + 2 * q8) * per + (q8 ? ((size_t)B * kmax + 3) / 4 : 0)) * sizeof(float) +
                                (size_t)B * kmax * sizeof(int16_t) + 64);
@@ -3985,9 +4331,7 @@ const LayoutEntry *lm_layout(void) { return LAYOUT; }
    same code compiled with AVX-512's 32 registers, which hold a 6 x 32 tile of scores where
    AVX2's 16 hold 3 x 32 (on the Zen 4 a 512-bit fma is two 256-bit halves: the wider tile is
    what pays, by halving the loads of k and v per product). */
-#define PA_KB 32   /* keys per block: 4 vectors */
-#define PA_ROWS 48 /* query rows (positions x the group's heads) per task, at most */
-#define PA_HD 256  /* widest head taken */
+/* PA_KB, PA_ROWS, PA_HD: above lm_step_last, which sizes a run's attention by them */
 
 typedef struct {
     const float *q, *k, *v;
@@ -4194,6 +4538,58 @@ int lm_prefill_attention(const float *q, const float *k, const float *v, float *
     run_parallel(patt_job, &a, nt, NULL);
     free(kt);
     return !atomic_load(&a.failed);
+}
+
+/* Keys j0 .. j0 + PA_KB of kv head h (from the run's start) transposed into kt, and their values
+   as floats into vf (a run's attention reads them so: lm_prefill_attention's layout); zero keys
+   past Tk */
+static void step_run_keys(const Step *S, const Layer *ly, int h, int j0) {
+    const Model *m = S->m;
+    const int hd = m->hd, L = m->cache_len, Tk = S->Tk;
+    const size_t at = S->rows[0] * (size_t)m->Hkv * L * hd + (size_t)h * L * hd + (size_t)S->starts[0] * hd;
+    float *kt = S->kt + (size_t)h * hd * S->tkp + (size_t)j0 * hd, *vf = S->vf + ((size_t)h * Tk + j0) * hd;
+    float key[PA_HD];
+    for (int j = 0; j < PA_KB; j++) {
+        if (j0 + j >= Tk) {
+            for (int d = 0; d < hd; d++) kt[d * PA_KB + j] = 0.0f;
+            continue;
+        }
+        const size_t e = at + (size_t)(j0 + j) * hd;
+        if (m->kv16) {
+            kv16_widen((const char *)((const uint16_t *)ly->kc + e), (const char *)((const uint16_t *)ly->vc + e), hd, key,
+                       vf + (size_t)j * hd);
+        } else {
+            memcpy(key, ly->kc + e, hd * sizeof(float));
+            memcpy(vf + (size_t)j * hd, ly->vc + e, hd * sizeof(float));
+        }
+        for (int d = 0; d < hd; d++) kt[d * PA_KB + j] = key[d];
+    }
+}
+
+/* A run's attention (S->run: the rows are one cache row's consecutive slots, a prompt's chunk):
+   lm_prefill_attention's blocked form, the query rows of a task sharing each block of keys and
+   values, where row by row (step_attention) each row reads every key again. The keys from the
+   row's start (the cache's earlier ones and the run's own, stored above) transposed and the
+   values widened to floats, then the tasks; the same causal attention, rounded otherwise. */
+static void step_run_attention(Step *S, const Layer *ly, int *ph, int tid, int nt) {
+    const Model *m = S->m;
+    const int B = S->B, H = m->H, Hkv = m->Hkv, hd = m->hd, G = H / Hkv, nkb = S->tkp / PA_KB;
+    Work wk = work_start(S, ph, Hkv * nkb, 1, tid, nt);
+    for (int t; (t = work_next(&wk)) >= 0;) step_run_keys(S, ly, t / nkb, (t % nkb) * PA_KB);
+    barrier_wait(&S->bar);
+    PrefillAtt a = {.q = S->qkv, .v = S->vf, .out = S->att, .kt = S->kt, .B = 1, .H = H, .Hkv = Hkv, .T = B, .Tk = S->Tk,
+                    .hd = hd, .G = G, .tkp = S->tkp, .scale = 1.0f / sqrtf((float)hd)};
+    a.qb = PA_ROWS / G;
+    a.nqb = (B + a.qb - 1) / a.qb;
+    a.tasks = a.nqb * Hkv;
+    a.qs[1] = hd, a.qs[2] = (H + 2 * Hkv) * hd;
+    a.vs[1] = (int64_t)S->Tk * hd, a.vs[2] = hd;
+    const size_t n = (size_t)(PA_ROWS + 8) * hd;
+    float *Qs = S->pq + (size_t)tid * 2 * n;
+    const int wide = lm_patt_wide(-1);
+    Work wa = work_start(S, ph, a.tasks, 1, tid, nt);
+    for (int t; (t = work_next(&wa)) >= 0;) (wide ? patt_task_512 : patt_task_256)(&a, t, Qs, Qs + n);
+    barrier_wait(&S->bar);
 }
 
 /* ------------------------------------------------------------------ training attention (issue 36)

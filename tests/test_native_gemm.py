@@ -1,0 +1,209 @@
+"""decode.c's bf16 form of a prompt's chunk (lin_rows_bf, step_run_attention): the linears of a
+step whose rows are one cache row's consecutive slots (B >= lm_gemm_min()) multiplied in bf16 on
+a CPU with AVX-512 BF16, and their attention blocked as a prefill. Held to the product of the
+bf16-rounded weights and inputs, to the integer kernels, and to greedy decoding."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lamina.native import build
+from lamina.native.runtime import Runtime
+from lamina.native.structs import (
+    GGML_KINDS,
+    LIN_INT4,
+    LIN_INT8,
+    LIN_PARTS,
+    Keep,
+    Lin,
+    aligned_bytes,
+)
+
+FIXTURES = Path(__file__).parent / "fixtures"
+BLOCKS = {"Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210), "Q8_0": (32, 34),
+          "Q5_0": (32, 22), "Q5_1": (32, 24)}  # fmt: skip
+SCALES = {
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208,),
+    "Q8_0": (0,),
+    "Q5_0": (0,),
+    "Q5_1": (0, 2),
+}
+
+
+def _lib():
+    lib = build.library() if build.platform_missing() is None else None
+    if lib is None:
+        pytest.skip("the native library does not build here")
+    if lib.lm_gemm_bf16(-1) != 1:
+        pytest.skip("no AVX-512 BF16 here: the bf16 form does not run")
+    return lib
+
+
+@contextlib.contextmanager
+def _forms(lib, gemm: int, runs: int) -> Iterator[None]:
+    """The step's bf16 linears (lm_gemm_bf16) and blocked attention (lm_step_runs) set, then put back."""
+    before = lib.lm_gemm_bf16(-1), lib.lm_step_runs(-1)
+    lib.lm_gemm_bf16(gemm), lib.lm_step_runs(runs)
+    try:
+        yield
+    finally:
+        lib.lm_gemm_bf16(before[0]), lib.lm_step_runs(before[1])
+
+
+def _bf16(a: np.ndarray) -> np.ndarray:
+    """float32 -> the nearest bf16 (ties to even), as float64"""
+    u = np.ascontiguousarray(a, np.float32).view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+    return r.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def _ggml(lib, keep: Keep, qtype: str, n: int, k: int, seed: int, lanes: bool = False):
+    rng = np.random.default_rng(seed)
+    per, size = BLOCKS[qtype]
+    raw = rng.integers(0, 256, (n, k // per * size), dtype=np.uint8)
+    blocks = raw.reshape(n, -1, size)
+    for at in SCALES[qtype]:
+        d = rng.uniform(0.001, 0.004, blocks.shape[:2]).astype(np.float16)
+        blocks[..., at : at + 2] = d[..., None].view(np.uint8)
+    L = Lin()
+    L.kind, L.n, L.k, L.gs, L.w = GGML_KINDS[qtype], n, k, 32, keep.address(raw)
+    dense = np.empty((n, k), np.float32)
+    assert lib.lm_dequant(L.kind, L.w, n, k, dense.ctypes.data)
+    if lanes:  # Q4_K in 16-row lanes (what the runtime holds where the CPU takes them)
+        packed = aligned_bytes(raw.nbytes)
+        packed[:] = raw.reshape(-1)
+        assert lib.lm_kq_pack16(ctypes.addressof(L), packed.ctypes.data, 1)
+        L.w = L.lw = keep.address(packed)
+    return L, dense
+
+
+def _int4(keep: Keep, n: int, k: int, gs: int, seed: int):
+    rng = np.random.default_rng(seed)
+    q = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
+    s = rng.uniform(0.01, 0.02, (n, k // gs)).astype(np.float32)
+    mn = rng.uniform(-0.1, 0.0, (n, k // gs)).astype(np.float32)
+    qq = np.empty((n, k), np.float32)
+    qq[:, 0::2], qq[:, 1::2] = q & 15, q >> 4
+    L = Lin()
+    L.kind, L.n, L.k, L.gs = LIN_INT4, n, k, gs
+    L.w, L.s, L.mn = keep.address(q), keep.address(s), keep.address(mn)
+    return L, qq * np.repeat(s, gs, 1) + np.repeat(mn, gs, 1)
+
+
+def _int8(keep: Keep, n: int, k: int, gs: int, seed: int):
+    rng = np.random.default_rng(seed)
+    q = rng.integers(-127, 128, (n, k), dtype=np.int8)
+    s = rng.uniform(0.001, 0.002, (n, k // gs)).astype(np.float32)
+    L = Lin()
+    L.kind, L.n, L.k, L.gs, L.w, L.s = LIN_INT8, n, k, gs, keep.address(q), keep.address(s)
+    return L, q * np.repeat(s, gs, 1)
+
+
+def _call(fn, L: Lin, x: np.ndarray, threads: int) -> np.ndarray:
+    y = np.full((x.shape[0], L.n), np.nan, np.float32)
+    assert fn(ctypes.addressof(L), x.shape[0], x.ctypes.data, y.ctypes.data, threads)
+    return y
+
+
+# 53 rows: a tile of 32 and a tail of 21 (16 + 5); k: 9 or 18 blocks of 32, 2 super-blocks
+CASES = ["int4", "int4-g64", "int8", "int8-row", *BLOCKS, "Q4_K-lanes", "parts"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bf16_linear_is_the_product_of_bf16_roundings(case: str) -> None:
+    lib, keep = _lib(), Keep()
+    n = 48 if case == "Q4_K-lanes" else 53
+    if case.startswith("int4"):
+        L, dense = _int4(keep, n, 576, 64 if case.endswith("g64") else 32, 1)
+    elif case.startswith("int8"):
+        L, dense = _int8(keep, n, 288, 288 if case.endswith("row") else 32, 2)
+    elif case == "parts":  # a fused linear of mixed kinds, each part its own tiles
+        parts = [_ggml(lib, keep, "Q5_0", 21, 256, 3), _ggml(lib, keep, "Q4_K", 16, 256, 4, True),
+                 _ggml(lib, keep, "Q8_0", 16, 256, 5)]  # fmt: skip
+        structs = keep.parts(3)
+        for P, (p, _) in zip(structs, parts, strict=True):
+            ctypes.memmove(ctypes.addressof(P), ctypes.addressof(p), ctypes.sizeof(Lin))
+        L = Lin()
+        L.kind, L.n, L.k, L.gs, L.w = LIN_PARTS, 53, 256, 3, ctypes.addressof(structs[0])
+        dense = np.concatenate([d for _, d in parts])
+    else:
+        qtype, lanes = case.removesuffix("-lanes"), case.endswith("-lanes")
+        L, dense = _ggml(lib, keep, qtype, n, 512 if BLOCKS[qtype][0] == 256 else 288, 6, lanes)
+    bias = np.zeros(L.n, np.float32)
+    if L.kind != LIN_PARTS:  # (a fused linear's parts hold their own biases)
+        bias = np.random.default_rng(7).standard_normal(L.n).astype(np.float32)
+        L.bias = keep.address(bias)
+    rng = np.random.default_rng(8)
+    for B in (1, 13, 37):  # a pass of fewer than 12 rows, and 3 passes and 1 row
+        x = rng.standard_normal((B, L.k)).astype(np.float32)
+        x[:, ::37] *= 20  # some large inputs
+        want = _bf16(x) @ _bf16(dense).T + bias
+        outs = [_call(lib.lm_linear_bf16, L, x, t) for t in (1, 2)]  # 2: rows split mid-tile
+        for y in outs[1:]:
+            assert np.array_equal(y, outs[0])  # each output summed whole by one thread
+        got = outs[0]
+        # (the weights' floats rounded once (fma) where numpy rounds twice: a rare bf16 apart)
+        assert np.linalg.norm(got - want) < 1e-4 * np.linalg.norm(want), case
+        ints = _call(lib.lm_linear, L, x, 2)  # the integer kernels: ~2e-3 apart (bf16's rounding)
+        assert np.linalg.norm(got - ints) < 6e-3 * np.linalg.norm(ints), case
+
+
+def test_bf16_form_is_refused_where_it_does_not_apply() -> None:
+    lib, keep = _lib(), Keep()
+    L = Lin()
+    L.kind, L.n, L.k, L.w = 0, 4, 64, keep.address(np.zeros((4, 64), np.float32))  # float rows
+    x = np.zeros((20, 64), np.float32)
+    y = np.zeros((20, 4), np.float32)
+    assert lib.lm_linear_bf16(ctypes.addressof(L), 20, x.ctypes.data, y.ctypes.data, 1) == 0
+    with _forms(lib, 0, 1):
+        L, _ = _int8(keep, 4, 64, 32, 0)
+        assert lib.lm_linear_bf16(ctypes.addressof(L), 20, x.ctypes.data, y.ctypes.data, 1) == 0
+
+
+def _prompt_and_tokens(rt: Runtime, ids: list[int], new: int) -> tuple[np.ndarray, list[int]]:
+    rt.forget(0)
+    logits = rt.feed(ids)
+    rt.forget(0)
+    return logits, list(rt.generate(ids, new))
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K_M", "Q8_0", "Q6_K"])
+def test_a_prompts_chunks_in_bf16_decode_as_the_integer_kernels(qtype: str) -> None:
+    lib = _lib()
+    rt = Runtime.open(FIXTURES / f"kquant-{qtype}.gguf", cache_len=256, threads=2)
+    ids = [(7 * i * i + 3 * i + 5) % 250 + 1 for i in range(150)]  # chunks of 128 and 22
+    with _forms(lib, 0, 0):
+        want, want_tokens = _prompt_and_tokens(rt, ids, 32)
+        rt.forget(0)
+        short = rt.feed(ids[:15])  # below lm_gemm_min: the integer kernels whatever the switch
+    with _forms(lib, 0, 1):  # the blocked attention alone: floats summed otherwise
+        runs, _ = _prompt_and_tokens(rt, ids, 0)
+    got, tokens = _prompt_and_tokens(rt, ids, 32)
+    rt.forget(0)
+    assert np.array_equal(rt.feed(ids[:15]), short)
+    scale = np.abs(want).max()
+    assert np.abs(runs - want).max() < 1e-3 * scale
+    # bf16 weights and inputs: ~3e-3 of the largest logit here (~1e-2 on SmolLM2, BENCHMARKS.md)
+    assert np.abs(got - want).max() < 2e-2 * scale
+    assert 0 < np.abs(got - want).max()  # the bf16 form ran
+    assert tokens == want_tokens
+
+
+def test_the_real_model_in_bf16_keeps_its_greedy_tokens(smollm2_gguf: Path) -> None:
+    lib = _lib()
+    rt = Runtime.open(smollm2_gguf, cache_len=256, threads=2)
+    ids = rt.render_chat([{"role": "user", "content": "What is the capital of France?"}])
+    assert len(ids) >= lib.lm_gemm_min(-1)
+    with _forms(lib, 0, 0):
+        want, want_tokens = _prompt_and_tokens(rt, ids, 32)
+    got, tokens = _prompt_and_tokens(rt, ids, 32)
+    assert np.abs(got - want).max() < 2e-2 * np.abs(want).max()  # measured 9e-3
+    assert tokens == want_tokens
