@@ -207,3 +207,29 @@ def test_the_real_model_in_bf16_keeps_its_greedy_tokens(smollm2_gguf: Path) -> N
     got, tokens = _prompt_and_tokens(rt, ids, 32)
     assert np.abs(got - want).max() < 2e-2 * np.abs(want).max()  # measured 9e-3
     assert tokens == want_tokens
+
+
+def test_a_step_that_wants_every_rows_logits_rounds_each_row_as_alone() -> None:
+    """lm_step (every row's logits: the server's step, which a rider's prompt may fill alone)
+    never takes the prefill forms, so a request's tokens do not depend on the rest of its batch;
+    the same rows asking for their last logits alone (a prompt's chunk) do take them."""
+    lib = _lib()
+    rt = Runtime.open(FIXTURES / "kquant-Q8_0.gguf", cache_len=256, threads=2)
+    n = 20
+    assert n >= lib.lm_gemm_min(-1)
+    arr = ctypes.c_int64 * n
+    tok = arr(*[(5 * i + 1) % 250 + 1 for i in range(n)])
+    slots, zeros = arr(*range(n)), arr(*([0] * n))
+
+    def step(keep: int) -> np.ndarray:
+        out = np.zeros((keep, rt.vocab), np.float32)
+        at = [ctypes.addressof(a) for a in (tok, slots, zeros, slots, zeros)]
+        ok = lib.lm_step_last(ctypes.addressof(rt.weights.model), n, *at, out.ctypes.data, 2, keep)
+        assert ok
+        return out
+
+    with _forms(lib, 0, 0):
+        want_all, want_last = step(n), step(1)
+    got_all, got_last = step(n), step(1)
+    assert np.array_equal(got_all, want_all)
+    assert not np.array_equal(got_last, want_last)

@@ -4148,7 +4148,9 @@ int lm_step(const Model *m, int B, const int64_t *tokens, const int64_t *positio
 }
 
 /* lm_step with the head for the last `keep` rows alone (1..B): logits (keep, vocab), theirs.
-   The caches are written as lm_step writes them; a prefill's chunk asks its last entry's. */
+   A prefill's chunk asks its last entry's; with keep < B and the rows one cache row's
+   consecutive slots it multiplies in bf16 and attends blocked (lin_rows_bf, step_run_attention:
+   rounded as a prefill, not row by row as lm_step rounds). */
 int lm_step_last(const Model *m, int B, const int64_t *tokens, const int64_t *positions,
                  const int64_t *starts, const int64_t *slots, const int64_t *rows, float *logits,
                  int nthreads, int keep) {
@@ -4159,7 +4161,11 @@ int lm_step_last(const Model *m, int B, const int64_t *tokens, const int64_t *po
     const int fc_n = m->layers[0].fc.n, kmax = max3(d, m->H * hd, m->ff);
     /* the attention: a run's (step_run_attention) or row by row over the chunks of CHUNK slots
        up to the farthest row's (the chunks past it hold nothing) */
-    int seq = slots[0] >= starts[0]; /* the rows: one cache row's consecutive slots (a prompt's chunk) */
+    /* the rows: one cache row's consecutive slots, of a call that wants fewer logits than rows
+       (a prompt's chunk: the runtime's feed). lm_step (every row's logits: the engines' and the
+       server's steps, where a rider's prompt may fill a step alone) never counts as one, so each
+       of its rows is rounded as it would be alone, whatever else is in the batch. */
+    int seq = keep < B && slots[0] >= starts[0];
     int64_t far = 1;
     for (int r = 0; r < B; r++) {
         far = slots[r] - starts[r] + 1 > far ? slots[r] - starts[r] + 1 : far;
