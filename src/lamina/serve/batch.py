@@ -79,7 +79,9 @@ def _scan(logits: Tensor) -> tuple[Any, Any]:
     numbers; for all rows at once in NumPy (torch's reductions of one row cost far more). A
     row's max is NaN if any logit is, -inf if all are."""
     values = logits.float().cpu().numpy()
-    return values.max(-1).tolist(), values.argmax(-1).tolist()
+    best = values.argmax(-1)  # NumPy's argmax stops at a NaN: the value there is the max's
+    peak = values[best] if values.ndim == 1 else values[range(len(values)), best]
+    return peak.tolist(), best.tolist()
 
 
 @dataclass
