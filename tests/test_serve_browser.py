@@ -19,6 +19,7 @@ sync_api = pytest.importorskip("playwright.sync_api")
 
 from serving import live_server, tiny_model  # noqa: E402
 
+from lamina.native import build  # noqa: E402
 from lamina.serve import Engine, Limits  # noqa: E402
 
 
@@ -32,6 +33,7 @@ def chromium() -> str:
 
 def test_generate_stream_click_a_token_and_see_every_head(tmp_path):
     exe = chromium()
+    build.library()  # a session's first native use builds decode.c (~20 s): not inside the waits
     model, tok = tiny_model()
     engine = Engine(model, tok, Limits(max_tokens=60))
     heads = model.config.n_layers * model.config.n_heads
