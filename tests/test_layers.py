@@ -27,6 +27,7 @@ LAYERS: dict[str, int] = {
     "lamina.validate": 1,
     "lamina.tensorfile": 1,
     "lamina.libc": 1,
+    "lamina.lazy": 1,  # names of a package loaded on first use (PEP 562)
     # leaf modules inside a package (see LEAF_MODULES): the native library's builder, and the
     # kernel policy that asks it
     "lamina.native.build": 1,

@@ -18,9 +18,10 @@ serve and the `lamina` command.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from lamina.errors import CheckFailed, LaminaError, LaminaWarning
+from lamina.lazy import lazy_names
 from lamina.version import __version__ as __version__
 
 if TYPE_CHECKING:  # the names below load on first use (module __getattr__, PEP 562)
@@ -41,43 +42,31 @@ if TYPE_CHECKING:  # the names below load on first use (module __getattr__, PEP 
 
     open = open_model
 
-# public name -> (module, its name there): importing lamina imports none of them (nor torch), so
+# public name -> "module:its name there": importing lamina imports none of them (nor torch), so
 # the torch-free runtime (lamina.native.runtime) and the tokenizers load without torch
-_LAZY = {
-    "load": ("lamina.checkpoint", "load_model"),
-    "save": ("lamina.checkpoint", "save_model"),
-    "generate": ("lamina.generation", "generate"),
-    "stream": ("lamina.generation", "stream"),
-    "from_hf": ("lamina.interop", "from_hf"),
-    "save_hf": ("lamina.interop", "save_hf"),
-    "Bundle": ("lamina.interop.bundle", "Bundle"),
-    "open_model": ("lamina.interop.bundle", "open_model"),
-    # lamina.open(source): any model lamina reads (not in __all__: a star import must not
-    # shadow the built-in open)
-    "open": ("lamina.interop.bundle", "open_model"),
-    "GPT": ("lamina.models", "GPT"),
-    "Encoder": ("lamina.models", "Encoder"),
-    "EncoderConfig": ("lamina.models", "EncoderConfig"),
-    "GPTConfig": ("lamina.models", "GPTConfig"),
-    "SequenceClassifier": ("lamina.models", "SequenceClassifier"),
-    "count_params": ("lamina.models", "count_params"),
-    "quantize": ("lamina.quant", "quantize"),
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        module, attr = _LAZY[name]
-        value = getattr(importlib.import_module(module), attr)
-        globals()[name] = value  # once: later lookups find it here
-        return value
-    raise AttributeError(f"module 'lamina' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+lazy_names(
+    __name__,
+    {
+        "load": "lamina.checkpoint:load_model",
+        "save": "lamina.checkpoint:save_model",
+        "generate": "lamina.generation:generate",
+        "stream": "lamina.generation:stream",
+        "from_hf": "lamina.interop:from_hf",
+        "save_hf": "lamina.interop:save_hf",
+        "Bundle": "lamina.interop.bundle:Bundle",
+        "open_model": "lamina.interop.bundle:open_model",
+        # lamina.open(source): any model lamina reads (not in __all__: a star import must not
+        # shadow the built-in open)
+        "open": "lamina.interop.bundle:open_model",
+        "GPT": "lamina.models:GPT",
+        "Encoder": "lamina.models:Encoder",
+        "EncoderConfig": "lamina.models:EncoderConfig",
+        "GPTConfig": "lamina.models:GPTConfig",
+        "SequenceClassifier": "lamina.models:SequenceClassifier",
+        "count_params": "lamina.models:count_params",
+        "quantize": "lamina.quant:quantize",
+    },
+)
 
 
 __all__ = [

@@ -16,9 +16,9 @@ import without torch.
 
 from __future__ import annotations
 
-import sys
-import types
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from lamina.lazy import lazy_names
 
 if TYPE_CHECKING:
     from lamina.generation.decoder import Decoder, default_keep, slide
@@ -34,52 +34,28 @@ if TYPE_CHECKING:
     )
     from lamina.generation.stops import Stops, cut_text
 
-_LAZY = {
-    "Decoder": "decoder",
-    "default_keep": "decoder",
-    "slide": "decoder",
-    "Step": "generate",
-    "generate": "generate",
-    "stream": "generate",
-    "TextStream": "prompts",
-    "encode_prompt": "prompts",
-    "start_id": "prompts",
-    "check_sampling": "sampling",
-    "filter_logits": "sampling",
-    "probabilities": "sampling",
-    "sample": "sampling",
-    "top_k_filter": "sampling",
-    "top_p_filter": "sampling",
-    "Stops": "stops",
-    "cut_text": "stops",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(f"lamina.generation.{_LAZY[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'lamina.generation' has no attribute {name!r}")
-
-
-class _Package(types.ModuleType):
-    """Keeps a lazy name (`generate`, the function) from being rebound to the submodule of the
-    same name when that submodule is imported (the eager imports did the same by ordering)."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _LAZY and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+lazy_names(
+    __name__,
+    {
+        "Decoder": "lamina.generation.decoder",
+        "default_keep": "lamina.generation.decoder",
+        "slide": "lamina.generation.decoder",
+        "Step": "lamina.generation.generate",
+        "generate": "lamina.generation.generate",
+        "stream": "lamina.generation.generate",
+        "TextStream": "lamina.generation.prompts",
+        "encode_prompt": "lamina.generation.prompts",
+        "start_id": "lamina.generation.prompts",
+        "check_sampling": "lamina.generation.sampling",
+        "filter_logits": "lamina.generation.sampling",
+        "probabilities": "lamina.generation.sampling",
+        "sample": "lamina.generation.sampling",
+        "top_k_filter": "lamina.generation.sampling",
+        "top_p_filter": "lamina.generation.sampling",
+        "Stops": "lamina.generation.stops",
+        "cut_text": "lamina.generation.stops",
+    },
+)
 
 
 __all__ = [

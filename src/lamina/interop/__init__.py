@@ -22,9 +22,9 @@ upward import). The `transformers` package is never needed here (only the tests 
 from __future__ import annotations
 
 import os
-import sys
-import types
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from lamina.lazy import lazy_names
 
 if TYPE_CHECKING:  # loaded on first use (PEP 562), so that the torch-free modules below
     # (discover: the model specs every verb resolves) import without torch
@@ -32,15 +32,18 @@ if TYPE_CHECKING:  # loaded on first use (PEP 562), so that the torch-free modul
     from lamina.interop.hf_family import config_from_hf, hf_config, load_hf, save_hf
     from lamina.models.gpt import GPT
 
-_LAZY = {
-    "load_gguf": "lamina.interop.gguf",
-    "read_gguf": "lamina.interop.gguf",
-    "save_gguf": "lamina.interop.gguf",
-    "config_from_hf": "lamina.interop.hf_family",
-    "hf_config": "lamina.interop.hf_family",
-    "load_hf": "lamina.interop.hf_family",
-    "save_hf": "lamina.interop.hf_family",
-}
+lazy_names(
+    __name__,
+    {
+        "load_gguf": "lamina.interop.gguf",
+        "read_gguf": "lamina.interop.gguf",
+        "save_gguf": "lamina.interop.gguf",
+        "config_from_hf": "lamina.interop.hf_family",
+        "hf_config": "lamina.interop.hf_family",
+        "load_hf": "lamina.interop.hf_family",
+        "save_hf": "lamina.interop.hf_family",
+    },
+)
 
 __all__ = [
     "config_from_hf",
@@ -52,33 +55,6 @@ __all__ = [
     "save_gguf",
     "save_hf",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'lamina.interop' has no attribute {name!r}")
-
-
-class _Package(types.ModuleType):
-    """Keeps a lazy name (`hf_config`, the function) from being rebound to the submodule of the
-    same name when that submodule is imported (the eager imports did the same by ordering)."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _LAZY and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
 
 
 def from_hf(path: str | os.PathLike[str]) -> GPT:
