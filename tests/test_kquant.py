@@ -10,6 +10,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from ggml_rows import SCALES, random_rows
 
 import lamina
 from lamina import LaminaError, native
@@ -20,15 +21,6 @@ from lamina.quant.kquant import BLOCKS, BlockEmbedding, BlockLinear, dequantize_
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 FILES = sorted(FIXTURES.glob("kquant-*.gguf"))
 Q = gguf.GGMLQuantizationType
-# where each type's fp16 scales sit in a block: random bytes elsewhere are valid blocks
-SCALES = {
-    "Q4_K": (0, 2),
-    "Q5_K": (0, 2),
-    "Q6_K": (208,),
-    "Q8_0": (0,),
-    "Q5_0": (0,),
-    "Q5_1": (0, 2),
-}
 
 
 def _native() -> bool:
@@ -46,14 +38,7 @@ def _under(switch, forms, run):
 
 
 def _rows(qtype: str, n: int, k: int, seed: int = 0) -> torch.Tensor:
-    rng = np.random.default_rng(seed)
-    per, size = BLOCKS[qtype]
-    raw = rng.integers(0, 256, (n, k // per * size), dtype=np.uint8)
-    blocks = raw.reshape(n, -1, size)
-    for at in SCALES[qtype]:
-        d = rng.uniform(0.001, 0.004, blocks.shape[:2]).astype(np.float16)
-        blocks[..., at : at + 2] = d[..., None].view(np.uint8)
-    return torch.from_numpy(raw)
+    return torch.from_numpy(random_rows(qtype, n, k, seed))
 
 
 @pytest.mark.parametrize("qtype", list(BLOCKS))

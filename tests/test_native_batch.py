@@ -201,6 +201,21 @@ def test_an_int8_head_beside_int4_lanes_gives_each_row_what_it_gets_alone():
     assert 1e-4 < err < ACT8_TOL, err
 
 
+def _ten_filled_rows(model, prompts):
+    """Ten cache rows holding `prompts` but for each one's last token, the native engine over
+    them, and the steps to check: (b, the first b rows' last tokens, their slots) for b = 1, 2,
+    5 and 10."""
+    caches = model.make_caches(10, 40)
+    engine = native.native_step(model, caches)
+    _filled_caches(model, prompts, list(range(10)), caches)
+    rows = (1, 2, 5, 10)
+    return (
+        caches,
+        engine,
+        [(b, [p[-1] for p in prompts[:b]], [len(p) - 1 for p in prompts[:b]]) for b in rows],
+    )
+
+
 def test_a_step_gives_the_same_bits_whoever_computes_each_unit():
     """decode.c shares a step's phases out in units that a thread done with its own takes from
     the others (lm_step_share), and pins each thread to a CPU for the step (lm_step_pin): the
@@ -220,13 +235,9 @@ def test_a_step_gives_the_same_bits_whoever_computes_each_unit():
     prompts = [[5 + i, 6, 7 + 2 * i, 9][: 1 + i % 4] for i in range(10)]
     share, pin = lib.lm_step_share(-1), lib.lm_step_pin(-1)
     with torch.no_grad():
-        caches = model.make_caches(10, 40)
-        engine = native.native_step(model, caches)
-        _filled_caches(model, prompts, list(range(10)), caches)
+        _, engine, cases = _ten_filled_rows(model, prompts)
         try:
-            for b in (1, 2, 5, 10):
-                slots = [len(p) - 1 for p in prompts[:b]]
-                toks = [p[-1] for p in prompts[:b]]
+            for b, toks, slots in cases:
                 want = engine.step_batch(toks, slots, slots, threads=1)
                 for threads in (1, 2, 3):
                     for s_, p_ in ((0, 0), (1, 0), (0, 1), (1, 1)):
@@ -263,13 +274,9 @@ def test_fused_phases_give_the_same_bits_as_the_phases_apart(scheme):
     fuse = lib.lm_step_fuse(-1)
     assert fuse == 1
     with torch.no_grad():
-        caches = model.make_caches(10, 40)
-        engine = native.native_step(model, caches)
-        _filled_caches(model, prompts, list(range(10)), caches)
+        caches, engine, cases = _ten_filled_rows(model, prompts)
         try:
-            for b in (1, 2, 5, 10):
-                slots = [len(p) - 1 for p in prompts[:b]]
-                toks = [p[-1] for p in prompts[:b]]
+            for b, toks, slots in cases:
                 for threads in (1, 2, 3):
                     outs = []
                     for f in (0, 1):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from ggml_rows import random_rows
 
 from lamina.native import build
 from lamina.native.runtime import Runtime
@@ -24,18 +25,9 @@ from lamina.native.structs import (
     Lin,
     aligned_bytes,
 )
+from lamina.quant.kquant import BLOCKS
 
 FIXTURES = Path(__file__).parent / "fixtures"
-BLOCKS = {"Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210), "Q8_0": (32, 34),
-          "Q5_0": (32, 22), "Q5_1": (32, 24)}  # fmt: skip
-SCALES = {
-    "Q4_K": (0, 2),
-    "Q5_K": (0, 2),
-    "Q6_K": (208,),
-    "Q8_0": (0,),
-    "Q5_0": (0,),
-    "Q5_1": (0, 2),
-}
 
 
 def _lib():
@@ -66,13 +58,7 @@ def _bf16(a: np.ndarray) -> np.ndarray:
 
 
 def _ggml(lib, keep: Keep, qtype: str, n: int, k: int, seed: int, lanes: bool = False):
-    rng = np.random.default_rng(seed)
-    per, size = BLOCKS[qtype]
-    raw = rng.integers(0, 256, (n, k // per * size), dtype=np.uint8)
-    blocks = raw.reshape(n, -1, size)
-    for at in SCALES[qtype]:
-        d = rng.uniform(0.001, 0.004, blocks.shape[:2]).astype(np.float16)
-        blocks[..., at : at + 2] = d[..., None].view(np.uint8)
+    raw = random_rows(qtype, n, k, seed)
     L = Lin()
     L.kind, L.n, L.k, L.gs, L.w = GGML_KINDS[qtype], n, k, 32, keep.address(raw)
     dense = np.empty((n, k), np.float32)
