@@ -11,9 +11,8 @@ GGUF file gets one `lamina VERB: note:` line on stderr naming why (a folder, whi
 never reads, gets none). `--engine runtime` makes any such reason an error; `--engine torch`
 takes the torch path without a note.
 
-The runtime is chosen for every file it covers, K-quants included, although its prefill of a
-K-quant prompt is slower than the torch path's: it holds the least memory, and a chat spends
-most of its time decoding, where the two are close (BENCHMARKS.md, issue 31).
+The runtime is chosen for every file it covers, K-quants included: it holds the least memory,
+and its prompts run as bf16 GEMMs where the CPU has AVX-512 BF16 (BENCHMARKS.md, issue 31).
 """
 
 from __future__ import annotations
@@ -21,10 +20,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lamina.errors import LaminaError
+from lamina.native.gguf_read import is_gguf_file
 
 if TYPE_CHECKING:
     from lamina.native.runtime import Runtime
@@ -46,26 +45,10 @@ def add_engine(p: argparse.ArgumentParser) -> None:
     )
 
 
-def is_gguf(path: str | os.PathLike[str]) -> bool:
-    """Whether `path` is a GGUF file (by its suffix or its magic bytes)."""
-    from lamina.native.gguf_read import MAGIC
-
-    p = Path(path)
-    if not p.is_file():
-        return False
-    if p.suffix.lower() == ".gguf":
-        return True
-    try:
-        with p.open("rb") as f:
-            return f.read(len(MAGIC)) == MAGIC
-    except OSError:
-        return False
-
-
 def why_torch(path: str | os.PathLike[str], needs_torch: dict[str, bool]) -> str | None:
     """Why the runtime cannot run `path` with these flags (None: it can). `needs_torch` maps
     each flag as typed to whether it was given in a way only the torch path serves."""
-    if not is_gguf(path):
+    if not is_gguf_file(path):
         return "the native runtime reads GGUF files only"
     flags = [flag for flag, given in needs_torch.items() if given]
     if flags:
@@ -95,6 +78,6 @@ def open_runtime(
         return Runtime.open(path, cache_len=cache_len)
     if engine == "runtime":
         raise LaminaError(f"--engine runtime: {why}")
-    if is_gguf(path):
+    if is_gguf_file(path):
         print(f"lamina {verb}: note: the torch path runs the model: {why}", file=sys.stderr)
     return None

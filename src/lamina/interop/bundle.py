@@ -58,10 +58,9 @@ from lamina.interop.origin import MAX_BASE_CHAIN, Kind, Origin, _files, _labelle
 from lamina.libc import trim_freed_memory
 from lamina.models.encoder import SequenceClassifier
 from lamina.models.gpt import GPT
+from lamina.native.gguf_read import is_gguf_file
 from lamina.tokenizers.held import HeldTokenizer
 from lamina.tokenizers.kinds import Tokenizer
-
-GGUF_MAGIC = b"GGUF"
 
 
 @dataclass(frozen=True)
@@ -145,7 +144,7 @@ def _open(
     scheme: str | None = None,
 ) -> Bundle:
     if p.is_file():
-        if p.suffix.lower() == ".gguf" or _starts_with(p, GGUF_MAGIC):
+        if is_gguf_file(p):
             return _open_gguf(p.resolve(), dev, dtype, quantized)
         raise LaminaError(
             f"{p} is a file but not a GGUF file; a model is a folder (a lamina run or model "
@@ -199,14 +198,6 @@ def _open_lora(
     kind: Kind = "run" if (d / "trainer_state.json").is_file() else "model"
     files = _files(d, ADAPTERS_FILE)
     return Bundle(model.eval(), base.tokenizer, Origin(kind, d, files, files_read(d)))
-
-
-def _starts_with(path: Path, magic: bytes) -> bool:
-    try:
-        with path.open("rb") as f:
-            return f.read(len(magic)) == magic
-    except OSError:
-        return False
 
 
 def _open_hf(

@@ -65,6 +65,20 @@ _NUMPY = {0: "u1", 1: "i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7:
 STRING, ARRAY = 8, 9
 
 
+def is_gguf_file(path: str | os.PathLike[str]) -> bool:
+    """Whether `path` is a file named *.gguf or beginning with GGUF's magic bytes."""
+    p = Path(path)
+    if not p.is_file():
+        return False
+    if p.suffix.lower() == ".gguf":
+        return True
+    try:
+        with p.open("rb") as f:
+            return f.read(len(MAGIC)) == MAGIC
+    except OSError:
+        return False
+
+
 def _gguf() -> Any:
     try:
         import gguf
