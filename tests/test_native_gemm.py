@@ -1,6 +1,7 @@
 """decode.c's bf16 form of a prompt's chunk (lin_rows_bf, step_run_attention): the linears of a
-step whose rows are one cache row's consecutive slots (B >= lm_gemm_min()) multiplied in bf16 on
-a CPU with AVX-512 BF16, and their attention blocked as a prefill. Held to the product of the
+step whose rows are one cache row's consecutive slots (B >= lm_gemm_min()) and that wants fewer
+logits than rows (lm_step_last, keep < B: the runtime's prompt chunks) multiplied in bf16 on a
+CPU with AVX-512 BF16, and their attention blocked as a prefill. Held to the product of the
 bf16-rounded weights and inputs, to the integer kernels, and to greedy decoding."""
 
 from __future__ import annotations

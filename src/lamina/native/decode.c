@@ -4183,8 +4183,8 @@ int lm_step_last(const Model *m, int B, const int64_t *tokens, const int64_t *po
     /* int8 inputs: the rows the one-row form takes (act8), or every row where linears are in lanes (lanes8) */
     const int q8 = (B < lanes_min(1) && act8_on()) || (lanes8_on() && has_lanes(m));
     if (q8) floats += 2 * (size_t)B * (kmax / 32 + 1) + ((size_t)B * kmax + 3) / 4;
-    /* a run of enough rows (a prompt's chunk) multiplies in bf16 (lin_rows_bf); rows of different
-       cache rows (a server's batch) keep the integer kernels, each row rounded as alone */
+    /* a prompt's chunk (seq above) of enough rows multiplies in bf16 (lin_rows_bf); every other
+       step (lm_step's: a server's batch, one row) keeps the integer kernels, each row as alone */
     const int bf = seq && gemm_rows(B);
     float *buf = (float *)malloc(floats * sizeof(float) + (size_t)B * kmax * sizeof(int16_t) * (1 + bf) + 64);
     if (!buf) return 0;
