@@ -561,3 +561,48 @@ def test_caches_of_other_dtypes_are_refused():
     assert native.native_step(model, caches) is None  # PyTorch runs the step
     with pytest.raises(LaminaError, match="float32 or float16"):
         native.step.NativeStep(model, caches, native.build.library())
+
+
+@pytest.mark.parametrize("kv", [torch.float32, torch.float16])
+def test_grouped_scores_and_slot_prefetch_give_the_same_bits(kv):
+    """decode.c's AVX-512 attention scores a key/value head's group of query heads at once
+    (lm_att_group: each key row widened once for the group), and a step asks for the slots its
+    new keys go to before qkv (lm_slot_pf): the logits and the caches written are the same bits
+    with either off, at 1 and 2 threads, for 1 and 5 rows of 3 to 29 keys (fewer than 8, a
+    multiple of 8, and 8s with a tail), heads of 64 in a group of 3, float32 and float16 caches.
+    (Where the CPU lacks AVX-512 both switches' forms are the AVX2 one.)"""
+    from lamina.native.build import library
+
+    torch.manual_seed(11)
+    cfg = GPTConfig(
+        vocab_size=97, block_size=64, d_model=192, n_heads=3, n_layers=2, d_ff=384,
+        positions="rope", norm="rms", activation="swiglu", n_kv_heads=1, bias=False,
+    )  # fmt: skip
+    model = GPT(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(4)
+    model = quantize(model, "int4", group_size=32)
+    lib = library()
+    prompts = [[(7 * i + 3 * j) % 97 for j in range(n)] for i, n in enumerate((29, 8, 3, 16, 11))]
+    group, slot = lib.lm_att_group(-1), lib.lm_slot_pf(-1)
+    assert group == 1 and slot == 1
+    with torch.no_grad():
+        caches = _filled_caches(model, prompts, list(range(5)), model.make_caches(5, 40, dtype=kv))
+        engine = native.native_step(model, caches)
+        try:
+            for b in (1, 5):
+                toks, slots = [p[-1] for p in prompts[:b]], [len(p) - 1 for p in prompts[:b]]
+                for threads in (1, 2):
+                    outs = []
+                    for g, s in ((0, 0), (1, 1), (1, 0), (0, 1)):
+                        lib.lm_att_group(g), lib.lm_slot_pf(s)
+                        logits = engine.step_batch(toks, slots, slots, threads=threads)
+                        outs.append((logits, [c.k[:b].clone() for c in caches]))
+                    want, wkeys = outs[0]
+                    for got, gkeys in outs[1:]:
+                        assert torch.isfinite(got).all()
+                        assert torch.equal(got, want), (b, threads)
+                        assert all(torch.equal(x, y) for x, y in zip(gkeys, wkeys, strict=True))
+        finally:
+            lib.lm_att_group(group), lib.lm_slot_pf(slot)

@@ -3552,6 +3552,14 @@ static void weighted_sum(const float *w, const float *vb, int len, int hd, float
    head. The same products as the AVX2 form, summed in another order. */
 #define ATT_G 4
 static int att_wide = 1;
+/* the AVX-512 form's scores a group of query heads at once (scores_group_512: each key row
+   widened once for the group; the same bits), or 0 a head at a time (lm_att_group; -1 leaves it;
+   returns it) */
+static int att_group = 1;
+int lm_att_group(int choice) {
+    if (choice >= 0) att_group = choice ? 1 : 0;
+    return att_group;
+}
 int lm_att_wide(int choice) {
     if (choice >= 0) att_wide = choice ? 1 : 0;
     return att_wide && lanes_512();
@@ -3625,6 +3633,66 @@ WIDE static void scores_512(const float *q, const char *kb, int h, int len, floa
                             int nlen) {
     if (h) scores_t(q, kb, 1, len, scale, sc, vb, nk, nlen);
     else scores_t(q, kb, 0, len, scale, sc, vb, nk, nlen);
+}
+
+/* scores_t for the G query heads of one key/value head at once (q: G heads of 64 in a row, sc:
+   G rows of CHUNK): each key row loaded (and widened) once for the group, where a head at a time
+   loads it G times. Each head's score is the same sum in the same order as scores_t's: 8 keys a
+   pass, in two halves of 4 whose 8-lane sums go through the same hadd tree (its 4 keys' own
+   lanes), the keys past the last 8 by reduce_add; the same prefetches (vb's and nk's rows). */
+WIDE static inline __attribute__((always_inline)) void scores_group_t(const int G, const float *q, const char *kb, const int h, int len,
+                                                                      float scale, float *sc, const char *vb, const char *nk, int nlen) {
+    __m512 qv[ATT_G][4];
+    for (int g = 0; g < G; g++)
+        for (int c = 0; c < 4; c++) qv[g][c] = _mm512_loadu_ps(q + (size_t)g * 64 + 16 * c);
+    const int pf = vb ? att_pf : 0, rb = h ? 128 : 256, es = h ? 2 : 4;
+    const __m128 s4 = _mm_set1_ps(scale);
+    int i = 0;
+    for (; i + 8 <= len; i += 8) {
+        if (nk) pf_keys(nk, i, i + 8 < nlen ? i + 8 : nlen, h);
+        if (pf)
+            for (int t = 0; t < 8; t++)
+                for (int o = 0; o < rb; o += 64) {
+                    _mm_prefetch(kb + (size_t)(i + t + pf) * rb + o, _MM_HINT_T0);
+                    _mm_prefetch(vb + (size_t)(i + t) * rb + o, _MM_HINT_T1);
+                }
+        for (int half = 0; half < 8; half += 4) {
+            __m256 a[ATT_G][4];
+            for (int t = 0; t < 4; t++) {
+                const char *kr = kb + (size_t)(i + half + t) * rb;
+                const __m512 k0 = load16(kr, h), k1 = load16(kr + 16 * es, h), k2 = load16(kr + 32 * es, h), k3 = load16(kr + 48 * es, h);
+                for (int g = 0; g < G; g++) {
+                    __m512 v = _mm512_mul_ps(qv[g][0], k0);
+                    v = _mm512_fmadd_ps(qv[g][1], k1, v);
+                    v = _mm512_fmadd_ps(qv[g][2], k2, v);
+                    v = _mm512_fmadd_ps(qv[g][3], k3, v);
+                    a[g][t] = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+                }
+            }
+            for (int g = 0; g < G; g++) {
+                const __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(a[g][0], a[g][1]), _mm256_hadd_ps(a[g][2], a[g][3]));
+                const __m128 sum = _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
+                _mm_storeu_ps(sc + (size_t)g * CHUNK + i + half, _mm_mul_ps(sum, s4));
+            }
+        }
+    }
+    if (nk) pf_keys(nk, i, nlen, h);
+    for (; i < len; i++)
+        for (int g = 0; g < G; g++)
+            sc[(size_t)g * CHUNK + i] = _mm512_reduce_add_ps(key64(qv[g][0], qv[g][1], qv[g][2], qv[g][3], kb + (size_t)i * rb, h)) * scale;
+}
+
+/* a group's scores (scores_group_t), G <= ATT_G; kb's rows float32, or halves where h */
+WIDE static void scores_group_512(int G, const float *q, const char *kb, int h, int len, float scale, float *sc, const char *vb,
+                                  const char *nk, int nlen) {
+#define SG(g) (h ? scores_group_t(g, q, kb, 1, len, scale, sc, vb, nk, nlen) : scores_group_t(g, q, kb, 0, len, scale, sc, vb, nk, nlen))
+    switch (G) {
+    case 1: SG(1); return;
+    case 2: SG(2); return;
+    case 3: SG(3); return;
+    default: SG(4); return;
+    }
+#undef SG
 }
 
 /* the largest of s[0..n) (n >= 1) */
@@ -3956,6 +4024,8 @@ static void step_attention(Step *S, const Layer *ly, int *ph_, int tid, int nt) 
         }
         /* wide_att: each head's scores kept apart, the group's weighted sums at once */
         float *scg = S->scores + (size_t)tid * CHUNK * ATT_G, *og[ATT_G];
+        const int grouped = wide_att && att_group && len > 0; /* the group's scores at once */
+        if (grouped) scores_group_512(group, S->qkv + (size_t)r * qkv_n + (size_t)kh * group * hd, kb, m->kv16, len, scale, scg, vb, nk, nlen);
         for (int g = 0; g < group; g++) {
             const int h = kh * group + g;
             float *part = S->parts + (((size_t)r * H + h) * nch + c) * (hd + 2);
@@ -3965,8 +4035,8 @@ static void step_attention(Step *S, const Layer *ly, int *ph_, int tid, int nt) 
             if (len <= 0) continue;
             const float *q = S->qkv + (size_t)r * qkv_n + (size_t)h * hd;
             float *sc = scg + (wide_att ? (size_t)g * CHUNK : 0);
-            if (wide_att) scores_512(q, kb, m->kv16, len, scale, sc, g == 0 ? vb : NULL, g == 0 ? nk : NULL, nlen);
-            else scores(q, (const float *)kb, len, hd, scale, sc);
+            if (wide_att && !grouped) scores_512(q, kb, m->kv16, len, scale, sc, g == 0 ? vb : NULL, g == 0 ? nk : NULL, nlen);
+            else if (!wide_att) scores(q, (const float *)kb, len, hd, scale, sc);
             float mx = -INFINITY;
             if (wide_att) mx = max_512(sc, len);
             else
@@ -3981,6 +4051,32 @@ static void step_attention(Step *S, const Layer *ly, int *ph_, int tid, int nt) 
     }
     barrier_wait(&S->bar);
     *ph_ = ph;
+}
+
+/* The slots the rows' new keys and values go to (the phase after qkv), asked for with the
+   intent to write before qkv runs: each thread its own tasks of that phase (strided: tid, tid +
+   nt, ...). Those lines are cold (a row's slot is written once), and the stores alone then meet
+   their misses one after another: an 8-row step's phase took ~0.2 ms, 6x one row's, for 48
+   stores of 128 bytes a thread a layer (AMD EPYC Zen 4, 2 threads; BENCHMARKS.md, issue 33's
+   section). lm_slot_pf(0) leaves them to the stores (-1 leaves it; returns it). */
+static int slot_pf = 1;
+int lm_slot_pf(int choice) {
+    if (choice >= 0) slot_pf = choice ? 1 : 0;
+    return slot_pf;
+}
+__attribute__((target("prfchw"))) static void slot_prefetch(const Step *S, const Layer *ly, int tid, int nt) {
+    const Model *m = S->m;
+    if (!slot_pf || S->run) return;
+    const int Hkv = m->Hkv, hd = m->hd, L = m->cache_len, es = m->kv16 ? 2 : 4;
+    const size_t bstride = (size_t)Hkv * L * hd;
+    for (int t = tid; t < S->B * Hkv; t += nt) {
+        const int r = t / Hkv, kh = t % Hkv;
+        const size_t at = (S->rows[r] * bstride + (size_t)kh * L * hd + (size_t)S->slots[r] * hd) * es;
+        for (int o = 0; o < hd * es; o += 64) {
+            _m_prefetchw((char *)ly->kc + at + o);
+            _m_prefetchw((char *)ly->vc + at + o);
+        }
+    }
 }
 
 static void step_body(Step *S, int tid, int nt) {
@@ -4006,6 +4102,7 @@ static void step_body(Step *S, int tid, int nt) {
     for (int l = 0; l < m->n_layers; l++) {
         const Layer *ly = &m->layers[l];
         /* (layer 0's row: thread 0, which embedded it, with no barrier between) */
+        slot_prefetch(S, ly, tid, nt);
         const int own = !cols && S->ta && nt > 1; /* each thread its own norms (step_fuse) */
         if (own && l > 0) {
             norm_and_prepare_own(S, &ly->qkv, ly->n1w, ly->n1b, tid);
