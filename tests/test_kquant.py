@@ -3,6 +3,7 @@ blocks made by gguf-py's layouts and on the files llama.cpp's quantizer wrote (t
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 from pathlib import Path
 
@@ -449,6 +450,7 @@ def test_q5_0_lanes_hold_the_integer_forms(n, extreme):
     # rows at a time: the other forms' bits exactly; `parts`, the state dict and the bf16 rows
     # read GGML's rows back. k = 288: an odd number of blocks. extreme: every q 31, inputs +-32767
     from lamina.native.build import library
+    from lamina.native.pointers import Pointers
     from lamina.native.step import pack_kq_lanes
 
     lib = library()
@@ -470,14 +472,24 @@ def test_q5_0_lanes_hold_the_integer_forms(n, extreme):
     xs = torch.randn(5, k, generator=torch.Generator().manual_seed(36))
     want = x @ m.dequantized().T + m.bias
     bf16 = m.dequantized(torch.bfloat16)
+    xg = torch.randn(20, k, generator=torch.Generator().manual_seed(37))
+
+    def prompt_rows(threads: int) -> torch.Tensor | None:  # a prompt's bf16 GEMM (bf_row)
+        y, ptrs = torch.empty(20, n + 29), Pointers()  # ptrs holds the parts' structs
+        L = ptrs.lin(m)
+        done = lib.lm_linear_bf16(ctypes.addressof(L), 20, xg.data_ptr(), y.data_ptr(), threads)
+        return y if done else None
+
     before = torch.get_num_threads()
     try:
         with torch.no_grad():
             plain = [m(x), m(xs)]
+            gemm_plain = [prompt_rows(t) for t in (1, 2)]
             assert pack_kq_lanes(m) == 2 and m.lanes == [True, False, True]
             for threads in (1, 3):  # a prefill's bf16 weights read from the lanes, group by group
                 torch.set_num_threads(threads)
                 assert torch.equal(m.dequantized(torch.bfloat16), bf16)
+            gemm_lanes = [prompt_rows(t) for t in (1, 2)]  # 2: rows split inside a group
             assert not torch.equal(m.blocks_0, rows)  # laid out again, in place
             assert torch.equal(m.parts[0][1], rows) and torch.equal(
                 m.state_dict()["blocks_0"], rows
@@ -500,6 +512,11 @@ def test_q5_0_lanes_hold_the_integer_forms(n, extreme):
         assert not torch.equal(got[0], plain[0])  # the lanes form ran
     assert torch.equal(unpacked[0], plain[0]) and torch.equal(unpacked[1], plain[1])
     assert torch.equal(m(xs), plain[1])
+    # where the bf16 GEMM runs (AVX-512 BF16): the same bits from the lanes
+    if lib.lm_gemm_bf16(-1):
+        assert gemm_plain[0] is not None and all(
+            torch.equal(a, b) for a, b in zip(gemm_plain, gemm_lanes, strict=True)
+        )
     odd = BlockLinear(k, 13, [("Q5_0", rows[:13].clone())])
     assert pack_kq_lanes(odd) == 0 and odd.lanes == [False]  # rows not a multiple of 16
 

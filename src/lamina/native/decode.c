@@ -2365,7 +2365,7 @@ int lm_q50_pf_ahead(int choice) {
 }
 
 /* one group of 16 Q5_0 rows (nb blocks): GGML's rows (src) -> lanes (dst), or back */
-static void q50_group_to_lanes(const uint8_t *src, uint8_t *dst, int nb, int back) {
+__attribute__((target("bmi2"))) static void q50_group_to_lanes(const uint8_t *src, uint8_t *dst, int nb, int back) {
     const size_t rb = (size_t)nb * 22;
     uint8_t *o = back ? (uint8_t *)src : dst;
     for (int r = 0; r < 16; r++) {
@@ -2378,15 +2378,13 @@ static void q50_group_to_lanes(const uint8_t *src, uint8_t *dst, int nb, int bac
                 memcpy(blk, od, 2);
                 memcpy(&t, oh, 4);
                 bits = 0;
-                for (int u = 0; u < 8; u++)
-                    for (int i = 0; i < 4; i++) bits |= (t >> (8 * i + u) & 1u) << (4 * u + i);
+                for (int u = 0; u < 8; u++) bits |= _pext_u32(t, 0x01010101u << u) << (4 * u);
                 memcpy(blk + 2, &bits, 4);
                 for (int v = 0; v < 4; v++) memcpy(blk + 6 + 4 * v, oq + 64 * v, 4);
             } else {
                 memcpy(od, blk, 2);
                 memcpy(&bits, blk + 2, 4);
-                for (int u = 0; u < 8; u++)
-                    for (int i = 0; i < 4; i++) t |= (bits >> (4 * u + i) & 1u) << (8 * i + u);
+                for (int u = 0; u < 8; u++) t |= _pdep_u32(bits >> (4 * u) & 15u, 0x01010101u << u);
                 memcpy(oh, &t, 4);
                 for (int v = 0; v < 4; v++) memcpy(oq + 64 * v, blk + 6 + 4 * v, 4);
             }
@@ -3233,6 +3231,29 @@ BF16 static void bf_row(const Lin *L, int n, uint16_t *o, uint8_t *grp, int *gat
     const int kind = L->kind, per = kq_per(kind), bs = kq_bytes(kind), sub = per / 32;
     const size_t rb = kq_row_bytes(kind, k);
     const uint8_t *row;
+    if (kind == LIN_Q5_0 && L->lw) { /* in 16-row lanes: read in place (the floats below, the same bits) */
+        const uint8_t *g = (const uint8_t *)L->lw + (size_t)(n / 16) * lanes_group_bytes(kind, k);
+        const int r = n % 16;
+        const __m256i pick = _mm256_setr_epi8(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
+        const __m256i bit = _mm256_setr_epi8(1, 1, 1, 1, 2, 2, 2, 2, 4, 4, 4, 4, 8, 8, 8, 8, 16, 16, 16, 16, 32, 32, 32, 32, 64, 64, 64, 64,
+                                              -128, -128, -128, -128);
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *q = g + (size_t)96 * nb + 256 * (size_t)b + 4 * r;
+            uint32_t t, w[4];
+            memcpy(&t, g + (size_t)32 * nb + 64 * (size_t)b + 4 * r, 4);
+            for (int v = 0; v < 4; v++) memcpy(&w[v], q + 64 * v, 4);
+            const __m128i raw = _mm_setr_epi32((int)w[0], (int)w[1], (int)w[2], (int)w[3]);
+            __m256i z = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(raw, _mm_set1_epi8(15))),
+                                                _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15)), 1);
+            const __mmask32 hb = _mm256_test_epi8_mask(_mm256_shuffle_epi8(_mm256_set1_epi32((int)t), pick), bit);
+            z = _mm256_sub_epi8(_mm256_mask_add_epi8(z, hb, z, _mm256_set1_epi8(16)), _mm256_set1_epi8(16));
+            const __m512 d = _mm512_set1_ps(half(g + 32 * (size_t)b + 2 * r)), m = _mm512_setzero_ps();
+            const __m512 lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(z))), d, m);
+            const __m512 hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(z, 1))), d, m);
+            _mm512_storeu_si512((void *)(o + 32 * b), bf_pack(lo, hi));
+        }
+        return;
+    }
     if (lanes_kind(L)) { /* in 16-row lanes: the group back in GGML's layout */
         if (*gat != n / 16) {
             lanes_group(kind, (const uint8_t *)L->lw + (size_t)(n / 16) * lanes_group_bytes(kind, k), grp, k, 1);
