@@ -31,8 +31,9 @@ are reported, with the run's peak RSS (its own VmHWM: bench/rss.py).
     cli           what `lamina chat FILE.gguf` runs with no flags: the chat verb's own opening
                   (lamina.cli.chat.open_chat: the native runtime where it covers the file, else
                   the torch path), its conversation's engine fed the prompt from an empty cache
-                  and sampling greedily; the verb has no thread flag, so a count below the CPUs
-                  this process may use pins it to that many CPUs (as `taskset` would)
+                  and sampling greedily; for a file without a chat template, what `lamina
+                  sample FILE` runs instead; the verbs have no thread flag, so a count below the
+                  CPUs this process may use pins it to that many CPUs (as `taskset` would)
 """
 
 from __future__ import annotations
@@ -177,7 +178,11 @@ def reply_lamina(path: Path, threads: int):
 def reply_runtime(path: Path, threads: int):
     from lamina.native.runtime import Runtime  # neither torch nor the torch path
 
-    rt = Runtime.open(path, threads=threads)
+    return runtime_reply(Runtime.open(path, threads=threads))
+
+
+def runtime_reply(rt):
+    """Replies on a runtime, each from an empty cache: the time of each token from the start."""
 
     def reply(ids: list[int], new: int) -> list[float]:
         rt.forget(0)
@@ -190,15 +195,31 @@ def reply_runtime(path: Path, threads: int):
     return reply
 
 
+def reply_sample(path: Path, threads: int):
+    """What `lamina sample FILE` runs with no flags: the runtime where it covers the file (each
+    reply from an empty cache), else the torch path."""
+    from lamina.cli import build_parser
+    from lamina.cli.engine import open_runtime
+
+    rt = open_runtime(build_parser("sample").parse_args(["sample", str(path)]), "sample", path, {})
+    return reply_lamina(path, threads) if rt is None else runtime_reply(rt)
+
+
 def reply_cli(path: Path, threads: int):
     from lamina.cli import build_parser
     from lamina.cli.chat import open_chat  # the verb's imports alone: torch only if it needs it
+    from lamina.errors import LaminaError
     from lamina.generation.conversation import ChatOptions
 
     cpus = sorted(os.sched_getaffinity(0))
     if threads < len(cpus):
         os.sched_setaffinity(0, cpus[:threads])
-    engine = open_chat(build_parser("chat").parse_args(["chat", str(path)])).cache
+    try:
+        engine = open_chat(build_parser("chat").parse_args(["chat", str(path)])).cache
+    except LaminaError as e:
+        if "no chat template" not in str(e):
+            raise
+        return reply_sample(path, threads)  # a file without a chat template: `lamina sample`
 
     def reply(ids: list[int], new: int) -> list[float]:
         engine.forget(0)
