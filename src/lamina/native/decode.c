@@ -29,9 +29,9 @@
                input in natural order (see "GGML's blocks"); one input row of Q4_K and Q6_K
                takes an integer form where the CPU has AVX-512 VNNI (kq_int: the input's scale
                per 256, each super-block summed in int32; its inputs as two byte planes for
-               vpdpbusd: kq_planes); a Q4_K linear's w may be laid out again in place, 16 rows
-               in the lanes of a vector (lw = w then: lm_kq_pack16, "one row, Q4_K in 16-row
-               lanes")
+               vpdpbusd: kq_planes); a Q4_K or Q5_0 linear's w may be laid out again in place,
+               16 rows in the lanes of a vector (lw = w then: lm_kq_pack16, "one row, Q4_K in
+               16-row lanes" and "one row, Q5_0 in 16-row lanes")
      LIN_PARTS w an array of gs Lins of those kinds stacked by rows (a fused q/k/v whose parts
                the file typed apart)
    The token table is float, int8 or one of the GGML kinds (a row dequantized per lookup).
