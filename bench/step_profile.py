@@ -148,6 +148,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--no-roles", action="store_true", help="time the whole step only")
     args = ap.parse_args()
+    import lamina.native.structs  # noqa: F401  (declares the structs the build checks)
     from lamina.native.build import library
 
     lib = library()

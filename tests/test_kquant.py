@@ -3,6 +3,7 @@ blocks made by gguf-py's layouts and on the files llama.cpp's quantizer wrote (t
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 from pathlib import Path
 
@@ -437,6 +438,87 @@ def test_prefetch_spread_through_a_pass_changes_no_float(qtype):
     assert before == 1 and len(outs) == 2
     assert torch.equal(outs[0], outs[1])
     assert ((outs[0] - want).norm() / want.norm()).item() < 1e-4
+
+
+@pytest.mark.skipif(not _native(), reason="lamina.native not built here")
+@pytest.mark.parametrize("n,extreme", [(48, False), (32, True)])
+def test_q5_0_lanes_hold_the_integer_forms(n, extreme):
+    # decode.c's lm_kq_pack16 / lm_q50_lanes: Q5_0 rows laid out again in place, 16 rows in the
+    # lanes of a vector, high bits transposed: one row by the lanes form, the same integers per
+    # block as one_row_q5p (1e-5 of it, floats grouped otherwise), bit-equal at 1-3 threads (a
+    # thread's rows may start inside a group); any other call, and lm_q50_lanes(0), unpacks 16
+    # rows at a time: the other forms' bits exactly; `parts`, the state dict and the bf16 rows
+    # read GGML's rows back. k = 288: an odd number of blocks. extreme: every q 31, inputs +-32767
+    from lamina.native.build import library
+    from lamina.native.pointers import Pointers
+    from lamina.native.step import pack_kq_lanes
+
+    lib = library()
+    if lib.lm_q50_lanes(-1) != 1:
+        pytest.skip("no AVX-512 VNNI here: the lanes form does not run")
+    k = 288
+    rows = _rows("Q5_0", n, k, 33)
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(34))
+    x[0, ::41] *= 30
+    if extreme:
+        rows.view(n, k // 32, 22)[..., 2:] = 0xFF  # q 31 everywhere: the int32 sums' largest
+        x = torch.where(torch.arange(k) % 32 == 0, 1.0, -1.0)[None]  # inputs +-32767
+    parts = [
+        ("Q5_0", rows.clone()),
+        ("Q8_0", _rows("Q8_0", 13, k, 35)),
+        ("Q5_0", rows[:16].clone()),
+    ]
+    m = BlockLinear(k, n + 29, parts, torch.randn(n + 29))
+    xs = torch.randn(5, k, generator=torch.Generator().manual_seed(36))
+    want = x @ m.dequantized().T + m.bias
+    bf16 = m.dequantized(torch.bfloat16)
+    xg = torch.randn(20, k, generator=torch.Generator().manual_seed(37))
+
+    def prompt_rows(threads: int) -> torch.Tensor | None:  # a prompt's bf16 GEMM (bf_row)
+        y, ptrs = torch.empty(20, n + 29), Pointers()  # ptrs holds the parts' structs
+        L = ptrs.lin(m)
+        done = lib.lm_linear_bf16(ctypes.addressof(L), 20, xg.data_ptr(), y.data_ptr(), threads)
+        return y if done else None
+
+    before = torch.get_num_threads()
+    try:
+        with torch.no_grad():
+            plain = [m(x), m(xs)]
+            gemm_plain = [prompt_rows(t) for t in (1, 2)]
+            assert pack_kq_lanes(m) == 2 and m.lanes == [True, False, True]
+            for threads in (1, 3):  # a prefill's bf16 weights read from the lanes, group by group
+                torch.set_num_threads(threads)
+                assert torch.equal(m.dequantized(torch.bfloat16), bf16)
+            gemm_lanes = [prompt_rows(t) for t in (1, 2)]  # 2: rows split inside a group
+            assert not torch.equal(m.blocks_0, rows)  # laid out again, in place
+            assert torch.equal(m.parts[0][1], rows) and torch.equal(
+                m.state_dict()["blocks_0"], rows
+            )
+            got = []
+            for threads in (1, 2, 3):
+                torch.set_num_threads(threads)
+                got.append(m(x))
+            pair = m(torch.cat([xs[:1], x]))  # 2 rows: the lanes form for each row
+            assert lib.lm_q50_lanes(0) == 0
+            unpacked = [m(x), m(xs)]
+    finally:
+        lib.lm_q50_lanes(1)
+        torch.set_num_threads(before)
+    assert torch.equal(got[0], got[1]) and torch.equal(got[0], got[2])
+    assert torch.equal(pair[1:], got[0])
+    assert ((got[0] - want).norm() / want.norm()).item() < 3e-4
+    torch.testing.assert_close(got[0], plain[0], rtol=1e-5, atol=1e-4)
+    if not extreme:
+        assert not torch.equal(got[0], plain[0])  # the lanes form ran
+    assert torch.equal(unpacked[0], plain[0]) and torch.equal(unpacked[1], plain[1])
+    assert torch.equal(m(xs), plain[1])
+    # where the bf16 GEMM runs (AVX-512 BF16): the same bits from the lanes
+    if lib.lm_gemm_bf16(-1):
+        assert gemm_plain[0] is not None and all(
+            torch.equal(a, b) for a, b in zip(gemm_plain, gemm_lanes, strict=True)
+        )
+    odd = BlockLinear(k, 13, [("Q5_0", rows[:13].clone())])
+    assert pack_kq_lanes(odd) == 0 and odd.lanes == [False]  # rows not a multiple of 16
 
 
 @pytest.mark.skipif(not _native(), reason="lamina.native not built here")

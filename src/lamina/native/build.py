@@ -250,7 +250,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.lm_pack16.argtypes = lib.lm_unpack16.argtypes = [p, p, p, p]
     lib.lm_kq_pack16.argtypes = [p, p, i]
     lib.lm_pack_i8.argtypes = [p, p, p]
-    lib.lm_dequant_lanes_bf16.argtypes = [p, i, i, p, i]
+    lib.lm_dequant_lanes_bf16.argtypes = [i, p, i, i, p, i]
     lib.lm_prefill_attention.argtypes = [p, p, p, p, *[i] * 6, ctypes.c_float, p, i]
     lib.lm_train_attention_fwd.argtypes = [*[p] * 5, *[i] * 5, ctypes.c_float, i, p, i]
     lib.lm_train_attention_bwd.argtypes = [*[p] * 8, *[i] * 5, ctypes.c_float, i, p, i]

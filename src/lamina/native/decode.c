@@ -29,9 +29,9 @@
                input in natural order (see "GGML's blocks"); one input row of Q4_K and Q6_K
                takes an integer form where the CPU has AVX-512 VNNI (kq_int: the input's scale
                per 256, each super-block summed in int32; its inputs as two byte planes for
-               vpdpbusd: kq_planes); a Q4_K linear's w may be laid out again in place, 16 rows
-               in the lanes of a vector (lw = w then: lm_kq_pack16, "one row, Q4_K in 16-row
-               lanes")
+               vpdpbusd: kq_planes); a Q4_K or Q5_0 linear's w may be laid out again in place,
+               16 rows in the lanes of a vector (lw = w then: lm_kq_pack16, "one row, Q4_K in
+               16-row lanes" and "one row, Q5_0 in 16-row lanes")
      LIN_PARTS w an array of gs Lins of those kinds stacked by rows (a fused q/k/v whose parts
                the file typed apart)
    The token table is float, int8 or one of the GGML kinds (a row dequantized per lookup).
@@ -2320,35 +2320,119 @@ static void kq_group_to_lanes(const uint8_t *src, uint8_t *dst, int nsb, int bac
     }
 }
 
-/* lays a Q4_K linear's rows (w: L's n x k, as GGML holds them) out in lanes in place (pack 1), or
-   back from lanes (pack 0); returns 1, or 0 where it does not apply (not Q4_K, k not a multiple
-   of 256, n not of 16, lm_kq_lanes(0) or this CPU lacks AVX-512 VNNI; for pack 0 only the shape
+/* ------------------------------------------------------------------ one row, Q5_0 in 16-row lanes */
+
+/* A Q5_0 linear laid out again at load as the Q4_K lanes above (lm_kq_pack16: the same bytes, in
+   place in the torch path's buffers, the runtime's one copy), so that a vector's lane r
+   accumulates weight row r and the scales of 16 rows are one conversion. Per group G of 16 rows
+   (n a multiple of 16), nb = k / 32 blocks, nb x 352 bytes (16 x 22) at G nb 352:
+     0         block b's d of the 16 rows at 32 b (fp16)
+     32 nb     block b's high bits at 64 b, lane r row r's 32, transposed: bit 8 i + u of the
+               word is the high bit of weight 4 u + i (vector u's byte i below)
+     96 nb     block b's nibbles at 256 b, vector v (64 bytes), lane r: row r's bytes 4 v .. + 3
+               (low nibbles weights 4 v + i, high ones 16 + 4 v + i, as GGML holds them).
+   One row: the input's int16 x in two byte planes (x = 256 xh + xl, kq_planes_flat), each quad
+   broadcast; per vector the low and the high nibbles, each with 16 added where its high bit
+   (one `vptestmb` on the transposed word) is set, so q = 0..31 as bytes; H += dpbusd(q, xh
+   quad), L += dpbusd(xl quad, q); a block's sum is (H << 8) + L - 16 x its inputs' sum, exact
+   (at most 32 x 31 x 32767 + 16 x 32 x 32767 < 2^31), converted and multiplied by d dx in one
+   fma: the same integers per block as one_row_q5p; the floats summed in another order. */
+static int q50_lanes = -1;
+static int q50_lanes_on(void) {
+    if (q50_lanes < 0) {
+        const char *e = getenv("LAMINA_Q50_LANES");
+        kq_cpu();
+        q50_lanes = kq_vnni && lanes_512() && !(e && strcmp(e, "0") == 0);
+    }
+    return q50_lanes;
+}
+/* choice 0: Q5_0 linears keep GGML's layout at load and one_row_q5p; 1: laid out in lanes (where
+   the CPU has AVX-512 VNNI); -1 leaves it; returns the choice in force. A linear already in
+   lanes stays so: with 0 its calls unpack each group of 16 rows to run the other forms */
+int lm_q50_lanes(int choice) {
+    kq_cpu();
+    if (choice >= 0) q50_lanes = choice && kq_vnni && lanes_512();
+    return q50_lanes_on();
+}
+
+#define Q50_B 352 /* bytes of 16 rows' block */
+/* how many blocks of 16 rows (352 bytes) ahead the lanes form prefetches (lm_q50_pf_ahead, 0 none,
+   at most 1024; -1 leaves it) */
+static int q50_pf_ahead = 24;
+int lm_q50_pf_ahead(int choice) {
+    if (choice >= 0) q50_pf_ahead = choice > 1024 ? 1024 : choice;
+    return q50_pf_ahead;
+}
+
+/* one group of 16 Q5_0 rows (nb blocks): GGML's rows (src) -> lanes (dst), or back */
+__attribute__((target("bmi2"))) static void q50_group_to_lanes(const uint8_t *src, uint8_t *dst, int nb, int back) {
+    const size_t rb = (size_t)nb * 22;
+    uint8_t *o = back ? (uint8_t *)src : dst;
+    for (int r = 0; r < 16; r++) {
+        uint8_t *g = back ? dst + r * rb : (uint8_t *)src + r * rb;
+        for (int b = 0; b < nb; b++) {
+            uint8_t *blk = g + (size_t)b * 22, *od = o + 32 * b + 2 * r, *oh = o + (size_t)32 * nb + 64 * b + 4 * r;
+            uint8_t *oq = o + (size_t)96 * nb + 256 * (size_t)b + 4 * r;
+            uint32_t bits, t = 0;
+            if (back) {
+                memcpy(blk, od, 2);
+                memcpy(&t, oh, 4);
+                bits = 0;
+                for (int u = 0; u < 8; u++) bits |= _pext_u32(t, 0x01010101u << u) << (4 * u);
+                memcpy(blk + 2, &bits, 4);
+                for (int v = 0; v < 4; v++) memcpy(blk + 6 + 4 * v, oq + 64 * v, 4);
+            } else {
+                memcpy(od, blk, 2);
+                memcpy(&bits, blk + 2, 4);
+                for (int u = 0; u < 8; u++) t |= _pdep_u32(bits >> (4 * u) & 15u, 0x01010101u << u);
+                memcpy(oh, &t, 4);
+                for (int v = 0; v < 4; v++) memcpy(oq + 64 * v, blk + 6 + 4 * v, 4);
+            }
+        }
+    }
+}
+
+
+/* the kinds laid out in 16-row lanes (Q4_K, Q5_0): bytes of a group of 16 rows, and a group
+   between GGML's rows and the lanes (back 1: lanes src -> GGML's rows dst) */
+static inline int lanes_kind(const Lin *L) { return L->lw && (L->kind == LIN_Q4K || L->kind == LIN_Q5_0); }
+static inline size_t lanes_group_bytes(int kind, int k) { return kind == LIN_Q5_0 ? (size_t)(k / 32) * Q50_B : (size_t)(k / 256) * KL_SB; }
+static void lanes_group(int kind, const uint8_t *src, uint8_t *dst, int k, int back) {
+    if (kind == LIN_Q5_0) q50_group_to_lanes(src, dst, k / 32, back);
+    else kq_group_to_lanes(src, dst, k / 256, back);
+}
+
+/* lays a Q4_K or Q5_0 linear's rows (w: L's n x k, as GGML holds them) out in lanes in place (pack
+   1), or back from lanes (pack 0); returns 1, or 0 where it does not apply (another kind, k not a
+   multiple of 256 (Q4_K) or 32 (Q5_0), n not of 16, lm_q50_lanes(0) for Q5_0, lm_kq_lanes(0) or this CPU lacks AVX-512 VNNI; for pack 0 only the shape
    counts) or out of memory: then nothing changed. w NULL: only whether it applies. */
 int lm_kq_pack16(const Lin *L, uint8_t *w, int pack) {
-    if (L->kind != LIN_Q4K || L->k % 256 || L->n % 16 || L->n <= 0 || (pack && !kq_lanes_on())) return 0;
+    if (L->n % 16 || L->n <= 0) return 0;
+    if (L->kind == LIN_Q4K) {
+        if (L->k % 256 || (pack && !kq_lanes_on())) return 0;
+    } else if (L->kind != LIN_Q5_0 || L->k % 32 || L->k <= 0 || (pack && !q50_lanes_on()))
+        return 0;
     if (!w) return 1;
-    const int nsb = L->k / 256;
-    const size_t gb = (size_t)nsb * KL_SB;
+    const size_t gb = lanes_group_bytes(L->kind, L->k);
     uint8_t *tmp = malloc(gb);
     if (!tmp) return 0;
     for (int G = 0; G < L->n / 16; G++) {
         uint8_t *g = w + (size_t)G * gb;
         memcpy(tmp, g, gb);
-        kq_group_to_lanes(tmp, g, nsb, !pack);
+        lanes_group(L->kind, tmp, g, L->k, !pack);
     }
     free(tmp);
     return 1;
 }
 
-/* rows n0..n1 of a Q4_K linear in lanes by any other form: each group of 16 rows back to GGML's
+/* rows n0..n1 of a Q4_K or Q5_0 linear in lanes by any other form: each group of 16 rows back to GGML's
    layout in a buffer, then those rows as a linear of their own; 0 when out of memory */
 static int kq_lanes_by_rows(const Lin *L, int B, const Act *a, float *y, int ystride, int n0, int n1, int accumulate) {
-    const int nsb = L->k / 256;
-    const size_t gb = (size_t)nsb * KL_SB;
-    uint8_t *tmp = aligned_alloc(64, gb);
+    const size_t gb = lanes_group_bytes(L->kind, L->k);
+    uint8_t *tmp = aligned_alloc(64, (gb + 63) / 64 * 64);
     if (!tmp) return 0;
     for (int G = n0 / 16; G * 16 < n1; G++) {
-        kq_group_to_lanes((const uint8_t *)L->lw + (size_t)G * gb, tmp, nsb, 1);
+        lanes_group(L->kind, (const uint8_t *)L->lw + (size_t)G * gb, tmp, L->k, 1);
         Lin g = *L;
         g.w = tmp, g.lw = NULL, g.n = 16, g.bias = L->bias ? L->bias + 16 * G : NULL;
         const int lo = n0 > 16 * G ? n0 - 16 * G : 0, hi = n1 < 16 * G + 16 ? n1 - 16 * G : 16;
@@ -2358,35 +2442,35 @@ static int kq_lanes_by_rows(const Lin *L, int B, const Act *a, float *y, int yst
     return 1;
 }
 
-/* Q4_K rows in lanes (lm_kq_pack16) -> bf16 as lm_dequant_bf16 writes GGML's (a prefill's
+/* Q4_K or Q5_0 rows in lanes (lm_kq_pack16) -> bf16 as lm_dequant_bf16 writes GGML's (a prefill's
    long calls), each group of 16 rows back to GGML's layout in a buffer first, the groups shared
    among nthreads; 0 where the shape does not fit or out of memory */
 typedef struct {
     const uint8_t *w;
-    int n, k;
+    int kind, n, k;
     uint16_t *y;
     atomic_int failed;
 } LanesDequant;
 
 static void dequant_lanes_job(void *ctx, int tid, int nt) {
     LanesDequant *j = (LanesDequant *)ctx;
-    const int nsb = j->k / 256, ng = j->n / 16;
-    const size_t gb = (size_t)nsb * KL_SB, rb = (size_t)nsb * 144;
+    const int ng = j->n / 16;
+    const size_t gb = lanes_group_bytes(j->kind, j->k), rb = kq_row_bytes(j->kind, j->k);
     uint8_t *tmp = malloc(gb);
     if (!tmp) {
         atomic_store(&j->failed, 1);
         return;
     }
     for (int G = (int)((long)ng * tid / nt); G < (int)((long)ng * (tid + 1) / nt); G++) {
-        kq_group_to_lanes(j->w + (size_t)G * gb, tmp, nsb, 1);
-        for (int r = 0; r < 16; r++) kq_dequant_row(LIN_Q4K, tmp + r * rb, j->k, NULL, j->y + (size_t)(16 * G + r) * j->k);
+        lanes_group(j->kind, j->w + (size_t)G * gb, tmp, j->k, 1);
+        for (int r = 0; r < 16; r++) kq_dequant_row(j->kind, tmp + r * rb, j->k, NULL, j->y + (size_t)(16 * G + r) * j->k);
     }
     free(tmp);
 }
 
-int lm_dequant_lanes_bf16(const void *w, int n, int k, uint16_t *y, int nthreads) {
-    if (k % 256 || n % 16 || n <= 0) return 0;
-    LanesDequant j = {(const uint8_t *)w, n, k, y, 0};
+int lm_dequant_lanes_bf16(int kind, const void *w, int n, int k, uint16_t *y, int nthreads) {
+    if ((kind == LIN_Q4K ? k % 256 : kind == LIN_Q5_0 ? k % 32 : 1) || k <= 0 || n % 16 || n <= 0) return 0;
+    LanesDequant j = {(const uint8_t *)w, kind, n, k, y, 0};
     run_parallel(dequant_lanes_job, &j, nthreads < 1 ? 1 : nthreads, NULL);
     return !atomic_load(&j.failed);
 }
@@ -2464,6 +2548,67 @@ static int one_row_kq_lanes(const Lin *L, const Act *a, float *y, int n0, int n1
     if (!buf) return 0;
     kq_planes_flat(a->q, L->k, buf);
     one_row_q4k_lanes(L, a, buf, y, n0, n1, accumulate);
+    free(buf);
+    return 1;
+}
+
+VNNI static void one_row_q50_lanes(const Lin *L, const Act *a, const int8_t *xp, const int32_t *off, float *y, int n0, int n1, int accumulate) {
+    const int k = L->k, nb = k / 32;
+    const size_t gb = (size_t)nb * Q50_B;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), c16 = _mm512_set1_epi8(16);
+    const int8_t *xh = xp, *xl = xp + k;
+    for (int G = n0 / 16; G * 16 < n1; G++) {
+        const uint8_t *g = (const uint8_t *)L->lw + (size_t)G * gb;
+        const uint8_t *dq = g, *hq = g + (size_t)32 * nb, *wq = g + (size_t)96 * nb;
+        const char *ahead = (const char *)g + (size_t)q50_pf_ahead * Q50_B, *end = (const char *)L->lw + (size_t)((n1 + 15) / 16) * gb;
+        __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            if (q50_pf_ahead && ahead + (size_t)(b + 1) * Q50_B <= end) /* q50_pf_ahead blocks on, spread through the group */
+                for (int o = 0; o < Q50_B; o += 64) PF_W(ahead + (size_t)b * Q50_B + o);
+            const __m512i hv = _mm512_loadu_si512((const void *)(hq + 64 * (size_t)b));
+            __m512i H0 = _mm512_setzero_si512(), L0 = _mm512_set1_epi32(off[b]), H1 = _mm512_setzero_si512(), L1 = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int v = 0; v < 4; v++) {
+                const __m512i raw = _mm512_loadu_si512((const void *)(wq + 256 * (size_t)b + 64 * v));
+                __m512i ql = _mm512_and_si512(raw, m4), qh = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+                ql = _mm512_mask_add_epi8(ql, _mm512_test_epi8_mask(hv, _mm512_set1_epi8((char)(1 << v))), ql, c16);
+                qh = _mm512_mask_add_epi8(qh, _mm512_test_epi8_mask(hv, _mm512_set1_epi8((char)(16 << v))), qh, c16);
+                const int e = 32 * b + 4 * v;
+                int32_t hq0, hq1, lq0, lq1;
+                memcpy(&hq0, xh + e, 4), memcpy(&hq1, xh + e + 16, 4), memcpy(&lq0, xl + e, 4), memcpy(&lq1, xl + e + 16, 4);
+                H0 = _mm512_dpbusd_epi32(H0, ql, _mm512_set1_epi32(hq0));
+                L0 = _mm512_dpbusd_epi32(L0, _mm512_set1_epi32(lq0), ql);
+                H1 = _mm512_dpbusd_epi32(H1, qh, _mm512_set1_epi32(hq1));
+                L1 = _mm512_dpbusd_epi32(L1, _mm512_set1_epi32(lq1), qh);
+            }
+            const __m512i s = _mm512_add_epi32(_mm512_slli_epi32(_mm512_add_epi32(H0, H1), 8), _mm512_add_epi32(L0, L1));
+            const __m512 ddx = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(dq + 32 * (size_t)b))), _mm512_set1_ps(a->dx[b]));
+            if (b & 1) acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), ddx, acc1);
+            else acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), ddx, acc0);
+        }
+        __m512 v = _mm512_add_ps(acc0, acc1);
+        const int r0 = n0 > 16 * G ? n0 - 16 * G : 0, r1 = n1 < 16 * G + 16 ? n1 - 16 * G : 16;
+        const __mmask16 keep = (__mmask16)(((1u << r1) - 1) & ~((1u << r0) - 1));
+        float *yo = y + 16 * G;
+        if (L->bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(keep, L->bias + 16 * G));
+        if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(keep, yo));
+        _mm512_mask_storeu_ps(yo, keep, v);
+    }
+}
+
+/* Q5_0 rows n0..n1 in lanes for one input row; 0 when out of memory */
+static int one_row_q50_lanes_call(const Lin *L, const Act *a, float *y, int n0, int n1, int accumulate) {
+    const int k = L->k, nb = k / 32;
+    int8_t *buf = aligned_alloc(64, ((size_t)2 * k + (size_t)4 * nb + 127) / 64 * 64);
+    if (!buf) return 0;
+    int32_t *off = (int32_t *)(buf + 2 * k);
+    kq_planes_flat(a->q, k, buf);
+    for (int b = 0; b < nb; b++) {
+        int32_t s = 0;
+        for (int i = 0; i < 32; i++) s += a->q[32 * b + i];
+        off[b] = -16 * s;
+    }
+    one_row_q50_lanes(L, a, buf, off, y, n0, n1, accumulate);
     free(buf);
     return 1;
 }
@@ -3034,7 +3179,7 @@ static int bf_covers(const Lin *L) {
     if (L->k % 32 || L->n < 1 || !L->w) return 0;
     if (L->kind == LIN_INT4 || L->kind == LIN_INT8) return L->gs >= 32 && L->gs % 32 == 0 && L->k % L->gs == 0;
     if (L->kind >= LIN_Q4K && L->kind <= LIN_Q5_1)
-        return L->k % kq_per(L->kind) == 0 && !(L->kind == LIN_Q4K && L->lw && L->n % 16);
+        return L->k % kq_per(L->kind) == 0 && !(lanes_kind(L) && L->n % 16);
     return 0;
 }
 
@@ -3086,9 +3231,32 @@ BF16 static void bf_row(const Lin *L, int n, uint16_t *o, uint8_t *grp, int *gat
     const int kind = L->kind, per = kq_per(kind), bs = kq_bytes(kind), sub = per / 32;
     const size_t rb = kq_row_bytes(kind, k);
     const uint8_t *row;
-    if (kind == LIN_Q4K && L->lw) { /* in 16-row lanes: the group back in GGML's layout */
+    if (kind == LIN_Q5_0 && L->lw) { /* in 16-row lanes: read in place (the floats below, the same bits) */
+        const uint8_t *g = (const uint8_t *)L->lw + (size_t)(n / 16) * lanes_group_bytes(kind, k);
+        const int r = n % 16;
+        const __m256i pick = _mm256_setr_epi8(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
+        const __m256i bit = _mm256_setr_epi8(1, 1, 1, 1, 2, 2, 2, 2, 4, 4, 4, 4, 8, 8, 8, 8, 16, 16, 16, 16, 32, 32, 32, 32, 64, 64, 64, 64,
+                                              -128, -128, -128, -128);
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *q = g + (size_t)96 * nb + 256 * (size_t)b + 4 * r;
+            uint32_t t, w[4];
+            memcpy(&t, g + (size_t)32 * nb + 64 * (size_t)b + 4 * r, 4);
+            for (int v = 0; v < 4; v++) memcpy(&w[v], q + 64 * v, 4);
+            const __m128i raw = _mm_setr_epi32((int)w[0], (int)w[1], (int)w[2], (int)w[3]);
+            __m256i z = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(raw, _mm_set1_epi8(15))),
+                                                _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15)), 1);
+            const __mmask32 hb = _mm256_test_epi8_mask(_mm256_shuffle_epi8(_mm256_set1_epi32((int)t), pick), bit);
+            z = _mm256_sub_epi8(_mm256_mask_add_epi8(z, hb, z, _mm256_set1_epi8(16)), _mm256_set1_epi8(16));
+            const __m512 d = _mm512_set1_ps(half(g + 32 * (size_t)b + 2 * r)), m = _mm512_setzero_ps();
+            const __m512 lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(z))), d, m);
+            const __m512 hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(z, 1))), d, m);
+            _mm512_storeu_si512((void *)(o + 32 * b), bf_pack(lo, hi));
+        }
+        return;
+    }
+    if (lanes_kind(L)) { /* in 16-row lanes: the group back in GGML's layout */
         if (*gat != n / 16) {
-            kq_group_to_lanes((const uint8_t *)L->lw + (size_t)(n / 16) * (k / 256) * KL_SB, grp, k / 256, 1);
+            lanes_group(kind, (const uint8_t *)L->lw + (size_t)(n / 16) * lanes_group_bytes(kind, k), grp, k, 1);
             *gat = n / 16;
         }
         row = grp + (size_t)(n % 16) * rb;
@@ -3205,9 +3373,9 @@ BF16 static int lin_rows_bf(const Lin *L, int B, const Act *a, float *y, int yst
         }
         return 1;
     }
-    const int k = L->k, kp = k / 2, lanes = L->kind == LIN_Q4K && L->lw;
+    const int k = L->k, kp = k / 2, lanes = lanes_kind(L);
     const size_t tile = (size_t)GR * k * 2, rows16 = (size_t)16 * k * 2;
-    uint8_t *buf = gemm_scratch(tile + rows16 + (lanes ? (size_t)(k / 256) * KL_SB : 0));
+    uint8_t *buf = gemm_scratch(tile + rows16 + (lanes ? lanes_group_bytes(L->kind, k) : 0));
     if (!buf) return 0;
     uint32_t *Wt = (uint32_t *)buf;
     uint16_t *rb = (uint16_t *)(buf + tile);
@@ -3256,15 +3424,16 @@ static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
             return;
         }
     }
-    if (L->kind == LIN_Q4K && L->lw) { /* in 16-row lanes (lm_kq_pack16): one row there, else by groups of rows */
+    if (lanes_kind(L)) { /* in 16-row lanes (lm_kq_pack16): one row there, else by groups of rows */
         int failed = 0; /* out of memory part way: rows already (+)= written, so no second pass */
-        if (B < lanes_min(1) && a->span == 8 && kq_lanes_on() && !(a->q8 && act8_on())) { /* the one-row form per row, as below */
+        const int q50 = L->kind == LIN_Q5_0;
+        if (B < lanes_min(1) && a->span == (q50 ? 1 : 8) && (q50 ? q50_lanes_on() : kq_lanes_on()) && !(a->q8 && act8_on())) { /* the one-row form per row, as below */
             const int k = L->k, nb = k / 32;
             for (int r = 0; r < B && !failed; r++) {
                 Act one = *a;
                 one.x = a->x ? a->x + (size_t)r * k : NULL, one.q = a->q + (size_t)r * k;
                 one.dx = a->dx + (size_t)r * nb, one.sx = a->sx + (size_t)r * nb;
-                failed = !one_row_kq_lanes(L, &one, y + (size_t)r * ystride, n0, n1, accumulate);
+                failed = !(q50 ? one_row_q50_lanes_call : one_row_kq_lanes)(L, &one, y + (size_t)r * ystride, n0, n1, accumulate);
             }
             if (!failed) return;
         }

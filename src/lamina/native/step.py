@@ -115,8 +115,8 @@ def pack_lanes(m: nn.Module) -> bool:
 
 
 def pack_kq_lanes(m: nn.Module, shared: Tensor | None = None) -> int:
-    """Lay a `BlockLinear`'s Q4_K parts out in decode.c's 16-row lanes (lm_kq_pack16, where the
-    CPU has AVX-512 VNNI and LAMINA_KQ_LANES is not 0) IN PLACE: the same bytes, so one copy; a
+    """Lay a `BlockLinear`'s Q4_K and Q5_0 parts out in decode.c's 16-row lanes (lm_kq_pack16,
+    where the CPU has AVX-512 VNNI and LAMINA_KQ_LANES / LAMINA_Q50_LANES is not 0) IN PLACE: the same bytes, so one copy; a
     one-row call then runs the lanes form, any other call unpacks 16 rows at a time, and
     `BlockLinear.parts` and its state dict read the rows back in GGML's layout. A part whose
     storage is `shared`'s (a head tied to its token table) stays as it is. Returns the parts laid out."""
@@ -125,7 +125,7 @@ def pack_kq_lanes(m: nn.Module, shared: Tensor | None = None) -> int:
         return 0
     done = 0
     for i, (qtype, rows, lanes) in enumerate(m.native_parts):
-        if lanes or qtype != "Q4_K" or not rows.is_contiguous():
+        if lanes or qtype not in ("Q4_K", "Q5_0") or not rows.is_contiguous():
             continue
         if (
             shared is not None

@@ -86,16 +86,16 @@ def dequantize_blocks(qtype: str, rows: Tensor, width: int) -> Tensor:
     return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(-1, width)
 
 
-def _unlaned(rows: Tensor, width: int) -> Tensor:
-    """Q4_K rows in decode.c's 16-row lanes (lm_kq_pack16) -> new rows in GGML's layout."""
+def _unlaned(qtype: str, rows: Tensor, width: int) -> Tensor:
+    """Q4_K or Q5_0 rows in decode.c's 16-row lanes (lm_kq_pack16) -> new rows in GGML's layout."""
     lib = library()
     if lib is None:
-        raise LaminaError("Q4_K rows in lanes need the native library to read back")
+        raise LaminaError(f"{qtype} rows in lanes need the native library to read back")
     out = rows.clone()
     L = Lin()
-    L.kind, L.n, L.k = GGML_KINDS["Q4_K"], rows.shape[0], width
+    L.kind, L.n, L.k = GGML_KINDS[qtype], rows.shape[0], width
     if not lib.lm_kq_pack16(ctypes.addressof(L), out.data_ptr(), 0):
-        raise LaminaError("decode.c's lm_kq_pack16 refused Q4_K rows in lanes")
+        raise LaminaError(f"decode.c's lm_kq_pack16 refused {qtype} rows in lanes")
     return out
 
 
@@ -138,7 +138,9 @@ class BlockLinear(nn.Module):
     @property
     def parts(self) -> list[tuple[str, Tensor]]:
         """(qtype, rows) per part in GGML's layout (a part in lanes read back into new rows)."""
-        return [(q, _unlaned(r, self.in_features) if on else r) for q, r, on in self.native_parts]
+        return [
+            (q, _unlaned(q, r, self.in_features) if on else r) for q, r, on in self.native_parts
+        ]
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):  # noqa: ANN001, ANN202
         super()._save_to_state_dict(destination, prefix, keep_vars)
@@ -163,10 +165,11 @@ class BlockLinear(nn.Module):
             first, threads = 0, torch.get_num_threads()
             for q, r, lanes in self.native_parts:
                 rows, n = r.contiguous(), r.shape[0]
-                if lanes:  # Q4_K in 16-row lanes: read back group by group, no copy of the rows
+                if lanes:  # Q4_K / Q5_0 in 16-row lanes: read back group by group, no copy
                     done = lib.lm_dequant_lanes_bf16(
-                        rows.data_ptr(), n, self.in_features, w[first:].data_ptr(), threads
-                    )
+                        GGML_KINDS[q], rows.data_ptr(), n, self.in_features,
+                        w[first:].data_ptr(), threads,
+                    )  # fmt: skip
                 else:
                     done = lib.lm_dequant_bf16(
                         GGML_KINDS[q], rows.data_ptr(), n, self.in_features,
