@@ -3053,6 +3053,38 @@ BF16 static void bf16_rows(const float *x, int r0, int r1, int k, uint16_t *xb) 
 /* 32 floats (lo: the first 16) -> 32 bf16 in order */
 BF16 static inline __m512i bf_pack(__m512 lo, __m512 hi) { return (__m512i)_mm512_cvtne2ps_pbh(hi, lo); }
 
+/* one row of GGML's blocks of kind `kind` (a constant where it is inlined) -> k bf16 */
+BF16 static inline __attribute__((always_inline)) void bf_row_kq(const int kind, const uint8_t *row, int k, uint16_t *o) {
+    const int per = kq_per(kind), bs = kq_bytes(kind), sub = per / 32;
+    if (sub == 1) { /* blocks of 32: one scale (and minimum) a block */
+        for (int b = 0; b < k / 32; b++) {
+            const uint8_t *blk = row + (size_t)b * bs;
+            const __m256i q = kq_q8(kind, blk, 0);
+            const __m512 sc = _mm512_set1_ps(half(blk));
+            const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q)));
+            const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1)));
+            if (kind == LIN_Q5_1) {
+                const __m512 m = _mm512_set1_ps(half(blk + 2));
+                _mm512_storeu_si512((void *)(o + (size_t)b * 32), bf_pack(_mm512_fmadd_ps(lo, sc, m), _mm512_fmadd_ps(hi, sc, m)));
+            } else
+                _mm512_storeu_si512((void *)(o + (size_t)b * 32), bf_pack(_mm512_mul_ps(lo, sc), _mm512_mul_ps(hi, sc)));
+        }
+        return;
+    }
+    float s[16], mn[PER_SB_MAX];
+    for (int sb = 0; sb < k / per; sb++) {
+        const uint8_t *blk = row + (size_t)sb * bs;
+        kq_scales(kind, blk, s, mn);
+        for (int j = 0; j < sub; j++) {
+            const __m256i q = kq_q8(kind, blk, j);
+            const __m512 m = _mm512_set1_ps(mn[j]);
+            const __m512 lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))), _mm512_set1_ps(s[2 * j]), m);
+            const __m512 hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))), _mm512_set1_ps(s[2 * j + 1]), m);
+            _mm512_storeu_si512((void *)(o + (size_t)(sb * sub + j) * 32), bf_pack(lo, hi));
+        }
+    }
+}
+
 /* one weight row of L (not parts) -> k bf16 (natural order); grp: a Q4_K group in lanes put back
    in GGML's layout (16 rows), *gat the group it holds (-1: none) */
 BF16 static void bf_row(const Lin *L, int n, uint16_t *o, uint8_t *grp, int *gat) {
@@ -3083,7 +3115,7 @@ BF16 static void bf_row(const Lin *L, int n, uint16_t *o, uint8_t *grp, int *gat
         }
         return;
     }
-    const int kind = L->kind, per = kq_per(kind), bs = kq_bytes(kind), sub = per / 32;
+    const int kind = L->kind;
     const size_t rb = kq_row_bytes(kind, k);
     const uint8_t *row;
     if (kind == LIN_Q4K && L->lw) { /* in 16-row lanes: the group back in GGML's layout */
@@ -3094,17 +3126,13 @@ BF16 static void bf_row(const Lin *L, int n, uint16_t *o, uint8_t *grp, int *gat
         row = grp + (size_t)(n % 16) * rb;
     } else
         row = (const uint8_t *)L->w + (size_t)n * rb;
-    float s[16], mn[PER_SB_MAX];
-    for (int sb = 0; sb < k / per; sb++) {
-        const uint8_t *blk = row + (size_t)sb * bs;
-        kq_scales(kind, blk, s, mn);
-        for (int j = 0; j < sub; j++) {
-            const __m256i q = kq_q8(kind, blk, j);
-            const __m512 m = _mm512_set1_ps(mn[j]);
-            const __m512 lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))), _mm512_set1_ps(s[2 * j]), m);
-            const __m512 hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))), _mm512_set1_ps(s[2 * j + 1]), m);
-            _mm512_storeu_si512((void *)(o + (size_t)(sb * sub + j) * 32), bf_pack(lo, hi));
-        }
+    switch (kind) { /* each kind's loop compiled for it (a kind known at compile time) */
+    case LIN_Q4K: bf_row_kq(LIN_Q4K, row, k, o); return;
+    case LIN_Q5K: bf_row_kq(LIN_Q5K, row, k, o); return;
+    case LIN_Q6K: bf_row_kq(LIN_Q6K, row, k, o); return;
+    case LIN_Q8_0: bf_row_kq(LIN_Q8_0, row, k, o); return;
+    case LIN_Q5_0: bf_row_kq(LIN_Q5_0, row, k, o); return;
+    default: bf_row_kq(LIN_Q5_1, row, k, o); return;
     }
 }
 
