@@ -4203,7 +4203,16 @@ int lm_step_last(const Model *m, int B, const int64_t *tokens, const int64_t *po
     const int nch_all = (m->cache_len + CHUNK - 1) / CHUNK;
     const int nch = far >= (int64_t)m->cache_len ? nch_all : (int)((far + CHUNK - 1) / CHUNK);
     const int Tk = run ? (int)far : 0, tkp = (Tk + PA_KB - 1) / PA_KB * PA_KB;
-    size_t floats = (size_t)B * (2 * d + qkv_n + m->H * hd + fc_n + m->ff + hd) + 2 * (size_t)B * (kmax / 32 + 1);
+    /* a prompt's chunk of enough rows multiplies in bf16 (lin_rows_bf; seq above); every other
+       step (lm_step's: a server's batch, one row) keeps the integer kernels, each row as alone */
+    const int bf = seq && gemm_rows(B);
+    /* in bf16, buffers never live at once share memory (the chunk's scratch grows with its
+       rows): qkv and fco (a layer's qkv is read by its attention, before fc writes fco); xn, att
+       and h (each made ready for its linear before the next is written); q and xb (a linear's
+       inputs are one or the other, each consumed before the next linear's are made) */
+    const size_t per_row = bf ? (size_t)d + (size_t)(qkv_n > fc_n ? qkv_n : fc_n) + (size_t)max3(d, m->H * hd, m->ff) + hd
+                              : (size_t)2 * d + qkv_n + (size_t)m->H * hd + fc_n + m->ff + hd;
+    size_t floats = (size_t)B * per_row + 2 * (size_t)B * (kmax / 32 + 1);
     if (run)
         floats += (size_t)m->Hkv * hd * (tkp + Tk) + (size_t)nthreads * 2 * (PA_ROWS + 8) * hd;
     else
@@ -4211,10 +4220,7 @@ int lm_step_last(const Model *m, int B, const int64_t *tokens, const int64_t *po
     /* int8 inputs: the rows the one-row form takes (act8), or every row where linears are in lanes (lanes8) */
     const int q8 = (B < lanes_min(1) && act8_on()) || (lanes8_on() && has_lanes(m));
     if (q8) floats += 2 * (size_t)B * (kmax / 32 + 1) + ((size_t)B * kmax + 3) / 4;
-    /* a prompt's chunk (seq above) of enough rows multiplies in bf16 (lin_rows_bf); every other
-       step (lm_step's: a server's batch, one row) keeps the integer kernels, each row as alone */
-    const int bf = seq && gemm_rows(B);
-    float *buf = (float *)malloc(floats * sizeof(float) + (size_t)B * kmax * sizeof(int16_t) * (1 + bf) + 64);
+    float *buf = (float *)malloc(floats * sizeof(float) + (size_t)B * kmax * sizeof(int16_t) + 64);
     if (!buf) return 0;
     Step S = {.m = m, .B = B, .tokens = tokens, .positions = positions, .starts = starts,
               .slots = slots, .rows = rows, .logits = logits, .hb = keep, .nch = nch, .run = run, .Tk = Tk, .tkp = tkp};
@@ -4233,11 +4239,16 @@ int lm_step_last(const Model *m, int B, const int64_t *tokens, const int64_t *po
     for (size_t i = 0; i < (size_t)S.phases * nthreads; i++) atomic_init(&S.share[i].next, 0);
     float *p = buf;
     S.x = p, p += (size_t)B * d;
-    S.xn = p, p += (size_t)B * d;
-    S.qkv = p, p += (size_t)B * qkv_n;
-    S.att = p, p += (size_t)B * m->H * hd;
-    S.fco = p, p += (size_t)B * fc_n;
-    S.h = p, p += (size_t)B * m->ff;
+    if (bf) { /* the shared buffers (above) */
+        S.qkv = S.fco = p, p += (size_t)B * (qkv_n > fc_n ? qkv_n : fc_n);
+        S.xn = S.att = S.h = p, p += (size_t)B * max3(d, m->H * hd, m->ff);
+    } else {
+        S.xn = p, p += (size_t)B * d;
+        S.qkv = p, p += (size_t)B * qkv_n;
+        S.att = p, p += (size_t)B * m->H * hd;
+        S.fco = p, p += (size_t)B * fc_n;
+        S.h = p, p += (size_t)B * m->ff;
+    }
     S.cs = p, p += (size_t)B * (hd / 2);
     S.sn = p, p += (size_t)B * (hd / 2);
     if (run) {
@@ -4257,7 +4268,7 @@ int lm_step_last(const Model *m, int B, const int64_t *tokens, const int64_t *po
         S.a.q8 = (int8_t *)p, p += ((size_t)B * kmax + 3) / 4;
     }
     S.a.q = (int16_t *)p;
-    if (bf) S.a.xb = (uint16_t *)(S.a.q + (size_t)B * kmax);
+    if (bf) S.a.xb = (uint16_t *)S.a.q; /* (the same memory: above) */
     S.a.lanes8 = q8 && lanes8_on() && has_lanes(m); /* the head too (head8) */
     float *buf2 = NULL; /* a2 (step_fuse): the same sizes as a's; not where the step multiplies in
                            bf16 (a2 and ta have no bf16 rows: those phases stay apart) */
