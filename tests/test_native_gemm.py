@@ -166,7 +166,7 @@ def _prompt_and_tokens(rt: Runtime, ids: list[int], new: int) -> tuple[np.ndarra
 def test_a_prompts_chunks_in_bf16_decode_as_the_integer_kernels(qtype: str) -> None:
     lib = _lib()
     rt = Runtime.open(FIXTURES / f"kquant-{qtype}.gguf", cache_len=256, threads=2)
-    ids = [(7 * i * i + 3 * i + 5) % 250 + 1 for i in range(150)]  # chunks of 128 and 22
+    ids = [(7 * i * i + 3 * i + 5) % 250 + 1 for i in range(150)]  # one chunk (the runtime's: 256)
     with _forms(lib, 0, 0):
         want, want_tokens = _prompt_and_tokens(rt, ids, 32)
         rt.forget(0)
@@ -176,11 +176,14 @@ def test_a_prompts_chunks_in_bf16_decode_as_the_integer_kernels(qtype: str) -> N
     got, tokens = _prompt_and_tokens(rt, ids, 32)
     rt.forget(0)
     assert np.array_equal(rt.feed(ids[:15]), short)
+    rt.forget(0)
+    chunked = rt.feed(ids, 100)  # chunks of 100 and 50: the second attends over the first's keys
     scale = np.abs(want).max()
     assert np.abs(runs - want).max() < 1e-3 * scale
     # bf16 weights and inputs: ~3e-3 of the largest logit here (~1e-2 on SmolLM2, BENCHMARKS.md)
     assert np.abs(got - want).max() < 2e-2 * scale
     assert 0 < np.abs(got - want).max()  # the bf16 form ran
+    assert np.abs(chunked - want).max() < 2e-2 * scale
     assert tokens == want_tokens
 
 

@@ -3198,6 +3198,38 @@ BF16 static void bf16_rows(const float *x, int r0, int r1, int k, uint16_t *xb) 
 /* 32 floats (lo: the first 16) -> 32 bf16 in order */
 BF16 static inline __m512i bf_pack(__m512 lo, __m512 hi) { return (__m512i)_mm512_cvtne2ps_pbh(hi, lo); }
 
+/* one row of GGML's blocks of kind `kind` (a constant where it is inlined) -> k bf16 */
+BF16 static inline __attribute__((always_inline)) void bf_row_kq(const int kind, const uint8_t *row, int k, uint16_t *o) {
+    const int per = kq_per(kind), bs = kq_bytes(kind), sub = per / 32;
+    if (sub == 1) { /* blocks of 32: one scale (and minimum) a block */
+        for (int b = 0; b < k / 32; b++) {
+            const uint8_t *blk = row + (size_t)b * bs;
+            const __m256i q = kq_q8(kind, blk, 0);
+            const __m512 sc = _mm512_set1_ps(half(blk));
+            const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q)));
+            const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1)));
+            if (kind == LIN_Q5_1) {
+                const __m512 m = _mm512_set1_ps(half(blk + 2));
+                _mm512_storeu_si512((void *)(o + (size_t)b * 32), bf_pack(_mm512_fmadd_ps(lo, sc, m), _mm512_fmadd_ps(hi, sc, m)));
+            } else
+                _mm512_storeu_si512((void *)(o + (size_t)b * 32), bf_pack(_mm512_mul_ps(lo, sc), _mm512_mul_ps(hi, sc)));
+        }
+        return;
+    }
+    float s[16], mn[PER_SB_MAX];
+    for (int sb = 0; sb < k / per; sb++) {
+        const uint8_t *blk = row + (size_t)sb * bs;
+        kq_scales(kind, blk, s, mn);
+        for (int j = 0; j < sub; j++) {
+            const __m256i q = kq_q8(kind, blk, j);
+            const __m512 m = _mm512_set1_ps(mn[j]);
+            const __m512 lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))), _mm512_set1_ps(s[2 * j]), m);
+            const __m512 hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))), _mm512_set1_ps(s[2 * j + 1]), m);
+            _mm512_storeu_si512((void *)(o + (size_t)(sb * sub + j) * 32), bf_pack(lo, hi));
+        }
+    }
+}
+
 /* one weight row of L (not parts) -> k bf16 (natural order); grp: a Q4_K group in lanes put back
    in GGML's layout (16 rows), *gat the group it holds (-1: none) */
 BF16 static void bf_row(const Lin *L, int n, uint16_t *o, uint8_t *grp, int *gat) {
@@ -3228,7 +3260,7 @@ BF16 static void bf_row(const Lin *L, int n, uint16_t *o, uint8_t *grp, int *gat
         }
         return;
     }
-    const int kind = L->kind, per = kq_per(kind), bs = kq_bytes(kind), sub = per / 32;
+    const int kind = L->kind;
     const size_t rb = kq_row_bytes(kind, k);
     const uint8_t *row;
     if (kind == LIN_Q5_0 && L->lw) { /* in 16-row lanes: read in place (the floats below, the same bits) */
@@ -3262,17 +3294,13 @@ BF16 static void bf_row(const Lin *L, int n, uint16_t *o, uint8_t *grp, int *gat
         row = grp + (size_t)(n % 16) * rb;
     } else
         row = (const uint8_t *)L->w + (size_t)n * rb;
-    float s[16], mn[PER_SB_MAX];
-    for (int sb = 0; sb < k / per; sb++) {
-        const uint8_t *blk = row + (size_t)sb * bs;
-        kq_scales(kind, blk, s, mn);
-        for (int j = 0; j < sub; j++) {
-            const __m256i q = kq_q8(kind, blk, j);
-            const __m512 m = _mm512_set1_ps(mn[j]);
-            const __m512 lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))), _mm512_set1_ps(s[2 * j]), m);
-            const __m512 hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))), _mm512_set1_ps(s[2 * j + 1]), m);
-            _mm512_storeu_si512((void *)(o + (size_t)(sb * sub + j) * 32), bf_pack(lo, hi));
-        }
+    switch (kind) { /* each kind's loop compiled for it (a kind known at compile time) */
+    case LIN_Q4K: bf_row_kq(LIN_Q4K, row, k, o); return;
+    case LIN_Q5K: bf_row_kq(LIN_Q5K, row, k, o); return;
+    case LIN_Q6K: bf_row_kq(LIN_Q6K, row, k, o); return;
+    case LIN_Q8_0: bf_row_kq(LIN_Q8_0, row, k, o); return;
+    case LIN_Q5_0: bf_row_kq(LIN_Q5_0, row, k, o); return;
+    default: bf_row_kq(LIN_Q5_1, row, k, o); return;
     }
 }
 
@@ -4441,7 +4469,16 @@ int lm_step_last(const Model *m, int B, const int64_t *tokens, const int64_t *po
     const int nch_all = (m->cache_len + CHUNK - 1) / CHUNK;
     const int nch = far >= (int64_t)m->cache_len ? nch_all : (int)((far + CHUNK - 1) / CHUNK);
     const int Tk = run ? (int)far : 0, tkp = (Tk + PA_KB - 1) / PA_KB * PA_KB;
-    size_t floats = (size_t)B * (2 * d + qkv_n + m->H * hd + fc_n + m->ff + hd) + 2 * (size_t)B * (kmax / 32 + 1);
+    /* a prompt's chunk of enough rows multiplies in bf16 (lin_rows_bf; seq above); every other
+       step (lm_step's: a server's batch, one row) keeps the integer kernels, each row as alone */
+    const int bf = seq && gemm_rows(B);
+    /* in bf16, buffers never live at once share memory (the chunk's scratch grows with its
+       rows): qkv and fco (a layer's qkv is read by its attention, before fc writes fco); xn, att
+       and h (each made ready for its linear before the next is written); q and xb (a linear's
+       inputs are one or the other, each consumed before the next linear's are made) */
+    const size_t per_row = bf ? (size_t)d + (size_t)(qkv_n > fc_n ? qkv_n : fc_n) + (size_t)max3(d, m->H * hd, m->ff) + hd
+                              : (size_t)2 * d + qkv_n + (size_t)m->H * hd + fc_n + m->ff + hd;
+    size_t floats = (size_t)B * per_row + 2 * (size_t)B * (kmax / 32 + 1);
     if (run)
         floats += (size_t)m->Hkv * hd * (tkp + Tk) + (size_t)nthreads * 2 * (PA_ROWS + 8) * hd;
     else
@@ -4449,10 +4486,7 @@ int lm_step_last(const Model *m, int B, const int64_t *tokens, const int64_t *po
     /* int8 inputs: the rows the one-row form takes (act8), or every row where linears are in lanes (lanes8) */
     const int q8 = (B < lanes_min(1) && act8_on()) || (lanes8_on() && has_lanes(m));
     if (q8) floats += 2 * (size_t)B * (kmax / 32 + 1) + ((size_t)B * kmax + 3) / 4;
-    /* a prompt's chunk (seq above) of enough rows multiplies in bf16 (lin_rows_bf); every other
-       step (lm_step's: a server's batch, one row) keeps the integer kernels, each row as alone */
-    const int bf = seq && gemm_rows(B);
-    float *buf = (float *)malloc(floats * sizeof(float) + (size_t)B * kmax * sizeof(int16_t) * (1 + bf) + 64);
+    float *buf = (float *)malloc(floats * sizeof(float) + (size_t)B * kmax * sizeof(int16_t) + 64);
     if (!buf) return 0;
     Step S = {.m = m, .B = B, .tokens = tokens, .positions = positions, .starts = starts,
               .slots = slots, .rows = rows, .logits = logits, .hb = keep, .nch = nch, .run = run, .Tk = Tk, .tkp = tkp};
@@ -4471,11 +4505,16 @@ int lm_step_last(const Model *m, int B, const int64_t *tokens, const int64_t *po
     for (size_t i = 0; i < (size_t)S.phases * nthreads; i++) atomic_init(&S.share[i].next, 0);
     float *p = buf;
     S.x = p, p += (size_t)B * d;
-    S.xn = p, p += (size_t)B * d;
-    S.qkv = p, p += (size_t)B * qkv_n;
-    S.att = p, p += (size_t)B * m->H * hd;
-    S.fco = p, p += (size_t)B * fc_n;
-    S.h = p, p += (size_t)B * m->ff;
+    if (bf) { /* the shared buffers (above) */
+        S.qkv = S.fco = p, p += (size_t)B * (qkv_n > fc_n ? qkv_n : fc_n);
+        S.xn = S.att = S.h = p, p += (size_t)B * max3(d, m->H * hd, m->ff);
+    } else {
+        S.xn = p, p += (size_t)B * d;
+        S.qkv = p, p += (size_t)B * qkv_n;
+        S.att = p, p += (size_t)B * m->H * hd;
+        S.fco = p, p += (size_t)B * fc_n;
+        S.h = p, p += (size_t)B * m->ff;
+    }
     S.cs = p, p += (size_t)B * (hd / 2);
     S.sn = p, p += (size_t)B * (hd / 2);
     if (run) {
@@ -4495,7 +4534,7 @@ int lm_step_last(const Model *m, int B, const int64_t *tokens, const int64_t *po
         S.a.q8 = (int8_t *)p, p += ((size_t)B * kmax + 3) / 4;
     }
     S.a.q = (int16_t *)p;
-    if (bf) S.a.xb = (uint16_t *)(S.a.q + (size_t)B * kmax);
+    if (bf) S.a.xb = (uint16_t *)S.a.q; /* (the same memory: above) */
     S.a.lanes8 = q8 && lanes8_on() && has_lanes(m); /* the head too (head8) */
     float *buf2 = NULL; /* a2 (step_fuse): the same sizes as a's; not where the step multiplies in
                            bf16 (a2 and ta have no bf16 rows: those phases stay apart) */

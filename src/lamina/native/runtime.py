@@ -45,8 +45,9 @@ from lamina.native.gguf_model import GGUFModel, uncovered
 from lamina.native.gguf_read import GGUFContents, read_gguf
 from lamina.tokenizers.held import HeldTokenizer
 
-CHUNK = 128  # a prefill's entries per call (the last one's logits alone: (vocab,) float32;
-# 128: decode.c's bf16 GEMM and blocked attention for a chunk, ~2 MB more scratch than 32)
+CHUNK = 256  # a prefill's entries per call (the last one's logits alone: (vocab,) float32;
+# 256: decode.c's bf16 GEMM and blocked attention for a chunk, each weight tile dequantized once
+# for 256 rows; 3-9% faster prefill than 128 on SmolLM2, ~5 MB more scratch, BENCHMARKS.md)
 _VOCAB = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
           "tokenizer.ggml.scores")  # fmt: skip
 DEFAULT_CACHE = 4096  # cache slots when the caller names none (the model's context at most)
