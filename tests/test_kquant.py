@@ -440,39 +440,53 @@ def test_prefetch_spread_through_a_pass_changes_no_float(qtype):
     assert ((outs[0] - want).norm() / want.norm()).item() < 1e-4
 
 
+# The kinds decode.c's lm_kq_pack16 lays out in 16-row lanes: each with its switch, a width (Q5_0:
+# 288, an odd number of blocks), the kind of a part between two laid-out ones, the inputs scaled
+# up every `spike`, and its extreme rows (the int32 sums' largest: every q, scale and minimum at
+# its top) with inputs +-32767 at one per block (Q5_0) or super-block (Q4_K).
+LANES = {
+    "Q5_0": dict(switch="lm_q50_lanes", k=288, middle="Q8_0", spike=41, block=32, top=2),
+    "Q4_K": dict(switch="lm_kq_lanes", k=768, middle="Q6_K", spike=97, block=256, top=4),
+}
+
+
 @pytest.mark.skipif(not _native(), reason="lamina.native not built here")
 @pytest.mark.parametrize("n,extreme", [(48, False), (32, True)])
-def test_q5_0_lanes_hold_the_integer_forms(n, extreme):
-    # decode.c's lm_kq_pack16 / lm_q50_lanes: Q5_0 rows laid out again in place, 16 rows in the
-    # lanes of a vector, high bits transposed: one row by the lanes form, the same integers per
-    # block as one_row_q5p (1e-5 of it, floats grouped otherwise), bit-equal at 1-3 threads (a
-    # thread's rows may start inside a group); any other call, and lm_q50_lanes(0), unpacks 16
-    # rows at a time: the other forms' bits exactly; `parts`, the state dict and the bf16 rows
-    # read GGML's rows back. k = 288: an odd number of blocks. extreme: every q 31, inputs +-32767
+@pytest.mark.parametrize("kind", list(LANES))
+def test_lanes_hold_the_integer_forms(kind, n, extreme):
+    # decode.c's lm_kq_pack16 (native/step.py's pack_kq_lanes): the kind's rows laid out again in
+    # place, 16 rows in the lanes of a vector (Q5_0's high bits transposed): one row by the lanes
+    # form, the same integers per block as the one-row form in GGML's layout (1e-5 of it, floats
+    # grouped otherwise), bit-equal at 1-3 threads (a thread's rows may start inside a group);
+    # any other call, and the kind's switch at 0, unpacks 16 rows at a time: the other forms'
+    # bits exactly; `parts`, the state dict, the bf16 rows and a prompt's bf16 GEMM (bf_row)
+    # read GGML's rows back
     from lamina.native.build import library
     from lamina.native.pointers import Pointers
     from lamina.native.step import pack_kq_lanes
 
+    spec = LANES[kind]
     lib = library()
-    if lib.lm_q50_lanes(-1) != 1:
+    switch = getattr(lib, spec["switch"])
+    if switch(-1) != 1 or lib.lm_kq_planes(-1) != 1 or lib.lm_kq_int(-1) != 1:
         pytest.skip("no AVX-512 VNNI here: the lanes form does not run")
-    k = 288
-    rows = _rows("Q5_0", n, k, 33)
-    x = torch.randn(1, k, generator=torch.Generator().manual_seed(34))
-    x[0, ::41] *= 30
+    k, seed = spec["k"], 33 if kind == "Q5_0" else 23
+    rows = _rows(kind, n, k, seed)
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(seed + 1))
+    x[0, :: spec["spike"]] *= 30
     if extreme:
-        rows.view(n, k // 32, 22)[..., 2:] = 0xFF  # q 31 everywhere: the int32 sums' largest
-        x = torch.where(torch.arange(k) % 32 == 0, 1.0, -1.0)[None]  # inputs +-32767
+        rows.view(n, k // spec["block"], -1)[..., spec["top"] :] = 0xFF
+        x = torch.where(torch.arange(k) % spec["block"] == 0, 1.0, -1.0)[None]
     parts = [
-        ("Q5_0", rows.clone()),
-        ("Q8_0", _rows("Q8_0", 13, k, 35)),
-        ("Q5_0", rows[:16].clone()),
+        (kind, rows.clone()),
+        (spec["middle"], _rows(spec["middle"], 13, k, seed + 2)),
+        (kind, rows[:16].clone()),
     ]
     m = BlockLinear(k, n + 29, parts, torch.randn(n + 29))
-    xs = torch.randn(5, k, generator=torch.Generator().manual_seed(36))
+    xs = torch.randn(5, k, generator=torch.Generator().manual_seed(seed + 3))
     want = x @ m.dequantized().T + m.bias
     bf16 = m.dequantized(torch.bfloat16)
-    xg = torch.randn(20, k, generator=torch.Generator().manual_seed(37))
+    xg = torch.randn(20, k, generator=torch.Generator().manual_seed(seed + 4))
 
     def prompt_rows(threads: int) -> torch.Tensor | None:  # a prompt's bf16 GEMM (bf_row)
         y, ptrs = torch.empty(20, n + 29), Pointers()  # ptrs holds the parts' structs
@@ -494,15 +508,16 @@ def test_q5_0_lanes_hold_the_integer_forms(n, extreme):
             assert torch.equal(m.parts[0][1], rows) and torch.equal(
                 m.state_dict()["blocks_0"], rows
             )
+            assert pack_kq_lanes(m) == 0  # once
             got = []
             for threads in (1, 2, 3):
                 torch.set_num_threads(threads)
                 got.append(m(x))
             pair = m(torch.cat([xs[:1], x]))  # 2 rows: the lanes form for each row
-            assert lib.lm_q50_lanes(0) == 0
+            assert switch(0) == 0
             unpacked = [m(x), m(xs)]
     finally:
-        lib.lm_q50_lanes(1)
+        switch(1)
         torch.set_num_threads(before)
     assert torch.equal(got[0], got[1]) and torch.equal(got[0], got[2])
     assert torch.equal(pair[1:], got[0])
@@ -512,79 +527,14 @@ def test_q5_0_lanes_hold_the_integer_forms(n, extreme):
         assert not torch.equal(got[0], plain[0])  # the lanes form ran
     assert torch.equal(unpacked[0], plain[0]) and torch.equal(unpacked[1], plain[1])
     assert torch.equal(m(xs), plain[1])
-    # where the bf16 GEMM runs (AVX-512 BF16): the same bits from the lanes
-    if lib.lm_gemm_bf16(-1):
+    if lib.lm_gemm_bf16(
+        -1
+    ):  # where the bf16 GEMM runs (AVX-512 BF16): the same bits from the lanes
         assert gemm_plain[0] is not None and all(
             torch.equal(a, b) for a, b in zip(gemm_plain, gemm_lanes, strict=True)
         )
-    odd = BlockLinear(k, 13, [("Q5_0", rows[:13].clone())])
-    assert pack_kq_lanes(odd) == 0 and odd.lanes == [False]  # rows not a multiple of 16
-
-
-@pytest.mark.skipif(not _native(), reason="lamina.native not built here")
-@pytest.mark.parametrize("n,extreme", [(48, False), (32, True)])
-def test_q4k_lanes_hold_the_integer_forms(n, extreme):
-    # decode.c's lm_kq_pack16 / lm_kq_lanes: Q4_K rows laid out again in place, 16 rows in the
-    # lanes of a vector (native/step.py's pack_kq_lanes): one row by the lanes form, the same
-    # integers per block as the byte-plane form (1e-5 of it, floats grouped otherwise); any
-    # other call, and lm_kq_lanes(0), unpacks 16 rows at a time: the other forms' bits exactly;
-    # `parts` and the state dict read GGML's rows back. extreme: every weight, scale, minimum and
-    # input at its largest (a chunk's two blocks at the int32 bound)
-    from lamina.native.build import library
-    from lamina.native.step import pack_kq_lanes
-
-    lib = library()
-    if lib.lm_kq_lanes(-1) != 1 or lib.lm_kq_planes(-1) != 1 or lib.lm_kq_int(-1) != 1:
-        pytest.skip("no AVX-512 VNNI here: the lanes form does not run")
-    k = 768
-    rows = _rows("Q4_K", n, k, 23)
-    x = torch.randn(1, k, generator=torch.Generator().manual_seed(24))
-    x[0, ::97] *= 30
-    if extreme:
-        rows.view(n, k // 256, -1)[..., 4:] = 0xFF  # scales, minimums 63, q 15
-        x = torch.where(torch.arange(k) % 256 == 0, 1.0, -1.0)[None]  # inputs +-32767
-    parts = [
-        ("Q4_K", rows.clone()),
-        ("Q6_K", _rows("Q6_K", 13, k, 25)),
-        ("Q4_K", rows[:16].clone()),
-    ]
-    m = BlockLinear(k, n + 29, parts, torch.randn(n + 29))
-    xs = torch.randn(5, k, generator=torch.Generator().manual_seed(26))
-    want = x @ m.dequantized().T + m.bias
-    bf16 = m.dequantized(torch.bfloat16)
-    before = torch.get_num_threads()
-    try:
-        with torch.no_grad():
-            plain = [m(x), m(xs)]
-            assert pack_kq_lanes(m) == 2 and m.lanes == [True, False, True]
-            for threads in (1, 3):  # a prefill's bf16 weights read from the lanes, group by group
-                torch.set_num_threads(threads)
-                assert torch.equal(m.dequantized(torch.bfloat16), bf16)
-            assert not torch.equal(m.blocks_0, rows)  # laid out again, in place
-            assert torch.equal(m.parts[0][1], rows) and torch.equal(
-                m.state_dict()["blocks_0"], rows
-            )
-            assert pack_kq_lanes(m) == 0  # once
-            got = []
-            for threads in (1, 2, 3):  # 2, 3: a thread's rows may start inside a group of 16
-                torch.set_num_threads(threads)
-                got.append(m(x))
-            pair = m(torch.cat([xs[:1], x]))  # 2 rows: the lanes form for each row
-            assert lib.lm_kq_lanes(0) == 0
-            unpacked = [m(x), m(xs)]
-    finally:
-        lib.lm_kq_lanes(1)
-        torch.set_num_threads(before)
-    assert torch.equal(got[0], got[1]) and torch.equal(got[0], got[2])
-    assert torch.equal(pair[1:], got[0])
-    assert ((got[0] - want).norm() / want.norm()).item() < 3e-4
-    torch.testing.assert_close(got[0], plain[0], rtol=1e-5, atol=1e-4)
-    if not extreme:
-        assert not torch.equal(got[0], plain[0])  # the lanes form ran
-    assert torch.equal(unpacked[0], plain[0]) and torch.equal(unpacked[1], plain[1])
-    assert torch.equal(m(xs), plain[1])
     fresh = BlockLinear(k, n + 29, parts, torch.randn(n + 29))
     fresh.load_state_dict(m.state_dict())
     assert fresh.lanes == [False] * 3 and torch.equal(fresh.blocks_0, rows)
-    odd = BlockLinear(k, 13, [("Q4_K", rows[:13].clone())])
+    odd = BlockLinear(k, 13, [(kind, rows[:13].clone())])
     assert pack_kq_lanes(odd) == 0 and odd.lanes == [False]  # rows not a multiple of 16

@@ -18,11 +18,14 @@ def built():
     assert native.available(), why
 
 
-def _model(scheme: str, seed: int = 3, d_model: int = 64) -> GPT:
+def _model(
+    scheme: str, seed: int = 3, d_model: int = 64, n_heads: int = 4, n_kv_heads: int = 2
+) -> GPT:
     torch.manual_seed(seed)
     cfg = GPTConfig(
-        vocab_size=97, block_size=64, d_model=d_model, n_heads=4, n_layers=2, d_ff=2 * d_model,
-        positions="rope", norm="rms", activation="swiglu", n_kv_heads=2, bias=False,
+        vocab_size=97, block_size=64, d_model=d_model, n_heads=n_heads, n_layers=2,
+        d_ff=2 * d_model, positions="rope", norm="rms", activation="swiglu",
+        n_kv_heads=n_kv_heads, bias=False,
     )  # fmt: skip
     model = GPT(cfg).eval()
     with torch.no_grad():
@@ -573,16 +576,7 @@ def test_grouped_scores_and_slot_prefetch_give_the_same_bits(kv):
     (Where the CPU lacks AVX-512 both switches' forms are the AVX2 one.)"""
     from lamina.native.build import library
 
-    torch.manual_seed(11)
-    cfg = GPTConfig(
-        vocab_size=97, block_size=64, d_model=192, n_heads=3, n_layers=2, d_ff=384,
-        positions="rope", norm="rms", activation="swiglu", n_kv_heads=1, bias=False,
-    )  # fmt: skip
-    model = GPT(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(4)
-    model = quantize(model, "int4", group_size=32)
+    model = _model("int4", seed=11, d_model=192, n_heads=3, n_kv_heads=1)
     lib = library()
     prompts = [[(7 * i + 3 * j) % 97 for j in range(n)] for i, n in enumerate((29, 8, 3, 16, 11))]
     group, slot = lib.lm_att_group(-1), lib.lm_slot_pf(-1)

@@ -2484,6 +2484,24 @@ WIDE static void kq_planes_flat(const int16_t *q, int k, int8_t *p) {
     }
 }
 
+/* the 16 sums f[r] of lanes group G for R input rows (r0.., ystride apart) -> y's outputs kept, with
+   the bias (and onto y) */
+VNNI static inline __attribute__((always_inline)) void lanes_store(const Lin *L, const __m512 *f, const int R, int G, __mmask16 keep, float *y, int r0, int ystride, int accumulate) {
+    const __m512 bias = L->bias ? _mm512_maskz_loadu_ps(keep, L->bias + 16 * G) : _mm512_setzero_ps();
+    for (int r = 0; r < R; r++) {
+        float *o = y + (size_t)(r0 + r) * ystride + 16 * G;
+        __m512 v = _mm512_add_ps(f[r], bias);
+        if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(keep, o));
+        _mm512_mask_storeu_ps(o, keep, v);
+    }
+}
+
+/* one input row's sums v of lanes group G -> y's outputs n0..n1 among them */
+VNNI static inline __attribute__((always_inline)) void lanes_store1(const Lin *L, __m512 v, float *y, int G, int n0, int n1, int accumulate) {
+    const int r0 = n0 > 16 * G ? n0 - 16 * G : 0, r1 = n1 < 16 * G + 16 ? n1 - 16 * G : 16;
+    lanes_store(L, &v, 1, G, (__mmask16)(((1u << r1) - 1) & ~((1u << r0) - 1)), y, 0, 0, accumulate);
+}
+
 VNNI static void one_row_q4k_lanes(const Lin *L, const Act *a, const int8_t *xp, float *y, int n0, int n1, int accumulate) {
     const int k = L->k, nsb = k / 256;
     const size_t gb = (size_t)nsb * KL_SB;
@@ -2532,13 +2550,7 @@ VNNI static void one_row_q4k_lanes(const Lin *L, const Act *a, const int8_t *xp,
                 acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), ddx, acc);
             }
         }
-        __m512 v = _mm512_sub_ps(acc, macc);
-        const int r0 = n0 > 16 * G ? n0 - 16 * G : 0, r1 = n1 < 16 * G + 16 ? n1 - 16 * G : 16;
-        const __mmask16 keep = (__mmask16)(((1u << r1) - 1) & ~((1u << r0) - 1));
-        float *yo = y + 16 * G;
-        if (L->bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(keep, L->bias + 16 * G));
-        if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(keep, yo));
-        _mm512_mask_storeu_ps(yo, keep, v);
+        lanes_store1(L, _mm512_sub_ps(acc, macc), y, G, n0, n1, accumulate);
     }
 }
 
@@ -2586,13 +2598,7 @@ VNNI static void one_row_q50_lanes(const Lin *L, const Act *a, const int8_t *xp,
             if (b & 1) acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), ddx, acc1);
             else acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), ddx, acc0);
         }
-        __m512 v = _mm512_add_ps(acc0, acc1);
-        const int r0 = n0 > 16 * G ? n0 - 16 * G : 0, r1 = n1 < 16 * G + 16 ? n1 - 16 * G : 16;
-        const __mmask16 keep = (__mmask16)(((1u << r1) - 1) & ~((1u << r0) - 1));
-        float *yo = y + 16 * G;
-        if (L->bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(keep, L->bias + 16 * G));
-        if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(keep, yo));
-        _mm512_mask_storeu_ps(yo, keep, v);
+        lanes_store1(L, _mm512_add_ps(acc0, acc1), y, G, n0, n1, accumulate);
     }
 }
 
@@ -2942,15 +2948,6 @@ static inline __attribute__((always_inline)) void lanes_prefetch(const uint8_t *
     for (int o = 0; o < 256; o += 64) PF_W(pw + o);
     PF_W((const char *)(sg + ((size_t)PF16 * nb + b) * 16));
     PF_W((const char *)(mg + ((size_t)PF16 * nb + b) * 16));
-}
-VNNI static inline __attribute__((always_inline)) void lanes_store(const Lin *L, const __m512 *f, const int R, int G, __mmask16 keep, float *y, int r0, int ystride, int accumulate) {
-    const __m512 bias = L->bias ? _mm512_maskz_loadu_ps(keep, L->bias + 16 * G) : _mm512_setzero_ps();
-    for (int r = 0; r < R; r++) {
-        float *o = y + (size_t)(r0 + r) * ystride + 16 * G;
-        __m512 v = _mm512_add_ps(f[r], bias);
-        if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(keep, o));
-        _mm512_mask_storeu_ps(o, keep, v);
-    }
 }
 
 /* output rows n0..n1 (the groups of 16 they touch; the stores kept to n0..n1) for the R inputs of
