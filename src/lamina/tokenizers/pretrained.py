@@ -95,7 +95,8 @@ class PretrainedTokenizer:
         except Exception as e:  # tokenizers raises a bare Exception for malformed JSON
             msg = " ".join(str(e).split())
             raise LaminaError(f"tokenizer JSON is not readable by `tokenizers`: {msg}") from None
-        self._json = hf_json
+        # the JSON is not kept: `hf_json` writes it from the tokenizer when asked (a vocabulary's
+        # JSON is megabytes of text that a model only serving tokens never reads again)
         # One past the largest id (a vocabulary with holes has more ids than entries).
         n = self._size = max(self._tok.get_vocab(with_added_tokens=True).values(), default=-1) + 1
         self.bos_id = _id_or_none(bos_id, "bos_id", n)
@@ -133,8 +134,9 @@ class PretrainedTokenizer:
 
     @property
     def hf_json(self) -> str:
-        """The ``tokenizers`` JSON (what a Hugging Face tokenizer.json holds)."""
-        return self._json
+        """The ``tokenizers`` JSON (what a Hugging Face tokenizer.json holds), as the tokenizer
+        writes it (the same tokenizer as the JSON it was built from, not the same text)."""
+        return self._tok.to_str()
 
     def token_text(self, i: int | None) -> str | None:
         """The text of token ``i`` (None for None)."""
@@ -252,7 +254,7 @@ class PretrainedTokenizer:
         """The JSON string, the special ids, add_bos and the chat template."""
         return {
             "kind": self.kind,
-            "tokenizer": self._json,
+            "tokenizer": self.hf_json,
             **{f"{r}_id": getattr(self, f"{r}_id") for r in ROLES},
             "eot_ids": list(self.eot_ids),
             "add_bos": self.add_bos,
