@@ -47,7 +47,7 @@ from lamina.tokenizers.held import HeldTokenizer
 
 CHUNK = 256  # a prefill's entries per call (the last one's logits alone: (vocab,) float32;
 # 256: decode.c's bf16 GEMM and blocked attention for a chunk, each weight tile dequantized once
-# for 256 rows; 3-9% faster prefill than 128 on SmolLM2, ~5 MB more scratch, BENCHMARKS.md)
+# for 256 rows; faster than 128 for a little more scratch: BENCHMARKS.md, branch kpre)
 _VOCAB = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
           "tokenizer.ggml.scores")  # fmt: skip
 DEFAULT_CACHE = 4096  # cache slots when the caller names none (the model's context at most)
@@ -176,6 +176,8 @@ class Runtime(HeldTokenizer):
             part = ids[at : at + chunk]
             out = self._call(part, len(self.cached))
             self.cached.extend(part)
+        if len(ids) > 1:  # a prompt's scratch, freed, stays in the heap unless handed back: the
+            trim_freed_memory()  # decode that follows would add its cache rows on top of it
         return out[0].copy()
 
     def generate(
