@@ -2247,23 +2247,24 @@ static int one_row_kq_planes(const Lin *L, const Act *a, float *y, int n0, int n
    2 x 32 x 15 x 32768 x 63 < 2^31), converted and multiplied by d dx in one fma. The minimums:
    each block's 16 minimums times its input sum (sx), times dmin once a super-block. The same
    integers per block as the forms above; the floats summed in other groupings (tests/test_kquant.py). */
-static int kq_lanes = -1;
-static int kq_lanes_on(void) {
-    if (kq_lanes < 0) {
-        const char *e = getenv("LAMINA_KQ_LANES");
-        kq_cpu();
-        kq_lanes = kq_vnni && lanes_512() && !(e && strcmp(e, "0") == 0);
+/* a lanes form's switch: *state -1 until first asked, then on where the CPU has AVX-512 VNNI and
+   the environment variable `env` is not "0"; choice >= 0 sets it (on only where the CPU allows),
+   -1 leaves it; returns the choice in force */
+static int lanes_switch(int *state, const char *env, int choice) {
+    kq_cpu();
+    if (choice >= 0) *state = choice && kq_vnni && lanes_512();
+    if (*state < 0) {
+        const char *e = getenv(env);
+        *state = kq_vnni && lanes_512() && !(e && strcmp(e, "0") == 0);
     }
-    return kq_lanes;
+    return *state;
 }
+static int kq_lanes = -1;
+static int kq_lanes_on(void) { return kq_lanes >= 0 ? kq_lanes : lanes_switch(&kq_lanes, "LAMINA_KQ_LANES", -1); }
 /* choice 0: Q4_K linears keep GGML's layout at load and the byte-plane form; 1: laid out in lanes
    (where the CPU has AVX-512 VNNI); -1 leaves it; returns the choice in force. A linear already in
    lanes stays so: with 0 its calls unpack each group of 16 rows to run the other forms */
-int lm_kq_lanes(int choice) {
-    kq_cpu();
-    if (choice >= 0) kq_lanes = choice && kq_vnni && lanes_512();
-    return kq_lanes_on();
-}
+int lm_kq_lanes(int choice) { return lanes_switch(&kq_lanes, "LAMINA_KQ_LANES", choice); }
 
 #define KL_SB 2304 /* bytes of 16 rows' super-block */
 /* how many super-blocks ahead the lanes form prefetches (lm_kq_pf_ahead, 1..64, 0 none (the
@@ -2338,22 +2339,11 @@ static void kq_group_to_lanes(const uint8_t *src, uint8_t *dst, int nsb, int bac
    (at most 32 x 31 x 32767 + 16 x 32 x 32767 < 2^31), converted and multiplied by d dx in one
    fma: the same integers per block as one_row_q5p; the floats summed in another order. */
 static int q50_lanes = -1;
-static int q50_lanes_on(void) {
-    if (q50_lanes < 0) {
-        const char *e = getenv("LAMINA_Q50_LANES");
-        kq_cpu();
-        q50_lanes = kq_vnni && lanes_512() && !(e && strcmp(e, "0") == 0);
-    }
-    return q50_lanes;
-}
+static int q50_lanes_on(void) { return q50_lanes >= 0 ? q50_lanes : lanes_switch(&q50_lanes, "LAMINA_Q50_LANES", -1); }
 /* choice 0: Q5_0 linears keep GGML's layout at load and one_row_q5p; 1: laid out in lanes (where
    the CPU has AVX-512 VNNI); -1 leaves it; returns the choice in force. A linear already in
    lanes stays so: with 0 its calls unpack each group of 16 rows to run the other forms */
-int lm_q50_lanes(int choice) {
-    kq_cpu();
-    if (choice >= 0) q50_lanes = choice && kq_vnni && lanes_512();
-    return q50_lanes_on();
-}
+int lm_q50_lanes(int choice) { return lanes_switch(&q50_lanes, "LAMINA_Q50_LANES", choice); }
 
 #define Q50_B 352 /* bytes of 16 rows' block */
 /* how many blocks of 16 rows (352 bytes) ahead the lanes form prefetches (lm_q50_pf_ahead, 0 none,
