@@ -14,9 +14,9 @@ Q8_0 token table as int8 rows too (a tied head reads the very same arrays), a ke
 place, or an F32 one. The rows of q and k are put back in the order
 lamina's rotary halves read (llama.cpp's converter interleaves them: a copy of those two); a
 fused q|k|v or gate|up of GGML kinds is decode.c's LIN_PARTS, each part its own rows. Q4_K and
-Q5_0 parts are copied and laid out in decode.c's 16-row lanes where the CPU takes them, as the torch
-path's one-row engine does (step.py's pack_kq_lanes). A converted or copied tensor's file pages
-are handed back as it is done (the peak stays near the end state).
+Q5_0 parts are copied and laid out in decode.c's 16-row lanes where the CPU takes them, as the
+torch path's one-row engine does (step.py's pack_kq_lanes). A converted or copied tensor's file
+pages are handed back as it is done (the peak stays near the end state).
 
 KV caches are float16 (B, Hkv, cache_len, hd) numpy arrays, one pair per layer (decode.c's kv16),
 views of one anonymous map: pages count only once written.
@@ -264,7 +264,8 @@ class GGUFModel:
         return L
 
     def _kq_lanes(self, P: Lin, rows: np.ndarray, p: GGUFTensor) -> np.ndarray:
-        """Q4_K / Q5_0 rows in decode.c's 16-row lanes (a copy; lm_kq_pack16), where it takes them."""
+        """Q4_K / Q5_0 rows in decode.c's 16-row lanes (a copy; lm_kq_pack16), where it takes
+        them."""
         if not self.lib.lm_kq_pack16(ctypes.addressof(P), None, 1):
             return rows  # not this CPU's form: read in place
         copy = aligned_bytes(rows.nbytes).reshape(rows.shape)

@@ -116,10 +116,11 @@ def pack_lanes(m: nn.Module) -> bool:
 
 def pack_kq_lanes(m: nn.Module, shared: Tensor | None = None) -> int:
     """Lay a `BlockLinear`'s Q4_K and Q5_0 parts out in decode.c's 16-row lanes (lm_kq_pack16,
-    where the CPU has AVX-512 VNNI and LAMINA_KQ_LANES / LAMINA_Q50_LANES is not 0) IN PLACE: the same bytes, so one copy; a
-    one-row call then runs the lanes form, any other call unpacks 16 rows at a time, and
-    `BlockLinear.parts` and its state dict read the rows back in GGML's layout. A part whose
-    storage is `shared`'s (a head tied to its token table) stays as it is. Returns the parts laid out."""
+    where the CPU has AVX-512 VNNI and LAMINA_KQ_LANES / LAMINA_Q50_LANES is not 0) IN PLACE:
+    the same bytes, so one copy; a one-row call then runs the lanes form, any other call
+    unpacks 16 rows at a time, and `BlockLinear.parts` and its state dict read the rows back in
+    GGML's layout. A part whose storage is `shared`'s (a head tied to its token table) stays as
+    it is. Returns the parts laid out."""
     lib = library()
     if kind_of(m) != "ggml" or lib is None:
         return 0
