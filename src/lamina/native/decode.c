@@ -2486,6 +2486,19 @@ VNNI static inline __attribute__((always_inline)) void lanes_store(const Lin *L,
     }
 }
 
+/* one vector of 64 weight bytes' low (ql) and high (qh) nibbles against the input's byte planes
+   (x = 256 xh + xl): the quads at e for ql and e + far for qh, broadcast; H += dpbusd(q, xh quad),
+   L += dpbusd(xl quad, q) (a sum is then (H << 8) + L) */
+VNNI static inline __attribute__((always_inline)) void planes_dot(__m512i *Hl, __m512i *Ll, __m512i *Hh, __m512i *Lh, __m512i ql, __m512i qh,
+                                                                 const int8_t *xh, const int8_t *xl, int e, int far) {
+    int32_t hq0, hq1, lq0, lq1;
+    memcpy(&hq0, xh + e, 4), memcpy(&hq1, xh + e + far, 4), memcpy(&lq0, xl + e, 4), memcpy(&lq1, xl + e + far, 4);
+    *Hl = _mm512_dpbusd_epi32(*Hl, ql, _mm512_set1_epi32(hq0));
+    *Ll = _mm512_dpbusd_epi32(*Ll, _mm512_set1_epi32(lq0), ql);
+    *Hh = _mm512_dpbusd_epi32(*Hh, qh, _mm512_set1_epi32(hq1));
+    *Lh = _mm512_dpbusd_epi32(*Lh, _mm512_set1_epi32(lq1), qh);
+}
+
 /* one input row's sums v of lanes group G -> y's outputs n0..n1 among them */
 VNNI static inline __attribute__((always_inline)) void lanes_store1(const Lin *L, __m512 v, float *y, int G, int n0, int n1, int accumulate) {
     const int r0 = n0 > 16 * G ? n0 - 16 * G : 0, r1 = n1 < 16 * G + 16 ? n1 - 16 * G : 16;
@@ -2526,13 +2539,7 @@ VNNI static void one_row_q4k_lanes(const Lin *L, const Act *a, const int8_t *xp,
                 for (int j = 0; j < 8; j++) {
                     const __m512i raw = _mm512_loadu_si512((const void *)(qv + 64 * j));
                     const __m512i ql = _mm512_and_si512(raw, m4), qh = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
-                    const int e = 64 * i + 4 * j;
-                    int32_t hq0, hq1, lq0, lq1;
-                    memcpy(&hq0, h0 + e, 4), memcpy(&hq1, h0 + e + 32, 4), memcpy(&lq0, l0 + e, 4), memcpy(&lq1, l0 + e + 32, 4);
-                    Hl = _mm512_dpbusd_epi32(Hl, ql, _mm512_set1_epi32(hq0));
-                    Ll = _mm512_dpbusd_epi32(Ll, _mm512_set1_epi32(lq0), ql);
-                    Hh = _mm512_dpbusd_epi32(Hh, qh, _mm512_set1_epi32(hq1));
-                    Lh = _mm512_dpbusd_epi32(Lh, _mm512_set1_epi32(lq1), qh);
+                    planes_dot(&Hl, &Ll, &Hh, &Lh, ql, qh, h0, l0, 64 * i + 4 * j, 32);
                 }
                 const __m512i sl = _mm512_add_epi32(_mm512_slli_epi32(Hl, 8), Ll), sh = _mm512_add_epi32(_mm512_slli_epi32(Hh, 8), Lh);
                 const __m512i t = _mm512_add_epi32(_mm512_mullo_epi32(sl, _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(scb + 32 * i)))),
@@ -2575,13 +2582,7 @@ VNNI static void one_row_q50_lanes(const Lin *L, const Act *a, const int8_t *xp,
                 __m512i ql = _mm512_and_si512(raw, m4), qh = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
                 ql = _mm512_mask_add_epi8(ql, _mm512_test_epi8_mask(hv, _mm512_set1_epi8((char)(1 << v))), ql, c16);
                 qh = _mm512_mask_add_epi8(qh, _mm512_test_epi8_mask(hv, _mm512_set1_epi8((char)(16 << v))), qh, c16);
-                const int e = 32 * b + 4 * v;
-                int32_t hq0, hq1, lq0, lq1;
-                memcpy(&hq0, xh + e, 4), memcpy(&hq1, xh + e + 16, 4), memcpy(&lq0, xl + e, 4), memcpy(&lq1, xl + e + 16, 4);
-                H0 = _mm512_dpbusd_epi32(H0, ql, _mm512_set1_epi32(hq0));
-                L0 = _mm512_dpbusd_epi32(L0, _mm512_set1_epi32(lq0), ql);
-                H1 = _mm512_dpbusd_epi32(H1, qh, _mm512_set1_epi32(hq1));
-                L1 = _mm512_dpbusd_epi32(L1, _mm512_set1_epi32(lq1), qh);
+                planes_dot(&H0, &L0, &H1, &L1, ql, qh, xh, xl, 32 * b + 4 * v, 16);
             }
             const __m512i s = _mm512_add_epi32(_mm512_slli_epi32(_mm512_add_epi32(H0, H1), 8), _mm512_add_epi32(L0, L1));
             const __m512 ddx = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(dq + 32 * (size_t)b))), _mm512_set1_ps(a->dx[b]));
