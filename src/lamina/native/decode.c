@@ -3786,45 +3786,11 @@ static inline __attribute__((always_inline)) void pf_keys(const char *nk, int fr
         for (int o = 0; o < rb; o += 64) PF_W(nk + (size_t)t * rb + o);
 }
 
-WIDE static inline __attribute__((always_inline)) void scores_t(const float *q, const char *kb, const int h, int len, float scale,
-                                                                float *sc, const char *vb, const char *nk, int nlen) {
-    const __m512 q0 = _mm512_loadu_ps(q), q1 = _mm512_loadu_ps(q + 16), q2 = _mm512_loadu_ps(q + 32), q3 = _mm512_loadu_ps(q + 48);
-    const int pf = vb ? att_pf : 0, rb = h ? 128 : 256;
-    int i = 0;
-    for (; i + 8 <= len; i += 8) {
-        __m256 a[8];
-        if (nk) pf_keys(nk, i, i + 8 < nlen ? i + 8 : nlen, h);
-        if (pf)
-            for (int t = 0; t < 8; t++)
-                for (int o = 0; o < rb; o += 64) {
-                    _mm_prefetch(kb + (size_t)(i + t + pf) * rb + o, _MM_HINT_T0);
-                    _mm_prefetch(vb + (size_t)(i + t) * rb + o, _MM_HINT_T1);
-                }
-        for (int t = 0; t < 8; t++) {
-            const __m512 v = key64(q0, q1, q2, q3, kb + (size_t)(i + t) * rb, h);
-            a[t] = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-        }
-        const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-        const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
-        const __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-        _mm256_storeu_ps(sc + i, _mm256_mul_ps(sum, _mm256_set1_ps(scale)));
-    }
-    if (nk) pf_keys(nk, i, nlen, h);
-    for (; i < len; i++) sc[i] = _mm512_reduce_add_ps(key64(q0, q1, q2, q3, kb + (size_t)i * rb, h)) * scale;
-}
-
-/* a task's scores (see scores_t): kb's rows float32, or halves where h */
-WIDE static void scores_512(const float *q, const char *kb, int h, int len, float scale, float *sc, const char *vb, const char *nk,
-                            int nlen) {
-    if (h) scores_t(q, kb, 1, len, scale, sc, vb, nk, nlen);
-    else scores_t(q, kb, 0, len, scale, sc, vb, nk, nlen);
-}
-
-/* scores_t for the G query heads of one key/value head at once (q: G heads of 64 in a row, sc:
-   G rows of CHUNK): each key row loaded (and widened) once for the group, where a head at a time
-   loads it G times. Each head's score is the same sum in the same order as scores_t's: 8 keys a
-   pass, in two halves of 4 whose 8-lane sums go through the same hadd tree (its 4 keys' own
-   lanes), the keys past the last 8 by reduce_add; the same prefetches (vb's and nk's rows). */
+/* a task's scores for the G query heads of one key/value head at once (q: G heads of 64 in a
+   row, sc: G rows of CHUNK; G = 1: one head): each key row loaded (and widened) once for the
+   group. Each head's score is the same sum in the same order whatever G: 8 keys a pass, in two
+   halves of 4 whose 8-lane sums go through one hadd tree (its 4 keys' own lanes), the keys past
+   the last 8 by reduce_add; vb's rows prefetched att_pf keys on, nk's spread through the task. */
 WIDE static inline __attribute__((always_inline)) void scores_group_t(const int G, const float *q, const char *kb, const int h, int len,
                                                                       float scale, float *sc, const char *vb, const char *nk, int nlen) {
     __m512 qv[ATT_G][4];
@@ -3929,7 +3895,7 @@ WIDE static void weighted_group_512(int G, const float *w, const char *vb, int h
 }
 
 /* whether a thread's attention task prefetches its next task's keys and values (1) or not (0):
-   the AVX-512 form spreads them through the task (scores_512, weighted_group), the AVX2 form
+   the AVX-512 form spreads them through the task (scores_group_512, weighted_group), the AVX2 form
    asks for them all at the task's start; -1 leaves it; returns it (bench/batch_step.py,
    bench/step_profile.py --switch lm_att_next) */
 static int att_next = 1;
@@ -4220,7 +4186,7 @@ static void step_attention(Step *S, const Layer *ly, int *ph_, int tid, int nt) 
             if (len <= 0) continue;
             const float *q = S->qkv + (size_t)r * qkv_n + (size_t)h * hd;
             float *sc = scg + (wide_att ? (size_t)g * CHUNK : 0);
-            if (wide_att && !grouped) scores_512(q, kb, m->kv16, len, scale, sc, g == 0 ? vb : NULL, g == 0 ? nk : NULL, nlen);
+            if (wide_att && !grouped) scores_group_512(1, q, kb, m->kv16, len, scale, sc, g == 0 ? vb : NULL, g == 0 ? nk : NULL, nlen);
             else if (!wide_att) scores(q, (const float *)kb, len, hd, scale, sc);
             float mx = -INFINITY;
             if (wide_att) mx = max_512(sc, len);
@@ -4241,9 +4207,8 @@ static void step_attention(Step *S, const Layer *ly, int *ph_, int tid, int nt) 
 /* The slots the rows' new keys and values go to (the phase after qkv), asked for with the
    intent to write before qkv runs: each thread its own tasks of that phase (strided: tid, tid +
    nt, ...). Those lines are cold (a row's slot is written once), and the stores alone then meet
-   their misses one after another: an 8-row step's phase took ~0.2 ms, 6x one row's, for 48
-   stores of 128 bytes a thread a layer (AMD EPYC Zen 4, 2 threads; BENCHMARKS.md, issue 33's
-   section). lm_slot_pf(0) leaves them to the stores (-1 leaves it; returns it). */
+   their misses one after another (BENCHMARKS.md, issue 33's section, branch srv8).
+   lm_slot_pf(0) leaves them to the stores (-1 leaves it; returns it). */
 static int slot_pf = 1;
 int lm_slot_pf(int choice) {
     if (choice >= 0) slot_pf = choice ? 1 : 0;
