@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import importlib
 import hashlib
 import os
 import platform
@@ -305,6 +306,8 @@ def library() -> ctypes.CDLL | None:
             why = "no C compiler (set CC, or install gcc)"
         else:
             try:
+                if not _layout:  # the structs _check compares (their module calls expect_layout)
+                    importlib.import_module("lamina.native.structs")
                 lib = _load(cc)
             except (OSError, subprocess.SubprocessError) as e:
                 why = f"could not build the native step: {e}"
