@@ -4643,11 +4643,29 @@ static inline uint16_t bf16_one(float x) {
     return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
-/* key and value j (0 .. PA_KB) of a block into its bf16 pairs (kb16, vb16: the block's); zeros
-   where key is NULL (past Tk) */
-static void patt_put_bf16(const float *key, const float *val, int hd, int j, uint16_t *kb16, uint16_t *vb16) {
-    for (int d = 0; d < hd; d++) kb16[(d >> 1) * 2 * PA_KB + 2 * j + (d & 1)] = key ? bf16_one(key[d]) : 0;
-    for (int c = 0; c < hd; c++) vb16[(j >> 1) * 2 * hd + 2 * c + (j & 1)] = key ? bf16_one(val[c]) : 0;
+/* a block's n keys and values (rows at strides kst, vst; n <= PA_KB, zeros after them) into their
+   bf16 pairs kb16 and vb16 (the block's), rounded to nearest even; hd a multiple of 16 */
+BF16 static void patt_block_bf16(const float *keys, int64_t kst, const float *vals, int64_t vst, int n, int hd,
+                                 uint16_t *kb16, uint16_t *vb16) {
+    uint32_t rows[PA_KB * PA_HD / 2], *kw = (uint32_t *)kb16; /* each key's pairs, then transposed */
+    const int w = hd / 2;
+    for (int j = 0; j < PA_KB; j++)
+        for (int d = 0; d < hd; d += 16)
+            _mm256_storeu_si256((__m256i *)(rows + j * w + d / 2),
+                                j < n ? (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(keys + j * kst + d)) : _mm256_setzero_si256());
+    for (int dp = 0; dp < w; dp++)
+        for (int j = 0; j < PA_KB; j++) kw[dp * PA_KB + j] = rows[j * w + dp];
+    /* values: keys 2 jp and 2 jp + 1 side by side, column by column */
+    static const uint16_t order[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+                                       8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512i mix = _mm512_loadu_si512((const void *)order);
+    for (int jp = 0; jp < PA_KB / 2; jp++)
+        for (int c = 0; c < hd; c += 16) {
+            const __m512 e = 2 * jp < n ? _mm512_loadu_ps(vals + 2 * jp * vst + c) : _mm512_setzero_ps();
+            const __m512 o = 2 * jp + 1 < n ? _mm512_loadu_ps(vals + (2 * jp + 1) * vst + c) : _mm512_setzero_ps();
+            _mm512_storeu_si512((void *)(vb16 + (size_t)jp * 2 * hd + 2 * c),
+                                _mm512_permutexvar_epi16(mix, (__m512i)_mm512_cvtne2ps_pbh(o, e)));
+        }
 }
 
 static inline float hmax256(__m256 v) {
@@ -4666,11 +4684,9 @@ static void patt_transpose_job(void *ctx, int tid, int nt) {
         const int bh = it / nb, j0 = (it % nb) * PA_KB, b = bh / a->Hkv, h = bh % a->Hkv;
         const float *kb = a->k + b * a->ks[0] + h * a->ks[1];
         if (a->bf) {
-            const float *vb = a->v + b * a->vs[0] + h * a->vs[1];
             const size_t at = (size_t)bh * hd * a->tkp + (size_t)j0 * hd;
-            for (int j = 0; j < PA_KB; j++)
-                patt_put_bf16(j0 + j < a->Tk ? kb + (j0 + j) * a->ks[2] : NULL, vb + (j0 + j) * a->vs[2], hd, j,
-                              a->kb16 + at, a->vb16 + at);
+            patt_block_bf16(kb + j0 * a->ks[2], a->ks[2], a->v + b * a->vs[0] + h * a->vs[1] + j0 * a->vs[2], a->vs[2],
+                            a->Tk - j0 < PA_KB ? a->Tk - j0 : PA_KB, hd, a->kb16 + at, a->vb16 + at);
             continue;
         }
         float *kt = a->kt + (size_t)bh * hd * a->tkp + (size_t)j0 * hd; /* (hd, PA_KB) */
@@ -4985,29 +5001,38 @@ static void step_run_keys(const Step *S, const Layer *ly, int h, int j0, int bf)
     const int hd = m->hd, L = m->cache_len, Tk = S->Tk;
     const size_t at = S->rows[0] * (size_t)m->Hkv * L * hd + (size_t)h * L * hd + (size_t)S->starts[0] * hd;
     float *kt = S->kt + (size_t)h * hd * S->tkp + (size_t)j0 * hd, *vf = S->vf + ((size_t)h * Tk + j0) * hd;
-    uint16_t *kb16 = (uint16_t *)S->kt + (size_t)h * hd * S->tkp + (size_t)j0 * hd;
-    uint16_t *vb16 = kb16 + (size_t)m->Hkv * hd * S->tkp;
-    float key[PA_HD], val[PA_HD];
+    if (bf) { /* the cache's rows as they are, or widened from fp16 */
+        uint16_t *kb16 = (uint16_t *)S->kt + (size_t)h * hd * S->tkp + (size_t)j0 * hd;
+        const int n = Tk - j0 < PA_KB ? Tk - j0 : PA_KB;
+        if (!m->kv16) {
+            patt_block_bf16(ly->kc + at + (size_t)j0 * hd, hd, ly->vc + at + (size_t)j0 * hd, hd, n, hd, kb16,
+                            kb16 + (size_t)m->Hkv * hd * S->tkp);
+            return;
+        }
+        float kw[PA_KB * PA_HD], vw[PA_KB * PA_HD];
+        for (int j = 0; j < n; j++) {
+            const size_t e = at + (size_t)(j0 + j) * hd;
+            kv16_widen((const char *)((const uint16_t *)ly->kc + e), (const char *)((const uint16_t *)ly->vc + e), hd,
+                       kw + j * hd, vw + j * hd);
+        }
+        patt_block_bf16(kw, hd, vw, hd, n, hd, kb16, kb16 + (size_t)m->Hkv * hd * S->tkp);
+        return;
+    }
+    float key[PA_HD];
     for (int j = 0; j < PA_KB; j++) {
         if (j0 + j >= Tk) {
-            if (bf)
-                patt_put_bf16(NULL, NULL, hd, j, kb16, vb16);
-            else
-                for (int d = 0; d < hd; d++) kt[d * PA_KB + j] = 0.0f;
+            for (int d = 0; d < hd; d++) kt[d * PA_KB + j] = 0.0f;
             continue;
         }
         const size_t e = at + (size_t)(j0 + j) * hd;
-        float *vd = bf ? val : vf + (size_t)j * hd;
         if (m->kv16) {
-            kv16_widen((const char *)((const uint16_t *)ly->kc + e), (const char *)((const uint16_t *)ly->vc + e), hd, key, vd);
+            kv16_widen((const char *)((const uint16_t *)ly->kc + e), (const char *)((const uint16_t *)ly->vc + e), hd, key,
+                       vf + (size_t)j * hd);
         } else {
             memcpy(key, ly->kc + e, hd * sizeof(float));
-            memcpy(vd, ly->vc + e, hd * sizeof(float));
+            memcpy(vf + (size_t)j * hd, ly->vc + e, hd * sizeof(float));
         }
-        if (bf)
-            patt_put_bf16(key, val, hd, j, kb16, vb16);
-        else
-            for (int d = 0; d < hd; d++) kt[d * PA_KB + j] = key[d];
+        for (int d = 0; d < hd; d++) kt[d * PA_KB + j] = key[d];
     }
 }
 
