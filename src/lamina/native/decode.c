@@ -4830,7 +4830,7 @@ BF16 static inline __attribute__((always_inline)) void patt_pv_bf(const int R, c
    and values in pairs */
 BF16 static inline __attribute__((always_inline)) void patt_tile_bf(const int R, const PrefillAtt *a, const uint16_t *Qb,
                                                                     const uint16_t *kb16, const uint16_t *vb16,
-                                                                    const int *lim, int kb, int nk, float *m, float *l,
+                                                                    const int *lim, int kb, int nk, float *m, float *lv,
                                                                     float *O) {
     const int hd = a->hd;
     __m512 s[6][2];
@@ -4849,7 +4849,8 @@ BF16 static inline __attribute__((always_inline)) void patt_tile_bf(const int R,
     /* the softmax (patt_soft's, in base 2: the queries carry log2 e) on the registers: the
        weights rounded to bf16 into P16, their sums by `vdpbf16ps` with ones */
     uint16_t P16[6 * PA_KB] __attribute__((aligned(64)));
-    float old[16] = {0}, mnew[16] = {0}, psum[6], al[16];
+    float old[16] = {0}, mnew[16] = {0}, al[16];
+    __m512 psum[6]; /* each row's weights summed by lanes: l's 16 parts (lv), added up after the task */
     const int diag = kb + PA_KB - 1 > lim[0]; /* some key of the block hidden from some row */
     const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
@@ -4869,11 +4870,11 @@ BF16 static inline __attribute__((always_inline)) void patt_tile_bf(const int R,
         const __m512 p1 = _mm512_maskz_mov_ps(see1, exp2_512(_mm512_sub_ps(x1, sh)));
         const __m512bh pb = _mm512_cvtne2ps_pbh(p1, p0);
         _mm512_store_si512((void *)(P16 + r * PA_KB), (__m512i)pb);
-        psum[r] = _mm512_reduce_add_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), pb, ones));
+        psum[r] = _mm512_dpbf16_ps(_mm512_setzero_ps(), pb, ones);
     }
     const __m512 o = _mm512_loadu_ps(old); /* -inf before a row's first block: its factor 0 */
     _mm512_storeu_ps(al, _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(o, ninf, _CMP_NEQ_OQ), exp2_512(_mm512_sub_ps(o, _mm512_loadu_ps(mnew)))));
-    for (int r = 0; r < R; r++) l[r] = l[r] * al[r] + psum[r];
+    for (int r = 0; r < R; r++) _mm512_storeu_ps(lv + 16 * r, _mm512_fmadd_ps(_mm512_loadu_ps(lv + 16 * r), _mm512_set1_ps(al[r]), psum[r]));
     const int np = (nk + 1) / 2; /* a block's last odd key: its pair's other weighs 0 (hidden) */
     int c0 = 0;
     for (; c0 + 64 <= hd; c0 += 64) patt_pv_bf(R, 4, P16, al, vb16, np, O, hd, c0);
@@ -4887,8 +4888,8 @@ BF16 static inline __attribute__((always_inline)) void patt_tile_bf(const int R,
 
 /* its tile of 6 rows, called (not inlined) from patt_task, whose other forms are not AVX-512 BF16's */
 BF16 static void patt_tile_bf6(const PrefillAtt *a, const uint16_t *Qb, const uint16_t *kb16, const uint16_t *vb16,
-                               const int *lim, int kb, int nk, float *m, float *l, float *O) {
-    patt_tile_bf(6, a, Qb, kb16, vb16, lim, kb, nk, m, l, O);
+                               const int *lim, int kb, int nk, float *m, float *lv, float *O) {
+    patt_tile_bf(6, a, Qb, kb16, vb16, lim, kb, nk, m, lv, O);
 }
 
 /* one task: positions p0 .. p1 of batch row b's kv head h, with its G query heads (BF: in bf16,
@@ -4899,7 +4900,7 @@ static inline __attribute__((always_inline)) void patt_task(const int R, const i
     const int bh = task % (a->B * a->Hkv), qblk = a->nqb - 1 - task / (a->B * a->Hkv);
     const int b = bh / a->Hkv, h = bh % a->Hkv, p0 = qblk * a->qb, p1 = p0 + a->qb < a->T ? p0 + a->qb : a->T;
     const int M = (p1 - p0) * G, tiles = (M + R - 1) / R;
-    float m[PA_ROWS + 8], l[PA_ROWS + 8];
+    float m[PA_ROWS + 8], l[PA_ROWS + 8], lv[BF ? (PA_ROWS + 8) * 16 : 1]; /* lv: the bf16 form's l by lanes */
     int lim[PA_ROWS + 8];
     for (int r = 0; r < tiles * R; r++) { /* rows: position-major, the group's heads side by side */
         const int rr = r < M ? r : M - 1, p = p0 + rr / G, g = rr % G;
@@ -4910,6 +4911,7 @@ static inline __attribute__((always_inline)) void patt_task(const int R, const i
             for (int d = 0; d < hd; d++) Qs[r * hd + d] = qr[d] * a->scale;
         memset(O + r * hd, 0, hd * sizeof(float));
         m[r] = -INFINITY, l[r] = 0.0f, lim[r] = p + off;
+        if (BF) memset(lv + 16 * r, 0, 16 * sizeof(float));
     }
     const float *kt = a->kt + (size_t)bh * hd * a->tkp;
     const float *vb = a->v + b * a->vs[0] + h * a->vs[1];
@@ -4921,7 +4923,7 @@ static inline __attribute__((always_inline)) void patt_task(const int R, const i
             if (lim[r0 + R - 1] < kb) continue; /* every key of the block hidden from the tile */
             if (BF)
                 patt_tile_bf6(a, (const uint16_t *)Qs + r0 * hd, a->kb16 + (size_t)bh * hd * a->tkp + (size_t)kb * hd,
-                             a->vb16 + (size_t)bh * hd * a->tkp + (size_t)kb * hd, lim + r0, kb, nk, m + r0, l + r0, O + r0 * hd);
+                             a->vb16 + (size_t)bh * hd * a->tkp + (size_t)kb * hd, lim + r0, kb, nk, m + r0, lv + 16 * r0, O + r0 * hd);
             else
                 patt_tile(R, a, Qs + r0 * hd, kt + (size_t)kb * hd, vb + kb * a->vs[2], lim + r0, kb, nk, m + r0, l + r0, O + r0 * hd);
         }
@@ -4929,6 +4931,11 @@ static inline __attribute__((always_inline)) void patt_task(const int R, const i
     for (int r = 0; r < M; r++) {
         const int p = p0 + r / G, g = r % G;
         float *y = a->out + (((size_t)b * a->T + p) * a->H + h * G + g) * hd;
+        if (BF) {
+            float t = 0.0f;
+            for (int i = 0; i < 16; i++) t += lv[16 * r + i];
+            l[r] = t;
+        }
         const float inv = 1.0f / l[r];
         for (int d = 0; d < hd; d++) y[d] = O[r * hd + d] * inv;
     }
