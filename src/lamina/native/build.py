@@ -34,8 +34,8 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import importlib
 import hashlib
+import importlib
 import os
 import platform
 import shutil
