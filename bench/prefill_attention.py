@@ -9,9 +9,16 @@ the first T positions of a longer cache (the layout a prefill hands it), causal;
 lamina.native.prefill.causal_attention, in each of its vector forms this CPU runs (AVX-512 /
 AVX2: decode.c lm_patt_wide), their largest difference printed beside them.
 
+The bf16 form (decode.c lm_prefill_attention_bf16: what a prompt's chunks take in the
+runtime, lm_patt_bf16) is timed beside them where the CPU has AVX-512 BF16.
+
 With --prefill, a whole prompt instead: `lamina.open(FILE).model` (the default path) and the
 best of --best warm `lamina.generation.stream(model, ids, 1)` over --prompt random ids (ms).
 Run it under two PYTHONPATHs (two trees) in turn for an A/B; it changes no environment.
+
+With --runtime, the torch-free runtime's prefill (`Runtime.open(FILE, threads=T)`, `forget(0)`,
+`generate(ids, 1)` over --prompt random ids) with the chunk attention in float and in bf16
+(lm_patt_bf16 0 / 1) alternated in one process, --best rounds: best and median tok/s of each.
 """
 
 from __future__ import annotations
@@ -65,7 +72,45 @@ def attention(shape: tuple[int, int, int, int], threads: int, calls: int) -> Non
             line += f", native {name} {ms:.2f} ms (max diff {diff:.1e})"
     finally:
         lib.lm_patt_wide(before)
+    if lib.lm_patt_bf16(-1):
+        out = torch.empty(1, T, H * hd)
+        st = torch.tensor([*q.stride()[:3], *k.stride()[:3], *v.stride()[:3]], dtype=torch.int64)
+
+        def bf16():
+            args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 1, H, Hkv, T, T, hd)
+            lib.lm_prefill_attention_bf16(*args, scale, st.data_ptr(), threads)
+            return out
+
+        diff = (bf16() - want).abs().max().item()
+        line += f", native bf16 {timed(bf16, calls):.2f} ms (max diff {diff:.1e})"
     print(line)
+
+
+def runtime_ab(path: str, threads: int, prompt: int, rounds: int) -> None:
+    from lamina.native.runtime import Runtime
+
+    rt = Runtime.open(path, threads=threads)
+    ids = random.Random(0).choices(range(1000, 40000), k=prompt)
+    rates: dict[int, list[float]] = {0: [], 1: []}
+    before = rt.lib.lm_patt_bf16(-1)
+    try:
+        for r in range(rounds):
+            for form in (0, 1) if r % 2 == 0 else (1, 0):
+                rt.lib.lm_patt_bf16(form)
+                rt.forget(0)
+                t0 = time.perf_counter()
+                for _ in rt.generate(ids, 1):
+                    pass
+                rates[form].append(prompt / (time.perf_counter() - t0))
+    finally:
+        rt.lib.lm_patt_bf16(before)
+    f, b = rates[0], rates[1]
+    print(
+        f"{path.rsplit('/', 1)[-1]}, threads {threads}, prompt {prompt}: float best {max(f):.0f} "
+        f"median {statistics.median(f):.0f} | bf16 best {max(b):.0f} median "
+        f"{statistics.median(b):.0f} tok/s | bf16/float best {max(b) / max(f):.3f} median "
+        f"{statistics.median(b) / statistics.median(f):.3f}"
+    )
 
 
 def prefill(path: str, threads: int, prompt: int, best: int) -> None:
@@ -97,12 +142,15 @@ def main() -> None:
     ap.add_argument("--shape", default="9,3,512,64", help="H,H_kv,T,hd (SmolLM2's at 512)")
     ap.add_argument("--calls", type=int, default=20, help="timed calls per variant")
     ap.add_argument("--prefill", default=None, help="a GGUF file: time its whole prefill")
-    ap.add_argument("--prompt", type=int, default=512, help="prompt length for --prefill")
-    ap.add_argument("--best", type=int, default=3, help="timed prefills (best reported)")
+    ap.add_argument("--runtime", default=None, help="a GGUF file: the runtime's A/B (above)")
+    ap.add_argument("--prompt", type=int, default=512, help="prompt length for --prefill/--runtime")
+    ap.add_argument("--best", type=int, default=3, help="timed prefills (best reported), rounds")
     a = ap.parse_args()
     shape = tuple(int(x) for x in a.shape.split(","))
     for t in (int(x) for x in a.threads.split(",")):
-        if a.prefill:
+        if a.runtime:
+            runtime_ab(a.runtime, t, a.prompt, a.best)
+        elif a.prefill:
             prefill(a.prefill, t, a.prompt, a.best)
         else:
             attention(shape, t, a.calls)

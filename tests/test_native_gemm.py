@@ -41,14 +41,15 @@ def _lib():
 
 
 @contextlib.contextmanager
-def _forms(lib, gemm: int, runs: int) -> Iterator[None]:
-    """The step's bf16 linears (lm_gemm_bf16) and blocked attention (lm_step_runs) set, then put back."""
-    before = lib.lm_gemm_bf16(-1), lib.lm_step_runs(-1)
-    lib.lm_gemm_bf16(gemm), lib.lm_step_runs(runs)
+def _forms(lib, gemm: int, runs: int, att_bf16: int = 0) -> Iterator[None]:
+    """The step's bf16 linears (lm_gemm_bf16), blocked attention (lm_step_runs) and that
+    attention's bf16 form (lm_patt_bf16) set, then put back."""
+    before = lib.lm_gemm_bf16(-1), lib.lm_step_runs(-1), lib.lm_patt_bf16(-1)
+    lib.lm_gemm_bf16(gemm), lib.lm_step_runs(runs), lib.lm_patt_bf16(att_bf16)
     try:
         yield
     finally:
-        lib.lm_gemm_bf16(before[0]), lib.lm_step_runs(before[1])
+        lib.lm_gemm_bf16(before[0]), lib.lm_step_runs(before[1]), lib.lm_patt_bf16(before[2])
 
 
 def _bf16(a: np.ndarray) -> np.ndarray:

@@ -4,6 +4,7 @@ vector forms; the models' prefills with and without it; and the cases that keep 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -211,3 +212,131 @@ def test_a_compiled_graph_keeps_sdpa(lib):
     compiled = torch.compile(layer, fullgraph=True, backend="eager")
     with torch.no_grad():
         torch.testing.assert_close(compiled(x)[0], layer(x)[0], rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------- the bf16 form (issue 31)
+# decode.c's lm_patt_bf16: a prompt's chunks in the native runtime attend with both products
+# in bf16 (`vdpbf16ps`, float sums); lm_prefill_attention_bf16 runs that form on given q, k, v.
+
+LOG2E = 1.4426950408889634
+
+
+def _bf16_on(lib) -> None:
+    if not lib.lm_patt_bf16(-1):
+        pytest.skip("no AVX-512 BF16 on this CPU (or the form is switched off)")
+
+
+def _bf16_attention(lib, q, k, v, scale, threads=1):
+    B, H, T, hd = q.shape
+    Hkv, Tk = k.shape[1], k.shape[2]
+    out = torch.empty(B, T, H * hd)
+    strides = torch.tensor([*q.stride()[:3], *k.stride()[:3], *v.stride()[:3]], dtype=torch.int64)
+    ok = lib.lm_prefill_attention_bf16(
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+        B, H, Hkv, T, Tk, hd, float(scale), strides.data_ptr(), threads,
+    )  # fmt: skip
+    return out if ok else None
+
+
+def _bf16_model(q, k, v, scale, block=32):
+    """The bf16 form's arithmetic in float64: queries (prescaled, in base 2), keys and values
+    rounded to bf16; the softmax online over blocks of 32 keys in base 2, each block's weights
+    rounded to bf16 before they are summed and multiplied by the values."""
+    B, H, T, hd = q.shape
+    Hkv, Tk = k.shape[1], k.shape[2]
+    G = H // Hkv
+
+    def bf(t):
+        return t.float().bfloat16().double()
+
+    qb = bf(q * (scale * LOG2E))
+    kb, vb = bf(k).repeat_interleave(G, 1), bf(v).repeat_interleave(G, 1)
+    s = qb @ kb.transpose(-1, -2)
+    hidden = torch.arange(Tk)[None] > torch.arange(T)[:, None] + Tk - T
+    s = s.masked_fill(hidden, float("-inf"))
+    m = torch.full((B, H, T, 1), float("-inf"), dtype=torch.float64)
+    den = torch.zeros(B, H, T, 1, dtype=torch.float64)
+    o = torch.zeros(B, H, T, hd, dtype=torch.float64)
+    for j in range(0, Tk, block):
+        sb = s[..., j : j + block]
+        new = torch.maximum(m, sb.amax(-1, keepdim=True))
+        al = torch.where(m == float("-inf"), 0.0, (m - new).exp2())
+        p = torch.where(sb == float("-inf"), 0.0, bf((sb - new).exp2()))
+        den, o, m = den * al + p.sum(-1, keepdim=True), o * al + p @ vb[..., j : j + block, :], new
+    return (o / den).float().transpose(1, 2).reshape(B, T, H * hd)
+
+
+@pytest.mark.parametrize("heads", [(4, 4), (6, 2), (9, 3)])  # GQA groups of 1, 3 (SmolLM2's), 3
+@pytest.mark.parametrize(
+    "hd", [16, 48, 64, 80, 128]
+)  # 64: SmolLM2's; 48, 80: a pass of 64 and less
+@pytest.mark.parametrize("lengths", [(7, 7), (45, 45), (70, 70), (19, 52), (33, 100)])
+def test_bf16_form_equals_its_model_and_float_within_its_rounding(lib, heads, hd, lengths):
+    _bf16_on(lib)
+    H, Hkv = heads
+    T, Tk = lengths  # T < Tk: a chunk after cached keys
+    q, k, v = _qkv(2, H, Hkv, T, Tk, hd, seed=hd + T)
+    got = _bf16_attention(lib, q, k, v, hd**-0.5)
+    assert got is not None
+    # the float sums' order differs from the model's, and where the kernel's 2^x (rel. ~2e-6)
+    # and the model's fall on either side of a bf16 rounding boundary a weight moves by 2^-8
+    # of itself (in ~0.1% of the weights: these scores are tens, their float sums' error ~1e-5
+    # of a weight): an output by 2^-8 of the largest value at most, all of them by 1e-5 to 3e-4
+    # (~5e-3 from float, below)
+    want = _bf16_model(q, k, v, hd**-0.5)
+    assert (got - want).abs().max().item() < 2**-8 * v.abs().max().item()
+    assert ((got - want).norm() / want.norm()).item() < 5e-4
+    # bf16's 8 bits against float: ~5e-3 of the outputs on these scores (tens)
+    ref = _sdpa(q, k, v, hd**-0.5)
+    assert ((got - ref).norm() / ref.norm()).item() < 1.5e-2
+
+
+def test_bf16_form_threads_change_no_bit_and_switch(lib):
+    _bf16_on(lib)
+    q, k, v = _qkv(2, 9, 3, 83, 120, 64, seed=1)
+    one, two = (_bf16_attention(lib, q, k, v, 0.125, n) for n in (1, 2))
+    assert torch.equal(one, two)
+    assert not torch.equal(one, causal_attention(q, k, v, 0.125))  # a form of its own
+    q24, k24, v24 = _qkv(1, 4, 2, 9, 9, 24)
+    assert _bf16_attention(lib, q24, k24, v24, 0.2) is None  # hd not a multiple of 16
+    try:
+        assert lib.lm_patt_bf16(0) == 0
+        assert _bf16_attention(lib, q, k, v, 0.125) is None  # switched off
+    finally:
+        lib.lm_patt_bf16(1)
+
+
+def test_the_real_models_runtime_keeps_its_tokens_with_the_bf16_form(lib, smollm2_gguf):
+    """A prompt in two chunks (the second after cached keys) through the runtime's run path:
+    16 greedy tokens the same with the attention in bf16 and in float; the switch off gives
+    the float form's bits however often it is turned."""
+    from lamina.native.runtime import Runtime
+
+    _bf16_on(lib)
+    rt = Runtime.open(smollm2_gguf, cache_len=256, threads=2)
+    text = (
+        "The river runs past the old mill, where the miller keeps his stones and his accounts. "
+        "Every spring the water rises, and the villagers gather on the bridge to watch it. "
+        "They tell stories of the great flood, when the mill wheel turned so fast that the "
+        "miller's son was carried off to the sea and came back years later as a captain. "
+        "Now the captain is old too, and he sits by the window of the inn and tells the "
+        "children how the sea looks in winter, grey and wide and cold. When they ask him"
+    )
+    ids = rt.tokenizer.encode(text)
+    assert len(ids) > 2 * 16
+
+    def run(form):
+        lib.lm_patt_bf16(form)
+        rt.forget(0)
+        rt.feed(ids[:40])  # the first chunk; generate feeds the rest after it
+        return list(rt.generate(ids, 16)), rt._call(ids[:20], 0, keep=19).copy()
+
+    try:
+        off, lg_off = run(0)
+        on, lg_on = run(1)
+        off2, lg_off2 = run(0)
+    finally:
+        lib.lm_patt_bf16(1)
+    assert on == off == off2
+    assert np.array_equal(lg_off, lg_off2) and not np.array_equal(lg_on, lg_off)
+    assert np.abs(lg_on - lg_off).max() < 0.05 * np.abs(lg_off).max()

@@ -51,16 +51,17 @@ def _reference(model, ids: list[int], new: int) -> tuple[np.ndarray, list[int]]:
 
 @contextlib.contextmanager
 def _integer_kernels() -> Iterator[None]:
-    """decode.c's integer kernels at every row count (lm_gemm_bf16(0)), on both sides: a prompt
-    of 16 entries or more is otherwise multiplied in bf16 (~1e-2 of the largest logit; its own
-    tests are test_native_gemm.py's)"""
+    """decode.c's integer kernels at every row count (lm_gemm_bf16(0)) and a chunk's attention
+    in float (lm_patt_bf16(0)), on both sides: a prompt of 16 entries or more is otherwise
+    multiplied in bf16 (~1e-2 of the largest logit; its own tests are test_native_gemm.py's
+    and test_native_prefill.py's)"""
     lib = lamina.native.build.library()
-    before = lib.lm_gemm_bf16(-1)
-    lib.lm_gemm_bf16(0)
+    before = lib.lm_gemm_bf16(-1), lib.lm_patt_bf16(-1)
+    lib.lm_gemm_bf16(0), lib.lm_patt_bf16(0)
     try:
         yield
     finally:
-        lib.lm_gemm_bf16(before)
+        lib.lm_gemm_bf16(before[0]), lib.lm_patt_bf16(before[1])
 
 
 def _check(path: Path, ids: list[int], new: int = 32, model=None) -> Runtime:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import importlib
 import os
 import platform
 import shutil
@@ -252,13 +253,14 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.lm_pack_i8.argtypes = [p, p, p]
     lib.lm_dequant_lanes_bf16.argtypes = [i, p, i, i, p, i]
     lib.lm_prefill_attention.argtypes = [p, p, p, p, *[i] * 6, ctypes.c_float, p, i]
+    lib.lm_prefill_attention_bf16.argtypes = lib.lm_prefill_attention.argtypes
     lib.lm_train_attention_fwd.argtypes = [*[p] * 5, *[i] * 5, ctypes.c_float, i, p, i]
     lib.lm_train_attention_bwd.argtypes = [*[p] * 8, *[i] * 5, ctypes.c_float, i, p, i]
     lib.lm_tatt_wide.argtypes = [i]
     for name in ("lm_step", "lm_step_last", "lm_linear", "lm_linear_bf16", "lm_dequant", "lm_dequant_bf16",
                  "lm_dequant_i8_bf16", "lm_pack16", "lm_unpack16", "lm_kq_pack16", "lm_pack_i8",
                  "lm_dequant_lanes_bf16",
-                 "lm_prefill_attention", "lm_train_attention_fwd", "lm_train_attention_bwd",
+                 "lm_prefill_attention", "lm_prefill_attention_bf16", "lm_train_attention_fwd", "lm_train_attention_bwd",
                  "lm_tatt_wide", "lm_dequant_i8", "lm_colmax_i8", "lm_colmax",
                  "lm_quant_rows_i8", "lm_i8_scale"):  # fmt: skip
         getattr(lib, name).restype = i
@@ -304,6 +306,8 @@ def library() -> ctypes.CDLL | None:
             why = "no C compiler (set CC, or install gcc)"
         else:
             try:
+                if not _layout:  # the structs _check compares (their module calls expect_layout)
+                    importlib.import_module("lamina.native.structs")
                 lib = _load(cc)
             except (OSError, subprocess.SubprocessError) as e:
                 why = f"could not build the native step: {e}"

@@ -4594,13 +4594,25 @@ const LayoutEntry *lm_layout(void) { return LAYOUT; }
    Vectors of 8 floats both ways: the AVX-512 form (lm_patt_wide, where the CPU has it) is the
    same code compiled with AVX-512's 32 registers, which hold a 6 x 32 tile of scores where
    AVX2's 16 hold 3 x 32 (on the Zen 4 a 512-bit fma is two 256-bit halves: the wider tile is
-   what pays, by halving the loads of k and v per product). */
+   what pays, by halving the loads of k and v per product).
+
+   The bf16 form (lm_patt_bf16, where the CPU has AVX-512 BF16; a prompt's chunks in the
+   runtime, step_run_attention, and lm_prefill_attention_bf16): both products by `vdpbf16ps`,
+   float sums, the softmax in float as above. The keys and values of each (kv head, block of
+   PA_KB) rounded to bf16 (to nearest even) once, laid out in pairs shared by the group's query
+   heads: the keys' pairs along the head's width (kb16: (hd / 2, PA_KB, 2), 16 keys a vector),
+   the values' along the keys (vb16: (PA_KB / 2, hd, 2), 16 columns a vector); the query rows
+   rounded once per task (prescaled), each pair broadcast from memory; the weights rounded
+   before they are summed into l, each pair broadcast. A tile is 6 rows: 12 accumulators of
+   scores, 24 of outputs (64 columns a pass). Each `vdpbf16ps` is 32 products where a 512-bit
+   fma is 16: on the Zen 4 both issue one a cycle. */
 /* PA_KB, PA_ROWS, PA_HD: above lm_step_last, which sizes a run's attention by them */
 
 typedef struct {
     const float *q, *k, *v;
     float *out, *kt; /* kt: (B Hkv, tkp / PA_KB, hd, PA_KB) the keys transposed by blocks, zero past Tk */
-    int B, H, Hkv, T, Tk, hd, G, qb, nqb, tkp, tasks;
+    uint16_t *kb16, *vb16; /* the bf16 form's (bf): keys and values in pairs, (B Hkv, tkp / PA_KB, PA_KB hd) each */
+    int B, H, Hkv, T, Tk, hd, G, qb, nqb, tkp, tasks, bf;
     float scale;
     int64_t qs[3], ks[3], vs[3]; /* strides in floats of batch, head, position */
     atomic_int next, failed;
@@ -4614,6 +4626,48 @@ int lm_patt_wide(int choice) {
     return patt_wide && lanes_512();
 }
 
+static int patt_bf = 1;
+/* choice 1: a prompt's chunks in the runtime attend in bf16 (the form above) where the CPU has
+   AVX-512 BF16 and hd is a multiple of 16; 0: in float (lm_patt_wide's forms); -1 leaves it;
+   returns the choice in force */
+int lm_patt_bf16(int choice) {
+    if (choice >= 0) patt_bf = choice ? 1 : 0;
+    return patt_bf && cpu_has_bf16();
+}
+
+/* x -> bf16, to nearest even (bf16_of's rounding, one value) */
+static inline uint16_t bf16_one(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if (x != x) return 0x7FC0;
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* a block's n keys and values (rows at strides kst, vst; n <= PA_KB, zeros after them) into their
+   bf16 pairs kb16 and vb16 (the block's), rounded to nearest even; hd a multiple of 16 */
+BF16 static void patt_block_bf16(const float *keys, int64_t kst, const float *vals, int64_t vst, int n, int hd,
+                                 uint16_t *kb16, uint16_t *vb16) {
+    uint32_t rows[PA_KB * PA_HD / 2], *kw = (uint32_t *)kb16; /* each key's pairs, then transposed */
+    const int w = hd / 2;
+    for (int j = 0; j < PA_KB; j++)
+        for (int d = 0; d < hd; d += 16)
+            _mm256_storeu_si256((__m256i *)(rows + j * w + d / 2),
+                                j < n ? (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(keys + j * kst + d)) : _mm256_setzero_si256());
+    for (int dp = 0; dp < w; dp++)
+        for (int j = 0; j < PA_KB; j++) kw[dp * PA_KB + j] = rows[j * w + dp];
+    /* values: keys 2 jp and 2 jp + 1 side by side, column by column */
+    static const uint16_t order[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+                                       8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512i mix = _mm512_loadu_si512((const void *)order);
+    for (int jp = 0; jp < PA_KB / 2; jp++)
+        for (int c = 0; c < hd; c += 16) {
+            const __m512 e = 2 * jp < n ? _mm512_loadu_ps(vals + 2 * jp * vst + c) : _mm512_setzero_ps();
+            const __m512 o = 2 * jp + 1 < n ? _mm512_loadu_ps(vals + (2 * jp + 1) * vst + c) : _mm512_setzero_ps();
+            _mm512_storeu_si512((void *)(vb16 + (size_t)jp * 2 * hd + 2 * c),
+                                _mm512_permutexvar_epi16(mix, (__m512i)_mm512_cvtne2ps_pbh(o, e)));
+        }
+}
+
 static inline float hmax256(__m256 v) {
     __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_max_ps(s, _mm_movehl_ps(s, s));
@@ -4621,13 +4675,20 @@ static inline float hmax256(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* kt <- the keys of (b, kv head) transposed, blocks of PA_KB keys shared among the threads */
+/* kt <- the keys of (b, kv head) transposed (bf: kb16 and vb16 <- its keys and values in bf16
+   pairs), blocks of PA_KB keys shared among the threads */
 static void patt_transpose_job(void *ctx, int tid, int nt) {
     const PrefillAtt *a = (const PrefillAtt *)ctx;
     const int nb = a->tkp / PA_KB, items = a->B * a->Hkv * nb, hd = a->hd;
     for (int it = (int)((long)items * tid / nt); it < (int)((long)items * (tid + 1) / nt); it++) {
         const int bh = it / nb, j0 = (it % nb) * PA_KB, b = bh / a->Hkv, h = bh % a->Hkv;
         const float *kb = a->k + b * a->ks[0] + h * a->ks[1];
+        if (a->bf) {
+            const size_t at = (size_t)bh * hd * a->tkp + (size_t)j0 * hd;
+            patt_block_bf16(kb + j0 * a->ks[2], a->ks[2], a->v + b * a->vs[0] + h * a->vs[1] + j0 * a->vs[2], a->vs[2],
+                            a->Tk - j0 < PA_KB ? a->Tk - j0 : PA_KB, hd, a->kb16 + at, a->vb16 + at);
+            continue;
+        }
         float *kt = a->kt + (size_t)bh * hd * a->tkp + (size_t)j0 * hd; /* (hd, PA_KB) */
         for (int j = 0; j < PA_KB; j++) {
             const float *kr = kb + (j0 + j) * a->ks[2];
@@ -4727,20 +4788,130 @@ static inline __attribute__((always_inline)) void patt_tile(const int R, const P
     }
 }
 
-/* one task: positions p0 .. p1 of batch row b's kv head h, with its G query heads */
-static inline __attribute__((always_inline)) void patt_task(const int R, const PrefillAtt *a, int task, float *Qs, float *O) {
+/* 2^x for x <= 0 (or -inf, a NaN: masked by the caller), relative error ~2e-6 (Taylor's degree 5
+   on [-1/2, 1/2]): the bf16 form's weights, rounded to 8 bits after */
+BF16 static inline __m512 exp2_512(__m512 x) {
+    const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), f = _mm512_sub_ps(x, n);
+    __m512 p = _mm512_set1_ps(1.3333558e-3f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022651e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* the bf16 form's patt_pv: O[r] <- O[r] al[r] + sum over pairs jp < np of P16[r][2 jp, 2 jp + 1]
+   . (v_2jp, v_2jp+1), columns c0 .. c0 + 16 NV (vb16: the block's values in pairs) */
+BF16 static inline __attribute__((always_inline)) void patt_pv_bf(const int R, const int NV, const uint16_t *P16,
+                                                                  const float *al, const uint16_t *vb16, int np,
+                                                                  float *O, int hd, int c0) {
+    __m512 o[6][4];
+    for (int r = 0; r < R; r++) {
+        const __m512 s = _mm512_set1_ps(al[r]);
+        for (int c = 0; c < NV; c++) o[r][c] = _mm512_mul_ps(s, _mm512_loadu_ps(O + r * hd + c0 + 16 * c));
+    }
+    for (int jp = 0; jp < np; jp++) {
+        const uint16_t *vr = vb16 + (size_t)jp * 2 * hd + 2 * c0;
+        __m512bh x[4];
+        for (int c = 0; c < NV; c++) x[c] = (__m512bh)_mm512_loadu_si512((const void *)(vr + 32 * c));
+        for (int r = 0; r < R; r++) {
+            int32_t pp;
+            memcpy(&pp, P16 + r * PA_KB + 2 * jp, 4);
+            const __m512bh p = (__m512bh)_mm512_set1_epi32(pp);
+            for (int c = 0; c < NV; c++) o[r][c] = _mm512_dpbf16_ps(o[r][c], p, x[c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < NV; c++) _mm512_storeu_ps(O + r * hd + c0 + 16 * c, o[r][c]);
+}
+
+/* patt_tile in bf16: Qb the R query rows (prescaled, rounded), kb16 and vb16 the block's keys
+   and values in pairs */
+BF16 static inline __attribute__((always_inline)) void patt_tile_bf(const int R, const PrefillAtt *a, const uint16_t *Qb,
+                                                                    const uint16_t *kb16, const uint16_t *vb16,
+                                                                    const int *lim, int kb, int nk, float *m, float *lv,
+                                                                    float *O) {
+    const int hd = a->hd;
+    __m512 s[6][2];
+    for (int r = 0; r < R; r++) s[r][0] = s[r][1] = _mm512_setzero_ps();
+    for (int dp = 0; dp < hd / 2; dp++) {
+        const __m512bh k0 = (__m512bh)_mm512_loadu_si512((const void *)(kb16 + dp * 2 * PA_KB)),
+                       k1 = (__m512bh)_mm512_loadu_si512((const void *)(kb16 + dp * 2 * PA_KB + 32));
+        for (int r = 0; r < R; r++) {
+            int32_t qq;
+            memcpy(&qq, Qb + r * hd + 2 * dp, 4);
+            const __m512bh x = (__m512bh)_mm512_set1_epi32(qq);
+            s[r][0] = _mm512_dpbf16_ps(s[r][0], x, k0);
+            s[r][1] = _mm512_dpbf16_ps(s[r][1], x, k1);
+        }
+    }
+    /* the softmax (patt_soft's, in base 2: the queries carry log2 e) on the registers: the
+       weights rounded to bf16 into P16, their sums by `vdpbf16ps` with ones */
+    uint16_t P16[6 * PA_KB] __attribute__((aligned(64)));
+    float old[16] = {0}, mnew[16] = {0}, al[16];
+    __m512 psum[6]; /* each row's weights summed by lanes: l's 16 parts (lv), added up after the task */
+    const int diag = kb + PA_KB - 1 > lim[0]; /* some key of the block hidden from some row */
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    const __m512bh ones = (__m512bh)_mm512_set1_epi16(0x3F80);
+    for (int r = 0; r < R; r++) {
+        __mmask16 see0 = 0xFFFF, see1 = 0xFFFF;
+        if (diag) {
+            const __m512i last = _mm512_set1_epi32(lim[r] - kb);
+            see0 = _mm512_cmple_epi32_mask(iota, last);
+            see1 = _mm512_cmple_epi32_mask(_mm512_add_epi32(iota, _mm512_set1_epi32(16)), last);
+        }
+        const __m512 x0 = _mm512_mask_mov_ps(ninf, see0, s[r][0]), x1 = _mm512_mask_mov_ps(ninf, see1, s[r][1]);
+        const float mx = _mm512_reduce_max_ps(_mm512_max_ps(x0, x1));
+        old[r] = m[r], mnew[r] = m[r] = mx > m[r] ? mx : m[r];
+        const __m512 sh = _mm512_set1_ps(mnew[r]);
+        const __m512 p0 = _mm512_maskz_mov_ps(see0, exp2_512(_mm512_sub_ps(x0, sh)));
+        const __m512 p1 = _mm512_maskz_mov_ps(see1, exp2_512(_mm512_sub_ps(x1, sh)));
+        const __m512bh pb = _mm512_cvtne2ps_pbh(p1, p0);
+        _mm512_store_si512((void *)(P16 + r * PA_KB), (__m512i)pb);
+        psum[r] = _mm512_dpbf16_ps(_mm512_setzero_ps(), pb, ones);
+    }
+    const __m512 o = _mm512_loadu_ps(old); /* -inf before a row's first block: its factor 0 */
+    _mm512_storeu_ps(al, _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(o, ninf, _CMP_NEQ_OQ), exp2_512(_mm512_sub_ps(o, _mm512_loadu_ps(mnew)))));
+    for (int r = 0; r < R; r++) _mm512_storeu_ps(lv + 16 * r, _mm512_fmadd_ps(_mm512_loadu_ps(lv + 16 * r), _mm512_set1_ps(al[r]), psum[r]));
+    const int np = (nk + 1) / 2; /* a block's last odd key: its pair's other weighs 0 (hidden) */
+    int c0 = 0;
+    for (; c0 + 64 <= hd; c0 += 64) patt_pv_bf(R, 4, P16, al, vb16, np, O, hd, c0);
+    switch ((hd - c0) / 16) {
+    case 1: patt_pv_bf(R, 1, P16, al, vb16, np, O, hd, c0); break;
+    case 2: patt_pv_bf(R, 2, P16, al, vb16, np, O, hd, c0); break;
+    case 3: patt_pv_bf(R, 3, P16, al, vb16, np, O, hd, c0); break;
+    default: break;
+    }
+}
+
+/* its tile of 6 rows, called (not inlined) from patt_task, whose other forms are not AVX-512 BF16's */
+BF16 static void patt_tile_bf6(const PrefillAtt *a, const uint16_t *Qb, const uint16_t *kb16, const uint16_t *vb16,
+                               const int *lim, int kb, int nk, float *m, float *lv, float *O) {
+    patt_tile_bf(6, a, Qb, kb16, vb16, lim, kb, nk, m, lv, O);
+}
+
+/* one task: positions p0 .. p1 of batch row b's kv head h, with its G query heads (BF: in bf16,
+   R = 6) */
+static inline __attribute__((always_inline)) void patt_task(const int R, const int BF, const PrefillAtt *a, int task,
+                                                            float *Qs, float *O) {
     const int hd = a->hd, G = a->G, off = a->Tk - a->T;
     const int bh = task % (a->B * a->Hkv), qblk = a->nqb - 1 - task / (a->B * a->Hkv);
     const int b = bh / a->Hkv, h = bh % a->Hkv, p0 = qblk * a->qb, p1 = p0 + a->qb < a->T ? p0 + a->qb : a->T;
     const int M = (p1 - p0) * G, tiles = (M + R - 1) / R;
-    float m[PA_ROWS + 8], l[PA_ROWS + 8];
+    float m[PA_ROWS + 8], l[PA_ROWS + 8], lv[BF ? (PA_ROWS + 8) * 16 : 1]; /* lv: the bf16 form's l by lanes */
     int lim[PA_ROWS + 8];
     for (int r = 0; r < tiles * R; r++) { /* rows: position-major, the group's heads side by side */
         const int rr = r < M ? r : M - 1, p = p0 + rr / G, g = rr % G;
         const float *qr = a->q + b * a->qs[0] + (int64_t)(h * G + g) * a->qs[1] + p * a->qs[2];
-        for (int d = 0; d < hd; d++) Qs[r * hd + d] = qr[d] * a->scale;
+        if (BF) /* in base 2 for the bf16 form's softmax */
+            for (int d = 0; d < hd; d++) ((uint16_t *)Qs)[r * hd + d] = bf16_one(qr[d] * (a->scale * 1.44269504088896341f));
+        else
+            for (int d = 0; d < hd; d++) Qs[r * hd + d] = qr[d] * a->scale;
         memset(O + r * hd, 0, hd * sizeof(float));
         m[r] = -INFINITY, l[r] = 0.0f, lim[r] = p + off;
+        if (BF) memset(lv + 16 * r, 0, 16 * sizeof(float));
     }
     const float *kt = a->kt + (size_t)bh * hd * a->tkp;
     const float *vb = a->v + b * a->vs[0] + h * a->vs[1];
@@ -4750,24 +4921,37 @@ static inline __attribute__((always_inline)) void patt_task(const int R, const P
         for (int t = 0; t < tiles; t++) {
             const int r0 = t * R;
             if (lim[r0 + R - 1] < kb) continue; /* every key of the block hidden from the tile */
-            patt_tile(R, a, Qs + r0 * hd, kt + (size_t)kb * hd, vb + kb * a->vs[2], lim + r0, kb, nk, m + r0, l + r0, O + r0 * hd);
+            if (BF)
+                patt_tile_bf6(a, (const uint16_t *)Qs + r0 * hd, a->kb16 + (size_t)bh * hd * a->tkp + (size_t)kb * hd,
+                             a->vb16 + (size_t)bh * hd * a->tkp + (size_t)kb * hd, lim + r0, kb, nk, m + r0, lv + 16 * r0, O + r0 * hd);
+            else
+                patt_tile(R, a, Qs + r0 * hd, kt + (size_t)kb * hd, vb + kb * a->vs[2], lim + r0, kb, nk, m + r0, l + r0, O + r0 * hd);
         }
     }
     for (int r = 0; r < M; r++) {
         const int p = p0 + r / G, g = r % G;
         float *y = a->out + (((size_t)b * a->T + p) * a->H + h * G + g) * hd;
+        if (BF) {
+            float t = 0.0f;
+            for (int i = 0; i < 16; i++) t += lv[16 * r + i];
+            l[r] = t;
+        }
         const float inv = 1.0f / l[r];
         for (int d = 0; d < hd; d++) y[d] = O[r * hd + d] * inv;
     }
 }
 
-WIDE static void patt_task_512(const PrefillAtt *a, int task, float *Qs, float *O) { patt_task(6, a, task, Qs, O); }
-static void patt_task_256(const PrefillAtt *a, int task, float *Qs, float *O) { patt_task(3, a, task, Qs, O); }
+WIDE static void patt_task_512(const PrefillAtt *a, int task, float *Qs, float *O) { patt_task(6, 0, a, task, Qs, O); }
+static void patt_task_256(const PrefillAtt *a, int task, float *Qs, float *O) { patt_task(3, 0, a, task, Qs, O); }
+BF16 static void patt_task_bf(const PrefillAtt *a, int task, float *Qs, float *O) { patt_task(6, 1, a, task, Qs, O); }
+typedef void (*PattTask)(const PrefillAtt *, int, float *, float *);
+/* the task's form: a's (bf16) or lm_patt_wide's */
+static PattTask patt_form(const PrefillAtt *a) { return a->bf ? patt_task_bf : lm_patt_wide(-1) ? patt_task_512 : patt_task_256; }
 
 static void patt_job(void *ctx, int tid, int nt) {
     (void)tid, (void)nt;
     PrefillAtt *a = (PrefillAtt *)ctx;
-    const int wide = lm_patt_wide(-1);
+    const PattTask task = patt_form(a);
     const size_t n = (size_t)(PA_ROWS + 8) * a->hd; /* a task's query rows and outputs, and a tile past them */
     float *Qs = (float *)aligned_alloc(64, 2 * n * sizeof(float));
     if (!Qs) {
@@ -4775,7 +4959,7 @@ static void patt_job(void *ctx, int tid, int nt) {
         return;
     }
     for (int t = atomic_fetch_add(&a->next, 1); t < a->tasks; t = atomic_fetch_add(&a->next, 1))
-        (wide ? patt_task_512 : patt_task_256)(a, t, Qs, Qs + n);
+        task(a, t, Qs, Qs + n);
     free(Qs);
 }
 
@@ -4783,14 +4967,15 @@ static void patt_job(void *ctx, int tid, int nt) {
    shape it does not take: hd a multiple of 8 up to PA_HD, Hkv dividing H with a group of at most
    PA_ROWS heads, 1 <= T <= Tk; or where its scratch (the keys transposed, a thread's rows)
    cannot be allocated. */
-int lm_prefill_attention(const float *q, const float *k, const float *v, float *out, int B, int H, int Hkv, int T,
-                         int Tk, int hd, float scale, const int64_t *strides, int nthreads) {
+static int prefill_attention(const float *q, const float *k, const float *v, float *out, int B, int H, int Hkv, int T,
+                             int Tk, int hd, float scale, const int64_t *strides, int nthreads, int bf) {
     if (B < 1 || Hkv < 1 || H % Hkv || H / Hkv > PA_ROWS || T < 1 || T > Tk || hd < 8 || hd % 8 || hd > PA_HD) return 0;
     const int tkp = (Tk + PA_KB - 1) / PA_KB * PA_KB;
-    float *kt = (float *)aligned_alloc(64, (size_t)B * Hkv * hd * tkp * sizeof(float));
+    float *kt = (float *)aligned_alloc(64, (size_t)B * Hkv * hd * tkp * sizeof(float)); /* bf: kb16 and vb16 */
     if (!kt) return 0;
     PrefillAtt a = {.q = q, .k = k, .v = v, .out = out, .kt = kt, .B = B, .H = H, .Hkv = Hkv, .T = T, .Tk = Tk, .hd = hd,
-                    .G = H / Hkv, .tkp = tkp, .scale = scale};
+                    .G = H / Hkv, .tkp = tkp, .scale = scale, .bf = bf};
+    a.kb16 = (uint16_t *)kt, a.vb16 = a.kb16 + (size_t)B * Hkv * hd * tkp;
     a.qb = PA_ROWS / a.G;
     a.nqb = (T + a.qb - 1) / a.qb;
     a.tasks = a.nqb * B * Hkv;
@@ -4803,15 +4988,43 @@ int lm_prefill_attention(const float *q, const float *k, const float *v, float *
     free(kt);
     return !atomic_load(&a.failed);
 }
+int lm_prefill_attention(const float *q, const float *k, const float *v, float *out, int B, int H, int Hkv, int T,
+                         int Tk, int hd, float scale, const int64_t *strides, int nthreads) {
+    return prefill_attention(q, k, v, out, B, H, Hkv, T, Tk, hd, scale, strides, nthreads, 0);
+}
+/* lm_prefill_attention in the bf16 form (the one a prompt's chunks take in the runtime, exposed
+   for tests); 0 also where the form is off or not for this CPU, or hd not a multiple of 16 */
+int lm_prefill_attention_bf16(const float *q, const float *k, const float *v, float *out, int B, int H, int Hkv, int T,
+                              int Tk, int hd, float scale, const int64_t *strides, int nthreads) {
+    if (!lm_patt_bf16(-1) || hd % 16) return 0;
+    return prefill_attention(q, k, v, out, B, H, Hkv, T, Tk, hd, scale, strides, nthreads, 1);
+}
 
 /* Keys j0 .. j0 + PA_KB of kv head h (from the run's start) transposed into kt, and their values
    as floats into vf (a run's attention reads them so: lm_prefill_attention's layout); zero keys
-   past Tk */
-static void step_run_keys(const Step *S, const Layer *ly, int h, int j0) {
+   past Tk. bf: both in bf16 pairs instead, into kt's memory (PrefillAtt's kb16, vb16) */
+static void step_run_keys(const Step *S, const Layer *ly, int h, int j0, int bf) {
     const Model *m = S->m;
     const int hd = m->hd, L = m->cache_len, Tk = S->Tk;
     const size_t at = S->rows[0] * (size_t)m->Hkv * L * hd + (size_t)h * L * hd + (size_t)S->starts[0] * hd;
     float *kt = S->kt + (size_t)h * hd * S->tkp + (size_t)j0 * hd, *vf = S->vf + ((size_t)h * Tk + j0) * hd;
+    if (bf) { /* the cache's rows as they are, or widened from fp16 */
+        uint16_t *kb16 = (uint16_t *)S->kt + (size_t)h * hd * S->tkp + (size_t)j0 * hd;
+        const int n = Tk - j0 < PA_KB ? Tk - j0 : PA_KB;
+        if (!m->kv16) {
+            patt_block_bf16(ly->kc + at + (size_t)j0 * hd, hd, ly->vc + at + (size_t)j0 * hd, hd, n, hd, kb16,
+                            kb16 + (size_t)m->Hkv * hd * S->tkp);
+            return;
+        }
+        float kw[PA_KB * PA_HD], vw[PA_KB * PA_HD];
+        for (int j = 0; j < n; j++) {
+            const size_t e = at + (size_t)(j0 + j) * hd;
+            kv16_widen((const char *)((const uint16_t *)ly->kc + e), (const char *)((const uint16_t *)ly->vc + e), hd,
+                       kw + j * hd, vw + j * hd);
+        }
+        patt_block_bf16(kw, hd, vw, hd, n, hd, kb16, kb16 + (size_t)m->Hkv * hd * S->tkp);
+        return;
+    }
     float key[PA_HD];
     for (int j = 0; j < PA_KB; j++) {
         if (j0 + j >= Tk) {
@@ -4838,11 +5051,13 @@ static void step_run_keys(const Step *S, const Layer *ly, int h, int j0) {
 static void step_run_attention(Step *S, const Layer *ly, int *ph, int tid, int nt) {
     const Model *m = S->m;
     const int B = S->B, H = m->H, Hkv = m->Hkv, hd = m->hd, G = H / Hkv, nkb = S->tkp / PA_KB;
+    const int bf = lm_patt_bf16(-1) && hd % 16 == 0;
     Work wk = work_start(S, ph, Hkv * nkb, 1, tid, nt);
-    for (int t; (t = work_next(&wk)) >= 0;) step_run_keys(S, ly, t / nkb, (t % nkb) * PA_KB);
+    for (int t; (t = work_next(&wk)) >= 0;) step_run_keys(S, ly, t / nkb, (t % nkb) * PA_KB, bf);
     barrier_wait(&S->bar);
     PrefillAtt a = {.q = S->qkv, .v = S->vf, .out = S->att, .kt = S->kt, .B = 1, .H = H, .Hkv = Hkv, .T = B, .Tk = S->Tk,
-                    .hd = hd, .G = G, .tkp = S->tkp, .scale = 1.0f / sqrtf((float)hd)};
+                    .hd = hd, .G = G, .tkp = S->tkp, .scale = 1.0f / sqrtf((float)hd), .bf = bf};
+    a.kb16 = (uint16_t *)S->kt, a.vb16 = a.kb16 + (size_t)Hkv * hd * S->tkp;
     a.qb = PA_ROWS / G;
     a.nqb = (B + a.qb - 1) / a.qb;
     a.tasks = a.nqb * Hkv;
@@ -4850,9 +5065,9 @@ static void step_run_attention(Step *S, const Layer *ly, int *ph, int tid, int n
     a.vs[1] = (int64_t)S->Tk * hd, a.vs[2] = hd;
     const size_t n = (size_t)(PA_ROWS + 8) * hd;
     float *Qs = S->pq + (size_t)tid * 2 * n;
-    const int wide = lm_patt_wide(-1);
+    const PattTask task = patt_form(&a);
     Work wa = work_start(S, ph, a.tasks, 1, tid, nt);
-    for (int t; (t = work_next(&wa)) >= 0;) (wide ? patt_task_512 : patt_task_256)(&a, t, Qs, Qs + n);
+    for (int t; (t = work_next(&wa)) >= 0;) task(&a, t, Qs, Qs + n);
     barrier_wait(&S->bar);
 }
 
