@@ -1,7 +1,7 @@
 """The int8 form of a prompt's linears (decode.c's lin_rows_i8, lm_gemm_i8): weights exact as
 w = a u + c, inputs rounded to int8 per block of 32 as llama.cpp's Q8_0 activations, integer
-products by `vpdpbusd`; a prompt's chunk takes it for qkv and fc (lm_gemm_i8(1)) or fc alone (2);
-off by default."""
+products by `vpdpbusd`; a prompt's chunk takes it for fc alone (lm_gemm_i8(2), the default) or
+qkv and fc (1)."""
 
 from __future__ import annotations
 
@@ -44,9 +44,9 @@ def _i8(lib, choice: int) -> Iterator[None]:
         lib.lm_gemm_i8(before)
 
 
-def test_the_int8_form_is_off_by_default() -> None:
+def test_the_int8_form_takes_fc_by_default() -> None:
     lib = _lib()
-    assert lib.lm_gemm_i8(-1) == 0  # (tests that set it put it back)
+    assert lib.lm_gemm_i8(-1) == 2  # (tests that set it put it back)
     with _i8(lib, 3):  # no such choice: off
         assert lib.lm_gemm_i8(-1) == 0
 
@@ -123,9 +123,9 @@ def test_int8_form_is_refused_where_it_does_not_apply() -> None:
     assert lib.lm_linear_i8(ctypes.addressof(L), 20, x.ctypes.data, y.ctypes.data, 1) == 0
     assert lib.lm_linear_bf16(ctypes.addressof(L), 20, x.ctypes.data, y.ctypes.data, 1) == 1
     L, _ = _int8(keep, 64, 512, 32, 0)
-    assert lib.lm_linear_i8(ctypes.addressof(L), 20, x.ctypes.data, y.ctypes.data, 1) == 0  # off
-    with _i8(lib, 1):
-        assert lib.lm_linear_i8(ctypes.addressof(L), 20, x.ctypes.data, y.ctypes.data, 1) == 1
+    with _i8(lib, 0):
+        assert lib.lm_linear_i8(ctypes.addressof(L), 20, x.ctypes.data, y.ctypes.data, 1) == 0
+    assert lib.lm_linear_i8(ctypes.addressof(L), 20, x.ctypes.data, y.ctypes.data, 1) == 1
 
 
 @pytest.mark.parametrize("qtype", ["Q4_K_M", "Q8_0"])
@@ -134,7 +134,8 @@ def test_a_prompts_chunks_in_int8_stay_near_bf16(qtype: str) -> None:
     rt = Runtime.open(FIXTURES / f"kquant-{qtype}.gguf", cache_len=256, threads=2)
     rt1 = Runtime.open(FIXTURES / f"kquant-{qtype}.gguf", cache_len=256, threads=1)
     ids = [(7 * i * i + 3 * i + 5) % 250 + 1 for i in range(150)]
-    want, want_tokens = _prompt_and_tokens(rt, ids, 16)
+    with _i8(lib, 0):
+        want, want_tokens = _prompt_and_tokens(rt, ids, 16)
     scale, outs = np.abs(want).max(), []
     for choice in (1, 2):
         with _i8(lib, choice):
@@ -145,7 +146,9 @@ def test_a_prompts_chunks_in_int8_stay_near_bf16(qtype: str) -> None:
         assert tokens == want_tokens
         outs.append(got)
     assert not np.array_equal(outs[0], outs[1])  # qkv too, or fc alone
-    again, _ = _prompt_and_tokens(rt, ids, 0)
+    assert np.array_equal(_prompt_and_tokens(rt, ids, 0)[0], outs[1])  # the default: fc alone
+    with _i8(lib, 0):
+        again, _ = _prompt_and_tokens(rt, ids, 0)
     assert np.array_equal(again, want)  # the switch off: the bf16 form's bits again
 
 
@@ -161,7 +164,8 @@ def test_the_real_model_in_int8_keeps_its_greedy_tokens(smollm2_rt: Runtime) -> 
         [{"role": "user", "content": f"{question} Tell me about its history and its river."}]
     )
     assert len(ids) >= lib.lm_gemm_min(-1)
-    want, want_tokens = _prompt_and_tokens(rt, ids, 16)
+    with _i8(lib, 0):
+        want, want_tokens = _prompt_and_tokens(rt, ids, 16)
     for choice in (1, 2):
         with _i8(lib, choice):
             got, tokens = _prompt_and_tokens(rt, ids, 16)
@@ -171,11 +175,11 @@ def test_the_real_model_in_int8_keeps_its_greedy_tokens(smollm2_rt: Runtime) -> 
         assert 0 < _kl(want, got) < 0.02
         assert tokens == want_tokens
     # the question alone: fp32's first token leads by 0.08 of a logit; qkv's int8 inputs flip it
-    # (the reply is then wrong), fc's alone keep it (BENCHMARKS.md): why the form is off by default
+    # (the reply is then wrong), fc's alone keep it (BENCHMARKS.md): why qkv stays bf16 by default
     ids = rt.render_chat([{"role": "user", "content": question}])
-    want, want_tokens = _prompt_and_tokens(rt, ids, 8)
-    with _i8(lib, 2):
-        _, tokens = _prompt_and_tokens(rt, ids, 8)
+    with _i8(lib, 0):
+        want, want_tokens = _prompt_and_tokens(rt, ids, 8)
+    _, tokens = _prompt_and_tokens(rt, ids, 8)  # the default
     assert tokens == want_tokens and "Paris" in rt.tokenizer.decode(tokens)
 
 

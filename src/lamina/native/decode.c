@@ -3451,34 +3451,34 @@ BF16 static int lin_rows_bf(const Lin *L, int B, const Act *a, float *y, int yst
 
 /* ------------------------------------------------------------------ a prompt's linears in int8 */
 
-/* The same GEMM with int8 products (`vpdpbusd`: 64 byte products a cycle, bf16's 32), for the
-   linears that read a layer's normed input (qkv, fc: Act.i8 1; every one it covers with 2). The
-   weights stay exact: each row's block of 32 as w = a u + c, u unsigned bytes (the kinds with a
-   minimum: their q as is, c the minimum (Q4_K / Q5_K: the sub-block's scale in a); the others:
-   u = q + 128, c 0); the inputs as llama.cpp's Q8_0 activations (quantize_blocks' int8 form: per
-   32, amax / 127, to nearest even). Per block and input row the integer sum starts at -128 x the
-   inputs' integer sum where u is q + 128 (c8: exact), then 8 `vpdpbusd` (the tile's 16 rows'
-   bytes in a register, the input's 4 bytes broadcast from memory), converted, times the input's
-   scale, an fma by a, and for a minimum an fma of c by the block's rounded input sum (s8).
-   BENCHMARKS.md ("The int8 prompt form") has the accuracy: on the normed-input linears alone the
-   logits stay nearer fp32 than llama.cpp's own prefill (its inputs are rounded so everywhere);
-   on all four they would not (Q4_1, Q8_0), so the out-projections keep bf16. Q6_K (scales per
-   16) keeps bf16 too. Tile: 16 weight rows, per block of 32 8 vectors of 16 rows' 4 bytes, then
-   a and c (I8_BLK bytes); GI8 input rows per pass (2 GI8 + 9 vectors live). */
+/* The same GEMM with int8 products (`vpdpbusd`: 64 byte products a cycle, bf16's 32), for fc
+   (the default, Act.i8 2) or qkv and fc (1) of a prompt's chunk (every linear it covers: 3,
+   lm_linear_i8). The weights stay exact: each row's block of 32 as w = a u + c, u unsigned bytes
+   (the kinds with a minimum: their q as is, c the minimum (Q4_K / Q5_K: the sub-block's scale in
+   a); the others: u = q + 128, c 0); the inputs as llama.cpp's Q8_0 activations (quantize_blocks'
+   int8 form: per 32, amax / 127, to nearest even; i8_pack). Per block and input row the integer
+   sum starts at -128 x the input's integer sum where u is q + 128 (exact), then 8 `vpdpbusd` (the
+   tile's 16 rows' bytes in a register, the input's 4 bytes broadcast), converted, times the
+   input's scale, an fma by a, and for a minimum an fma of c by the block's rounded input sum.
+   BENCHMARKS.md ("The int8 prompt form") has the accuracy: with int8 inputs on all four linears
+   the logits are further from fp32 than llama.cpp's own prefill (Q4_1, Q8_0); on qkv and fc
+   nearer, on fc alone ~2x nearer still; the out-projections keep bf16, and Q6_K (scales per 16).
+   Tile: 16 weight rows, per block of 32 8 vectors of the 16 rows' 4 bytes, then a and c (I8_BLK
+   bytes); GI8 input rows per pass (2 GI8 + 3 vectors live). */
 #define I8 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
 #define I8_BLK 640   /* a tile's block: 8 x 64 bytes, 16 floats a, 16 floats c */
 
 static int gemm_i8 = -1;
 /* where the step multiplies in bf16 (lm_gemm_bf16) and the CPU has AVX-512 VNNI, the int8 form
-   for a prompt's qkv and fc (choice 1) or fc alone (2); 0: bf16 (the default: LAMINA_GEMM_I8=1 or
-   2 in the environment sets the others); -1 leaves it; returns the choice in force. Off by
-   default: it moves SmolLM2's logits ~10x more than bf16 does, enough to flip near ties (the chat
-   reply to "What is the capital of France?" among them: BENCHMARKS.md) */
+   for a prompt's fc alone (choice 2, the default) or qkv and fc (1); 0: bf16 everywhere (or
+   LAMINA_GEMM_I8=0 / 1 in the environment); -1 leaves it; returns the choice in force. qkv stays
+   bf16 by default: with its inputs in int8 too the logits move enough to flip SmolLM2's near ties,
+   the chat reply to "What is the capital of France?" among them (BENCHMARKS.md) */
 int lm_gemm_i8(int choice) {
     kq_cpu();
     if (choice < 0 && gemm_i8 < 0) {
         const char *e = getenv("LAMINA_GEMM_I8");
-        choice = e && (strcmp(e, "1") == 0 || strcmp(e, "2") == 0) ? e[0] - '0' : 0;
+        choice = e && (strcmp(e, "0") == 0 || strcmp(e, "1") == 0) ? e[0] - '0' : 2;
     }
     if (choice >= 0) gemm_i8 = choice >= 1 && choice <= 2 && kq_vnni && lanes_512() ? choice : 0;
     return gemm_i8;
