@@ -240,6 +240,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.lm_step.argtypes = [p, i, p, p, p, p, p, p, i]
     lib.lm_step_last.argtypes = [p, i, p, p, p, p, p, p, i, i]
     lib.lm_linear.argtypes = lib.lm_linear_bf16.argtypes = [p, i, p, p, i]
+    lib.lm_linear_i8.argtypes = lib.lm_linear.argtypes
     lib.lm_dequant.argtypes = [i, p, i, i, p]
     lib.lm_dequant_bf16.argtypes = [i, p, i, i, p, i]
     lib.lm_dequant_i8_bf16.argtypes = [p, p, i, i, i, p, i]
@@ -257,7 +258,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.lm_train_attention_fwd.argtypes = [*[p] * 5, *[i] * 5, ctypes.c_float, i, p, i]
     lib.lm_train_attention_bwd.argtypes = [*[p] * 8, *[i] * 5, ctypes.c_float, i, p, i]
     lib.lm_tatt_wide.argtypes = [i]
-    for name in ("lm_step", "lm_step_last", "lm_linear", "lm_linear_bf16", "lm_dequant", "lm_dequant_bf16",
+    for name in ("lm_step", "lm_step_last", "lm_linear", "lm_linear_bf16", "lm_linear_i8", "lm_dequant", "lm_dequant_bf16",
                  "lm_dequant_i8_bf16", "lm_pack16", "lm_unpack16", "lm_kq_pack16", "lm_pack_i8",
                  "lm_dequant_lanes_bf16",
                  "lm_prefill_attention", "lm_prefill_attention_bf16", "lm_train_attention_fwd", "lm_train_attention_bwd",

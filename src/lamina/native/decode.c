@@ -385,6 +385,14 @@ typedef struct {
                        linears (the head) take int8 inputs at every row count too (head8) */
     uint16_t *xb;   /* (B, k) the rows in bf16 where the step multiplies in bf16 (lin_rows_bf: B at
                        least lm_gemm_min(), AVX-512 BF16), or NULL */
+    int32_t *c8;    /* (B, k/32) where int8 blocks are made (q8): -128 x each block's integer sum
+                       (the int8 prompt form's, lin_rows_i8), or NULL */
+    int i8;         /* the int8 prompt form (lin_rows_i8) for: 0 no linear; 1 the linears that read
+                       a layer's normed input (qkv, fc of `layers`); 2 fc alone; 3 every one */
+    float *pd, *ps; /* its inputs: int8 blocks in xb's memory, their scales, rounded sums and */
+    int32_t *pc;    /* -128 x integer sums, packed by groups of GI8 rows, block-major (i8_pack) */
+    const Layer *layers;
+    int nl;
 } Act;
 
 /* int8 inputs (llama.cpp's Q8_0 activations: a scale per 32, amax / 127) for one input row where
@@ -500,6 +508,7 @@ static void quantize_blocks(const float *x, int r0, int r1, int k, int perm, int
                 t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0xB1));
                 a->d8[r * nb + b] = amax / 127.0f;
                 a->s8[r * nb + b] = amax / 127.0f * (float)_mm_cvtsi128_si32(t4);
+                if (a->c8) a->c8[r * nb + b] = -128 * _mm_cvtsi128_si32(t4);
                 if (only8) continue;
             }
             float d = aq / QMAX, id = aq > 0 ? QMAX / aq : 0.0f;
@@ -556,13 +565,39 @@ static int prepare_span(const Lin *L) {
 #define BF16 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16"))) /* the bf16 GEMM below */
 static int bf_covers(const Lin *L);
 BF16 static void bf16_rows(const float *x, int r0, int r1, int k, uint16_t *xb);
+static int i8_form(const Lin *L, const Act *a);
+#define GI8 10 /* input rows per pass of the int8 prompt form over a weight tile (lin_rows_i8) */
+/* blocks b0..b1 of rows r0..r1 of x (k wide) rounded as quantize_blocks' int8 form, into the int8
+   prompt form's packed inputs: row r's block b at group r / GI8, then b, then r % GI8 */
+static void i8_pack(const float *x, int r0, int r1, int k, int b0, int b1, Act *a) {
+    const int nb = k / 32;
+    int8_t q[k];
+    float d[nb], s[nb];
+    int32_t c[nb];
+    Act t = {0};
+    t.q8 = q, t.d8 = d, t.s8 = s, t.c8 = c;
+    for (int r = r0; r < r1; r++) {
+        quantize_blocks(x + (size_t)r * k, 0, 1, k, 0, 0, 1, b0, b1, 1, &t);
+        const size_t g = (size_t)(r / GI8), i = (size_t)(r % GI8);
+        int8_t *o = (int8_t *)a->xb + g * GI8 * k + i * 32;
+        for (int b = b0; b < b1; b++) {
+            memcpy(o + (size_t)b * GI8 * 32, q + 32 * b, 32);
+            const size_t at = g * GI8 * nb + (size_t)b * GI8 + i;
+            a->pd[at] = d[b], a->ps[at] = s[b], a->pc[at] = c[b];
+        }
+    }
+}
 
 /* blocks b0..b1 of x's rows r0..r1 made ready for L (b0, b1 multiples of prepare_unit(L), or b1
    the last block; where a->xb, a linear the bf16 form takes: its rows in bf16 alone) */
 static void prepare_blocks(const Lin *L, const float *x, int r0, int r1, int b0, int b1, Act *a) {
     a->x = x;
-    if (a->xb && bf_covers(L)) { /* the bf16 form's input (whole rows: b0, b1 span them) */
-        bf16_rows(x, r0, r1, L->k, a->xb);
+    if (a->xb && bf_covers(L)) {
+        if (i8_form(L, a)) { /* the int8 form's (Act.pd above) */
+            i8_pack(x, r0, r1, L->k, b0, b1, a);
+            return;
+        }
+        bf16_rows(x, r0, r1, L->k, a->xb); /* the bf16 form's input (whole rows: b0, b1 span them) */
         return;
     }
     if (L->kind == LIN_PARTS) L = (const Lin *)L->w; /* parts are all GGML kinds: one form */
@@ -573,8 +608,7 @@ static void prepare_blocks(const Lin *L, const float *x, int r0, int r1, int b0,
 }
 
 static void prepare_rows(const Lin *L, const float *x, int r0, int r1, Act *a) {
-    const Lin *P = L->kind == LIN_PARTS ? (const Lin *)L->w : L;
-    prepare_blocks(P, x, r0, r1, 0, P->k / 32, a);
+    prepare_blocks(L, x, r0, r1, 0, L->k / 32, a); /* (parts: L itself, the form lin_rows reads) */
 }
 
 static void prepare_act(const Lin *L, const float *x, int B, Act *a) { prepare_rows(L, x, 0, B, a); }
@@ -3415,11 +3449,217 @@ BF16 static int lin_rows_bf(const Lin *L, int B, const Act *a, float *y, int yst
     return 1;
 }
 
+/* ------------------------------------------------------------------ a prompt's linears in int8 */
+
+/* The same GEMM with int8 products (`vpdpbusd`: 64 byte products a cycle, bf16's 32), for fc
+   (the default, Act.i8 2) or qkv and fc (1) of a prompt's chunk (every linear it covers: 3,
+   lm_linear_i8). The weights stay exact: each row's block of 32 as w = a u + c, u unsigned bytes
+   (the kinds with a minimum: their q as is, c the minimum (Q4_K / Q5_K: the sub-block's scale in
+   a); the others: u = q + 128, c 0); the inputs as llama.cpp's Q8_0 activations (quantize_blocks'
+   int8 form: per 32, amax / 127, to nearest even; i8_pack). Per block and input row the integer
+   sum starts at -128 x the input's integer sum where u is q + 128 (exact), then 8 `vpdpbusd` (the
+   tile's 16 rows' bytes in a register, the input's 4 bytes broadcast), converted, times the
+   input's scale, an fma by a, and for a minimum an fma of c by the block's rounded input sum.
+   BENCHMARKS.md ("The int8 prompt form") has the accuracy: with int8 inputs on all four linears
+   the logits are further from fp32 than llama.cpp's own prefill (Q4_1, Q8_0); on qkv and fc
+   nearer, on fc alone ~2x nearer still; the out-projections keep bf16, and Q6_K (scales per 16).
+   Tile: 16 weight rows, per block of 32 8 vectors of the 16 rows' 4 bytes, then a and c (I8_BLK
+   bytes); GI8 input rows per pass (2 GI8 + 3 vectors live). */
+#define I8 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
+#define I8_BLK 640   /* a tile's block: 8 x 64 bytes, 16 floats a, 16 floats c */
+
+static int gemm_i8 = -1;
+/* where the step multiplies in bf16 (lm_gemm_bf16) and the CPU has AVX-512 VNNI, the int8 form
+   for a prompt's fc alone (choice 2, the default) or qkv and fc (1); 0: bf16 everywhere (or
+   LAMINA_GEMM_I8=0 / 1 in the environment); -1 leaves it; returns the choice in force. qkv stays
+   bf16 by default: with its inputs in int8 too the logits move enough to flip SmolLM2's near ties,
+   the chat reply to "What is the capital of France?" among them (BENCHMARKS.md) */
+int lm_gemm_i8(int choice) {
+    kq_cpu();
+    if (choice < 0 && gemm_i8 < 0) {
+        const char *e = getenv("LAMINA_GEMM_I8");
+        choice = e && (strcmp(e, "0") == 0 || strcmp(e, "1") == 0) ? e[0] - '0' : 2;
+    }
+    if (choice >= 0) gemm_i8 = choice >= 1 && choice <= 2 && kq_vnni && lanes_512() ? choice : 0;
+    return gemm_i8;
+}
+static int gemm_i8_on(void) { return gemm_i8 >= 0 ? gemm_i8 : lm_gemm_i8(-1); }
+
+static int i8_kind_min(int kind) { return kind == LIN_INT4 || kq_has_min(kind); }
+
+/* whether the int8 form reads L's weights: what bf_covers takes but Q6_K */
+static int i8_covers(const Lin *L) {
+    if (L->kind == LIN_PARTS) {
+        for (int i = 0; i < L->gs; i++)
+            if (((const Lin *)L->w)[i].kind == LIN_Q6K) return 0;
+        return bf_covers(L);
+    }
+    return L->kind != LIN_Q6K && bf_covers(L);
+}
+
+/* whether a step's linear L takes the int8 form (Act.i8 above); prepare_blocks and lin_rows ask
+   the same, so L's inputs are made for the form that reads them */
+static int i8_form(const Lin *L, const Act *a) {
+    if (!a->i8 || !i8_covers(L)) return 0;
+    if (a->i8 == 3) return 1;
+    for (int l = 0; l < a->nl; l++)
+        if ((a->i8 == 1 && L == &a->layers[l].qkv) || L == &a->layers[l].fc) return 1;
+    return 0;
+}
+
+/* one weight row of L (not parts) -> k bytes u (natural order), a and c per block of 32;
+   grp, gat: as bf_row's */
+I8 static void i8_row(const Lin *L, int n, uint8_t *u, float *a, float *c, uint8_t *grp, int *gat) {
+    const int k = L->k, nb = k / 32;
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    if (L->kind == LIN_INT4) { /* byte i: elements 2i (low nibble) and 2i + 1 (high) */
+        const uint8_t *w = (const uint8_t *)L->w + (size_t)n * (k / 2);
+        const float *s = L->s + (size_t)n * (k / L->gs), *mn = L->mn + (size_t)n * (k / L->gs);
+        for (int b = 0; b < nb; b++) {
+            const __m128i raw = _mm_loadu_si128((const __m128i *)(w + 16 * b)), m4 = _mm_set1_epi8(15);
+            const __m128i lo = _mm_and_si128(raw, m4), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), m4);
+            _mm_storeu_si128((__m128i *)(u + 32 * b), _mm_unpacklo_epi8(lo, hi));
+            _mm_storeu_si128((__m128i *)(u + 32 * b + 16), _mm_unpackhi_epi8(lo, hi));
+            a[b] = s[32 * b / L->gs], c[b] = mn[32 * b / L->gs];
+        }
+        return;
+    }
+    if (L->kind == LIN_INT8) {
+        const int8_t *w = (const int8_t *)L->w + (size_t)n * k;
+        const float *s = L->s + (size_t)n * (k / L->gs);
+        for (int b = 0; b < nb; b++) {
+            _mm256_storeu_si256((__m256i *)(u + 32 * b), _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + 32 * b)), flip));
+            a[b] = s[32 * b / L->gs], c[b] = 0.0f;
+        }
+        return;
+    }
+    const int kind = L->kind, per = kq_per(kind), bs = kq_bytes(kind), sub = per / 32;
+    const size_t rb = kq_row_bytes(kind, k);
+    const uint8_t *row;
+    if (lanes_kind(L)) { /* in 16-row lanes: the group back in GGML's layout */
+        if (*gat != n / 16) {
+            lanes_group(kind, (const uint8_t *)L->lw + (size_t)(n / 16) * lanes_group_bytes(kind, k), grp, k, 1);
+            *gat = n / 16;
+        }
+        row = grp + (size_t)(n % 16) * rb;
+    } else
+        row = (const uint8_t *)L->w + (size_t)n * rb;
+    const int has_min = kq_has_min(kind);
+    float s[16], mn[PER_SB_MAX];
+    for (int sb = 0; sb < k / per; sb++) {
+        const uint8_t *blk = row + (size_t)sb * bs;
+        kq_scales(kind, blk, s, mn);
+        for (int j = 0; j < sub; j++) {
+            const __m256i q = kq_q8(kind, blk, j);
+            const int b = sb * sub + j;
+            _mm256_storeu_si256((__m256i *)(u + 32 * b), has_min ? q : _mm256_xor_si256(q, flip));
+            a[b] = s[2 * j], c[b] = mn[j];
+        }
+    }
+}
+
+/* T input rows (a group of i8_pack's: int8 x, scales xd, rounded sums xs, corrections xc) times
+   the tile (16 rows) -> y rows (stride ys), lanes m kept; + bias, + y where accumulate */
+I8 static inline __attribute__((always_inline)) void i8_tile(const int T, const int MIN, const uint8_t *Wt, int nb, const int8_t *x,
+                                                            const float *xd, const float *xs, const int32_t *xc, float *y,
+                                                            size_t ys, __mmask16 m, const float *bias, int accumulate) {
+    __m512 acc[GI8];
+    for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = Wt + (size_t)b * I8_BLK;
+        __m512i s[GI8];
+        const int8_t *xb = x + (size_t)b * GI8 * 32;
+        const float *db = xd + (size_t)b * GI8, *sb = xs + (size_t)b * GI8;
+        for (int t = 0; t < T; t++) s[t] = MIN ? _mm512_setzero_si512() : _mm512_set1_epi32(xc[(size_t)b * GI8 + t]);
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            const __m512i w = _mm512_load_si512((const void *)(blk + 64 * j));
+            for (int t = 0; t < T; t++) {
+                int32_t xv;
+                memcpy(&xv, xb + 32 * t + 4 * j, 4);
+                s[t] = _mm512_dpbusd_epi32(s[t], w, _mm512_set1_epi32(xv));
+            }
+        }
+        const __m512 av = _mm512_load_ps((const float *)(blk + 512));
+        const __m512 cv = MIN ? _mm512_load_ps((const float *)(blk + 576)) : _mm512_setzero_ps();
+        for (int t = 0; t < T; t++) {
+            const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(s[t]), _mm512_set1_ps(db[t]));
+            acc[t] = _mm512_fmadd_ps(f, av, acc[t]);
+            if (MIN) acc[t] = _mm512_fmadd_ps(cv, _mm512_set1_ps(sb[t]), acc[t]);
+        }
+    }
+    const __m512 bv = bias ? _mm512_maskz_loadu_ps(m, bias) : _mm512_setzero_ps();
+    for (int t = 0; t < T; t++) {
+        float *o = y + (size_t)t * ys;
+        __m512 v = _mm512_add_ps(acc[t], bv);
+        if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, o));
+        _mm512_mask_storeu_ps(o, m, v);
+    }
+}
+
+#define I8_T(T)                                                                                     \
+    case T:                                                                                         \
+        if (MIN) i8_tile(T, 1, Wt, nb, x, xd, xs, xc, y, ys, m, bias, accumulate);                   \
+        else i8_tile(T, 0, Wt, nb, x, xd, xs, xc, y, ys, m, bias, accumulate);                       \
+        return;
+I8 static void i8_tile_any(int T, int MIN, const uint8_t *Wt, int nb, const int8_t *x, const float *xd, const float *xs,
+                           const int32_t *xc, float *y, size_t ys, __mmask16 m, const float *bias, int accumulate) {
+    switch (T) {
+        I8_T(1) I8_T(2) I8_T(3) I8_T(4) I8_T(5) I8_T(6) I8_T(7) I8_T(8) I8_T(9) I8_T(10)
+    }
+}
+#undef I8_T
+
+/* rows n0..n1 of L for B input rows in int8 (i8_pack's) (as lin_rows); 0 when out of memory */
+I8 static int lin_rows_i8(const Lin *L, int B, const Act *a, float *y, int ystride, int n0, int n1, int accumulate) {
+    if (L->kind == LIN_PARTS) {
+        const Lin *parts = (const Lin *)L->w;
+        for (int i = 0, off = 0; i < L->gs; off += parts[i].n, i++) {
+            const int lo = n0 > off ? n0 : off, hi = n1 < off + parts[i].n ? n1 : off + parts[i].n;
+            if (lo < hi && !lin_rows_i8(&parts[i], B, a, y + off, ystride, lo - off, hi - off, accumulate)) return 0;
+        }
+        return 1;
+    }
+    const int k = L->k, nb = k / 32, lanes = lanes_kind(L), MIN = i8_kind_min(L->kind);
+    const size_t tile = (size_t)nb * I8_BLK, rows16 = (size_t)16 * k + (size_t)32 * nb * sizeof(float);
+    uint8_t *buf = gemm_scratch(tile + rows16 + (lanes ? lanes_group_bytes(L->kind, k) : 0));
+    if (!buf) return 0;
+    uint8_t *Wt = buf, *ub = buf + tile, *grp = buf + tile + rows16;
+    float *ab = (float *)(ub + (size_t)16 * k), *cb = ab + (size_t)16 * nb;
+    const int8_t *xq = (const int8_t *)a->xb;
+    int gat = -1;
+    const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(k));
+    const __m512i sc = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (int n = n0; n < n1; n += 16) {
+        const int hr = n1 - n < 16 ? n1 - n : 16;
+        for (int r = 0; r < hr; r++) i8_row(L, n + r, ub + (size_t)r * k, ab + (size_t)r * nb, cb + (size_t)r * nb, grp, &gat);
+        if (hr < 16) {
+            memset(ub + (size_t)hr * k, 0, (size_t)(16 - hr) * k);
+            memset(ab + (size_t)hr * nb, 0, (size_t)(16 - hr) * nb * sizeof(float));
+            memset(cb + (size_t)hr * nb, 0, (size_t)(16 - hr) * nb * sizeof(float));
+        }
+        const __m512i rnb = _mm512_mullo_epi32(sc, _mm512_set1_epi32(nb));
+        for (int b = 0; b < nb; b++) { /* 16 rows' 4-byte words side by side */
+            uint8_t *o = Wt + (size_t)b * I8_BLK;
+            for (int j = 0; j < 8; j++)
+                _mm512_store_si512((void *)(o + 64 * j), _mm512_i32gather_epi32(rows, (const void *)(ub + 32 * b + 4 * j), 1));
+            _mm512_store_ps((float *)(o + 512), _mm512_i32gather_ps(rnb, ab + b, 4));
+            _mm512_store_ps((float *)(o + 576), _mm512_i32gather_ps(rnb, cb + b, 4));
+        }
+        const __mmask16 m = (__mmask16)(hr >= 16 ? 0xFFFF : (1u << hr) - 1);
+        for (int t0 = 0; t0 < B; t0 += GI8)
+            i8_tile_any(B - t0 < GI8 ? B - t0 : GI8, MIN, Wt, nb, xq + (size_t)t0 * k, a->pd + (size_t)t0 * nb,
+                        a->ps + (size_t)t0 * nb, a->pc + (size_t)t0 * nb, y + (size_t)t0 * ystride + n, (size_t)ystride, m,
+                        L->bias ? L->bias + n : NULL, accumulate);
+    }
+    return 1;
+}
+
 /* y[r, n] (+)= x[r] . w[n] + bias[n] for output rows n0..n1 and input rows r < B */
 static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, int n0, int n1,
                      int accumulate) {
-    if (a->xb && bf_covers(L)) { /* a prompt's rows in bf16 (inputs made ready so by prepare_blocks) */
-        if (!lin_rows_bf(L, B, a, y, ystride, n0, n1, accumulate)) /* out of memory: NaN, not garbage */
+    if (a->xb && bf_covers(L)) { /* a prompt's rows in bf16 or int8 (inputs made ready so by prepare_blocks) */
+        if (!(i8_form(L, a) ? lin_rows_i8 : lin_rows_bf)(L, B, a, y, ystride, n0, n1, accumulate)) /* out of memory: NaN */
             for (int r = 0; r < B; r++)
                 for (int n = n0; n < n1; n++) y[(size_t)r * ystride + n] = NAN;
         return;
@@ -3593,15 +3833,21 @@ static void lin_job(void *p, int tid, int nt) {
     lin_rows(j->L, j->B, &j->a, j->y, j->L->n, n0, n1, 0);
 }
 
-/* y (B, n) = x (B, k) @ W.T + bias, by the integer kernels (bf 0) or in bf16 (bf 1) */
+/* y (B, n) = x (B, k) @ W.T + bias, by the integer kernels (bf 0), in bf16 (bf 1) or by the
+   int8 prompt form (bf 2) */
 static int linear_call(const Lin *L, int B, const float *x, float *y, int nthreads, int bf) {
     LinJob j = {L, B, {0}, y};
     int nb = L->k / 32;
     void *buf = NULL;
     if (bf) {
-        buf = malloc((size_t)B * L->k * sizeof(uint16_t) + 64);
+        const size_t rows = bf == 2 ? (size_t)(B + GI8 - 1) / GI8 * GI8 : (size_t)B; /* (i8_pack's groups) */
+        buf = malloc(rows * L->k * sizeof(uint16_t) + (bf == 2 ? rows * nb * 3 * sizeof(float) : 0) + 64);
         if (!buf) return 0;
         j.a.xb = (uint16_t *)buf;
+        if (bf == 2) {
+            j.a.pd = (float *)(j.a.xb + rows * L->k), j.a.ps = j.a.pd + rows * nb;
+            j.a.pc = (int32_t *)(j.a.ps + rows * nb), j.a.i8 = 3;
+        }
     } else if (L->kind != LIN_F32) {
         const int q8 = (B == 1 && act8_on()) || (L->lw && lanes8_on()); /* as lm_step: int8 inputs for one row, or the lanes */
         buf = malloc((size_t)B * L->k * (sizeof(int16_t) + q8) + (size_t)B * nb * (2 + 2 * q8) * sizeof(float) + 64);
@@ -3626,6 +3872,13 @@ int lm_linear(const Lin *L, int B, const float *x, float *y, int nthreads) { ret
 int lm_linear_bf16(const Lin *L, int B, const float *x, float *y, int nthreads) {
     if (!gemm_on() || !bf_covers(L) || B < 1) return 0;
     return linear_call(L, B, x, y, nthreads, 1);
+}
+
+/* the same by the int8 prompt form (lin_rows_i8) at any B; 0 where this CPU or L's kind does not
+   take it (lm_gemm_bf16(0) or lm_gemm_i8(0) included) */
+int lm_linear_i8(const Lin *L, int B, const float *x, float *y, int nthreads) {
+    if (!gemm_on() || !gemm_i8_on() || !i8_covers(L) || B < 1) return 0;
+    return linear_call(L, B, x, y, nthreads, 2);
 }
 
 /* ------------------------------------------------------------------ the decode step */
@@ -4439,6 +4692,9 @@ int lm_step_last(const Model *m, int B, const int64_t *tokens, const int64_t *po
     /* int8 inputs: the rows the one-row form takes (act8), or every row where linears are in lanes (lanes8) */
     const int q8 = (B < lanes_min(1) && act8_on()) || (lanes8_on() && has_lanes(m));
     if (q8) floats += 2 * (size_t)B * (kmax / 32 + 1) + ((size_t)B * kmax + 3) / 4;
+    /* the int8 form's packed inputs: xb's memory (rows rounded up to GI8: B >= GI8 fits) and these */
+    const int i8 = bf && B >= GI8 ? gemm_i8_on() : 0;
+    if (i8) floats += 3 * (size_t)(B + GI8) * (kmax / 32);
     float *buf = (float *)malloc(floats * sizeof(float) + (size_t)B * kmax * sizeof(int16_t) + 64);
     if (!buf) return 0;
     Step S = {.m = m, .B = B, .tokens = tokens, .positions = positions, .starts = starts,
@@ -4485,6 +4741,13 @@ int lm_step_last(const Model *m, int B, const int64_t *tokens, const int64_t *po
         S.a.d8 = p, p += (size_t)B * (kmax / 32 + 1);
         S.a.s8 = p, p += (size_t)B * (kmax / 32 + 1);
         S.a.q8 = (int8_t *)p, p += ((size_t)B * kmax + 3) / 4;
+    }
+    if (i8) {
+        const size_t per = (size_t)(B + GI8) * (kmax / 32);
+        S.a.pd = p, p += per;
+        S.a.ps = p, p += per;
+        S.a.pc = (int32_t *)p, p += per;
+        S.a.i8 = i8, S.a.layers = m->layers, S.a.nl = m->n_layers;
     }
     S.a.q = (int16_t *)p;
     if (bf) S.a.xb = (uint16_t *)S.a.q; /* (the same memory: above) */
