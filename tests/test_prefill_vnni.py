@@ -1,7 +1,7 @@
 """The int8 form of a prompt's linears (decode.c's lin_rows_i8, lm_gemm_i8): weights exact as
 w = a u + c, inputs rounded to int8 per block of 32 as llama.cpp's Q8_0 activations, integer
-products by `vpdpbusd`; a prompt's chunk takes it for fc alone (lm_gemm_i8(2), the default) or
-qkv and fc (1)."""
+products by `vpdpbusd`; a prompt's chunk takes it for fc alone (lm_gemm_i8(2)) or qkv and fc
+(1); off by default (0: bf16)."""
 
 from __future__ import annotations
 
@@ -44,9 +44,9 @@ def _i8(lib, choice: int) -> Iterator[None]:
         lib.lm_gemm_i8(before)
 
 
-def test_the_int8_form_takes_fc_by_default() -> None:
+def test_the_int8_form_is_off_by_default() -> None:
     lib = _lib()
-    assert lib.lm_gemm_i8(-1) == 2  # (tests that set it put it back)
+    assert lib.lm_gemm_i8(-1) == 0  # (tests that set it put it back)
     with _i8(lib, 3):  # no such choice: off
         assert lib.lm_gemm_i8(-1) == 0
 
@@ -125,7 +125,8 @@ def test_int8_form_is_refused_where_it_does_not_apply() -> None:
     L, _ = _int8(keep, 64, 512, 32, 0)
     with _i8(lib, 0):
         assert lib.lm_linear_i8(ctypes.addressof(L), 20, x.ctypes.data, y.ctypes.data, 1) == 0
-    assert lib.lm_linear_i8(ctypes.addressof(L), 20, x.ctypes.data, y.ctypes.data, 1) == 1
+    with _i8(lib, 2):
+        assert lib.lm_linear_i8(ctypes.addressof(L), 20, x.ctypes.data, y.ctypes.data, 1) == 1
 
 
 @pytest.mark.parametrize("qtype", ["Q4_K_M", "Q8_0"])
@@ -146,7 +147,7 @@ def test_a_prompts_chunks_in_int8_stay_near_bf16(qtype: str) -> None:
         assert tokens == want_tokens
         outs.append(got)
     assert not np.array_equal(outs[0], outs[1])  # qkv too, or fc alone
-    assert np.array_equal(_prompt_and_tokens(rt, ids, 0)[0], outs[1])  # the default: fc alone
+    assert np.array_equal(_prompt_and_tokens(rt, ids, 0)[0], want)  # the default: bf16
     with _i8(lib, 0):
         again, _ = _prompt_and_tokens(rt, ids, 0)
     assert np.array_equal(again, want)  # the switch off: the bf16 form's bits again
@@ -174,13 +175,12 @@ def test_the_real_model_in_int8_keeps_its_greedy_tokens(smollm2_rt: Runtime) -> 
         # over 16 x 256 teacher-forced tokens ~0.002 from fp32's, below llama.cpp's 0.0035)
         assert 0 < _kl(want, got) < 0.02
         assert tokens == want_tokens
-    # the question alone: fp32's first token leads by 0.08 of a logit; qkv's int8 inputs flip it
-    # (the reply is then wrong), fc's alone keep it (BENCHMARKS.md): why qkv stays bf16 by default
+    # the question alone: fp32's first token leads by 0.08 of a logit, and int8 inputs move it by
+    # about that much (qkv and fc flip it, and fc alone beside the bf16 attention: the reply is
+    # then wrong; BENCHMARKS.md): why the default stays bf16
     ids = rt.render_chat([{"role": "user", "content": question}])
-    with _i8(lib, 0):
-        want, want_tokens = _prompt_and_tokens(rt, ids, 8)
     _, tokens = _prompt_and_tokens(rt, ids, 8)  # the default
-    assert tokens == want_tokens and "Paris" in rt.tokenizer.decode(tokens)
+    assert "Paris" in rt.tokenizer.decode(tokens)
 
 
 def _kl(p: np.ndarray, q: np.ndarray) -> float:

@@ -3470,15 +3470,17 @@ BF16 static int lin_rows_bf(const Lin *L, int B, const Act *a, float *y, int yst
 
 static int gemm_i8 = -1;
 /* where the step multiplies in bf16 (lm_gemm_bf16) and the CPU has AVX-512 VNNI, the int8 form
-   for a prompt's fc alone (choice 2, the default) or qkv and fc (1); 0: bf16 everywhere (or
-   LAMINA_GEMM_I8=0 / 1 in the environment); -1 leaves it; returns the choice in force. qkv stays
-   bf16 by default: with its inputs in int8 too the logits move enough to flip SmolLM2's near ties,
-   the chat reply to "What is the capital of France?" among them (BENCHMARKS.md) */
+   for a prompt's fc alone (choice 2) or qkv and fc (1); 0, the default: bf16 everywhere
+   (LAMINA_GEMM_I8=1 / 2 in the environment picks the others); -1 leaves it; returns the choice in
+   force. Off by default: int8 inputs move the logits ~5x further from fp32's than bf16's (still
+   nearer than llama.cpp's own prefill), enough to flip SmolLM2's near ties, the chat reply to
+   "What is the capital of France?" among them with fc alone beside the bf16 attention
+   (BENCHMARKS.md) */
 int lm_gemm_i8(int choice) {
     kq_cpu();
     if (choice < 0 && gemm_i8 < 0) {
         const char *e = getenv("LAMINA_GEMM_I8");
-        choice = e && (strcmp(e, "0") == 0 || strcmp(e, "1") == 0) ? e[0] - '0' : 2;
+        choice = e && (strcmp(e, "1") == 0 || strcmp(e, "2") == 0) ? e[0] - '0' : 0;
     }
     if (choice >= 0) gemm_i8 = choice >= 1 && choice <= 2 && kq_vnni && lanes_512() ? choice : 0;
     return gemm_i8;
