@@ -101,19 +101,16 @@ def _call(fn, L: Lin, x: np.ndarray, threads: int) -> np.ndarray:
     return y
 
 
-# 53 rows: a tile of 32 and a tail of 21 (16 + 5); k: 9 or 18 blocks of 32, 2 super-blocks
-CASES = ["int4", "int4-g64", "int8", "int8-row", *BLOCKS, "Q4_K-lanes", "parts"]
-
-
-@pytest.mark.parametrize("case", CASES)
-def test_bf16_linear_is_the_product_of_bf16_roundings(case: str) -> None:
-    lib, keep = _lib(), Keep()
-    n = 48 if case == "Q4_K-lanes" else 53
+def _linear(lib, keep: Keep, case: str) -> tuple[Lin, np.ndarray]:
+    """A linear of CASES' kind `case` (53 rows, 48 in lanes) and its dense float weights."""
+    n = 48 if case.endswith("-lanes") else 53
     if case.startswith("int4"):
-        L, dense = _int4(keep, n, 576, 64 if case.endswith("g64") else 32, 1)
-    elif case.startswith("int8"):
-        L, dense = _int8(keep, n, 288, 288 if case.endswith("row") else 32, 2)
-    elif case == "parts":  # a fused linear of mixed kinds, each part its own tiles
+        return _int4(keep, n, 576, 64 if case.endswith("g64") else 32, 1)
+    if case.startswith("int8"):
+        return _int8(keep, n, 288, 288 if case.endswith("row") else 32, 2)
+    if (
+        case == "parts"
+    ):  # a fused linear of mixed kinds (with and without minimums), each its own tiles
         parts = [_ggml(lib, keep, "Q5_0", 21, 256, 3), _ggml(lib, keep, "Q4_K", 16, 256, 4, True),
                  _ggml(lib, keep, "Q8_0", 16, 256, 5)]  # fmt: skip
         structs = keep.parts(3)
@@ -121,10 +118,19 @@ def test_bf16_linear_is_the_product_of_bf16_roundings(case: str) -> None:
             ctypes.memmove(ctypes.addressof(P), ctypes.addressof(p), ctypes.sizeof(Lin))
         L = Lin()
         L.kind, L.n, L.k, L.gs, L.w = LIN_PARTS, 53, 256, 3, ctypes.addressof(structs[0])
-        dense = np.concatenate([d for _, d in parts])
-    else:
-        qtype, lanes = case.removesuffix("-lanes"), case.endswith("-lanes")
-        L, dense = _ggml(lib, keep, qtype, n, 512 if BLOCKS[qtype][0] == 256 else 288, 6, lanes)
+        return L, np.concatenate([d for _, d in parts])
+    qtype, lanes = case.removesuffix("-lanes"), case.endswith("-lanes")
+    return _ggml(lib, keep, qtype, n, 512 if BLOCKS[qtype][0] == 256 else 288, 6, lanes)
+
+
+# 53 rows: a tile of 32 and a tail of 21 (16 + 5); k: 9 or 18 blocks of 32, 2 super-blocks
+CASES = ["int4", "int4-g64", "int8", "int8-row", *BLOCKS, "Q4_K-lanes", "parts"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bf16_linear_is_the_product_of_bf16_roundings(case: str) -> None:
+    lib, keep = _lib(), Keep()
+    L, dense = _linear(lib, keep, case)
     bias = np.zeros(L.n, np.float32)
     if L.kind != LIN_PARTS:  # (a fused linear's parts hold their own biases)
         bias = np.random.default_rng(7).standard_normal(L.n).astype(np.float32)

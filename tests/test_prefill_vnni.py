@@ -12,21 +12,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_native_gemm import _call, _ggml, _int4, _int8, _prompt_and_tokens
+from test_native_gemm import _call, _ggml, _int8, _linear, _prompt_and_tokens
+from test_native_gemm import _lib as _bf16_lib
 
-from lamina.native import build
 from lamina.native.runtime import Runtime
-from lamina.native.structs import LIN_PARTS, Keep, Lin
+from lamina.native.structs import LIN_PARTS, Keep
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def _lib():
-    lib = build.library() if build.platform_missing() is None else None
-    if lib is None:
-        pytest.skip("the native library does not build here")
-    if lib.lm_gemm_bf16(-1) != 1:
-        pytest.skip("no AVX-512 BF16 here: the int8 prompt form does not run")
+    lib = _bf16_lib()  # skips where the native library or AVX-512 BF16 is missing
     with _i8(lib, 1):
         if lib.lm_gemm_i8(-1) != 1:
             pytest.skip("no AVX-512 VNNI here: the int8 prompt form does not run")
@@ -62,25 +58,6 @@ def _q8_rows(x: np.ndarray) -> np.ndarray:
     d = (amax / np.float32(127)).astype(np.float32)
     assert np.abs(q).max() <= 127
     return (q.astype(np.float64) * d.astype(np.float64)).reshape(x.shape)
-
-
-def _linear(lib, keep: Keep, case: str) -> tuple[Lin, np.ndarray]:
-    n = 48 if case.endswith("-lanes") else 53  # 53: three tiles of 16 and a tail of 5
-    if case.startswith("int4"):
-        return _int4(keep, n, 576, 64 if case.endswith("g64") else 32, 1)
-    if case.startswith("int8"):
-        return _int8(keep, n, 288, 288 if case.endswith("row") else 32, 2)
-    if case == "parts":  # mixed kinds (with and without minimums), each its own tiles
-        parts = [_ggml(lib, keep, "Q5_0", 21, 256, 3), _ggml(lib, keep, "Q4_K", 16, 256, 4, True),
-                 _ggml(lib, keep, "Q8_0", 16, 256, 5)]  # fmt: skip
-        structs = keep.parts(3)
-        for P, (p, _) in zip(structs, parts, strict=True):
-            ctypes.memmove(ctypes.addressof(P), ctypes.addressof(p), ctypes.sizeof(Lin))
-        L = Lin()
-        L.kind, L.n, L.k, L.gs, L.w = LIN_PARTS, 53, 256, 3, ctypes.addressof(structs[0])
-        return L, np.concatenate([d for _, d in parts])
-    qtype, lanes = case.removesuffix("-lanes"), case.endswith("-lanes")
-    return _ggml(lib, keep, qtype, n, 512 if qtype.endswith("_K") else 288, 6, lanes)
 
 
 CASES = ["int4", "int4-g64", "int8", "int8-row", "Q4_K", "Q5_K", "Q8_0", "Q5_0", "Q5_1", "Q4_K-lanes", "parts"]  # fmt: skip

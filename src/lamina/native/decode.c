@@ -3252,6 +3252,19 @@ BF16 static inline __attribute__((always_inline)) void bf_row_kq(const int kind,
     }
 }
 
+/* weight row n of a GGML-block linear L in GGML's layout: in place, or (in 16-row lanes) in grp,
+   its group put back there (*gat: the group grp holds, -1 none) */
+static const uint8_t *ggml_row(const Lin *L, int n, uint8_t *grp, int *gat) {
+    const int k = L->k, kind = L->kind;
+    const size_t rb = kq_row_bytes(kind, k);
+    if (!lanes_kind(L)) return (const uint8_t *)L->w + (size_t)n * rb;
+    if (*gat != n / 16) {
+        lanes_group(kind, (const uint8_t *)L->lw + (size_t)(n / 16) * lanes_group_bytes(kind, k), grp, k, 1);
+        *gat = n / 16;
+    }
+    return grp + (size_t)(n % 16) * rb;
+}
+
 /* one weight row of L (not parts) -> k bf16 (natural order); grp: a Q4_K group in lanes put back
    in GGML's layout (16 rows), *gat the group it holds (-1: none) */
 BF16 static void bf_row(const Lin *L, int n, uint16_t *o, uint8_t *grp, int *gat) {
@@ -3283,8 +3296,6 @@ BF16 static void bf_row(const Lin *L, int n, uint16_t *o, uint8_t *grp, int *gat
         return;
     }
     const int kind = L->kind;
-    const size_t rb = kq_row_bytes(kind, k);
-    const uint8_t *row;
     if (kind == LIN_Q5_0 && L->lw) { /* in 16-row lanes: read in place (the floats below, the same bits) */
         const uint8_t *g = (const uint8_t *)L->lw + (size_t)(n / 16) * lanes_group_bytes(kind, k);
         const int r = n % 16;
@@ -3308,14 +3319,7 @@ BF16 static void bf_row(const Lin *L, int n, uint16_t *o, uint8_t *grp, int *gat
         }
         return;
     }
-    if (lanes_kind(L)) { /* in 16-row lanes: the group back in GGML's layout */
-        if (*gat != n / 16) {
-            lanes_group(kind, (const uint8_t *)L->lw + (size_t)(n / 16) * lanes_group_bytes(kind, k), grp, k, 1);
-            *gat = n / 16;
-        }
-        row = grp + (size_t)(n % 16) * rb;
-    } else
-        row = (const uint8_t *)L->w + (size_t)n * rb;
+    const uint8_t *row = ggml_row(L, n, grp, gat);
     switch (kind) { /* each kind's loop compiled for it (a kind known at compile time) */
     case LIN_Q4K: bf_row_kq(LIN_Q4K, row, k, o); return;
     case LIN_Q5K: bf_row_kq(LIN_Q5K, row, k, o); return;
@@ -3413,16 +3417,20 @@ static uint8_t *gemm_scratch(size_t bytes) {
     return gemm_buf;
 }
 
+typedef int (*RowsFn)(const Lin *L, int B, const Act *a, float *y, int ystride, int n0, int n1, int accumulate);
+/* rows n0..n1 of a parts linear L, each part's share by f (its rows at its offset); 0 where f fails */
+static int parts_rows(RowsFn f, const Lin *L, int B, const Act *a, float *y, int ystride, int n0, int n1, int accumulate) {
+    const Lin *parts = (const Lin *)L->w;
+    for (int i = 0, off = 0; i < L->gs; off += parts[i].n, i++) {
+        const int lo = n0 > off ? n0 : off, hi = n1 < off + parts[i].n ? n1 : off + parts[i].n;
+        if (lo < hi && !f(&parts[i], B, a, y + off, ystride, lo - off, hi - off, accumulate)) return 0;
+    }
+    return 1;
+}
+
 /* rows n0..n1 of L for B input rows in bf16 (a->xb) (as lin_rows); 0 when out of memory */
 BF16 static int lin_rows_bf(const Lin *L, int B, const Act *a, float *y, int ystride, int n0, int n1, int accumulate) {
-    if (L->kind == LIN_PARTS) {
-        const Lin *parts = (const Lin *)L->w;
-        for (int i = 0, off = 0; i < L->gs; off += parts[i].n, i++) {
-            const int lo = n0 > off ? n0 : off, hi = n1 < off + parts[i].n ? n1 : off + parts[i].n;
-            if (lo < hi && !lin_rows_bf(&parts[i], B, a, y + off, ystride, lo - off, hi - off, accumulate)) return 0;
-        }
-        return 1;
-    }
+    if (L->kind == LIN_PARTS) return parts_rows(lin_rows_bf, L, B, a, y, ystride, n0, n1, accumulate);
     const int k = L->k, kp = k / 2, lanes = lanes_kind(L);
     const size_t tile = (size_t)GR * k * 2, rows16 = (size_t)16 * k * 2;
     uint8_t *buf = gemm_scratch(tile + rows16 + (lanes ? lanes_group_bytes(L->kind, k) : 0));
@@ -3536,16 +3544,7 @@ I8 static void i8_row(const Lin *L, int n, uint8_t *u, float *a, float *c, uint8
         return;
     }
     const int kind = L->kind, per = kq_per(kind), bs = kq_bytes(kind), sub = per / 32;
-    const size_t rb = kq_row_bytes(kind, k);
-    const uint8_t *row;
-    if (lanes_kind(L)) { /* in 16-row lanes: the group back in GGML's layout */
-        if (*gat != n / 16) {
-            lanes_group(kind, (const uint8_t *)L->lw + (size_t)(n / 16) * lanes_group_bytes(kind, k), grp, k, 1);
-            *gat = n / 16;
-        }
-        row = grp + (size_t)(n % 16) * rb;
-    } else
-        row = (const uint8_t *)L->w + (size_t)n * rb;
+    const uint8_t *row = ggml_row(L, n, grp, gat);
     const int has_min = kq_has_min(kind);
     float s[16], mn[PER_SB_MAX];
     for (int sb = 0; sb < k / per; sb++) {
@@ -3614,14 +3613,7 @@ I8 static void i8_tile_any(int T, int MIN, const uint8_t *Wt, int nb, const int8
 
 /* rows n0..n1 of L for B input rows in int8 (i8_pack's) (as lin_rows); 0 when out of memory */
 I8 static int lin_rows_i8(const Lin *L, int B, const Act *a, float *y, int ystride, int n0, int n1, int accumulate) {
-    if (L->kind == LIN_PARTS) {
-        const Lin *parts = (const Lin *)L->w;
-        for (int i = 0, off = 0; i < L->gs; off += parts[i].n, i++) {
-            const int lo = n0 > off ? n0 : off, hi = n1 < off + parts[i].n ? n1 : off + parts[i].n;
-            if (lo < hi && !lin_rows_i8(&parts[i], B, a, y + off, ystride, lo - off, hi - off, accumulate)) return 0;
-        }
-        return 1;
-    }
+    if (L->kind == LIN_PARTS) return parts_rows(lin_rows_i8, L, B, a, y, ystride, n0, n1, accumulate);
     const int k = L->k, nb = k / 32, lanes = lanes_kind(L), MIN = i8_kind_min(L->kind);
     const size_t tile = (size_t)nb * I8_BLK, rows16 = (size_t)16 * k + (size_t)32 * nb * sizeof(float);
     uint8_t *buf = gemm_scratch(tile + rows16 + (lanes ? lanes_group_bytes(L->kind, k) : 0));
