@@ -4080,16 +4080,20 @@ WIDE static inline __attribute__((always_inline)) void scores_group_t(const int 
             sc[(size_t)g * CHUNK + i] = _mm512_reduce_add_ps(key64(qv[g][0], qv[g][1], qv[g][2], qv[g][3], kb + (size_t)i * rb, h)) * scale;
 }
 
+/* F(g) for a group of G query heads, g a constant 1..ATT_G (4: G 4 or more), then return */
+#define GROUP_SWITCH(G, F)                                                                            \
+    switch (G) {                                                                                      \
+    case 1: F(1); return;                                                                             \
+    case 2: F(2); return;                                                                             \
+    case 3: F(3); return;                                                                             \
+    default: F(4); return;                                                                            \
+    }
+
 /* a group's scores (scores_group_t), G <= ATT_G; kb's rows float32, or halves where h */
 WIDE static void scores_group_512(int G, const float *q, const char *kb, int h, int len, float scale, float *sc, const char *vb,
                                   const char *nk, int nlen) {
 #define SG(g) (h ? scores_group_t(g, q, kb, 1, len, scale, sc, vb, nk, nlen) : scores_group_t(g, q, kb, 0, len, scale, sc, vb, nk, nlen))
-    switch (G) {
-    case 1: SG(1); return;
-    case 2: SG(2); return;
-    case 3: SG(3); return;
-    default: SG(4); return;
-    }
+    GROUP_SWITCH(G, SG);
 #undef SG
 }
 
@@ -4132,12 +4136,7 @@ WIDE static inline __attribute__((always_inline)) void weighted_group(int G, con
 
 WIDE static void weighted_group_512(int G, const float *w, const char *vb, int h, int len, float **o, const char *nv, int nlen) {
 #define WG(g) (h ? weighted_group(g, w, vb, 1, len, o, nv, nlen) : weighted_group(g, w, vb, 0, len, o, nv, nlen))
-    switch (G) {
-    case 1: WG(1); return;
-    case 2: WG(2); return;
-    case 3: WG(3); return;
-    default: WG(4); return;
-    }
+    GROUP_SWITCH(G, WG);
 #undef WG
 }
 
