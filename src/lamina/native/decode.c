@@ -2585,16 +2585,6 @@ VNNI static void one_row_q4k_lanes(const Lin *L, const Act *a, const int8_t *xp,
     }
 }
 
-/* Q4_K rows n0..n1 in lanes for one input row; 0 when out of memory */
-static int one_row_kq_lanes(const Lin *L, const Act *a, float *y, int n0, int n1, int accumulate) {
-    int8_t *buf = aligned_alloc(64, (size_t)2 * L->k);
-    if (!buf) return 0;
-    kq_planes_flat(a->q, L->k, buf);
-    one_row_q4k_lanes(L, a, buf, y, n0, n1, accumulate);
-    free(buf);
-    return 1;
-}
-
 VNNI static void one_row_q50_lanes(const Lin *L, const Act *a, const int8_t *xp, const int32_t *off, float *y, int n0, int n1, int accumulate) {
     const int k = L->k, nb = k / 32;
     const size_t gb = (size_t)nb * Q50_B;
@@ -2627,19 +2617,23 @@ VNNI static void one_row_q50_lanes(const Lin *L, const Act *a, const int8_t *xp,
     }
 }
 
-/* Q5_0 rows n0..n1 in lanes for one input row; 0 when out of memory */
-static int one_row_q50_lanes_call(const Lin *L, const Act *a, float *y, int n0, int n1, int accumulate) {
+/* Q4_K or Q5_0 rows n0..n1 in lanes for one input row: the input's byte planes (and Q5_0's
+   -16 x each block's integer sum) made once, then the kind's kernel; 0 when out of memory */
+static int one_row_lanes(const Lin *L, const Act *a, float *y, int n0, int n1, int accumulate) {
     const int k = L->k, nb = k / 32;
     int8_t *buf = aligned_alloc(64, ((size_t)2 * k + (size_t)4 * nb + 127) / 64 * 64);
     if (!buf) return 0;
-    int32_t *off = (int32_t *)(buf + 2 * k);
     kq_planes_flat(a->q, k, buf);
-    for (int b = 0; b < nb; b++) {
-        int32_t s = 0;
-        for (int i = 0; i < 32; i++) s += a->q[32 * b + i];
-        off[b] = -16 * s;
-    }
-    one_row_q50_lanes(L, a, buf, off, y, n0, n1, accumulate);
+    if (L->kind == LIN_Q5_0) {
+        int32_t *off = (int32_t *)(buf + 2 * k);
+        for (int b = 0; b < nb; b++) {
+            int32_t s = 0;
+            for (int i = 0; i < 32; i++) s += a->q[32 * b + i];
+            off[b] = -16 * s;
+        }
+        one_row_q50_lanes(L, a, buf, off, y, n0, n1, accumulate);
+    } else
+        one_row_q4k_lanes(L, a, buf, y, n0, n1, accumulate);
     free(buf);
     return 1;
 }
@@ -3683,7 +3677,7 @@ static void lin_rows(const Lin *L, int B, const Act *a, float *y, int ystride, i
                 Act one = *a;
                 one.x = a->x ? a->x + (size_t)r * k : NULL, one.q = a->q + (size_t)r * k;
                 one.dx = a->dx + (size_t)r * nb, one.sx = a->sx + (size_t)r * nb;
-                failed = !(q50 ? one_row_q50_lanes_call : one_row_kq_lanes)(L, &one, y + (size_t)r * ystride, n0, n1, accumulate);
+                failed = !one_row_lanes(L, &one, y + (size_t)r * ystride, n0, n1, accumulate);
             }
             if (!failed) return;
         }
