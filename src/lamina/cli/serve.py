@@ -103,7 +103,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="N",
         help="a streamed reply's text goes out every N tokens, merged into one chunk (1: every "
         "token); a choice's first token always goes at once and the rest at its end. Default: 1 "
-        "while one request decodes, 2 while several share the batch (each chunk wakes its client "
+        "while one request decodes, 4 while several share the batch (each chunk wakes its client "
         "and the server's event loop: fewer wake-ups leave the cores to decoding)",
     )
     add_keep_quantized(p)

@@ -31,7 +31,7 @@ from typing import Any
 from lamina.errors import LaminaError
 from lamina.serve.sequence import Token
 
-SHARED = 2  # the default interval while several sequences decode together
+SHARED = 4  # the default interval while several sequences decode together
 
 
 def check_interval(value: Any) -> int | None:
