@@ -86,6 +86,8 @@ def test_the_command_line_checks_the_interval(tmp_path):
         check_args(args)
     assert parser.parse_args(["serve", "m", "--stream-interval", "3"]).stream_interval == 3
     assert parser.parse_args(["serve", "m"]).stream_interval is None
+    sub = parser._subparsers._group_actions[0].choices["serve"]
+    assert f"{SHARED} while several" in " ".join(sub.format_help().split())  # the help's default
     with pytest.raises(SystemExit):  # argparse: not an integer
         parser.parse_args(["serve", "m", "--stream-interval", "two"])
 
