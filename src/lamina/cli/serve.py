@@ -96,6 +96,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="the slots' KV caches where the native step runs: f16 (default: half the memory "
         "and the bytes each step's attention reads) or f32",
     )
+    p.add_argument(
+        "--stream-interval",
+        type=int,
+        default=None,
+        metavar="N",
+        help="a streamed reply's text goes out every N tokens, merged into one chunk (1: every "
+        "token); a choice's first token always goes at once and the rest at its end. Default: 1 "
+        "while one request decodes, 4 while several share the batch (each chunk wakes its client "
+        "and the server's event loop: fewer wake-ups leave the cores to decoding)",
+    )
     add_keep_quantized(p)
     p.set_defaults(func=run)
 
@@ -121,6 +131,10 @@ def check_args(args: argparse.Namespace) -> None:
         if getattr(args, name) <= 0:
             flag = "--" + name.replace("_", "-")
             raise LaminaError(f"{flag} must be positive, got {getattr(args, name)}")
+    if args.stream_interval is not None and args.stream_interval < 1:
+        raise LaminaError(
+            f"--stream-interval must be an integer >= 1 (1: every token), got {args.stream_interval}"
+        )
     if not args.wait > 0:
         raise LaminaError(f"--wait must be a positive number of seconds, got {args.wait}")
 
@@ -148,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
         context=args.context,
         wait=args.wait,
         kv16=args.kv_cache == "f16",
+        stream_interval=args.stream_interval,
     )
     engine = Engine(model, tokenizer, limits)
     _ = engine.batcher  # the slots' KV caches, allocated now: one that cannot fit is refused here

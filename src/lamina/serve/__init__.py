@@ -32,7 +32,8 @@ The HTTP API, for the page and for scripts alike:
 Bad requests get 400 with {"error": "..."} naming the field (malformed JSON, unknown fields, a
 prompt over the limit, negative temperature, max_tokens over the limit, characters outside the
 vocabulary). The playground's jobs run one at a time on a worker thread; the OpenAI-compatible
-/v1 API (`openai_api.py`, fields in `chat_service.py`) decodes its requests together in a
+/v1 API (`openai_api.py`, fields in `chat_service.py`, its JSON in `answers.py`, a stream's
+pace in `pacing.py`) decodes its requests together in a
 continuous batch (`batch.py`: `Limits.slots` KV-cache rows of `Limits.context` tokens), with
 `response_format` grammars (`grammar.py`, llguidance) and tool calls (`tools.py`). At most
 `Limits.queue` requests are admitted (running or waiting, both APIs) and further requests get

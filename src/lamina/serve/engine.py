@@ -43,6 +43,7 @@ import torch
 from lamina.errors import LaminaError
 from lamina.generation import TextStream, check_sampling, encode_prompt, stream
 from lamina.inspect import forward_with_maps, head_patterns, table_from_logits, token_labels
+from lamina.serve.pacing import check_interval
 from lamina.serve.workers import Ticket, Workers
 
 GENERATE_FIELDS = {"prompt", "max_tokens", "temperature", "top_k", "top_p", "seed"}
@@ -76,6 +77,12 @@ class Limits:
     prep_seconds: float = 10.0  # seconds rendering a template / compiling a grammar may take
     prefill_chunk: int = 256  # prompt tokens prefilled between two decode steps
     kv16: bool = True  # float16 KV caches where the native step runs (batch.py)
+    # a streamed reply's tokens go out every N (pacing.py); None: 1 while one sequence decodes,
+    # pacing.SHARED while several do
+    stream_interval: int | None = None
+
+    def __post_init__(self) -> None:
+        check_interval(self.stream_interval)
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,11 @@ Answers have OpenAI's shapes: `chat.completion` / `text_completion` objects with
 (n of them; a chat message's `tool_calls` with finish_reason "tool_calls"; `logprobs` when
 asked) and `usage` (prompt, completion and total tokens; `prompt_tokens_details.cached_tokens`
 counts the prompt tokens a KV-cache row already held). With `"stream": true` the answer is
-server-sent events, one `data: {chunk}` per piece of text, a last chunk per choice with
-`finish_reason`, a usage chunk when `stream_options.include_usage` is set, then `data:
-[DONE]` (a reply with tools is sent whole when it ends, as its text may be a call).
+server-sent events: the role, then one `data: {chunk}` per piece of text (a choice's first
+token at once, later ones every `Limits.stream_interval` tokens, merged into one chunk:
+`pacing.py`; the JSON is built in `answers.py`), a last chunk per choice with `finish_reason`,
+a usage chunk when `stream_options.include_usage` is set, then `data: [DONE]` (a reply with
+tools is sent whole when it ends, as its text may be a call).
 
 A request is checked on the event loop; rendering and grammar compiling run in the engine's
 prep threads (bounded in time: a template that hangs is a 500 after `Limits.prep_seconds`,
@@ -25,7 +27,6 @@ that disconnects stops its generation at the next step. The fields are checked i
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 import time
@@ -39,193 +40,18 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from lamina.errors import LaminaError
-from lamina.serve.chat_service import ChatService, Job, RequestError
+from lamina.serve.answers import Answer, data, error_body
+from lamina.serve.chat_service import ChatService, RequestError
 from lamina.serve.engine import Busy, PrepTimeout, Stopping
-from lamina.serve.sequence import Done, Token
+from lamina.serve.pacing import Pace, every_for
 from lamina.serve.workers import Mail
 
 log = logging.getLogger("lamina.serve")
 
 
-def error_body(message: str, status: int, param: str | None = None) -> dict[str, Any]:
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return {"error": {"message": message, "type": kind, "param": param, "code": None}}
-
-
 def openai_error(status: int, message: str, param: str | None = None) -> Response:
     headers = {"Retry-After": "1"} if status == 503 else None
     return JSONResponse(error_body(message, status, param), status_code=status, headers=headers)
-
-
-def _data(obj: Any) -> bytes:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
-
-
-_text_json = json.JSONEncoder(ensure_ascii=False).encode  # a string alone, as _data writes it
-_MARK = "\0lamina\0"  # a text no reply holds (a NUL), where a chunk's template takes the text
-
-
-class _Choice:
-    """What one choice has received so far."""
-
-    def __init__(self) -> None:
-        self.tokens: list[Token] = []
-        self.done: Done | None = None
-        self.failed: tuple[int, str] | None = None
-
-    @property
-    def ended(self) -> bool:
-        return self.done is not None or self.failed is not None
-
-
-class _Answer:
-    """The events of one request's sequences, turned into OpenAI's JSON."""
-
-    def __init__(self, service: ChatService, job: Job, meta: dict[str, Any]) -> None:
-        self.service, self.job, self.meta = service, job, meta
-        self.req = job.request
-        self.chat = self.req.kind == "chat"
-        self.choices = [_Choice() for _ in range(self.req.n)]
-        self.hold = self.chat and bool(self.req.tools) and self.req.tool_choice != "none"
-        self.templates: dict[int, tuple[bytes, bytes] | None] = {}
-
-    def take(self, item: tuple[int, str, Any]) -> None:
-        i, kind, payload = item
-        c = self.choices[i]
-        if kind == "token":
-            c.tokens.append(payload)
-        elif kind == "done":
-            c.done = payload
-        else:
-            c.failed = (503 if kind == "busy" else 500, str(payload))
-
-    @property
-    def failure(self) -> tuple[int, str] | None:
-        return next((c.failed for c in self.choices if c.failed), None)
-
-    @property
-    def ended(self) -> bool:
-        return all(c.ended for c in self.choices)
-
-    def finish(self, c: _Choice, message: dict[str, Any] | None = None) -> str:
-        if message and message.get("tool_calls"):
-            return "tool_calls"
-        return "length" if c.done and c.done.finish == "length" else "stop"
-
-    def logprobs(self, tokens: list[Token]) -> Any:
-        if self.req.sampling.logprobs is None:
-            return None
-        tok = self.service.engine.tokenizer
-        scored = [t for t in tokens if t.logprob is not None]
-
-        def text(i: int) -> str:
-            return tok.decode([i])
-
-        if self.chat:
-            return {
-                "content": [
-                    {
-                        "token": text(t.id),
-                        "logprob": t.logprob,
-                        "bytes": list(text(t.id).encode()),
-                        "top_logprobs": [
-                            {"token": text(j), "logprob": lp, "bytes": list(text(j).encode())}
-                            for j, lp in t.top
-                        ],
-                    }
-                    for t in scored
-                ],
-                "refusal": None,
-            }
-        offsets, at = [], 0
-        for t in scored:
-            offsets.append(at)
-            at += len(text(t.id))
-        return {
-            "tokens": [text(t.id) for t in scored],
-            "token_logprobs": [t.logprob for t in scored],
-            "top_logprobs": [{text(j): lp for j, lp in t.top} for t in scored]
-            if self.req.sampling.logprobs
-            else None,
-            "text_offset": offsets,
-        }
-
-    def usage(self) -> dict[str, Any]:
-        done = [c.done for c in self.choices if c.done]
-        p = self.job.ids and len(self.job.ids)
-        completion = sum(d.completion_tokens for d in done)
-        cached = done[0].cached_tokens if done else 0
-        return {
-            "prompt_tokens": p,
-            "completion_tokens": completion,
-            "total_tokens": p + completion,
-            "prompt_tokens_details": {"cached_tokens": cached},
-        }
-
-    def whole(self) -> dict[str, Any]:
-        out = []
-        for i, c in enumerate(self.choices):
-            text = "".join(t.text for t in c.tokens)
-            lp = self.logprobs(c.tokens)
-            if self.chat:
-                message = {"role": "assistant", **self.service.message(self.job, text)}
-                finish = self.finish(c, message)
-                out.append(
-                    {"index": i, "message": message, "finish_reason": finish, "logprobs": lp}
-                )
-            else:
-                out.append(
-                    {"index": i, "text": text, "finish_reason": self.finish(c), "logprobs": lp}
-                )
-        obj = "chat.completion" if self.chat else "text_completion"
-        return {**self.meta, "object": obj, "choices": out, "usage": self.usage()}
-
-    def chunk(self, i: int, delta: dict[str, Any] | str, finish: str | None, lp: Any) -> bytes:
-        if self.chat:
-            choice = {"index": i, "delta": delta, "finish_reason": finish, "logprobs": lp}
-            return _data({**self.meta, "object": "chat.completion.chunk", "choices": [choice]})
-        choice = {"index": i, "text": delta, "finish_reason": finish, "logprobs": lp}
-        return _data({**self.meta, "object": "text_completion", "choices": [choice]})
-
-    def text_chunk(self, i: int, text: str) -> bytes:
-        """chunk(i, text as its delta, None, None), byte for byte, from choice i's template
-        (made once: the chunk around a mark) with only the text encoded each time."""
-        if i not in self.templates:
-            whole = self.chunk(i, {"content": _MARK} if self.chat else _MARK, None, None)
-            mark = _text_json(_MARK).encode()
-            parts = whole.split(mark)
-            self.templates[i] = (parts[0], parts[1]) if len(parts) == 2 else None
-        parts = self.templates[i]
-        if parts is None:  # the mark in the model's name: no template
-            return self.chunk(i, {"content": text} if self.chat else text, None, None)
-        return parts[0] + _text_json(text).encode() + parts[1]
-
-    def pieces(self, item: tuple[int, str, Any]) -> list[bytes]:
-        """The chunks one event gives (after `take`)."""
-        i, kind, payload = item
-        c = self.choices[i]
-        if kind == "token" and not self.hold and payload.text:
-            if self.req.sampling.logprobs is None:
-                return [self.text_chunk(i, payload.text)]
-            delta = {"content": payload.text} if self.chat else payload.text
-            return [self.chunk(i, delta, None, self.logprobs([payload]))]
-        if kind != "done":
-            return []
-        out = []
-        if self.hold:
-            text = "".join(t.text for t in c.tokens)
-            message = self.service.message(self.job, text)
-            delta = {k: v for k, v in message.items() if v is not None}
-            if delta.get("tool_calls"):
-                delta["tool_calls"] = [
-                    {"index": k, **tc} for k, tc in enumerate(delta["tool_calls"])
-                ]
-            out.append(self.chunk(i, delta, None, self.logprobs(c.tokens)))
-            finish = self.finish(c, message)
-        else:
-            finish = self.finish(c)
-        out.append(self.chunk(i, {} if self.chat else "", finish, None))
-        return out
 
 
 def openai_routes(
@@ -285,23 +111,25 @@ def openai_routes(
 
             box = mail.get(loop) or mail.setdefault(loop, Mail(loop))
 
-            def sink(i: int, kind: str, payload: Any) -> None:
+            def post(item: tuple[int, str, Any]) -> None:
                 try:
-                    box.post(queue, (i, kind, payload))
+                    box.post(queue, item)
                 except RuntimeError:  # the loop has closed (the server stopped): no one listens
                     cancel.set()
 
-            deadline = time.monotonic() + engine.limits.wait
-            try:
-                seqs = service.sequences(job, sink, cancel, deadline)
-            except LaminaError as exc:
-                return openai_error(400, str(exc), "response_format")
-            batcher = engine.batcher
-            for seq in seqs:
-                batcher.submit(seq)
             ident = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
             meta = {"id": ident, "created": int(time.time()), "model": service.name}
-            ans = _Answer(service, job, meta)
+            ans = Answer(service, job, meta)
+            batcher = engine.batcher
+            every = every_for(engine.limits.stream_interval, batcher)
+            pace = Pace(post, req.n, every if req.stream and not ans.hold else None)
+            deadline = time.monotonic() + engine.limits.wait
+            try:
+                seqs = service.sequences(job, pace.sink, cancel, deadline)
+            except LaminaError as exc:
+                return openai_error(400, str(exc), "response_format")
+            for seq in seqs:
+                batcher.submit(seq)
             first = await queue.get()
             ans.take(first)
             if ans.failure:
@@ -338,7 +166,7 @@ def openai_routes(
 
 
 async def _stream(
-    ans: _Answer,
+    ans: Answer,
     first: tuple[int, str, Any],
     queue: asyncio.Queue[tuple[int, str, Any]],
     cancel: threading.Event,
@@ -366,12 +194,12 @@ async def _stream(
             if out:
                 yield b"".join(out)
             if ans.failure:
-                yield _data(error_body(ans.failure[1], ans.failure[0]))
+                yield data(error_body(ans.failure[1], ans.failure[0]))
                 break
         else:
             if ans.req.include_usage:
                 obj = "chat.completion.chunk" if ans.chat else "text_completion"
-                yield _data({**ans.meta, "object": obj, "choices": [], "usage": ans.usage()})
+                yield data({**ans.meta, "object": obj, "choices": [], "usage": ans.usage()})
         yield b"data: [DONE]\n\n"
     finally:
         streams.discard(cancel)
