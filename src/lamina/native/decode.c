@@ -1353,6 +1353,11 @@ int lm_i8_wide(int choice) {
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
 #define NR 4 /* weight rows per pass over the input */
 
+/* Prefetches ahead run to the linear's last row (L->n), not to this call's n1: a step calls a
+   linear in units of rows (lin_shared_act), and a thread's next unit is most often the rows
+   right after, so the passes past n1 are on their way when it starts (stopped at n1, each unit
+   began with its first passes waiting on memory). The lanes forms likewise. */
+
 /* the NR rows from n (rows past n1 repeat row n: computed, not stored) */
 static inline int nr_row(int n, int j, int n1) { return n + j < n1 ? n + j : n; }
 
@@ -1410,7 +1415,7 @@ WIDE static void one_row_q4_512(const Lin *L, const Act *a, float *y, int n0, in
             w[j] = (const uint8_t *)L->w + (size_t)r * wb;
             sc[j] = L->s + (size_t)r * groups;
         }
-        if (n + 2 * NR < n1) { /* the pass after next on its way: weights, scales, minimums */
+        if (n + 2 * NR < L->n) { /* the pass after next on its way: weights, scales, minimums */
             for (size_t o = 0; o < NR * wb; o += 64) PF_W((const char *)w[0] + 2 * NR * wb + o);
             for (size_t o = 0; o < NR * groups * 4; o += 64) {
                 PF_W((const char *)(sc[0] + 2 * NR * groups) + o);
@@ -1481,7 +1486,7 @@ VNNI static void one_row_q4p_512(const Lin *L, const Act *a, float *y, int n0, i
         }
         /* the pass after next on its way: scales and minimums at once, the weights a line a row
            every four blocks (spread through the pass, as one_row_i8_512) */
-        const int ahead = n + 2 * NR < n1, spread = ahead && pf_spread;
+        const int ahead = n + 2 * NR < L->n, spread = ahead && pf_spread;
         const size_t pfo = 2 * NR * wb;
         if (ahead) {
             if (!spread)
@@ -1548,7 +1553,7 @@ WIDE static void one_row_i8_512(const Lin *L, const Act *a, float *y, int n0, in
         }
         /* I8_PF passes on: the scales at once, the weights a line a row every two blocks (spread
            through the pass, not all at its start: faster in a C harness, BENCHMARKS.md) */
-        const int ahead = n + I8_PF * NR < n1, spread = ahead && pf_spread;
+        const int ahead = n + I8_PF * NR < L->n, spread = ahead && pf_spread;
         const size_t pfo = (size_t)I8_PF * NR * k;
         if (ahead) {
             if (!spread)
@@ -1626,7 +1631,7 @@ VNNI static inline __attribute__((always_inline)) void one_row_q5p(int kind, con
         const uint8_t *row[NR];
         nr_rows(L, rb, n, n1, row);
         /* four passes on (as nr_rows), a line a row each pair of blocks, spread through the pass */
-        const int ahead = pf_spread && n + pf_passes * NR < n1;
+        const int ahead = pf_spread && n + pf_passes * NR < L->n;
         const size_t pfo = (size_t)pf_passes * NR * rb;
         __m512 acc[NR];
         __m128 mac[NR];
@@ -1700,7 +1705,7 @@ WIDE static inline __attribute__((always_inline)) void one_row_kq_512(int kind, 
     for (int n = n0; n < n1; n += NR) {
         const uint8_t *row[NR];
         nr_rows(L, rb, n, n1, row);
-        const int spread = pf_spread && n + pf_passes * NR < n1;
+        const int spread = pf_spread && n + pf_passes * NR < L->n;
         __m512 acc[NR];
         float msum[NR];
         for (int j = 0; j < NR; j++) acc[j] = _mm512_setzero_ps(), msum[j] = 0.0f;
@@ -1973,7 +1978,7 @@ VNNI static void one_row_q4k_int(const Lin *L, const Act *a, float *y, int n0, i
     for (int n = n0; n < n1; n += NR) {
         const uint8_t *row[NR];
         nr_rows(L, rb, n, n1, row);
-        const int spread = pf_spread && n + pf_passes * NR < n1;
+        const int spread = pf_spread && n + pf_passes * NR < L->n;
         __m512 acc[NR];
         __m256 macc[NR];
         for (int j = 0; j < NR; j++) acc[j] = _mm512_setzero_ps(), macc[j] = _mm256_setzero_ps();
@@ -2029,7 +2034,7 @@ VNNI static void one_row_q6k_int(const Lin *L, const Act *a, float *y, int n0, i
     for (int n = n0; n < n1; n += NR) {
         const uint8_t *row[NR];
         nr_rows(L, rb, n, n1, row);
-        const int spread = pf_spread && n + pf_passes * NR < n1;
+        const int spread = pf_spread && n + pf_passes * NR < L->n;
         __m512 acc[NR];
         for (int j = 0; j < NR; j++) acc[j] = _mm512_setzero_ps();
         for (int sb = 0; sb < nsb; sb++) {
@@ -2163,7 +2168,7 @@ VBMI static void one_row_q4k_planes(const Lin *L, const Act *a, const int8_t *xp
     for (int n = n0; n < n1; n += NR) {
         const uint8_t *row[NR];
         nr_rows(L, rb, n, n1, row);
-        const int spread = pf_spread && n + pf_passes * NR < n1;
+        const int spread = pf_spread && n + pf_passes * NR < L->n;
         __m512 acc[NR], macc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}; /* minimums: rows 2q, 2q + 1 */
         for (int j = 0; j < NR; j++) acc[j] = _mm512_setzero_ps();
         for (int sb = 0; sb < nsb; sb++) {
@@ -2217,7 +2222,7 @@ VNNI static void one_row_q6k_planes(const Lin *L, const Act *a, const int8_t *xp
     for (int n = n0; n < n1; n += NR) {
         const uint8_t *row[NR];
         nr_rows(L, rb, n, n1, row);
-        const int spread = pf_spread && n + pf_passes * NR < n1;
+        const int spread = pf_spread && n + pf_passes * NR < L->n;
         __m512 acc[NR];
         for (int j = 0; j < NR; j++) acc[j] = _mm512_setzero_ps();
         for (int sb = 0; sb < nsb; sb++) {
@@ -2593,7 +2598,7 @@ VNNI static void one_row_q50_lanes(const Lin *L, const Act *a, const int8_t *xp,
     for (int G = n0 / 16; G * 16 < n1; G++) {
         const uint8_t *g = (const uint8_t *)L->lw + (size_t)G * gb;
         const uint8_t *dq = g, *hq = g + (size_t)32 * nb, *wq = g + (size_t)96 * nb;
-        const char *ahead = (const char *)g + (size_t)q50_pf_ahead * Q50_B, *end = (const char *)L->lw + (size_t)((n1 + 15) / 16) * gb;
+        const char *ahead = (const char *)g + (size_t)q50_pf_ahead * Q50_B, *end = (const char *)L->lw + (size_t)((L->n + 15) / 16) * gb;
         __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
         for (int b = 0; b < nb; b++) {
             if (q50_pf_ahead && ahead + (size_t)(b + 1) * Q50_B <= end) /* q50_pf_ahead blocks on, spread through the group */
@@ -2981,7 +2986,7 @@ VNNI static inline __attribute__((always_inline)) void lane16_body(const Lin *L,
         const __mmask16 keep = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
         const uint8_t *wg = L->lw + (size_t)G * nb * 256;
         const float *sg = L->ls + (size_t)G * nb * 16, *mg = L->lmn + (size_t)G * nb * 16;
-        const int pf = PF16 && (G + PF16) * 16 < n1;
+        const int pf = PF16 && (G + PF16) * 16 < L->n;
         __m512 f[LANES];
         for (int r = 0; r < R; r++) f[r] = _mm512_setzero_ps();
         for (int b = 0; b < nb; b++) {
@@ -3034,7 +3039,7 @@ VNNI static inline __attribute__((always_inline)) void lane8_body(const Lin *L, 
         const __mmask16 keep = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
         const uint8_t *wg = L->lw + (size_t)G * nb * 256;
         const float *sg = L->ls + (size_t)G * nb * 16, *mg = L->lmn + (size_t)G * nb * 16;
-        const int pf = PF16 && (G + PF16) * 16 < n1;
+        const int pf = PF16 && (G + PF16) * 16 < L->n;
         __m512 f[LANES];
         for (int r = 0; r < R; r++) f[r] = _mm512_setzero_ps();
         for (int b = 0; b < nb; b++) {
