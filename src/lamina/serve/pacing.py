@@ -46,9 +46,9 @@ def check_interval(value: Any) -> int | None:
 
 
 def every_for(setting: int | None, batcher: Any) -> Callable[[], int]:
-    """The interval to use now: `setting`, or (None) 1 while at most one of `batcher`'s rows
-    decodes and SHARED while several do."""
-    if check_interval(setting) is not None:
+    """The interval to use now: `setting` (checked by `Limits`), or (None) 1 while at most one
+    of `batcher`'s rows decodes and SHARED while several do."""
+    if setting is not None:
         return lambda: setting
     return lambda: SHARED if batcher.decoding > 1 else 1
 
